@@ -1,0 +1,728 @@
+//! The rank agent: `resilio run -- COMMAND`.
+//!
+//! One event loop (a current-thread tokio runtime) owns all decisions:
+//!
+//! ```text
+//! signals (TERM INT HUP USR1 USR2 CONT CHLD) ─┐
+//! progress events (pumps, socket, file)  ─────┼─▶ loop ─▶ stall policy ─▶ journal, diagnostics, kill
+//! timer (policy deadline, kill deadline)  ────┘
+//! ```
+//!
+//! The pumps (one thread per output stream) only pass bytes through and
+//! report steps; the socket listener and file watcher only report. Nothing
+//! but the loop touches the trainer's processes.
+
+use crate::config::Config;
+use crate::context::{env_is_set, Identity};
+use crate::diagnostics::{self, Helpers};
+use crate::error::{Error, Result, EXIT_STALLED};
+use crate::journal::{self, Writer};
+use crate::policy::stall::{Stall, StallPolicy};
+use crate::process::{self, Exit};
+use crate::progress::{self, output, Event, Kind};
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// What `resilio run` was asked to do.
+pub struct RunOptions {
+    /// The command and its arguments.
+    pub argv: Vec<OsString>,
+    /// The resolved configuration.
+    pub config: Config,
+    /// `--job-id`, if given.
+    pub job_id: Option<String>,
+}
+
+/// Why the agent is stopping the trainer.
+#[derive(Clone, Debug, PartialEq)]
+enum StopReason {
+    /// A signal from outside (forwarded), by name.
+    Signal(&'static str),
+    /// The stall policy fired.
+    Stall,
+}
+
+/// Supervise one rank. Returns the exit code for resilio; an `Err` only
+/// when the trainer could not be started.
+pub fn run(opts: RunOptions) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
+    rt.block_on(run_async(opts))
+}
+
+/// The local directory for the progress socket (short paths: sun_path is 108 bytes).
+fn socket_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let d = PathBuf::from(d).join("resilio");
+        if std::fs::create_dir_all(&d).is_ok() {
+            return d;
+        }
+    }
+    let base = std::env::var_os("TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join(format!("resilio-{}", nix::unistd::getuid()))
+}
+
+fn make_private_dir(dir: &std::path::Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+struct Clock {
+    t0: Instant,
+    wall0: DateTime<Utc>,
+}
+
+impl Clock {
+    fn wall(&self, at: Instant) -> DateTime<Utc> {
+        let d = at.saturating_duration_since(self.t0);
+        self.wall0 + chrono::Duration::from_std(d).unwrap_or_default()
+    }
+}
+
+/// Progress bookkeeping for the journal (sampled records).
+struct ProgressLog {
+    interval: Duration,
+    last_written: Option<Instant>,
+    /// Latest counted progress not yet written: (at, step, source, metrics).
+    pending: Option<(Instant, Option<u64>, &'static str, Vec<(String, f64)>)>,
+    first_at: Option<Instant>,
+    last_at: Option<Instant>,
+}
+
+impl ProgressLog {
+    fn record(
+        journal: &mut Writer,
+        clock: &Clock,
+        p: &(Instant, Option<u64>, &'static str, Vec<(String, f64)>),
+        first: bool,
+    ) {
+        let mut data = json!({ "step": p.1, "source": p.2 });
+        if first {
+            data["first"] = json!(true);
+        }
+        for (k, v) in &p.3 {
+            data["metrics"][k] = json!(v);
+        }
+        journal.record_at(clock.wall(p.0), "progress", data, false);
+    }
+
+    fn observe(
+        &mut self,
+        journal: &mut Writer,
+        clock: &Clock,
+        p: (Instant, Option<u64>, &'static str, Vec<(String, f64)>),
+    ) {
+        let at = p.0;
+        self.last_at = Some(at);
+        if self.first_at.is_none() {
+            self.first_at = Some(at);
+            Self::record(journal, clock, &p, true);
+            self.last_written = Some(at);
+            self.pending = None;
+        } else if self
+            .last_written
+            .is_none_or(|w| at.duration_since(w) >= self.interval)
+        {
+            Self::record(journal, clock, &p, false);
+            self.last_written = Some(at);
+            self.pending = None;
+        } else {
+            self.pending = Some(p);
+        }
+    }
+
+    /// Write the last progress if it was held back by sampling.
+    fn flush(&mut self, journal: &mut Writer, clock: &Clock) {
+        if let Some(p) = self.pending.take() {
+            Self::record(journal, clock, &p, false);
+            self.last_written = Some(p.0);
+        }
+    }
+}
+
+async fn run_async(opts: RunOptions) -> Result<i32> {
+    let cfg = opts.config;
+    let id = Identity::from_env(opts.job_id.as_deref()).map_err(Error::Usage)?;
+    let clock = Clock {
+        t0: Instant::now(),
+        wall0: Utc::now(),
+    };
+    let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
+    let mut journal = Writer::open(
+        &job_dir,
+        &format!("rank-{}.jsonl", id.rank),
+        id.attempt,
+        Some(id.rank),
+        Some(id.node.clone()),
+    );
+    let single_rank_job = id.world_size == 1 && !env_is_set("RESILIO_COORDINATOR");
+
+    // Signals are registered before the child exists so none is lost.
+    let sig = |k: SignalKind| {
+        signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
+    };
+    let mut s_term = sig(SignalKind::terminate())?;
+    let mut s_int = sig(SignalKind::interrupt())?;
+    let mut s_hup = sig(SignalKind::hangup())?;
+    let mut s_usr1 = sig(SignalKind::user_defined1())?;
+    let mut s_usr2 = sig(SignalKind::user_defined2())?;
+    let mut s_cont = sig(SignalKind::from_raw(libc::SIGCONT))?;
+    let mut s_chld = sig(SignalKind::child())?;
+
+    let mut monitor_errors: Vec<String> = Vec::new();
+    if let Err(e) = process::set_subreaper() {
+        monitor_errors.push(format!("cannot become child subreaper: {e}"));
+    }
+
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+
+    // The progress socket (fail open: without it, output and file still work).
+    let sock_dir = socket_dir();
+    let mut sock_path = sock_dir.join(format!(
+        "{}.{}.{}.sock",
+        id.job,
+        id.rank,
+        std::process::id()
+    ));
+    if sock_path.as_os_str().len() > 100 {
+        sock_path = sock_dir.join(format!("{}.sock", std::process::id()));
+    }
+    let socket = make_private_dir(&sock_dir).and_then(|_| progress::socket::bind(&sock_path));
+    let socket_ok = match socket {
+        Ok(sock) => {
+            tokio::spawn(progress::socket::listen(sock, tx.clone()));
+            true
+        }
+        Err(e) => {
+            monitor_errors.push(format!("progress socket {}: {e}", sock_path.display()));
+            false
+        }
+    };
+
+    let mut env: Vec<(OsString, OsString)> = id
+        .exported()
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    env.push(("RESILIO_STATE_DIR".into(), cfg.state_dir.clone().into()));
+    if socket_ok {
+        env.push(("RESILIO_SOCKET".into(), sock_path.clone().into()));
+    }
+    if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
+        env.push(("PYTHONUNBUFFERED".into(), "1".into()));
+    }
+
+    let argv_text: Vec<String> = opts
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    if single_rank_job {
+        journal.record(
+            "job_start",
+            json!({ "world_size": 1, "mode": "single" }),
+            false,
+        );
+    }
+    let spawned = match process::spawn(&opts.argv, &env) {
+        Ok(s) => s,
+        Err(e) => {
+            let code = e.exit_code();
+            journal.record(
+                "rank_exit",
+                json!({ "exit_code": code, "cause": "spawn_failed", "error": e.to_string(), "argv": argv_text }),
+                true,
+            );
+            journal.record(
+                "failure",
+                json!({ "cause": "spawn_failed", "exit_code": code, "detail": e.to_string() }),
+                true,
+            );
+            if single_rank_job {
+                journal.record("job_end", json!({ "exit_code": code }), true);
+            }
+            if socket_ok {
+                let _ = std::fs::remove_file(&sock_path);
+            }
+            return Err(e);
+        }
+    };
+    let pid = spawned.pid;
+    let launched = Instant::now();
+
+    let parser = output::Parser::new(
+        cfg.progress.regex.clone(),
+        cfg.progress.checkpoint_regex.clone(),
+        cfg.progress.eval_regex.clone(),
+    );
+    let tail = output::Tail::new(64 * 1024);
+    let mut pumps = Vec::new();
+    for (pipe, fd, source) in [
+        (spawned.stdout, 1, progress::Source::Stdout),
+        (spawned.stderr, 2, progress::Source::Stderr),
+    ] {
+        match output::spawn_pump(pipe, fd, source, parser.clone(), tail.clone(), tx.clone()) {
+            Ok(h) => pumps.push(h),
+            Err(e) => monitor_errors.push(format!("output pump: {e}")),
+        }
+    }
+    let mut file_watch = None;
+    let mut file_mode = None;
+    if let Some(path) = &cfg.progress.file {
+        file_mode = Some(progress::file::effective_mode(path, cfg.progress.file_poll).1);
+        match progress::file::watch(
+            path,
+            cfg.progress.file_poll,
+            cfg.progress.file_poll_interval,
+            output::Parser::new(cfg.progress.regex.clone(), None, None),
+            tx.clone(),
+        ) {
+            Ok(w) => file_watch = Some(w),
+            Err(e) => monitor_errors.push(format!("progress file {}: {e}", path.display())),
+        }
+    }
+    drop(tx);
+
+    journal.record_at(
+        clock.wall(launched),
+        "rank_start",
+        json!({
+            "pid": pid.as_raw(),
+            "argv": argv_text,
+            "cwd": std::env::current_dir().ok(),
+            "world_size": id.world_size,
+            "startup_timeout_s": cfg.stall.startup_timeout.as_secs_f64(),
+            "stall_timeout_s": cfg.stall.fixed_timeout.map(|d| d.as_secs_f64()),
+            "stall_mode": if cfg.stall.fixed_timeout.is_some() { "fixed" } else { "adaptive" },
+            "socket": socket_ok.then(|| sock_path.clone()),
+            "progress_file": cfg.progress.file,
+            "progress_file_watch": file_mode,
+        }),
+        true,
+    );
+    for e in &monitor_errors {
+        eprintln!("resilio: {e}; supervision continues without it");
+        journal.record("monitor_error", json!({ "error": e }), false);
+    }
+
+    let helpers = Helpers::default();
+    let mut policy = StallPolicy::new(cfg.stall.clone(), launched);
+    let mut plog = ProgressLog {
+        interval: cfg.journal_progress_interval,
+        last_written: None,
+        pending: None,
+        first_at: None,
+        last_at: None,
+    };
+    let mut malformed: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let mut reported_sources: Vec<String> = Vec::new();
+
+    let mut main_exit: Option<Exit> = None;
+    let mut stop: Option<StopReason> = None;
+    let mut stall: Option<Stall> = None;
+    let mut kill_at: Option<Instant> = None;
+    let mut killed = false;
+    let mut drain_kill_at: Option<Instant> = None;
+    let mut ints = 0u32;
+    let (diag_tx, mut diag_rx) = tokio::sync::mpsc::unbounded_channel::<diagnostics::Diagnostics>();
+    let mut diag_pending = false;
+    let grace = cfg.kill_grace;
+    let scratch = job_dir.join("diag");
+
+    loop {
+        // Reap: the main child, then orphans re-parented to us.
+        if main_exit.is_none() {
+            if let Some(exit) = process::try_reap_main(pid) {
+                main_exit = Some(exit);
+                // Remaining descendants get TERM now, KILL after the grace.
+                let skip = helpers.with(|h| h.clone());
+                process::reap_orphans(pid, &skip);
+                if !process::live_children(&skip).is_empty() {
+                    process::signal_tree(pid, Signal::SIGTERM, &skip);
+                    drain_kill_at = Some(Instant::now() + grace);
+                }
+            }
+        }
+        let skip = helpers.with(|h| {
+            process::reap_orphans(pid, h);
+            h.clone()
+        });
+        if main_exit.is_some() && !diag_pending && process::live_children(&skip).is_empty() {
+            break;
+        }
+
+        let monitoring = main_exit.is_none() && stop.is_none();
+        let now = Instant::now();
+        let mut wake = now + Duration::from_secs(1);
+        if monitoring {
+            wake = wake.min(policy.deadline());
+        }
+        for t in [kill_at, drain_kill_at].into_iter().flatten() {
+            wake = wake.min(t);
+        }
+
+        tokio::select! {
+            _ = s_chld.recv() => {}
+            _ = s_term.recv() => {
+                process::signal_group(pid, Signal::SIGTERM);
+                journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": true }), false);
+                if stop.is_none() { stop = Some(StopReason::Signal("SIGTERM")); }
+                kill_at.get_or_insert(Instant::now() + grace);
+            }
+            _ = s_int.recv() => {
+                ints += 1;
+                if ints >= 2 {
+                    process::signal_tree(pid, Signal::SIGKILL, &skip);
+                    killed = true;
+                    journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
+                } else {
+                    process::signal_group(pid, Signal::SIGINT);
+                    journal.record("signal", json!({ "signal": "SIGINT", "forwarded": true }), false);
+                }
+                if stop.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
+                kill_at.get_or_insert(Instant::now() + grace);
+            }
+            _ = s_hup.recv() => forward(&mut journal, pid, Signal::SIGHUP),
+            _ = s_usr1.recv() => forward(&mut journal, pid, Signal::SIGUSR1),
+            _ = s_usr2.recv() => forward(&mut journal, pid, Signal::SIGUSR2),
+            _ = s_cont.recv() => forward(&mut journal, pid, Signal::SIGCONT),
+            Some(ev) = rx.recv() => {
+                handle_event(ev, &mut policy, &mut plog, &mut journal, &clock, &mut malformed, &mut reported_sources);
+            }
+            Some(d) = diag_rx.recv(), if diag_pending => {
+                diag_pending = false;
+                let tail_lines = tail.last_lines(cfg.diagnostics.tail_lines);
+                let file = write_diag_file(&scratch, &id, &tail_lines, &d);
+                journal.record("diagnostics", json!({
+                    "tail": truncate_lines(&tail_lines, 3000),
+                    "py_spy": d.py_spy.iter().map(|p| json!({"pid": p.pid, "ok": p.ok, "output": truncate(&p.output, 1500)})).collect::<Vec<_>>(),
+                    "py_spy_skipped": d.py_spy_skipped,
+                    "dump_signal": d.dump_signal,
+                    "file": file,
+                }), true);
+                if main_exit.is_none() {
+                    process::signal_tree(pid, Signal::SIGTERM, &skip);
+                    journal.record("stop", json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), false);
+                }
+                kill_at.get_or_insert(Instant::now() + grace);
+            }
+            _ = tokio::time::sleep_until(wake.into()) => {}
+        }
+
+        let now = Instant::now();
+        if main_exit.is_none() && stop.is_none() {
+            if let Some(s) = policy.check(now) {
+                on_stall(&s, &policy, &mut plog, &mut journal, &clock, &id, now);
+                stop = Some(StopReason::Stall);
+                stall = Some(s);
+                diag_pending = true;
+                let dcfg = cfg.diagnostics.clone();
+                let h = helpers.clone();
+                let dtx = diag_tx.clone();
+                let scratch = scratch.clone();
+                std::thread::spawn(move || {
+                    let _ = std::fs::create_dir_all(&scratch);
+                    let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
+                    let _ = dtx.send(d);
+                });
+            }
+        }
+        if !killed {
+            let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
+            if due(kill_at) || due(drain_kill_at) {
+                let skip = helpers.with(|h| h.clone());
+                process::signal_tree(pid, Signal::SIGKILL, &skip);
+                killed = true;
+                journal.record(
+                    "stop",
+                    json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }),
+                    false,
+                );
+            }
+        }
+    }
+
+    // Output: let the pumps finish what the pipes still hold.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    for p in pumps {
+        while !p.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if p.is_finished() {
+            let _ = p.join();
+        }
+    }
+    while let Ok(ev) = rx.try_recv() {
+        if stall.is_none() {
+            handle_event(
+                ev,
+                &mut policy,
+                &mut plog,
+                &mut journal,
+                &clock,
+                &mut malformed,
+                &mut reported_sources,
+            );
+        }
+    }
+    drop(file_watch);
+    plog.flush(&mut journal, &clock);
+    if socket_ok {
+        let _ = std::fs::remove_file(&sock_path);
+    }
+
+    let exit = main_exit.expect("loop ends only after the main child exited");
+    let code = if stall.is_some() {
+        EXIT_STALLED
+    } else {
+        exit.code()
+    };
+    let cause = match (&stop, exit) {
+        (Some(StopReason::Stall), _) => "stalled".to_string(),
+        (Some(StopReason::Signal(name)), _) => format!("stopped by {name}"),
+        (None, Exit::Code(0)) => "completed".into(),
+        (None, Exit::Code(_)) => "exited with error".into(),
+        (None, Exit::Signal(..)) => "killed by signal".into(),
+    };
+    let ended = Instant::now();
+    journal.record_at(
+        clock.wall(ended),
+        "rank_exit",
+        json!({
+            "exit_code": code,
+            "status": exit.describe(),
+            "cause": cause,
+            "steps_seen": policy.steps_seen(),
+            "last_step": policy.last_step(),
+            "first_step_s": plog.first_at.map(|t| t.duration_since(launched).as_secs_f64()),
+            "last_progress_s": plog.last_at.map(|t| t.duration_since(launched).as_secs_f64()),
+            "runtime_s": ended.duration_since(launched).as_secs_f64(),
+            "malformed_messages": malformed,
+            "journal_lost_records": journal.dropped(),
+        }),
+        true,
+    );
+    if code != 0 && !matches!(stop, Some(StopReason::Signal(_))) {
+        let kind = if stall.is_some() {
+            "stall"
+        } else if matches!(exit, Exit::Signal(..)) {
+            "signal"
+        } else {
+            "crash"
+        };
+        journal.record(
+            "failure",
+            json!({
+                "failure_kind": kind,
+                "cause": cause,
+                "exit_code": code,
+                "detail": match &stall { Some(s) => format!("{} after {:.1}s without progress", s.kind.name(), s.timeout.as_secs_f64()), None => exit.describe() },
+            }),
+            true,
+        );
+    }
+    if single_rank_job {
+        journal.record("job_end", json!({ "exit_code": code }), true);
+    }
+    Ok(code)
+}
+
+fn forward(journal: &mut Writer, pid: Pid, sig: Signal) {
+    process::signal_group(pid, sig);
+    journal.record(
+        "signal",
+        json!({ "signal": sig.as_str(), "forwarded": true }),
+        false,
+    );
+}
+
+#[allow(clippy::too_many_arguments)]
+fn handle_event(
+    ev: Event,
+    policy: &mut StallPolicy,
+    plog: &mut ProgressLog,
+    journal: &mut Writer,
+    clock: &Clock,
+    malformed: &mut BTreeMap<&'static str, u64>,
+    reported: &mut Vec<String>,
+) {
+    match ev.kind {
+        Kind::Step { step, metrics } => {
+            if policy.on_progress(ev.at, step) {
+                plog.observe(journal, clock, (ev.at, step, ev.source.name(), metrics));
+            }
+        }
+        Kind::Phase(name) => {
+            let before = policy.phase().clone();
+            policy.on_phase(ev.at, &name);
+            if policy.phase() != &before {
+                journal.record_at(
+                    clock.wall(ev.at),
+                    "phase",
+                    json!({ "phase": policy.phase().name(), "source": ev.source.name(), "step": policy.last_step() }),
+                    false,
+                );
+            }
+        }
+        Kind::CheckpointDone { step } => {
+            journal.record_at(
+                clock.wall(ev.at),
+                "checkpoint_done",
+                json!({ "step": step, "source": ev.source.name() }),
+                true,
+            );
+            if policy.phase().name() == "checkpoint" {
+                policy.on_phase(ev.at, "train");
+            }
+        }
+        Kind::Malformed { fault, sample } => {
+            let n = malformed.entry(fault).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                eprintln!(
+                    "resilio: ignoring malformed progress message ({fault}): {sample:?}; further ones of this kind are only counted"
+                );
+                journal.record(
+                    "malformed_message",
+                    json!({ "fault": fault, "sample": sample }),
+                    false,
+                );
+            }
+        }
+        Kind::SourceFailed(msg) => {
+            if !reported.contains(&msg) {
+                eprintln!("resilio: {msg}; supervision continues without it");
+                journal.record("monitor_error", json!({ "error": msg }), false);
+                reported.push(msg);
+            }
+        }
+    }
+}
+
+fn on_stall(
+    s: &Stall,
+    policy: &StallPolicy,
+    plog: &mut ProgressLog,
+    journal: &mut Writer,
+    clock: &Clock,
+    id: &Identity,
+    now: Instant,
+) {
+    plog.flush(journal, clock);
+    let idle = now.duration_since(s.since);
+    journal.record_at(
+        clock.wall(now),
+        "stall",
+        json!({
+            "stall_kind": s.kind.name(),
+            "phase": policy.phase().name(),
+            "timeout_s": s.timeout.as_secs_f64(),
+            "idle_s": idle.as_secs_f64(),
+            "since": clock.wall(s.since),
+            "last_step": s.last_step,
+            "last_progress": plog.last_at.map(|t| clock.wall(t)),
+        }),
+        true,
+    );
+    let what = match s.last_step {
+        Some(step) => format!("no progress since step {step}"),
+        None => "no first step".to_string(),
+    };
+    eprintln!(
+        "resilio: rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it",
+        id.rank,
+        id.node,
+        crate::duration::format(idle),
+        crate::duration::format(s.timeout),
+        s.kind.name()
+    );
+}
+
+fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("...{}", &s[cut..])
+}
+
+fn truncate_lines(lines: &[String], max_total: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for l in lines.iter().rev() {
+        let l = truncate(l, 300);
+        total += l.len();
+        if total > max_total {
+            break;
+        }
+        out.push(l);
+    }
+    out.reverse();
+    out
+}
+
+fn write_diag_file(
+    dir: &std::path::Path,
+    id: &Identity,
+    tail: &[String],
+    d: &diagnostics::Diagnostics,
+) -> Option<PathBuf> {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "resilio stall diagnostics: job {} attempt {} rank {} node {}",
+        id.job, id.attempt, id.rank, id.node
+    );
+    let _ = writeln!(text, "\n== last {} lines of output ==", tail.len());
+    for l in tail {
+        let _ = writeln!(text, "{l}");
+    }
+    for p in &d.py_spy {
+        let _ = writeln!(
+            text,
+            "\n== py-spy dump --pid {} ({}) ==\n{}",
+            p.pid,
+            if p.ok { "ok" } else { "failed" },
+            p.output
+        );
+    }
+    if let Some(why) = &d.py_spy_skipped {
+        let _ = writeln!(text, "\n== py-spy not run: {why} ==");
+    }
+    std::fs::create_dir_all(dir).ok()?;
+    let name = format!(
+        "stall-a{}-r{}-{}.txt",
+        id.attempt,
+        id.rank,
+        Utc::now().format("%Y%m%dT%H%M%S%.3fZ")
+    );
+    let path = dir.join(name);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).ok()?;
+    std::fs::rename(&tmp, &path).ok()?;
+    Some(path)
+}

@@ -1,0 +1,257 @@
+//! The command line. Parses, resolves configuration, dispatches; every error
+//! becomes one line on stderr and a distinct exit code (see [`crate::error`]).
+
+use crate::agent::{self, RunOptions};
+use crate::config::{self, Config};
+use crate::error::{Error, Result, EXIT_USAGE};
+use crate::journal;
+use crate::report;
+use clap::{Args, Parser, Subcommand};
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "resilio",
+    version,
+    about = "Resilient supervisor for ML training jobs: progress, hangs, journal, reports",
+    long_about = None
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Supervise one rank: resilio run [OPTIONS] -- COMMAND [ARGS...]
+    Run(RunArgs),
+    /// ETTR and where the time went, from the job's journal
+    Report(ReportArgs),
+    /// One line per event that mattered, by attempt
+    Timeline(ReportArgs),
+    /// A local run with an injected hang, end to end (no Slurm needed)
+    Demo(DemoArgs),
+    /// The scripted trainer the demo runs (internal)
+    #[command(name = "__demo-trainer", hide = true)]
+    DemoTrainer(crate::demo::TrainerArgs),
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Configuration file (TOML), applied over /etc/resilio/resilio.toml
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where journals live [env: RESILIO_STATE_DIR] [default: ~/.local/state/resilio]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Fixed stall timeout between steps (e.g. 90s, 5m); "adaptive" to learn it
+    #[arg(long, value_name = "DUR")]
+    stall_timeout: Option<String>,
+    /// Allowed time from launch to the first step (default 30m)
+    #[arg(long, value_name = "DUR")]
+    startup_timeout: Option<String>,
+    /// Regex over output lines; capture group 1 (or `step`) is the step
+    #[arg(long, value_name = "RE")]
+    progress_regex: Option<String>,
+    /// A file the trainer rewrites as it progresses
+    #[arg(long, value_name = "FILE")]
+    progress_file: Option<PathBuf>,
+    /// Time between SIGTERM and SIGKILL when stopping the trainer (default 30s)
+    #[arg(long, value_name = "DUR")]
+    kill_grace: Option<String>,
+    /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
+    #[arg(long, value_name = "SIG")]
+    dump_signal: Option<String>,
+    /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)
+    #[arg(long, value_name = "ID")]
+    job_id: Option<String>,
+    /// The command to supervise
+    #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
+    command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct ReportArgs {
+    /// Job id (default: the most recently written job)
+    job: Option<String>,
+    /// Machine-readable output
+    #[arg(long)]
+    json: bool,
+    /// Where journals live [env: RESILIO_STATE_DIR]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct DemoArgs {
+    /// Where the demo's journal goes (default: a new directory under /tmp)
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+fn usage(msg: impl Into<String>) -> Error {
+    Error::Usage(msg.into())
+}
+
+fn flag_duration(flag: &str, value: &str) -> Result<std::time::Duration> {
+    crate::duration::parse(value).map_err(|e| usage(format!("--{flag}: {e}")))
+}
+
+fn resolve_run_config(a: &RunArgs) -> Result<Config> {
+    let mut cfg = Config::load(a.config.as_deref())?;
+    if let Some(d) = &a.state_dir {
+        cfg.state_dir = d.clone();
+    }
+    if let Some(t) = &a.stall_timeout {
+        cfg.stall.fixed_timeout = if t.trim() == "adaptive" {
+            None
+        } else {
+            Some(flag_duration("stall-timeout", t)?)
+        };
+    }
+    if let Some(t) = &a.startup_timeout {
+        cfg.stall.startup_timeout = flag_duration("startup-timeout", t)?;
+    }
+    if let Some(re) = &a.progress_regex {
+        cfg.progress.regex =
+            config::compile_regex(re).map_err(|e| usage(format!("--progress-regex: {e}")))?;
+    }
+    if let Some(f) = &a.progress_file {
+        cfg.progress.file = Some(f.clone());
+    }
+    if let Some(t) = &a.kill_grace {
+        cfg.kill_grace = flag_duration("kill-grace", t)?;
+    }
+    if let Some(s) = &a.dump_signal {
+        cfg.diagnostics.dump_signal =
+            Some(config::parse_signal(s).map_err(|e| usage(format!("--dump-signal: {e}")))?);
+    }
+    Ok(cfg)
+}
+
+fn state_dir_of(flag: &Option<PathBuf>) -> PathBuf {
+    flag.clone().unwrap_or_else(config::default_state_dir)
+}
+
+/// Load a job's journal for the report commands.
+pub fn load_job(
+    state_dir: &std::path::Path,
+    job: Option<&str>,
+) -> Result<(String, journal::JobJournal)> {
+    let job = match job {
+        Some(j) => {
+            journal::validate_job_id(j).map_err(Error::Usage)?;
+            j.to_string()
+        }
+        None => journal::list_jobs(state_dir)
+            .pop()
+            .map(|(j, _)| j)
+            .ok_or_else(|| Error::NoJob {
+                job: "(latest)".into(),
+                dir: state_dir.join("jobs"),
+            })?,
+    };
+    let dir = journal::job_dir(state_dir, &job);
+    let j = journal::read_job(&dir).map_err(|_| Error::NoJob {
+        job: job.clone(),
+        dir: state_dir.join("jobs"),
+    })?;
+    if j.records.is_empty() {
+        return Err(Error::NoJob {
+            job,
+            dir: state_dir.join("jobs"),
+        });
+    }
+    Ok((job, j))
+}
+
+fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
+    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+    if timeline {
+        if a.json {
+            let out = serde_json::to_string_pretty(&j.records)
+                .map_err(|e| Error::Other(e.to_string()))?;
+            println!("{out}");
+        } else {
+            print!("{}", report::render_timeline(&job, &j.records));
+        }
+    } else {
+        let r = report::build(&job, &j.records, j.bad_lines);
+        if a.json {
+            let out = serde_json::to_string_pretty(&r).map_err(|e| Error::Other(e.to_string()))?;
+            println!("{out}");
+        } else {
+            print!("{}", report::render_text(&r));
+        }
+    }
+    Ok(0)
+}
+
+fn dispatch(cli: Cli) -> Result<i32> {
+    match cli.command {
+        Command::Run(a) => {
+            if a.command.is_empty() {
+                return Err(usage(
+                    "run: no command given (usage: resilio run [OPTIONS] -- COMMAND [ARGS...])",
+                ));
+            }
+            let config = resolve_run_config(&a)?;
+            agent::run(RunOptions {
+                argv: a.command,
+                config,
+                job_id: a.job_id,
+            })
+        }
+        Command::Report(a) => report_cmd(&a, false),
+        Command::Timeline(a) => report_cmd(&a, true),
+        Command::Demo(a) => crate::demo::run(a.state_dir),
+        Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
+    }
+}
+
+/// Entry point: returns the process exit code.
+pub fn main() -> i32 {
+    init_tracing();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            use clap::error::ErrorKind;
+            if matches!(
+                e.kind(),
+                ErrorKind::DisplayHelp
+                    | ErrorKind::DisplayVersion
+                    | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
+                let _ = e.print();
+                return if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                    EXIT_USAGE
+                } else {
+                    0
+                };
+            }
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid usage");
+            let first = first.strip_prefix("error: ").unwrap_or(first);
+            eprintln!("resilio: {first} (see resilio --help)");
+            return EXIT_USAGE;
+        }
+    };
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("resilio: {e}");
+            e.exit_code()
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("RESILIO_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}

@@ -1,0 +1,483 @@
+//! Layered configuration: built-in defaults, then `/etc/resilio/resilio.toml`
+//! (or `$RESILIO_SYSTEM_CONFIG`), then the user's `--config` file, then flags.
+//!
+//! Every file is parsed strictly (unknown keys are errors) and every error
+//! names `file:line`. `conf/resilio.toml` documents each key with its default.
+
+use crate::duration::serde_text;
+use crate::error::{Error, Result};
+use crate::policy::stall::StallConfig;
+use regex::bytes::Regex;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml::Spanned;
+
+/// The default system-wide configuration file.
+pub const SYSTEM_CONFIG: &str = "/etc/resilio/resilio.toml";
+
+/// The default progress regex: the first capture group that took part in a
+/// match is the step (see `tests/fixtures/progress/trainer_lines.tsv` for the
+/// real lines it is tested against).
+///
+/// It recognises `step 120`, `Step 120/10000`, `step: 120`, `step=120,`,
+/// `global_step=120`, `global step 120`, `"step": 120` (torchtitan, nanoGPT,
+/// DeepSpeed, Lightning, HF), Megatron-LM/NeMo `iteration      120/  10000`,
+/// nanoGPT `iter 120:`, DeepSpeed pipeline `steps: 120`, fairseq
+/// `num_updates=120`, Composer `[batch=120/1000]`, and the unlabelled tqdm bar
+/// of the HF Trainer (`  5%|▌   | 120/2400 [`). Words glued to other
+/// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
+/// prose and totals (`Total optimization steps = 1000`), and labelled bars
+/// (dataset preprocessing, checkpoint shard loading) do not match.
+pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
+    r#"(?im)(?:^|[^a-z0-9_])(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
+    r#"|(?:^|[^a-z0-9_])iteration\s+(\d+)\s*/\s*\d+"#,
+    r#"|(?:^|[^a-z0-9_])iter\s+(\d+):"#,
+    r#"|^steps:\s+(\d+)"#,
+    r#"|num_updates["']?[=\s:"']+(\d+)"#,
+    r#"|\[batch=(\d+)/\d+\]"#,
+    r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/\d+\s*\["#,
+);
+
+/// Default regex marking the start of a checkpoint save in plain output.
+pub const DEFAULT_CHECKPOINT_REGEX: &str =
+    r"(?i)saving (?:model )?checkpoint|save_checkpoint|checkpoint saving|saving state to";
+/// Default regex marking the start of an evaluation in plain output.
+pub const DEFAULT_EVAL_REGEX: &str = r"(?i)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
+
+/// How the progress file is watched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PollMode {
+    /// inotify, except on network filesystems (NFS, Lustre, GPFS, ...) where it polls.
+    Auto,
+    /// Always poll (stat every `file_poll_interval`).
+    Always,
+    /// Never poll: inotify only.
+    Never,
+}
+
+/// Where progress comes from, besides the datagram socket (always on).
+#[derive(Clone, Debug)]
+pub struct ProgressConfig {
+    /// Regex over output lines; capture group 1 (or the group named `step`) is the step.
+    pub regex: Regex,
+    /// Regex over output lines that marks the start of a checkpoint save (empty: off).
+    pub checkpoint_regex: Option<Regex>,
+    /// Regex over output lines that marks the start of an evaluation (empty: off).
+    pub eval_regex: Option<Regex>,
+    /// A file the trainer rewrites with its step (or any content) as it progresses.
+    pub file: Option<PathBuf>,
+    /// Watch mode for `file`.
+    pub file_poll: PollMode,
+    /// Polling period when polling.
+    pub file_poll_interval: Duration,
+    /// Set PYTHONUNBUFFERED=1 in the trainer's environment unless already set,
+    /// so that a Python trainer's prints reach resilio as they happen.
+    pub python_unbuffered: bool,
+}
+
+/// What to gather on a stall, before the rank is stopped.
+#[derive(Clone, Debug)]
+pub struct DiagnosticsConfig {
+    /// Signal sent to the trainer's process group to make it dump its stacks
+    /// (e.g. SIGUSR2 with `faulthandler.register(signal.SIGUSR2)`); off by default,
+    /// because the default action of most signals kills a trainer that did not register one.
+    pub dump_signal: Option<nix::sys::signal::Signal>,
+    /// How long to let the trainer write its dump before it is terminated.
+    pub dump_wait: Duration,
+    /// Run `py-spy dump --pid` on each Python process of the rank when py-spy is on PATH.
+    pub py_spy: bool,
+    /// Timeout for each py-spy invocation.
+    pub py_spy_timeout: Duration,
+    /// How many lines of recent output to keep in the stall record.
+    pub tail_lines: usize,
+}
+
+/// The fully resolved configuration of one `resilio run`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Root of journals: `STATE_DIR/jobs/JOB/`.
+    pub state_dir: PathBuf,
+    /// Time between SIGTERM and SIGKILL when stopping the trainer.
+    pub kill_grace: Duration,
+    /// Progress sources.
+    pub progress: ProgressConfig,
+    /// Stall policy parameters.
+    pub stall: StallConfig,
+    /// Stall diagnostics.
+    pub diagnostics: DiagnosticsConfig,
+    /// At most one `progress` journal record per this interval (plus first and last).
+    pub journal_progress_interval: Duration,
+}
+
+/// The default state directory: `$RESILIO_STATE_DIR`, else
+/// `$XDG_STATE_HOME/resilio`, else `$HOME/.local/state/resilio`, else
+/// `/tmp/resilio-$UID`.
+pub fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("RESILIO_STATE_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("resilio");
+    }
+    if let Some(home) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(home).join(".local/state/resilio");
+    }
+    PathBuf::from(format!("/tmp/resilio-{}", nix::unistd::getuid()))
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            state_dir: default_state_dir(),
+            kill_grace: Duration::from_secs(30),
+            progress: ProgressConfig {
+                regex: Regex::new(DEFAULT_PROGRESS_REGEX).expect("default regex"),
+                checkpoint_regex: Some(
+                    Regex::new(DEFAULT_CHECKPOINT_REGEX).expect("default regex"),
+                ),
+                eval_regex: Some(Regex::new(DEFAULT_EVAL_REGEX).expect("default regex")),
+                file: None,
+                file_poll: PollMode::Auto,
+                file_poll_interval: Duration::from_secs(2),
+                python_unbuffered: true,
+            },
+            stall: StallConfig::default(),
+            diagnostics: DiagnosticsConfig {
+                dump_signal: None,
+                dump_wait: Duration::from_secs(3),
+                py_spy: true,
+                py_spy_timeout: Duration::from_secs(20),
+                tail_lines: 40,
+            },
+            journal_progress_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+// ---- the file format: every key optional, unknown keys rejected ----
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    #[serde(default)]
+    run: RunSection,
+    #[serde(default)]
+    progress: ProgressSection,
+    #[serde(default)]
+    stall: StallSection,
+    #[serde(default)]
+    diagnostics: DiagnosticsSection,
+    #[serde(default)]
+    journal: JournalSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RunSection {
+    state_dir: Option<PathBuf>,
+    #[serde(default, with = "serde_text::option")]
+    kill_grace: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ProgressSection {
+    regex: Option<Spanned<String>>,
+    checkpoint_regex: Option<Spanned<String>>,
+    eval_regex: Option<Spanned<String>>,
+    file: Option<PathBuf>,
+    file_poll: Option<PollMode>,
+    #[serde(default, with = "serde_text::option")]
+    file_poll_interval: Option<Duration>,
+    python_unbuffered: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StallSection {
+    #[serde(default, with = "serde_text::option")]
+    startup_timeout: Option<Duration>,
+    /// A fixed timeout; `"adaptive"` or absent means adaptive.
+    timeout: Option<Spanned<String>>,
+    adaptive_factor: Option<Spanned<f64>>,
+    adaptive_percentile: Option<Spanned<f64>>,
+    #[serde(default, with = "serde_text::option")]
+    adaptive_floor: Option<Duration>,
+    adaptive_window: Option<Spanned<usize>>,
+    #[serde(default, with = "serde_text::option")]
+    checkpoint_timeout: Option<Duration>,
+    #[serde(default, with = "serde_text::option")]
+    eval_timeout: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DiagnosticsSection {
+    dump_signal: Option<Spanned<String>>,
+    #[serde(default, with = "serde_text::option")]
+    dump_wait: Option<Duration>,
+    py_spy: Option<bool>,
+    #[serde(default, with = "serde_text::option")]
+    py_spy_timeout: Option<Duration>,
+    tail_lines: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct JournalSection {
+    #[serde(default, with = "serde_text::option")]
+    progress_interval: Option<Duration>,
+}
+
+fn line_of(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Compile a user regex, mapping errors to a one-line message.
+pub fn compile_regex(source: &str) -> std::result::Result<Regex, String> {
+    Regex::new(source).map_err(|e| {
+        let detail = e.to_string();
+        let last = detail
+            .lines()
+            .last()
+            .unwrap_or("invalid regex")
+            .trim()
+            .to_string();
+        format!("invalid regex '{source}': {last}")
+    })
+}
+
+/// Parse a signal name (`SIGUSR2`, `USR2`, `12`).
+pub fn parse_signal(text: &str) -> std::result::Result<nix::sys::signal::Signal, String> {
+    use nix::sys::signal::Signal;
+    let t = text.trim();
+    if let Ok(n) = t.parse::<i32>() {
+        return Signal::try_from(n).map_err(|_| format!("unknown signal '{text}'"));
+    }
+    let upper = t.to_ascii_uppercase();
+    let name = if upper.starts_with("SIG") {
+        upper
+    } else {
+        format!("SIG{upper}")
+    };
+    name.parse::<Signal>()
+        .map_err(|_| format!("unknown signal '{text}'"))
+}
+
+impl Config {
+    /// Apply one TOML file on top of `self`. Errors name `path:line`.
+    pub fn apply_file(&mut self, path: &Path) -> Result<()> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        self.apply_str(&text, path)
+    }
+
+    /// Apply TOML text (named `path` in errors) on top of `self`.
+    pub fn apply_str(&mut self, text: &str, path: &Path) -> Result<()> {
+        let err_at = |offset: usize, message: String| Error::Config {
+            path: path.to_path_buf(),
+            line: line_of(text, offset),
+            message,
+        };
+        let file: FileConfig = toml::from_str(text).map_err(|e| {
+            let offset = e.span().map(|s| s.start).unwrap_or(0);
+            err_at(offset, e.message().trim().replace('\n', " "))
+        })?;
+
+        if let Some(dir) = file.run.state_dir {
+            self.state_dir = dir;
+        }
+        if let Some(d) = file.run.kill_grace {
+            self.kill_grace = d;
+        }
+
+        let p = file.progress;
+        if let Some(re) = p.regex {
+            self.progress.regex =
+                compile_regex(re.get_ref()).map_err(|m| err_at(re.span().start, m))?;
+        }
+        for (field, target) in [
+            (p.checkpoint_regex, &mut self.progress.checkpoint_regex),
+            (p.eval_regex, &mut self.progress.eval_regex),
+        ] {
+            if let Some(re) = field {
+                *target = if re.get_ref().is_empty() {
+                    None
+                } else {
+                    Some(compile_regex(re.get_ref()).map_err(|m| err_at(re.span().start, m))?)
+                };
+            }
+        }
+        if let Some(f) = p.file {
+            self.progress.file = Some(f);
+        }
+        if let Some(m) = p.file_poll {
+            self.progress.file_poll = m;
+        }
+        if let Some(d) = p.file_poll_interval {
+            self.progress.file_poll_interval = d.max(Duration::from_millis(10));
+        }
+        if let Some(b) = p.python_unbuffered {
+            self.progress.python_unbuffered = b;
+        }
+
+        let s = file.stall;
+        if let Some(d) = s.startup_timeout {
+            self.stall.startup_timeout = d;
+        }
+        if let Some(t) = s.timeout {
+            let value = t.get_ref().trim();
+            self.stall.fixed_timeout = if value == "adaptive" {
+                None
+            } else {
+                Some(
+                    crate::duration::parse(value)
+                        .map_err(|m| err_at(t.span().start, format!("stall.timeout: {m}")))?,
+                )
+            };
+        }
+        if let Some(f) = s.adaptive_factor {
+            if !(*f.get_ref() >= 1.0 && f.get_ref().is_finite()) {
+                return Err(err_at(
+                    f.span().start,
+                    "stall.adaptive_factor must be >= 1".into(),
+                ));
+            }
+            self.stall.adaptive_factor = *f.get_ref();
+        }
+        if let Some(p) = s.adaptive_percentile {
+            let v = *p.get_ref();
+            if !(v > 0.0 && v <= 1.0) {
+                return Err(err_at(
+                    p.span().start,
+                    "stall.adaptive_percentile must be in (0, 1]".into(),
+                ));
+            }
+            self.stall.adaptive_percentile = v;
+        }
+        if let Some(d) = s.adaptive_floor {
+            self.stall.adaptive_floor = d;
+        }
+        if let Some(w) = s.adaptive_window {
+            if *w.get_ref() == 0 {
+                return Err(err_at(
+                    w.span().start,
+                    "stall.adaptive_window must be >= 1".into(),
+                ));
+            }
+            self.stall.adaptive_window = *w.get_ref();
+        }
+        if let Some(d) = s.checkpoint_timeout {
+            self.stall.checkpoint_timeout = d;
+        }
+        if let Some(d) = s.eval_timeout {
+            self.stall.eval_timeout = d;
+        }
+
+        let d = file.diagnostics;
+        if let Some(sig) = d.dump_signal {
+            let value = sig.get_ref().trim();
+            self.diagnostics.dump_signal = if value.is_empty() || value == "none" {
+                None
+            } else {
+                Some(parse_signal(value).map_err(|m| err_at(sig.span().start, m))?)
+            };
+        }
+        if let Some(w) = d.dump_wait {
+            self.diagnostics.dump_wait = w;
+        }
+        if let Some(b) = d.py_spy {
+            self.diagnostics.py_spy = b;
+        }
+        if let Some(t) = d.py_spy_timeout {
+            self.diagnostics.py_spy_timeout = t;
+        }
+        if let Some(n) = d.tail_lines {
+            self.diagnostics.tail_lines = n;
+        }
+        if let Some(i) = file.journal.progress_interval {
+            self.journal_progress_interval = i;
+        }
+        Ok(())
+    }
+
+    /// Defaults, then the system file (if present), then the user's file.
+    pub fn load(user_file: Option<&Path>) -> Result<Config> {
+        let mut cfg = Config::default();
+        let system = std::env::var_os("RESILIO_SYSTEM_CONFIG")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG));
+        if system.exists() {
+            cfg.apply_file(&system)?;
+        }
+        if let Some(path) = user_file {
+            cfg.apply_file(path)?;
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(text: &str) -> Result<Config> {
+        let mut c = Config::default();
+        c.apply_str(text, Path::new("test.toml"))?;
+        Ok(c)
+    }
+
+    #[test]
+    fn documented_default_file_parses_and_equals_builtin_defaults() {
+        let text = include_str!("../conf/resilio.toml");
+        let c = apply(text).expect("conf/resilio.toml must parse");
+        let d = Config::default();
+        assert_eq!(c.kill_grace, d.kill_grace);
+        assert_eq!(c.stall, d.stall);
+        assert_eq!(c.progress.regex.as_str(), d.progress.regex.as_str());
+        assert_eq!(c.journal_progress_interval, d.journal_progress_interval);
+        assert_eq!(c.diagnostics.tail_lines, d.diagnostics.tail_lines);
+    }
+
+    #[test]
+    fn values_override_defaults() {
+        let c = apply(
+            "[stall]\ntimeout = \"90s\"\nstartup_timeout = \"5m\"\n[diagnostics]\ndump_signal = \"USR2\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.stall.fixed_timeout, Some(Duration::from_secs(90)));
+        assert_eq!(c.stall.startup_timeout, Duration::from_secs(300));
+        assert_eq!(
+            c.diagnostics.dump_signal,
+            Some(nix::sys::signal::Signal::SIGUSR2)
+        );
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let cases = [
+            ("[stall]\n\ntimeot = \"5s\"\n", 3, "unknown field"),
+            ("[stall]\nstartup_timeout = \"5x\"\n", 2, "unknown unit"),
+            ("\n[progress]\nregex = \"(unclosed\"\n", 3, "invalid regex"),
+            (
+                "[diagnostics]\ndump_signal = \"SIGFOO\"\n",
+                2,
+                "unknown signal",
+            ),
+            ("[stall]\nadaptive_factor = 0.5\n", 2, "adaptive_factor"),
+            ("[stall\n", 1, ""),
+        ];
+        for (text, line, needle) in cases {
+            let err = apply(text).unwrap_err();
+            let msg = err.to_string();
+            assert!(msg.starts_with(&format!("test.toml:{line}: ")), "{msg}");
+            assert!(msg.contains(needle), "{msg}");
+            assert!(!msg.contains('\n'), "one line: {msg}");
+            assert_eq!(err.exit_code(), crate::error::EXIT_USAGE);
+        }
+    }
+}

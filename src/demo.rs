@@ -1,0 +1,151 @@
+//! `resilio demo`: a short scripted run on this machine, no Slurm and
+//! nothing installed beyond the build. A fake trainer (this same binary,
+//! `resilio __demo-trainer`) prints Megatron-style iteration lines, saves a
+//! "checkpoint" that takes longer than the step timeout (announced over
+//! `RESILIO_SOCKET`, so it is not taken for a hang), then hangs as a rank
+//! stuck in a collective would. resilio detects the hang, asks the trainer
+//! for a stack dump (SIGUSR2), stops it, and the report and timeline are
+//! printed from the journal.
+
+use crate::agent::{self, RunOptions};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::{journal, report};
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Arguments of the scripted trainer.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrainerArgs {
+    /// Steps to run before hanging (or finishing, with --hang-at 0)
+    #[arg(long, default_value_t = 24)]
+    pub steps: u64,
+    /// Time per step in milliseconds
+    #[arg(long, default_value_t = 200)]
+    pub step_ms: u64,
+    /// Save a checkpoint after this step (0: never)
+    #[arg(long, default_value_t = 10)]
+    pub checkpoint_at: u64,
+    /// How long the checkpoint takes, in milliseconds
+    #[arg(long, default_value_t = 3000)]
+    pub checkpoint_ms: u64,
+    /// Hang after this step instead of finishing (0: never hang)
+    #[arg(long, default_value_t = 24)]
+    pub hang_at: u64,
+}
+
+fn notify(msg: &str) {
+    // Fire and forget: never block, never fail the trainer.
+    if let Some(path) = std::env::var_os("RESILIO_SOCKET") {
+        if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
+            let _ = s.set_nonblocking(true);
+            let _ = s.send_to(msg.as_bytes(), path);
+        }
+    }
+}
+
+extern "C" fn on_usr2(_: libc::c_int) {
+    let msg = b"demo-trainer: SIGUSR2: stack of the main thread:\n  File \"train.py\", line 88, in train_step\n    dist.all_reduce(grad)   # waiting for rank 3 (simulated)\n";
+    // SAFETY: write(2) is async-signal-safe.
+    unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// Run the scripted trainer; returns its exit code.
+pub fn trainer(a: TrainerArgs) -> i32 {
+    // SAFETY: installing a handler that only calls write(2).
+    unsafe { libc::signal(libc::SIGUSR2, on_usr2 as *const () as libc::sighandler_t) };
+    let total = a.steps.max(1) * 4;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "demo-trainer: building model, loading data");
+    let _ = out.flush();
+    std::thread::sleep(Duration::from_millis(600));
+    for step in 1..=a.steps {
+        std::thread::sleep(Duration::from_millis(a.step_ms));
+        let loss = 4.0 / (1.0 + step as f64 * 0.1);
+        let _ = writeln!(
+            out,
+            " iteration {step:>8}/{total:>8} | consumed samples: {:>8} | elapsed time per iteration (ms): {:.1} | lm loss: {loss:.6E} |",
+            step * 32,
+            a.step_ms as f64
+        );
+        let _ = out.flush();
+        if a.checkpoint_at > 0 && step == a.checkpoint_at {
+            notify(&format!("phase=checkpoint step={step}"));
+            let _ = writeln!(
+                out,
+                "demo-trainer: writing checkpoint for step {step} ({} ms)",
+                a.checkpoint_ms
+            );
+            let _ = out.flush();
+            std::thread::sleep(Duration::from_millis(a.checkpoint_ms));
+            notify(&format!("checkpoint_done step={step}"));
+            let _ = writeln!(out, "demo-trainer: checkpoint for step {step} is durable");
+            let _ = out.flush();
+        }
+        if a.hang_at > 0 && step == a.hang_at {
+            let _ = writeln!(
+                out,
+                "demo-trainer: entering all_reduce for step {} ...",
+                step + 1
+            );
+            let _ = out.flush();
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+    0
+}
+
+/// `resilio demo`.
+pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
+    let state_dir = match state_dir {
+        Some(d) => d,
+        None => std::env::temp_dir().join(format!("resilio-demo-{}", std::process::id())),
+    };
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+    let job = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"));
+
+    let mut cfg = Config::default();
+    cfg.state_dir = state_dir.clone();
+    cfg.stall.adaptive_floor = Duration::from_secs(2);
+    cfg.stall.startup_timeout = Duration::from_secs(30);
+    cfg.stall.checkpoint_timeout = Duration::from_secs(60);
+    cfg.diagnostics.dump_signal = Some(nix::sys::signal::Signal::SIGUSR2);
+    cfg.diagnostics.dump_wait = Duration::from_millis(500);
+    cfg.kill_grace = Duration::from_secs(5);
+    cfg.journal_progress_interval = Duration::from_secs(1);
+
+    println!(
+        "== resilio demo: job {job}, journal under {}",
+        state_dir.display()
+    );
+    println!("== a scripted trainer runs 0.2 s steps, saves a 3 s checkpoint at step 10 (announced on RESILIO_SOCKET),");
+    println!("== then hangs at step 24 like a rank stuck in all_reduce. The adaptive stall timeout (2 s floor here) catches it.\n");
+    let code = agent::run(RunOptions {
+        argv: vec![exe.into(), "__demo-trainer".into()],
+        config: cfg,
+        job_id: Some(job.clone()),
+    })?;
+    println!("\n== resilio run exited with {code} (124: stopped for stalling)\n");
+    let dir = journal::job_dir(&state_dir, &job);
+    let j = journal::read_job(&dir)
+        .map_err(|e| Error::Other(format!("cannot read the demo's journal: {e}")))?;
+    let r = report::build(&job, &j.records, j.bad_lines);
+    println!("== resilio report {job}\n");
+    print!("{}", report::render_text(&r));
+    println!("\n== resilio timeline {job}\n");
+    print!("{}", report::render_timeline(&job, &j.records));
+    println!(
+        "\n== again, from the journal alone:\n   resilio report --state-dir {} {job} [--json]\n   resilio timeline --state-dir {} {job}",
+        state_dir.display(),
+        state_dir.display()
+    );
+    Ok(if code == crate::error::EXIT_STALLED {
+        0
+    } else {
+        1
+    })
+}

@@ -1,0 +1,135 @@
+//! Human durations as written on the command line and in config:
+//! `90s`, `5m`, `1h30m`, `250ms`, `1.5s`; a bare number means seconds.
+
+use std::time::Duration;
+
+/// Parse a duration such as `1h30m`, `90s`, `250ms` or `2.5s`.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let s = text.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<f64>() {
+        return from_secs(secs, text);
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        if num_len == 0 {
+            return Err(format!("invalid duration '{text}': expected a number"));
+        }
+        let value: f64 = rest[..num_len]
+            .parse()
+            .map_err(|_| format!("invalid duration '{text}'"))?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let factor = match &rest[..unit_len] {
+            "ms" => 0.001,
+            "s" | "sec" => 1.0,
+            "m" | "min" => 60.0,
+            "h" => 3600.0,
+            "d" => 86400.0,
+            "" => {
+                return Err(format!(
+                    "invalid duration '{text}': missing unit (ms, s, m, h)"
+                ))
+            }
+            unit => return Err(format!("invalid duration '{text}': unknown unit '{unit}'")),
+        };
+        total += value * factor;
+        rest = &rest[unit_len..];
+    }
+    from_secs(total, text)
+}
+
+fn from_secs(secs: f64, text: &str) -> Result<Duration, String> {
+    if !secs.is_finite() || secs < 0.0 || secs > 1e10 {
+        return Err(format!("invalid duration '{text}'"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Format a duration compactly for humans (`1h02m`, `4m05s`, `12.3s`, `250ms`).
+pub fn format(d: Duration) -> String {
+    let secs = d.as_secs_f64();
+    if secs < 1.0 {
+        format!("{}ms", d.as_millis())
+    } else if secs < 60.0 {
+        format!("{secs:.1}s")
+    } else if secs < 3600.0 {
+        format!("{}m{:02}s", d.as_secs() / 60, d.as_secs() % 60)
+    } else {
+        format!("{}h{:02}m", d.as_secs() / 3600, (d.as_secs() % 3600) / 60)
+    }
+}
+
+/// Serde helpers so config structs can hold `Duration` written as text.
+pub mod serde_text {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::format(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        super::parse(&text).map_err(serde::de::Error::custom)
+    }
+
+    /// The same for `Option<Duration>`.
+    pub mod option {
+        use serde::{Deserialize, Deserializer, Serializer};
+        use std::time::Duration;
+
+        pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+            match d {
+                Some(d) => s.serialize_str(&super::super::format(*d)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+            let text = Option::<String>::deserialize(d)?;
+            text.map(|t| super::super::parse(&t).map_err(serde::de::Error::custom))
+                .transpose()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_documented_forms() {
+        assert_eq!(parse("90s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse("1.5s").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse("42").unwrap(), Duration::from_secs(42));
+        assert_eq!(parse(" 2m30s ").unwrap(), Duration::from_secs(150));
+    }
+
+    #[test]
+    fn rejects_garbage_with_a_reason() {
+        for bad in ["", "abc", "5x", "m5", "-3s", "1..2s", "5 m"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains("duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn formats_compactly() {
+        assert_eq!(format(Duration::from_millis(250)), "250ms");
+        assert_eq!(format(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(format(Duration::from_secs(245)), "4m05s");
+        assert_eq!(format(Duration::from_secs(3720)), "1h02m");
+    }
+}

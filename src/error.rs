@@ -1,0 +1,72 @@
+//! Errors that reach the user, and the exit codes they map to.
+//!
+//! Library code returns [`Error`]; only the CLI turns it into a one-line
+//! message on stderr and a process exit code.
+
+use std::path::PathBuf;
+
+/// Exit code for usage and configuration errors (as most Unix tools do).
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code when the command could not be found.
+pub const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code when the command was found but could not be executed.
+pub const EXIT_NOT_EXECUTABLE: i32 = 126;
+/// Exit code when resilio stopped the rank because it stalled (as timeout(1)).
+pub const EXIT_STALLED: i32 = 124;
+/// Exit code for an internal failure of resilio itself (never used while a
+/// child is running: the child's status always wins).
+pub const EXIT_INTERNAL: i32 = 70;
+/// Exit code when a report was asked for a job that has no journal.
+pub const EXIT_NO_JOB: i32 = 3;
+
+/// Everything that can go wrong before or around supervision.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A command-line value was wrong.
+    #[error("{0}")]
+    Usage(String),
+    /// A configuration file was wrong; `line` is 1-based.
+    #[error("{}:{line}: {message}", path.display())]
+    Config {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    /// A configuration file could not be read.
+    #[error("{}: {source}", path.display())]
+    ConfigRead {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// The command to run does not exist.
+    #[error("{program}: command not found")]
+    NotFound { program: String },
+    /// The command exists but cannot be executed.
+    #[error("{program}: cannot execute: {source}")]
+    NotExecutable {
+        program: String,
+        source: std::io::Error,
+    },
+    /// No journal exists for the job asked about.
+    #[error("no journal for job '{job}' under {}", dir.display())]
+    NoJob { job: String, dir: PathBuf },
+    /// Anything else (I/O on resilio's own files, runtime set-up).
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    /// The process exit code this error maps to.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Usage(_) | Error::Config { .. } | Error::ConfigRead { .. } => EXIT_USAGE,
+            Error::NotFound { .. } => EXIT_NOT_FOUND,
+            Error::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
+            Error::NoJob { .. } => EXIT_NO_JOB,
+            Error::Other(_) => EXIT_INTERNAL,
+        }
+    }
+}
+
+/// Result alias used across the crate.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,432 @@
+//! The per-job journal: append-only JSON Lines, one file per writer.
+//!
+//! Layout: `STATE_DIR/jobs/JOB/rank-R.jsonl` for each rank's agent (and
+//! later `coordinator.jsonl`); readers merge every `*.jsonl` in the job's
+//! directory, ordered by timestamp. One file per writer keeps records whole
+//! on shared filesystems (NFS gives no atomic `O_APPEND` across nodes).
+//!
+//! Crash safety: each record is one `write(2)` of a complete line to a file
+//! opened with `O_APPEND`; records that matter are `fdatasync`ed before
+//! resilio acts on them. A writer that finds its file ending in a partial
+//! line (a kill in the middle of a write) cuts it off before appending, and
+//! readers skip a final line that does not parse. So after a `kill -9` at any
+//! moment every record is either whole or absent.
+//!
+//! Fail open: if the journal cannot be written, resilio says so once on
+//! stderr and keeps supervising; when writing works again it records a
+//! `journal_gap` with the number of records lost.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+/// Version of the record schema written by this build.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One journal record. Fields beyond the common ones depend on `kind`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// Schema version.
+    pub v: u32,
+    /// When it happened (UTC).
+    pub ts: DateTime<Utc>,
+    /// What happened: `rank_start`, `progress`, `stall`, `rank_exit`, ...
+    pub kind: String,
+    /// Attempt number (0 for the first run, +1 per requeue or restart).
+    pub attempt: u32,
+    /// The rank it concerns, when it concerns one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The node it concerns, when it concerns one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Kind-specific fields.
+    #[serde(flatten)]
+    pub data: Map<String, Value>,
+}
+
+impl Record {
+    /// A field of the kind-specific data.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.data.get(key)
+    }
+
+    /// A numeric field.
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        self.data.get(key).and_then(Value::as_f64)
+    }
+
+    /// An integer field.
+    pub fn u64(&self, key: &str) -> Option<u64> {
+        self.data.get(key).and_then(Value::as_u64)
+    }
+
+    /// A string field.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.data.get(key).and_then(Value::as_str)
+    }
+}
+
+/// Check a job id before it becomes part of a path.
+pub fn validate_job_id(job: &str) -> Result<(), String> {
+    let ok = !job.is_empty()
+        && job.len() <= 128
+        && !job.starts_with('.')
+        && job
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid job id '{job}': use letters, digits, '.', '_', '-', '+' (at most 128)"
+        ))
+    }
+}
+
+/// The directory holding a job's journal.
+pub fn job_dir(state_dir: &Path, job: &str) -> PathBuf {
+    state_dir.join("jobs").join(job)
+}
+
+/// Appends records for one writer (one rank's agent).
+pub struct Writer {
+    path: PathBuf,
+    file: Option<File>,
+    attempt: u32,
+    rank: Option<u32>,
+    node: Option<String>,
+    warned: bool,
+    dropped: u64,
+}
+
+impl Writer {
+    /// Open (creating as needed) `dir/name`. Never fails: on error the
+    /// writer warns once and drops records until writing works again.
+    pub fn open(
+        dir: &Path,
+        name: &str,
+        attempt: u32,
+        rank: Option<u32>,
+        node: Option<String>,
+    ) -> Writer {
+        let mut w = Writer {
+            path: dir.join(name),
+            file: None,
+            attempt,
+            rank,
+            node,
+            warned: false,
+            dropped: 0,
+        };
+        if let Err(e) = w.try_open() {
+            w.fail(&e);
+        }
+        w
+    }
+
+    /// A writer that writes nothing (used when no journal is wanted).
+    pub fn disabled() -> Writer {
+        Writer {
+            path: PathBuf::new(),
+            file: None,
+            attempt: 0,
+            rank: None,
+            node: None,
+            warned: true,
+            dropped: 0,
+        }
+    }
+
+    /// Where records go.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the journal is being written.
+    pub fn is_ok(&self) -> bool {
+        self.file.is_some()
+    }
+
+    /// Records lost to write errors so far.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    fn try_open(&mut self) -> std::io::Result<()> {
+        if self.path.as_os_str().is_empty() {
+            return Err(std::io::Error::other("journal disabled"));
+        }
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)?;
+        let existed = self.path.exists();
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&self.path)?;
+        repair_torn_tail(&mut file)?;
+        if !existed {
+            // Make the new file's directory entry durable too.
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        self.file = Some(file);
+        Ok(())
+    }
+
+    fn fail(&mut self, e: &std::io::Error) {
+        self.file = None;
+        if !self.warned {
+            self.warned = true;
+            eprintln!(
+                "resilio: cannot write journal {}: {e}; supervision continues without it",
+                self.path.display()
+            );
+        }
+    }
+
+    /// Append one record of `kind` with `data` (an object). `durable` records
+    /// are fsynced before this returns.
+    pub fn record(&mut self, kind: &str, data: Value, durable: bool) {
+        self.record_at(Utc::now(), kind, data, durable)
+    }
+
+    /// The same with an explicit timestamp.
+    pub fn record_at(&mut self, ts: DateTime<Utc>, kind: &str, data: Value, durable: bool) {
+        if self.file.is_none() {
+            if self.path.as_os_str().is_empty() || !durable {
+                self.dropped += 1;
+                return;
+            }
+            // Retry on records that matter: the disk may have recovered.
+            if self.try_open().is_err() {
+                self.dropped += 1;
+                return;
+            }
+        }
+        if self.dropped > 0 {
+            let lost = self.dropped;
+            self.dropped = 0;
+            self.write_line(
+                ts,
+                "journal_gap",
+                serde_json::json!({ "lost_records": lost }),
+                false,
+            );
+        }
+        self.write_line(ts, kind, data, durable);
+    }
+
+    fn write_line(&mut self, ts: DateTime<Utc>, kind: &str, data: Value, durable: bool) {
+        let data = match data {
+            Value::Object(m) => m,
+            Value::Null => Map::new(),
+            other => {
+                let mut m = Map::new();
+                m.insert("value".into(), other);
+                m
+            }
+        };
+        let mut data = data;
+        for reserved in ["v", "ts", "kind", "attempt", "rank", "node"] {
+            debug_assert!(
+                !data.contains_key(reserved),
+                "journal data must not set '{reserved}'"
+            );
+            data.remove(reserved);
+        }
+        let rec = Record {
+            v: SCHEMA_VERSION,
+            ts,
+            kind: kind.to_string(),
+            attempt: self.attempt,
+            rank: self.rank,
+            node: self.node.clone(),
+            data,
+        };
+        let mut line = match serde_json::to_vec(&rec) {
+            Ok(l) => l,
+            Err(_) => return,
+        };
+        line.push(b'\n');
+        let Some(file) = self.file.as_mut() else {
+            self.dropped += 1;
+            return;
+        };
+        // One write(2) per record; O_APPEND puts it at the end.
+        let result =
+            file.write_all(&line)
+                .and_then(|_| if durable { file.sync_data() } else { Ok(()) });
+        if let Err(e) = result {
+            self.dropped += 1;
+            self.fail(&e);
+        }
+    }
+}
+
+/// If the file ends in a partial line, cut it off.
+fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
+    let len = file.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))?;
+    file.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    // Walk back to the last newline.
+    let mut end = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut cut = 0;
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let n = (end - start) as usize;
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(&mut buf[..n])?;
+        if let Some(p) = buf[..n].iter().rposition(|&b| b == b'\n') {
+            cut = start + p as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    file.set_len(cut)?;
+    file.sync_data()?;
+    Ok(())
+}
+
+/// What reading a job's journal found.
+#[derive(Debug, Default)]
+pub struct JobJournal {
+    /// Every whole record, ordered by time (stable for equal times).
+    pub records: Vec<Record>,
+    /// Lines that did not parse (a torn final line, or foreign content).
+    pub bad_lines: usize,
+    /// The files read.
+    pub files: Vec<PathBuf>,
+}
+
+/// Read and merge every `*.jsonl` of a job's directory.
+pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
+    let mut out = JobJournal::default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    for path in &files {
+        let text = std::fs::read(path)?;
+        for line in text.split(|&b| b == b'\n') {
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            match serde_json::from_slice::<Record>(line) {
+                Ok(r) => out.records.push(r),
+                Err(_) => out.bad_lines += 1,
+            }
+        }
+    }
+    out.records.sort_by_key(|r| r.ts);
+    out.files = files;
+    Ok(out)
+}
+
+/// Jobs under a state dir, most recently written last.
+pub fn list_jobs(state_dir: &Path) -> Vec<(String, std::time::SystemTime)> {
+    let Ok(entries) = std::fs::read_dir(state_dir.join("jobs")) else {
+        return Vec::new();
+    };
+    let mut jobs: Vec<(String, std::time::SystemTime)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let newest = std::fs::read_dir(e.path())
+                .ok()?
+                .filter_map(|f| f.ok()?.metadata().ok()?.modified().ok())
+                .max()?;
+            Some((name, newest))
+        })
+        .collect();
+    jobs.sort_by_key(|(_, t)| *t);
+    jobs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn records_round_trip_and_merge_by_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), Some("n1".into()));
+        let mut b = Writer::open(dir.path(), "rank-1.jsonl", 0, Some(1), Some("n2".into()));
+        a.record("rank_start", json!({"pid": 1}), true);
+        b.record("rank_start", json!({"pid": 2}), true);
+        a.record("progress", json!({"step": 5}), false);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records.len(), 3);
+        assert_eq!(j.bad_lines, 0);
+        assert_eq!(
+            j.records
+                .iter()
+                .map(|r| r.kind.as_str())
+                .collect::<Vec<_>>(),
+            ["rank_start", "rank_start", "progress"]
+        );
+        assert_eq!(j.records[2].u64("step"), Some(5));
+        assert_eq!(j.records[2].rank, Some(0));
+        assert_eq!(j.records[0].v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_on_reopen_and_skipped_by_readers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rank-0.jsonl");
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        drop(w);
+        // Simulate a kill in the middle of a write.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"v\":1,\"ts\":\"2026-").unwrap();
+        drop(f);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!((j.records.len(), j.bad_lines), (1, 1));
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 1, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!((j.records.len(), j.bad_lines), (2, 0));
+    }
+
+    #[test]
+    fn unwritable_dir_fails_open() {
+        let w = Writer::open(
+            Path::new("/proc/resilio-no-such"),
+            "rank-0.jsonl",
+            0,
+            None,
+            None,
+        );
+        assert!(!w.is_ok());
+        let mut w = w;
+        w.record("stall", json!({}), true);
+        assert_eq!(w.dropped(), 1);
+    }
+
+    #[test]
+    fn job_ids_are_validated() {
+        for ok in ["12345", "local-20261122-005100-42", "12345_7", "a.b+c"] {
+            assert!(validate_job_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "../x", "a/b", ".hidden", "a b", "x\n"] {
+            assert!(validate_job_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

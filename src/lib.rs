@@ -1,0 +1,35 @@
+//! resilio: a Slurm-integrated resilient job supervisor for ML training.
+//!
+//! # Layout
+//!
+//! - [`cli`]: the command line (thin; parses, dispatches, maps errors to exit codes).
+//! - [`agent`]: the rank agent behind `resilio run`: one event loop that
+//!   wires the pieces below together.
+//! - [`process`]: process wrapping: own process group, child subreaper,
+//!   reaping by pid, signalling the whole tree.
+//! - [`progress`]: progress sources: output parsing ([`progress::output`]),
+//!   the datagram socket ([`progress::socket`]), the progress file ([`progress::file`]).
+//! - [`policy`]: detection policies as pure functions of events and an injected clock.
+//! - [`diagnostics`]: what is gathered on a stall (output tail, py-spy, dump signal).
+//! - [`journal`]: the append-only, crash-safe per-job journal.
+//! - [`report`]: reports and timelines computed from journals alone.
+//! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
+//!   the rank's identity, errors and exit codes.
+//! - [`demo`]: `resilio demo`, a scripted run with an injected hang.
+//!
+//! `docs/architecture.md` follows one event from a trainer's output line to
+//! a journal record.
+
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod context;
+pub mod demo;
+pub mod diagnostics;
+pub mod duration;
+pub mod error;
+pub mod journal;
+pub mod policy;
+pub mod process;
+pub mod progress;
+pub mod report;

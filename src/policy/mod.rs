@@ -1,0 +1,7 @@
+//! Detection policies: pure functions of events and time.
+//!
+//! Nothing in here reads a clock, a file or a process. The caller passes the
+//! current `Instant` with every call, so unit tests drive them with an
+//! injected clock and no sleeps.
+
+pub mod stall;

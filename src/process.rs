@@ -1,0 +1,246 @@
+//! Process wrapping: the trainer in its own process group, resilio as child
+//! subreaper, reaping, and signalling the whole tree.
+//!
+//! Reaping is done by pid, never with `waitpid(-1)`: the main child by its
+//! pid, orphans that were re-parented to resilio by scanning `/proc` for its
+//! zombie children. That leaves the helpers resilio runs itself (py-spy) to
+//! be waited for by their own code.
+
+use crate::error::Error;
+use nix::errno::Errno;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+/// Make the calling process a child subreaper: orphaned descendants are
+/// re-parented to it instead of init, so none can outlive it unseen.
+pub fn set_subreaper() -> std::io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// A started trainer.
+pub struct Spawned {
+    /// Its pid, which is also its process group id.
+    pub pid: Pid,
+    /// Read end of its stdout pipe.
+    pub stdout: std::fs::File,
+    /// Read end of its stderr pipe.
+    pub stderr: std::fs::File,
+}
+
+/// Start `argv` in a new process group with piped stdout/stderr, inherited
+/// stdin, and `env` added to the environment.
+pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned, Error> {
+    let program = argv
+        .first()
+        .ok_or_else(|| Error::Usage("no command given after --".into()))?;
+    let mut cmd = Command::new(program);
+    cmd.args(&argv[1..])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::inherit())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let name = program.to_string_lossy().into_owned();
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::NotFound {
+            program: name.clone(),
+        },
+        _ => Error::NotExecutable {
+            program: name.clone(),
+            source: e,
+        },
+    })?;
+    let pid = Pid::from_raw(child.id() as i32);
+    let stdout = std::fs::File::from(std::os::fd::OwnedFd::from(
+        child.stdout.take().expect("piped stdout"),
+    ));
+    let stderr = std::fs::File::from(std::os::fd::OwnedFd::from(
+        child.stderr.take().expect("piped stderr"),
+    ));
+    // The Child handle is dropped without waiting: resilio reaps by pid.
+    drop(child);
+    Ok(Spawned {
+        pid,
+        stdout,
+        stderr,
+    })
+}
+
+/// How the main child ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// Exited with a status.
+    Code(i32),
+    /// Killed by a signal.
+    Signal(i32, bool),
+}
+
+impl Exit {
+    /// The shell's convention: the status, or 128+N for signal N.
+    pub fn code(self) -> i32 {
+        match self {
+            Exit::Code(c) => c,
+            Exit::Signal(s, _) => 128 + s,
+        }
+    }
+
+    /// Human description (`exit 3`, `signal 9 (SIGKILL)`).
+    pub fn describe(self) -> String {
+        match self {
+            Exit::Code(c) => format!("exit {c}"),
+            Exit::Signal(s, core) => {
+                let name = Signal::try_from(s).map(|s| s.as_str()).unwrap_or("?");
+                format!(
+                    "signal {s} ({name}){}",
+                    if core { ", core dumped" } else { "" }
+                )
+            }
+        }
+    }
+}
+
+/// Reap the main child if it has exited.
+pub fn try_reap_main(pid: Pid) -> Option<Exit> {
+    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
+        Ok(WaitStatus::Signaled(_, sig, core)) => Some(Exit::Signal(sig as i32, core)),
+        _ => None,
+    }
+}
+
+/// One entry of `/proc/PID/stat`.
+#[derive(Clone, Debug)]
+pub struct ProcInfo {
+    pub pid: i32,
+    pub ppid: i32,
+    pub pgid: i32,
+    pub state: char,
+    pub comm: String,
+}
+
+/// Parse `/proc/PID/stat` (the command name may contain spaces and parens).
+pub fn read_stat(pid: i32) -> Option<ProcInfo> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let open = text.find('(')?;
+    let close = text.rfind(')')?;
+    let comm = text[open + 1..close].to_string();
+    let mut rest = text[close + 1..].split_ascii_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let ppid = rest.next()?.parse().ok()?;
+    let pgid = rest.next()?.parse().ok()?;
+    Some(ProcInfo {
+        pid,
+        ppid,
+        pgid,
+        state,
+        comm,
+    })
+}
+
+/// Every process on the system (that can be read).
+pub fn all_processes() -> Vec<ProcInfo> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(read_stat)
+        .collect()
+}
+
+/// All descendants of `root` (not `root` itself), parents before children.
+pub fn descendants(root: i32) -> Vec<ProcInfo> {
+    let procs = all_processes();
+    let mut out: Vec<ProcInfo> = Vec::new();
+    let mut frontier = vec![root];
+    while let Some(parent) = frontier.pop() {
+        for p in procs.iter().filter(|p| p.ppid == parent) {
+            frontier.push(p.pid);
+            out.push(p.clone());
+        }
+    }
+    out
+}
+
+/// Reap every zombie child of this process except the main child and the
+/// pids in `skip` (helpers waited for elsewhere). Returns how many.
+pub fn reap_orphans(main: Pid, skip: &[i32]) -> usize {
+    let me = std::process::id() as i32;
+    let mut n = 0;
+    for p in all_processes() {
+        if p.ppid == me && p.state == 'Z' && p.pid != main.as_raw() && !skip.contains(&p.pid) {
+            if let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+                waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG))
+            {
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
+/// Live children of this process other than `skip` (zombies count as gone
+/// once reaped; call [`reap_orphans`] first).
+pub fn live_children(skip: &[i32]) -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    all_processes()
+        .into_iter()
+        .filter(|p| p.ppid == me && !skip.contains(&p.pid))
+        .collect()
+}
+
+/// Send `sig` to a process group; a group that is gone is not an error.
+pub fn signal_group(pgid: Pid, sig: Signal) {
+    match kill(Pid::from_raw(-pgid.as_raw()), sig) {
+        Ok(()) | Err(Errno::ESRCH) => {}
+        Err(e) => tracing::debug!("kill(-{pgid}, {sig}): {e}"),
+    }
+}
+
+/// Send `sig` to the trainer's group and to every other descendant of this
+/// process (those that left the group with setsid/setpgid), except `skip`.
+pub fn signal_tree(pgid: Pid, sig: Signal, skip: &[i32]) {
+    signal_group(pgid, sig);
+    let me = std::process::id() as i32;
+    for p in descendants(me) {
+        if p.pgid != pgid.as_raw() && !skip.contains(&p.pid) && p.state != 'Z' {
+            let _ = kill(Pid::from_raw(p.pid), sig);
+        }
+    }
+}
+
+/// The executable name of a process (`/proc/PID/exe` basename, else comm).
+pub fn exe_name(pid: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/{pid}/exe"))
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| read_stat(pid).map(|s| s.comm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes_follow_the_shell() {
+        assert_eq!(Exit::Code(3).code(), 3);
+        assert_eq!(Exit::Signal(9, false).code(), 137);
+        assert_eq!(Exit::Signal(15, false).describe(), "signal 15 (SIGTERM)");
+    }
+
+    #[test]
+    fn stat_parsing_handles_odd_names() {
+        let me = read_stat(std::process::id() as i32).unwrap();
+        assert_eq!(me.pid, std::process::id() as i32);
+        assert!(me.ppid > 0);
+    }
+}

@@ -1,0 +1,385 @@
+//! Output passthrough and step parsing.
+//!
+//! One thread per stream reads the trainer's pipe, writes every byte to
+//! resilio's own stdout/stderr at once (no buffering beyond what one `read`
+//! returns), keeps a bounded tail for diagnostics, and scans complete lines
+//! for steps and phase markers. Only the last step of each read is reported:
+//! lines that arrive in one read arrived at the same moment.
+//!
+//! If resilio's own output is gone (EPIPE, closed fd), the thread keeps
+//! draining the pipe so the trainer never blocks on a full pipe: fail open.
+
+use super::{Event, Kind, Sender, Source};
+use regex::bytes::Regex;
+use std::collections::VecDeque;
+use std::io::Read;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Longest partial line carried between reads; longer lines are not scanned.
+const MAX_CARRY: usize = 16 * 1024;
+/// Read size.
+const CHUNK: usize = 64 * 1024;
+
+/// Pulls steps and phase markers out of output text.
+#[derive(Clone, Debug)]
+pub struct Parser {
+    step: Regex,
+    checkpoint: Option<Regex>,
+    eval: Option<Regex>,
+}
+
+/// What one piece of text said, in order of appearance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Step(u64),
+    Phase(&'static str),
+}
+
+impl Parser {
+    /// A parser from the step regex and optional phase regexes.
+    pub fn new(step: Regex, checkpoint: Option<Regex>, eval: Option<Regex>) -> Self {
+        Parser {
+            step,
+            checkpoint,
+            eval,
+        }
+    }
+
+    /// The step named by one match: group `step`, else the first group that
+    /// took part in the match, else the first run of digits in the whole match.
+    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<u64> {
+        let m = caps
+            .name("step")
+            .or_else(|| caps.iter().skip(1).flatten().next())
+            .or_else(|| caps.get(0))?;
+        let bytes = m.as_bytes();
+        let start = bytes.iter().position(u8::is_ascii_digit)?;
+        let end = bytes[start..]
+            .iter()
+            .position(|b| !b.is_ascii_digit())
+            .map_or(bytes.len(), |e| start + e);
+        std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()
+    }
+
+    /// The last step in `text` with its end offset.
+    fn last_step(&self, text: &[u8]) -> Option<(usize, u64)> {
+        let mut last = None;
+        for caps in self.step.captures_iter(text) {
+            if let Some(step) = self.step_of(&caps) {
+                last = Some((caps.get(0).map_or(0, |m| m.end()), step));
+            }
+        }
+        last
+    }
+
+    /// Scan complete text: the last step and the last phase marker, in the
+    /// order they appeared.
+    pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
+        let step = self.last_step(text);
+        let mut phase: Option<(usize, &'static str)> = None;
+        for (re, name) in [(&self.checkpoint, "checkpoint"), (&self.eval, "eval")] {
+            if let Some(re) = re {
+                if let Some(m) = re.find_iter(text).last() {
+                    if phase.is_none_or(|(at, _)| m.end() > at) {
+                        phase = Some((m.end(), name));
+                    }
+                }
+            }
+        }
+        let mut marks = Vec::new();
+        match (step, phase) {
+            (Some((s_at, s)), Some((p_at, p))) if p_at > s_at => {
+                marks.push(Mark::Step(s));
+                marks.push(Mark::Phase(p));
+            }
+            (Some((_, s)), Some((_, p))) => {
+                marks.push(Mark::Phase(p));
+                marks.push(Mark::Step(s));
+            }
+            (Some((_, s)), None) => marks.push(Mark::Step(s)),
+            (None, Some((_, p))) => marks.push(Mark::Phase(p)),
+            (None, None) => {}
+        }
+        marks
+    }
+
+    /// The step in one line, if any (used by tests and the progress file).
+    pub fn step_in(&self, line: &[u8]) -> Option<u64> {
+        self.last_step(line).map(|(_, s)| s)
+    }
+}
+
+/// Splits a byte stream into complete lines (`\n` or `\r` terminated) for the parser.
+#[derive(Debug, Default)]
+pub struct LineScanner {
+    carry: Vec<u8>,
+    overflow: bool,
+}
+
+impl LineScanner {
+    /// Feed one read's bytes; returns the marks found in the lines it completed.
+    pub fn feed(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
+        let Some(last_nl) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
+            self.push_carry(chunk);
+            return Vec::new();
+        };
+        let (complete, rest) = chunk.split_at(last_nl + 1);
+        let mut marks = Vec::new();
+        if !self.carry.is_empty() || self.overflow {
+            // Finish the carried line with the head of this chunk.
+            let head_end = complete
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+                .map_or(complete.len(), |p| p + 1);
+            if !self.overflow {
+                self.carry.extend_from_slice(&complete[..head_end]);
+                marks.extend(parser.scan(&self.carry));
+            }
+            self.carry.clear();
+            self.overflow = false;
+            marks.extend(parser.scan(&complete[head_end..]));
+        } else {
+            marks.extend(parser.scan(complete));
+        }
+        self.push_carry(rest);
+        compact(marks)
+    }
+
+    /// Scan whatever partial line is left at end of stream.
+    pub fn finish(&mut self, parser: &Parser) -> Vec<Mark> {
+        let marks = if self.overflow {
+            Vec::new()
+        } else {
+            parser.scan(&self.carry)
+        };
+        self.carry.clear();
+        marks
+    }
+
+    fn push_carry(&mut self, bytes: &[u8]) {
+        if self.overflow {
+            return;
+        }
+        if self.carry.len() + bytes.len() > MAX_CARRY {
+            self.carry.clear();
+            self.overflow = true;
+        } else {
+            self.carry.extend_from_slice(bytes);
+        }
+    }
+}
+
+/// Keep the last step and last phase, in order (two scans can each yield some).
+fn compact(marks: Vec<Mark>) -> Vec<Mark> {
+    if marks.len() <= 2 {
+        return marks;
+    }
+    let last_step = marks.iter().rposition(|m| matches!(m, Mark::Step(_)));
+    let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
+    let mut keep: Vec<usize> = last_step.into_iter().chain(last_phase).collect();
+    keep.sort_unstable();
+    keep.into_iter().map(|i| marks[i].clone()).collect()
+}
+
+/// The last bytes of the trainer's output (both streams, interleaved as read).
+#[derive(Debug)]
+pub struct Tail {
+    buf: Mutex<VecDeque<u8>>,
+    cap: usize,
+}
+
+impl Tail {
+    /// A tail keeping at most `cap` bytes.
+    pub fn new(cap: usize) -> Arc<Self> {
+        Arc::new(Tail {
+            buf: Mutex::new(VecDeque::with_capacity(cap)),
+            cap,
+        })
+    }
+
+    /// Append bytes, dropping the oldest beyond the cap.
+    pub fn push(&self, bytes: &[u8]) {
+        let bytes = &bytes[bytes.len().saturating_sub(self.cap)..];
+        let Ok(mut buf) = self.buf.lock() else { return };
+        let excess = (buf.len() + bytes.len()).saturating_sub(self.cap);
+        buf.drain(..excess);
+        buf.extend(bytes);
+    }
+
+    /// The last `n` lines as (lossy) text.
+    pub fn last_lines(&self, n: usize) -> Vec<String> {
+        let Ok(buf) = self.buf.lock() else {
+            return Vec::new();
+        };
+        let bytes: Vec<u8> = buf.iter().copied().collect();
+        let text = String::from_utf8_lossy(&bytes);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..]
+            .iter()
+            .map(|l| l.to_string())
+            .collect()
+    }
+}
+
+/// Write all of `bytes` to a raw fd, waiting out EINTR and EAGAIN (a
+/// non-blocking stdout inherited from a parent).
+pub fn write_all_fd(fd: RawFd, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: plain write(2) on a borrowed fd and a valid slice.
+        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
+        if n >= 0 {
+            bytes = &bytes[n as usize..];
+            continue;
+        }
+        let err = std::io::Error::last_os_error();
+        match err.kind() {
+            std::io::ErrorKind::Interrupted => {}
+            std::io::ErrorKind::WouldBlock => {
+                let mut pfd = libc::pollfd {
+                    fd,
+                    events: libc::POLLOUT,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd.
+                unsafe { libc::poll(&mut pfd, 1, 1000) };
+            }
+            _ => return Err(err),
+        }
+    }
+    Ok(())
+}
+
+/// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
+/// keep the tail, report marks on `tx`. The thread ends at end of stream.
+pub fn spawn_pump(
+    mut pipe: std::fs::File,
+    dst_fd: RawFd,
+    source: Source,
+    parser: Parser,
+    tail: Arc<Tail>,
+    tx: Sender,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("pump-{}", source.name()))
+        .spawn(move || {
+            let _ = pipe.as_raw_fd();
+            let mut buf = vec![0u8; CHUNK];
+            let mut scanner = LineScanner::default();
+            let mut out_ok = true;
+            let send = |marks: Vec<Mark>| {
+                let at = Instant::now();
+                for mark in marks {
+                    let kind = match mark {
+                        Mark::Step(s) => Kind::Step {
+                            step: Some(s),
+                            metrics: Vec::new(),
+                        },
+                        Mark::Phase(p) => Kind::Phase(p.to_string()),
+                    };
+                    let _ = tx.send(Event { at, source, kind });
+                }
+            };
+            loop {
+                let n = match pipe.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => break,
+                };
+                let chunk = &buf[..n];
+                if out_ok && write_all_fd(dst_fd, chunk).is_err() {
+                    // Our own output is gone; keep draining so the trainer never blocks.
+                    out_ok = false;
+                }
+                tail.push(chunk);
+                let marks = scanner.feed(&parser, chunk);
+                if !marks.is_empty() {
+                    send(marks);
+                }
+            }
+            let marks = scanner.finish(&parser);
+            if !marks.is_empty() {
+                send(marks);
+            }
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX};
+
+    fn parser() -> Parser {
+        Parser::new(
+            Regex::new(DEFAULT_PROGRESS_REGEX).unwrap(),
+            Some(Regex::new(DEFAULT_CHECKPOINT_REGEX).unwrap()),
+            Some(Regex::new(DEFAULT_EVAL_REGEX).unwrap()),
+        )
+    }
+
+    #[test]
+    fn lines_split_across_reads_are_joined() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        assert!(s.feed(&p, b"noise\n iterat").is_empty());
+        assert_eq!(
+            s.feed(&p, b"ion      120/  10000 | loss 2.0\n"),
+            vec![Mark::Step(120)]
+        );
+        assert_eq!(s.feed(&p, b"step 7\nstep 8\nstep 9"), vec![Mark::Step(8)]);
+        assert_eq!(s.finish(&p), vec![Mark::Step(9)]);
+    }
+
+    #[test]
+    fn phase_and_step_keep_their_order() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        assert_eq!(
+            s.feed(&p, b"step 10\nsaving checkpoint at iteration 10\n"),
+            // Megatron's save line names no "N/M" iteration: no step in it.
+            vec![Mark::Step(10), Mark::Phase("checkpoint")]
+        );
+        assert_eq!(
+            s.feed(&p, b"saving checkpoint for step: 10\n"),
+            // The step mention comes last; a repeated step is no progress, so
+            // the phase still stands in the policy.
+            vec![Mark::Phase("checkpoint"), Mark::Step(10)]
+        );
+        assert_eq!(
+            s.feed(&p, b"step 10\nSaving model checkpoint to /x\n"),
+            vec![Mark::Step(10), Mark::Phase("checkpoint")]
+        );
+        assert_eq!(
+            s.feed(&p, b"Saving model checkpoint to /x\nstep 11\n"),
+            vec![Mark::Phase("checkpoint"), Mark::Step(11)]
+        );
+    }
+
+    #[test]
+    fn overlong_lines_are_skipped_not_buffered() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        let long = vec![b'x'; MAX_CARRY + 10];
+        assert!(s.feed(&p, &long).is_empty());
+        assert!(s.feed(&p, b" step 5\nstep 6\n") == vec![Mark::Step(6)]);
+    }
+
+    #[test]
+    fn carriage_returns_end_lines() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        assert_eq!(s.feed(&p, b"step 1\rstep 2\r"), vec![Mark::Step(2)]);
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines() {
+        let t = Tail::new(32);
+        t.push(b"line one\nline two\n");
+        t.push(b"line three\nline four\n");
+        assert_eq!(t.last_lines(2), vec!["line three", "line four"]);
+        t.push(&[b'z'; 100]);
+        assert_eq!(t.last_lines(5), vec!["z".repeat(32)]);
+    }
+}

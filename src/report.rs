@@ -1,0 +1,653 @@
+//! Reports computed from a job's journal alone (no live process needed):
+//! `resilio report` (attempts, steps, stalls, exits, time accounting) and
+//! `resilio timeline` (one line per event that matters, by attempt).
+//!
+//! Time accounting, per attempt, from the attempt's first `rank_start` to
+//! its last `rank_exit` (or its last record, when resilio itself was killed):
+//!
+//! - `startup`: launch to the first step;
+//! - progressing (the productive time, for now): first step to last step;
+//! - `stalled`: last step to the stall being declared;
+//! - `teardown`: stall declared to the rank's exit (diagnostics, stop);
+//! - `after_last_step`: last step to exit when there was no stall (final
+//!   save, shutdown, or work lost to a crash);
+//! - `between_attempts`: end of one attempt to the start of the next.
+//!
+//! The buckets and the productive time add up to the wall time exactly;
+//! whatever the records cannot place is reported as `unexplained`.
+
+use crate::journal::Record;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+/// One failure, as listed in the report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Failure {
+    pub ts: DateTime<Utc>,
+    pub attempt: u32,
+    pub kind: String,
+    pub node: Option<String>,
+    pub rank: Option<u32>,
+    pub cause: String,
+    pub exit_code: Option<i64>,
+    pub detail: Option<String>,
+}
+
+/// One rank's exit.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankExit {
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub exit_code: Option<i64>,
+    pub cause: Option<String>,
+    pub status: Option<String>,
+}
+
+/// One attempt (a launch of the job's ranks).
+#[derive(Clone, Debug, Serialize)]
+pub struct Attempt {
+    pub attempt: u32,
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    /// False when no rank_exit was recorded (resilio itself was killed).
+    pub ended_cleanly: bool,
+    pub ranks: Vec<u32>,
+    pub nodes: Vec<String>,
+    pub first_step_at: Option<DateTime<Utc>>,
+    pub last_progress_at: Option<DateTime<Utc>>,
+    pub last_step: Option<u64>,
+    pub stalls: usize,
+    pub exits: Vec<RankExit>,
+    pub wall_s: f64,
+    pub productive_s: f64,
+    pub lost_s: BTreeMap<String, f64>,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub job: String,
+    pub attempts: Vec<Attempt>,
+    pub start: Option<DateTime<Utc>>,
+    pub end: Option<DateTime<Utc>>,
+    pub wall_s: f64,
+    pub productive_s: f64,
+    pub ettr: f64,
+    pub lost_s: BTreeMap<String, f64>,
+    pub failures: Vec<Failure>,
+    pub stalls: usize,
+    pub last_step: Option<u64>,
+    pub exit_code: Option<i64>,
+    /// Where the times came from.
+    pub time_source: String,
+    /// Journal lines that did not parse (torn by a crash, or foreign).
+    pub bad_journal_lines: usize,
+}
+
+const BUCKETS: [&str; 6] = [
+    "startup",
+    "stalled",
+    "teardown",
+    "after_last_step",
+    "between_attempts",
+    "unexplained",
+];
+
+fn secs(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
+    ((b - a).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
+}
+
+fn ts_field(r: &Record, key: &str) -> Option<DateTime<Utc>> {
+    r.str(key).and_then(|s| s.parse().ok())
+}
+
+fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
+    let start = records
+        .iter()
+        .filter(|r| r.kind == "rank_start" || r.kind == "job_start")
+        .map(|r| r.ts)
+        .min()
+        .unwrap_or(records[0].ts);
+    let exits: Vec<&&Record> = records.iter().filter(|r| r.kind == "rank_exit").collect();
+    let last_ts = records.iter().map(|r| r.ts).max().unwrap_or(start);
+    let end = exits
+        .iter()
+        .map(|r| r.ts)
+        .max()
+        .unwrap_or(last_ts)
+        .max(start);
+    let progress = records.iter().filter(|r| r.kind == "progress");
+    let first_step_at = progress.clone().map(|r| r.ts).min();
+    let stall_last_progress = records
+        .iter()
+        .filter(|r| r.kind == "stall")
+        .filter_map(|r| ts_field(r, "last_progress"));
+    let last_progress_at = progress
+        .clone()
+        .map(|r| r.ts)
+        .chain(stall_last_progress)
+        .max();
+    let last_step = records
+        .iter()
+        .filter_map(|r| match r.kind.as_str() {
+            "progress" | "stall" => r.u64("step").or_else(|| r.u64("last_step")),
+            "rank_exit" => r.u64("last_step"),
+            _ => None,
+        })
+        .max();
+    let stall_at = records
+        .iter()
+        .filter(|r| r.kind == "stall")
+        .map(|r| r.ts)
+        .min();
+
+    let mut lost: BTreeMap<String, f64> = BUCKETS.iter().map(|b| (b.to_string(), 0.0)).collect();
+    let mut productive = 0.0;
+    match first_step_at {
+        None => {
+            let until = stall_at.unwrap_or(end);
+            lost.insert("startup".into(), secs(start, until));
+            lost.insert("teardown".into(), secs(until, end));
+        }
+        Some(first) => {
+            let last = last_progress_at.unwrap_or(first).max(first);
+            lost.insert("startup".into(), secs(start, first));
+            productive = secs(first, last.min(end));
+            match stall_at {
+                Some(s) => {
+                    lost.insert("stalled".into(), secs(last, s));
+                    lost.insert("teardown".into(), secs(s.max(last), end));
+                }
+                None => {
+                    lost.insert("after_last_step".into(), secs(last, end));
+                }
+            }
+        }
+    }
+    let wall = secs(start, end);
+    let explained: f64 = productive + lost.values().sum::<f64>();
+    lost.insert("unexplained".into(), (wall - explained).max(0.0));
+
+    let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
+    let nodes: BTreeSet<String> = records.iter().filter_map(|r| r.node.clone()).collect();
+    Attempt {
+        attempt,
+        start,
+        end,
+        ended_cleanly: !exits.is_empty(),
+        ranks: ranks.into_iter().collect(),
+        nodes: nodes.into_iter().collect(),
+        first_step_at,
+        last_progress_at,
+        last_step,
+        stalls: records.iter().filter(|r| r.kind == "stall").count(),
+        exits: exits
+            .iter()
+            .map(|r| RankExit {
+                rank: r.rank,
+                node: r.node.clone(),
+                exit_code: r.get("exit_code").and_then(Value::as_i64),
+                cause: r.str("cause").map(str::to_string),
+                status: r.str("status").map(str::to_string),
+            })
+            .collect(),
+        wall_s: wall,
+        productive_s: productive,
+        lost_s: lost,
+    }
+}
+
+/// Build the report from a job's merged records (ordered by time).
+pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
+    let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_attempt.entry(r.attempt).or_default().push(r);
+    }
+    let attempts: Vec<Attempt> = by_attempt
+        .iter()
+        .map(|(a, recs)| attempt_of(recs, *a))
+        .collect();
+    let start = attempts.iter().map(|a| a.start).min();
+    let end = attempts.iter().map(|a| a.end).max();
+    let wall = match (start, end) {
+        (Some(s), Some(e)) => secs(s, e),
+        _ => 0.0,
+    };
+    let mut lost: BTreeMap<String, f64> = BUCKETS.iter().map(|b| (b.to_string(), 0.0)).collect();
+    let mut productive = 0.0;
+    for a in &attempts {
+        productive += a.productive_s;
+        for (k, v) in &a.lost_s {
+            *lost.entry(k.clone()).or_default() += v;
+        }
+    }
+    let between: f64 = attempts
+        .windows(2)
+        .map(|w| secs(w[0].end, w[1].start))
+        .fold(0.0, |a, b| a + b);
+    lost.insert("between_attempts".into(), between);
+    // Whatever is left (overlaps, clock steps) is reported, never hidden,
+    // and the buckets add up to the wall time exactly.
+    let placed: f64 = productive
+        + lost
+            .iter()
+            .filter(|(k, _)| k.as_str() != "unexplained")
+            .map(|(_, v)| v)
+            .sum::<f64>();
+    let rest = wall - placed;
+    lost.insert(
+        "unexplained".into(),
+        if rest.abs() < 1e-6 { 0.0 } else { rest },
+    );
+
+    let failures = records
+        .iter()
+        .filter(|r| r.kind == "failure")
+        .map(|r| Failure {
+            ts: r.ts,
+            attempt: r.attempt,
+            kind: r.str("failure_kind").unwrap_or("failure").to_string(),
+            node: r.node.clone(),
+            rank: r.rank,
+            cause: r.str("cause").unwrap_or("unknown").to_string(),
+            exit_code: r.get("exit_code").and_then(Value::as_i64),
+            detail: r.str("detail").map(str::to_string),
+        })
+        .collect();
+    let exit_code = records
+        .iter()
+        .rev()
+        .find(|r| r.kind == "job_end" || r.kind == "rank_exit")
+        .and_then(|r| r.get("exit_code").and_then(Value::as_i64));
+    Report {
+        job: job.to_string(),
+        start,
+        end,
+        wall_s: wall,
+        productive_s: productive,
+        ettr: if wall > 0.0 { productive / wall } else { 0.0 },
+        lost_s: lost,
+        failures,
+        stalls: attempts.iter().map(|a| a.stalls).sum(),
+        last_step: attempts.iter().filter_map(|a| a.last_step).max(),
+        exit_code,
+        attempts,
+        time_source: "journal".into(),
+        bad_journal_lines: bad_lines,
+    }
+}
+
+fn pct(part: f64, whole: f64) -> f64 {
+    if whole > 0.0 {
+        100.0 * part / whole
+    } else {
+        0.0
+    }
+}
+
+/// The one-line summary: `ETTR 91.4%: 5.2% startup, 2.1% stalled, ...`.
+pub fn summary_line(r: &Report) -> String {
+    let mut parts: Vec<(f64, &str)> = r
+        .lost_s
+        .iter()
+        .filter(|(_, v)| **v > 0.0005 * r.wall_s.max(1e-9))
+        .map(|(k, v)| (*v, k.as_str()))
+        .collect();
+    parts.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let lost: Vec<String> = parts
+        .iter()
+        .map(|(v, k)| format!("{:.1}% {}", pct(*v, r.wall_s), k.replace('_', " ")))
+        .collect();
+    let failures = match r.failures.len() {
+        0 => String::new(),
+        1 => " after 1 failure".into(),
+        n => format!(" after {n} failures"),
+    };
+    if lost.is_empty() {
+        format!("ETTR {:.1}%{failures}", 100.0 * r.ettr)
+    } else {
+        format!("ETTR {:.1}%{failures}: {}", 100.0 * r.ettr, lost.join(", "))
+    }
+}
+
+/// Render the report for humans.
+pub fn render_text(r: &Report) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "job {}", r.job);
+    let _ = writeln!(s, "{}", summary_line(r));
+    if let (Some(a), Some(b)) = (r.start, r.end) {
+        let _ = writeln!(
+            s,
+            "wall {:.1}s  productive {:.1}s  from {} to {}  (times from the {})",
+            r.wall_s,
+            r.productive_s,
+            a.format("%Y-%m-%d %H:%M:%S%.3fZ"),
+            b.format("%H:%M:%S%.3fZ"),
+            r.time_source
+        );
+    }
+    let _ = writeln!(
+        s,
+        "attempts {}  stalls {}  failures {}  last step {}  exit code {}",
+        r.attempts.len(),
+        r.stalls,
+        r.failures.len(),
+        r.last_step.map_or("-".into(), |v| v.to_string()),
+        r.exit_code.map_or("-".into(), |v| v.to_string()),
+    );
+    let _ = writeln!(s, "\ntime accounting:");
+    let _ = writeln!(
+        s,
+        "  {:<18} {:>10.1}s {:>6.1}%",
+        "productive",
+        r.productive_s,
+        pct(r.productive_s, r.wall_s)
+    );
+    for k in BUCKETS {
+        let v = r.lost_s.get(k).copied().unwrap_or(0.0);
+        let _ = writeln!(s, "  {:<18} {:>10.1}s {:>6.1}%", k, v, pct(v, r.wall_s));
+    }
+    let _ = writeln!(s, "\nattempts:");
+    for a in &r.attempts {
+        let exits: Vec<String> = a
+            .exits
+            .iter()
+            .map(|e| {
+                format!(
+                    "rank {} {}",
+                    e.rank.map_or("?".into(), |v| v.to_string()),
+                    e.cause.clone().unwrap_or_default()
+                ) + &e
+                    .exit_code
+                    .map_or(String::new(), |c| format!(" (exit {c})"))
+            })
+            .collect();
+        let _ = writeln!(
+            s,
+            "  #{} {} ranks {:?} on {}  {:.1}s  last step {}  stalls {}  {}",
+            a.attempt,
+            a.start.format("%H:%M:%S%.3f"),
+            a.ranks,
+            a.nodes.join(","),
+            a.wall_s,
+            a.last_step.map_or("-".into(), |v| v.to_string()),
+            a.stalls,
+            if a.ended_cleanly {
+                exits.join("; ")
+            } else {
+                "no exit recorded (resilio was killed?)".into()
+            }
+        );
+    }
+    if !r.failures.is_empty() {
+        let _ = writeln!(s, "\nfailures:");
+        for f in &r.failures {
+            let _ = writeln!(
+                s,
+                "  {} attempt {} rank {} node {}: {} ({}){}",
+                f.ts.format("%H:%M:%S%.3f"),
+                f.attempt,
+                f.rank.map_or("?".into(), |v| v.to_string()),
+                f.node.clone().unwrap_or_else(|| "?".into()),
+                f.kind,
+                f.cause,
+                f.detail
+                    .as_ref()
+                    .map_or(String::new(), |d| format!(": {d}"))
+            );
+        }
+    }
+    if r.bad_journal_lines > 0 {
+        let _ = writeln!(
+            s,
+            "\n{} journal line(s) were unreadable and skipped",
+            r.bad_journal_lines
+        );
+    }
+    s
+}
+
+fn describe(r: &Record) -> Option<String> {
+    let step = |k: &str| r.u64(k).map_or("-".to_string(), |v| v.to_string());
+    Some(match r.kind.as_str() {
+        "job_start" => "job started".into(),
+        "rank_start" => format!(
+            "launched pid {} ({} stall timeout): {}",
+            r.u64("pid").unwrap_or(0),
+            r.str("stall_mode").unwrap_or("?"),
+            r.get("argv")
+                .and_then(Value::as_array)
+                .map(|a| a
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(" "))
+                .unwrap_or_default()
+        ),
+        "progress" if r.get("first").is_some() => {
+            format!(
+                "first step {} (from {})",
+                step("step"),
+                r.str("source").unwrap_or("?")
+            )
+        }
+        "phase" => format!(
+            "phase {} at step {}",
+            r.str("phase").unwrap_or("?"),
+            step("step")
+        ),
+        "checkpoint_done" => format!("checkpoint done at step {}", step("step")),
+        "stall" => format!(
+            "STALL ({}): no progress for {:.1}s, limit {:.1}s, last step {}",
+            r.str("stall_kind").unwrap_or("?"),
+            r.f64("idle_s").unwrap_or(0.0),
+            r.f64("timeout_s").unwrap_or(0.0),
+            step("last_step")
+        ),
+        "diagnostics" => {
+            let spy = r
+                .get("py_spy")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len);
+            format!(
+                "diagnostics: {} output lines, {} py-spy dump(s){}{}",
+                r.get("tail").and_then(Value::as_array).map_or(0, Vec::len),
+                spy,
+                r.str("dump_signal")
+                    .map_or(String::new(), |s| format!(", sent {s}")),
+                r.str("file").map_or(String::new(), |f| format!(" -> {f}"))
+            )
+        }
+        "stop" => format!(
+            "stopping the rank: {}{}",
+            r.str("signal").unwrap_or("?"),
+            r.str("reason").map_or(String::new(), |x| format!(" ({x})"))
+        ),
+        "signal" => format!(
+            "received {}{}",
+            r.str("signal").unwrap_or("?"),
+            if r.get("forwarded").and_then(Value::as_bool) == Some(true) {
+                ", forwarded to the trainer"
+            } else {
+                ""
+            }
+        ),
+        "rank_exit" => format!(
+            "rank exited: {} ({}), exit code {}, last step {}",
+            r.str("cause").unwrap_or("?"),
+            r.str("status").unwrap_or("?"),
+            r.get("exit_code").and_then(Value::as_i64).unwrap_or(-1),
+            step("last_step")
+        ),
+        "failure" => format!(
+            "FAILURE {}: {}",
+            r.str("failure_kind").unwrap_or("?"),
+            r.str("detail").or(r.str("cause")).unwrap_or("?")
+        ),
+        "job_end" => format!(
+            "job ended, exit code {}",
+            r.get("exit_code").and_then(Value::as_i64).unwrap_or(-1)
+        ),
+        "monitor_error" => format!("monitoring degraded: {}", r.str("error").unwrap_or("?")),
+        "malformed_message" => format!(
+            "malformed progress message ({})",
+            r.str("fault").unwrap_or("?")
+        ),
+        "journal_gap" => format!(
+            "journal gap: {} record(s) lost",
+            r.u64("lost_records").unwrap_or(0)
+        ),
+        "progress" => return None,
+        other => other.to_string(),
+    })
+}
+
+/// Render the timeline: one line per event that matters, grouped by attempt,
+/// with time relative to the job's start and absolute UTC time.
+pub fn render_timeline(job: &str, records: &[Record]) -> String {
+    let mut s = String::new();
+    let Some(t0) = records.iter().map(|r| r.ts).min() else {
+        return format!("job {job}: no records\n");
+    };
+    let _ = writeln!(
+        s,
+        "job {job}, times relative to {}",
+        t0.format("%Y-%m-%d %H:%M:%S%.3fZ")
+    );
+    let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_attempt.entry(r.attempt).or_default().push(r);
+    }
+    for (attempt, recs) in by_attempt {
+        let _ = writeln!(s, "attempt {attempt}:");
+        // The last progress of each rank, shown once, just before what followed it.
+        let mut last_progress: BTreeMap<Option<u32>, &Record> = BTreeMap::new();
+        for r in &recs {
+            if r.kind == "progress" {
+                last_progress.insert(r.rank, r);
+            }
+        }
+        for r in &recs {
+            let text = if r.kind == "progress" {
+                if last_progress
+                    .get(&r.rank)
+                    .is_some_and(|l| std::ptr::eq(*l, *r))
+                    && r.get("first").is_none()
+                {
+                    Some(format!(
+                        "last recorded step {}",
+                        r.u64("step").map_or("-".into(), |v| v.to_string())
+                    ))
+                } else {
+                    describe(r)
+                }
+            } else {
+                describe(r)
+            };
+            let Some(text) = text else { continue };
+            let who = format!(
+                "{}{}",
+                r.rank.map_or(String::new(), |v| format!("r{v}")),
+                r.node.as_ref().map_or(String::new(), |n| format!("@{n}"))
+            );
+            let _ = writeln!(
+                s,
+                "  {:>+10.3}s  {}  {:<10} {}",
+                secs(t0, r.ts),
+                r.ts.format("%H:%M:%S%.3fZ"),
+                who,
+                text
+            );
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(t: f64, kind: &str, attempt: u32, data: Value) -> Record {
+        let base: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+        Record {
+            v: 1,
+            ts: base + chrono::Duration::microseconds((t * 1e6) as i64),
+            kind: kind.into(),
+            attempt,
+            rank: Some(0),
+            node: Some("n1".into()),
+            data: data.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn buckets_add_up_to_wall_time() {
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            rec(10.0, "progress", 0, json!({"step": 1, "first": true})),
+            rec(50.0, "progress", 0, json!({"step": 40})),
+            rec(
+                60.0,
+                "stall",
+                0,
+                json!({"last_step": 40, "last_progress": "2026-11-22T00:00:52Z"}),
+            ),
+            rec(
+                65.0,
+                "rank_exit",
+                0,
+                json!({"exit_code": 124, "cause": "stalled"}),
+            ),
+            rec(
+                65.0,
+                "failure",
+                0,
+                json!({"failure_kind": "stall", "cause": "stalled"}),
+            ),
+            rec(100.0, "rank_start", 1, json!({})),
+            rec(105.0, "progress", 1, json!({"step": 41, "first": true})),
+            rec(200.0, "progress", 1, json!({"step": 100})),
+            rec(
+                201.0,
+                "rank_exit",
+                1,
+                json!({"exit_code": 0, "cause": "completed"}),
+            ),
+        ];
+        let r = build("j", &recs, 0);
+        assert_eq!(r.wall_s, 201.0);
+        assert_eq!(r.attempts.len(), 2);
+        assert_eq!(r.productive_s, 42.0 + 95.0);
+        assert_eq!(r.lost_s["startup"], 15.0);
+        assert_eq!(r.lost_s["stalled"], 8.0);
+        assert_eq!(r.lost_s["teardown"], 5.0);
+        assert_eq!(r.lost_s["between_attempts"], 35.0);
+        assert_eq!(r.lost_s["after_last_step"], 1.0);
+        let total: f64 = r.productive_s + r.lost_s.values().sum::<f64>();
+        assert!((total - r.wall_s).abs() < 1e-9);
+        assert_eq!(r.lost_s["unexplained"], 0.0);
+        assert_eq!(r.failures.len(), 1);
+        assert_eq!(r.last_step, Some(100));
+        assert_eq!(r.exit_code, Some(0));
+        assert!(summary_line(&r).starts_with("ETTR 68.2% after 1 failure: 17.4% between attempts"));
+    }
+
+    #[test]
+    fn an_attempt_without_exit_record_ends_at_its_last_record() {
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            rec(2.0, "progress", 0, json!({"step": 1, "first": true})),
+            rec(9.0, "progress", 0, json!({"step": 8})),
+        ];
+        let r = build("j", &recs, 1);
+        assert!(!r.attempts[0].ended_cleanly);
+        assert_eq!(r.wall_s, 9.0);
+        assert_eq!(r.productive_s, 7.0);
+        assert!(render_text(&r).contains("no exit recorded"));
+        assert!(render_timeline("j", &recs).contains("last recorded step 8"));
+    }
+}
