@@ -99,23 +99,21 @@ impl Clock {
     }
 }
 
+/// One counted progress observation: when, which step, from where, metrics.
+type Observed = (Instant, Option<u64>, &'static str, Vec<(String, f64)>);
+
 /// Progress bookkeeping for the journal (sampled records).
 struct ProgressLog {
     interval: Duration,
     last_written: Option<Instant>,
     /// Latest counted progress not yet written: (at, step, source, metrics).
-    pending: Option<(Instant, Option<u64>, &'static str, Vec<(String, f64)>)>,
+    pending: Option<Observed>,
     first_at: Option<Instant>,
     last_at: Option<Instant>,
 }
 
 impl ProgressLog {
-    fn record(
-        journal: &mut Writer,
-        clock: &Clock,
-        p: &(Instant, Option<u64>, &'static str, Vec<(String, f64)>),
-        first: bool,
-    ) {
+    fn record(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
         let mut data = json!({ "step": p.1, "source": p.2 });
         if first {
             data["first"] = json!(true);
@@ -126,12 +124,7 @@ impl ProgressLog {
         journal.record_at(clock.wall(p.0), "progress", data, false);
     }
 
-    fn observe(
-        &mut self,
-        journal: &mut Writer,
-        clock: &Clock,
-        p: (Instant, Option<u64>, &'static str, Vec<(String, f64)>),
-    ) {
+    fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
         let at = p.0;
         self.last_at = Some(at);
         if self.first_at.is_none() {

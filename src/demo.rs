@@ -84,11 +84,7 @@ pub fn trainer(a: TrainerArgs) -> i32 {
             let _ = out.flush();
         }
         if a.hang_at > 0 && step == a.hang_at {
-            let _ = writeln!(
-                out,
-                "demo-trainer: entering all_reduce for step {} ...",
-                step + 1
-            );
+            let _ = writeln!(out, "demo-trainer: entering all_reduce (gradient sync) ...");
             let _ = out.flush();
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
@@ -108,8 +104,10 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
     let job = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"));
 
-    let mut cfg = Config::default();
-    cfg.state_dir = state_dir.clone();
+    let mut cfg = Config {
+        state_dir: state_dir.clone(),
+        ..Config::default()
+    };
     cfg.stall.adaptive_floor = Duration::from_secs(2);
     cfg.stall.startup_timeout = Duration::from_secs(30);
     cfg.stall.checkpoint_timeout = Duration::from_secs(60);

@@ -48,7 +48,7 @@ pub fn parse(text: &str) -> Result<Duration, String> {
 }
 
 fn from_secs(secs: f64, text: &str) -> Result<Duration, String> {
-    if !secs.is_finite() || secs < 0.0 || secs > 1e10 {
+    if !secs.is_finite() || !(0.0..=1e10).contains(&secs) {
         return Err(format!("invalid duration '{text}'"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -50,6 +50,19 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
+    // If resilio dies (even by SIGKILL), the trainer dies with it rather than
+    // running on unsupervised with a broken output pipe.
+    let parent = std::process::id() as libc::pid_t;
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(move || {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
+            if libc::getppid() != parent {
+                libc::raise(libc::SIGKILL);
+            }
+            Ok(())
+        });
+    }
     let name = program.to_string_lossy().into_owned();
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {

@@ -1,0 +1,137 @@
+//! Helpers for the agent's integration tests: the real binary, the Python
+//! fake trainer, journal reading, and waiting on conditions with deadlines.
+
+#![allow(dead_code)]
+
+use resilio::journal::{self, Record};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_resilio")
+}
+
+pub fn trainer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/trainer.py")
+}
+
+/// `resilio run --job-id JOB` with a private state dir and a clean environment.
+pub fn resilio_run(state: &Path, job: &str) -> Command {
+    let mut c = Command::new(bin());
+    for k in [
+        "SLURM_JOB_ID",
+        "SLURM_PROCID",
+        "SLURM_NTASKS",
+        "SLURM_RESTART_COUNT",
+        "SLURMD_NODENAME",
+        "RANK",
+        "WORLD_SIZE",
+        "RESILIO_JOB_ID",
+        "RESILIO_ATTEMPT",
+        "RESILIO_COORDINATOR",
+        "RESILIO_SOCKET",
+    ] {
+        c.env_remove(k);
+    }
+    c.env("RESILIO_STATE_DIR", state)
+        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent/resilio.toml")
+        .args(["run", "--job-id", job]);
+    c
+}
+
+/// The same, followed by `-- python3 trainer.py ARGS`.
+pub fn run_trainer(state: &Path, job: &str, opts: &[&str], args: &[&str]) -> Command {
+    let mut c = resilio_run(state, job);
+    c.args(opts)
+        .arg("--")
+        .arg("python3")
+        .arg(trainer())
+        .args(args);
+    c
+}
+
+/// Run to completion, failing the test after `limit`.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().expect("spawn resilio");
+    wait_output(child, limit)
+}
+
+pub fn wait_output(child: Child, limit: Duration) -> (Output, Duration) {
+    let start = Instant::now();
+    let pid = child.id() as i32;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (out.expect("wait"), start.elapsed()),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            panic!("resilio did not finish within {limit:?}");
+        }
+    }
+}
+
+/// Poll `cond` every 20 ms until it holds or `limit` passes.
+pub fn wait_for(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn records(state: &Path, job: &str) -> Vec<Record> {
+    journal::read_job(&journal::job_dir(state, job))
+        .map(|j| j.records)
+        .unwrap_or_default()
+}
+
+pub fn kinds<'a>(recs: &'a [Record], kind: &str) -> Vec<&'a Record> {
+    recs.iter().filter(|r| r.kind == kind).collect()
+}
+
+pub fn one<'a>(recs: &'a [Record], kind: &str) -> &'a Record {
+    let found = kinds(recs, kind);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected one {kind} record, got {}: {recs:#?}",
+        found.len()
+    );
+    found[0]
+}
+
+pub fn stderr_of(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn pid_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+pub fn write_config(dir: &Path, text: &str) -> PathBuf {
+    let p = dir.join("resilio.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}

@@ -1,0 +1,124 @@
+use crate::common::*;
+use std::time::Duration;
+
+fn run_cmd(args: &[&str]) -> std::process::Output {
+    let state = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(state.path(), "codes");
+    c.arg("--").args(args);
+    output_within(&mut c, Duration::from_secs(20)).0
+}
+
+#[test]
+fn the_childs_status_comes_through() {
+    for code in [0, 1, 3, 42, 255] {
+        let o = run_cmd(&["sh", "-c", &format!("exit {code}")]);
+        assert_eq!(o.status.code(), Some(code));
+    }
+}
+
+#[test]
+fn death_by_signal_gives_128_plus_n() {
+    assert_eq!(
+        run_cmd(&["sh", "-c", "kill -9 $$"]).status.code(),
+        Some(137)
+    );
+    assert_eq!(
+        run_cmd(&["sh", "-c", "kill -SEGV $$"]).status.code(),
+        Some(139)
+    );
+}
+
+#[test]
+fn not_found_is_127_and_not_executable_is_126() {
+    let o = run_cmd(&["/nonexistent/train"]);
+    assert_eq!(o.status.code(), Some(127));
+    let err = stderr_of(&o);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("/nonexistent/train") && err.contains("not found"),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("train.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").unwrap();
+    let o = run_cmd(&[script.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126));
+    assert_eq!(stderr_of(&o).lines().count(), 1);
+    let o = run_cmd(&[dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(126));
+}
+
+#[test]
+fn spawn_failure_is_journaled() {
+    let state = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(state.path(), "nf");
+    c.args(["--", "/nonexistent/train"]);
+    output_within(&mut c, Duration::from_secs(20));
+    let recs = records(state.path(), "nf");
+    assert_eq!(one(&recs, "rank_exit").i64_field("exit_code"), Some(127));
+    assert_eq!(one(&recs, "failure").str("cause"), Some("spawn_failed"));
+}
+
+trait I64Field {
+    fn i64_field(&self, k: &str) -> Option<i64>;
+}
+impl I64Field for resilio::journal::Record {
+    fn i64_field(&self, k: &str) -> Option<i64> {
+        self.get(k).and_then(|v| v.as_i64())
+    }
+}
+
+#[test]
+fn usage_errors_are_one_line_and_exit_2() {
+    let state = tempfile::tempdir().unwrap();
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["run"],
+        vec!["run", "--stall-timeout", "5x", "--", "true"],
+        vec!["run", "--startup-timeout", "", "--", "true"],
+        vec!["run", "--progress-regex", "(", "--", "true"],
+        vec!["run", "--dump-signal", "SIGNOPE", "--", "true"],
+        vec!["run", "--job-id", "../x", "--", "true"],
+        vec!["run", "--no-such-flag", "--", "true"],
+        vec!["frobnicate"],
+    ];
+    for args in cases {
+        let mut c = std::process::Command::new(bin());
+        c.env("RESILIO_STATE_DIR", state.path()).args(&args);
+        let (o, _) = output_within(&mut c, Duration::from_secs(10));
+        let err = stderr_of(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("resilio: "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn config_errors_name_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "[stall]\nstartup_timeout = \"1m\"\nstall_timout = \"5s\"\n",
+    );
+    let mut c = resilio_run(dir.path(), "cfg");
+    c.args(["--config", cfg.to_str().unwrap(), "--", "true"]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(err.contains(&format!("{}:3:", cfg.display())), "{err}");
+    assert!(err.contains("stall_timout"), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+
+    // The system-wide file is read too, with the same care.
+    let sys = dir.path().join("system.toml");
+    std::fs::write(&sys, "[run]\nkill_grace = 5\n").unwrap();
+    let mut c = resilio_run(dir.path(), "cfg2");
+    c.env("RESILIO_SYSTEM_CONFIG", &sys).args(["--", "true"]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr_of(&o).contains("system.toml:2:"),
+        "{}",
+        stderr_of(&o)
+    );
+}

@@ -1,0 +1,11 @@
+//! Integration tests of `resilio run` and the journal commands, with real
+//! processes, signals, files and sockets. One file per contract area.
+
+mod common;
+mod exit_codes;
+mod journal;
+mod passthrough;
+mod progress_sources;
+mod reports;
+mod signals;
+mod stall;

@@ -1,0 +1,83 @@
+use crate::common::*;
+use std::io::Read;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+fn pseudo_random_bytes(n: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn binary_output_passes_through_byte_for_byte_on_both_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut data = pseudo_random_bytes(3 * 1024 * 1024);
+    // Every byte value, NULs, CRs, invalid UTF-8, and a long line without newline.
+    data.extend(0u8..=255);
+    data.extend(std::iter::repeat_n(b'x', 200_000));
+    let f = dir.path().join("blob");
+    std::fs::write(&f, &data).unwrap();
+    let f = f.to_str().unwrap();
+
+    let mut c = resilio_run(dir.path(), "bin");
+    c.args(["--", "cat", f]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0));
+    assert!(
+        o.stdout == data,
+        "stdout differs ({} vs {} bytes)",
+        o.stdout.len(),
+        data.len()
+    );
+    assert!(o.stderr.is_empty());
+
+    let mut c = resilio_run(dir.path(), "bin2");
+    c.args(["--", "sh", "-c", &format!("cat {f} >&2; printf 'out\\n'")]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(60));
+    assert!(o.stderr == data, "stderr differs");
+    assert_eq!(o.stdout, b"out\n");
+}
+
+#[test]
+fn a_partial_line_is_not_held_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(dir.path(), "partial");
+    c.args(["--", "sh", "-c", "printf 'loading'; sleep 30; echo done"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = c.spawn().unwrap();
+    let mut out = child.stdout.take().unwrap();
+    let t = Instant::now();
+    let mut buf = [0u8; 7];
+    out.read_exact(&mut buf).unwrap();
+    assert_eq!(&buf, b"loading");
+    assert!(
+        t.elapsed() < Duration::from_secs(10),
+        "partial line was buffered"
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn a_closed_stdout_does_not_block_or_kill_the_trainer() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(dir.path(), "epipe");
+    // 5 MB of output into a reader that went away: the trainer still finishes.
+    c.args(["--", "sh", "-c", "head -c 5000000 /dev/zero; exit 7"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    drop(child.stdout.take());
+    let (o, _) = wait_output(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(7));
+}

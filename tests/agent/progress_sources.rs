@@ -1,0 +1,198 @@
+use crate::common::*;
+use std::time::Duration;
+
+fn last_step(recs: &[resilio::journal::Record]) -> Option<u64> {
+    one(recs, "rank_exit").u64("last_step")
+}
+
+fn sources(recs: &[resilio::journal::Record]) -> Vec<String> {
+    kinds(recs, "progress")
+        .iter()
+        .filter_map(|r| r.str("source").map(String::from))
+        .collect()
+}
+
+#[test]
+fn output_parsing_with_the_default_regex() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "out",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "12",
+            "--format",
+            " iteration {step:8d}/{total:8d} | lm loss: 2.0 |",
+            "--then",
+            "hang",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "out");
+    assert_eq!(last_step(&recs), Some(12));
+    assert!(sources(&recs).iter().all(|s| s == "stdout"));
+    assert_eq!(kinds(&recs, "progress")[0].u64("step"), Some(1));
+}
+
+#[test]
+fn output_parsing_with_a_custom_regex() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "custom",
+        &["--stall-timeout", "1s", "--progress-regex", r"upd#(\d+)"],
+        &[
+            "--steps",
+            "7",
+            "--format",
+            "upd#{step} step 999",
+            "--then",
+            "hang",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+    assert_eq!(last_step(&records(dir.path(), "custom")), Some(7));
+}
+
+#[test]
+fn datagram_socket_steps_and_malformed_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "sock",
+        &["--stall-timeout", "1s"],
+        &[
+            "--report",
+            "socket",
+            "--steps",
+            "9",
+            "--malformed",
+            "3",
+            "--then",
+            "hang",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+    let recs = records(dir.path(), "sock");
+    assert_eq!(last_step(&recs), Some(9));
+    assert!(
+        sources(&recs).iter().all(|s| s == "socket"),
+        "{:?}",
+        sources(&recs)
+    );
+    // compute_s and loss are kept with the sampled progress.
+    let first = kinds(&recs, "progress")[0];
+    assert!(
+        first
+            .get("metrics")
+            .and_then(|m| m.get("compute_s"))
+            .is_some(),
+        "{first:?}"
+    );
+    // Three malformed datagrams: logged once, counted three times, not fatal.
+    let err = stderr_of(&o);
+    assert_eq!(
+        err.matches("malformed progress message").count(),
+        1,
+        "{err}"
+    );
+    let exit = one(&recs, "rank_exit");
+    assert_eq!(
+        exit.get("malformed_messages")
+            .and_then(|m| m.get("bad_token"))
+            .and_then(|v| v.as_u64()),
+        Some(3)
+    );
+}
+
+#[test]
+fn sending_never_fails_when_resilio_is_gone() {
+    // The documented client code, run with no resilio behind the socket.
+    let o = std::process::Command::new("python3")
+        .arg(trainer())
+        .args([
+            "--report",
+            "socket",
+            "--steps",
+            "5",
+            "--interval",
+            "0.01",
+            "--checkpoint-at",
+            "2",
+        ])
+        .env("RESILIO_SOCKET", "/nonexistent/resilio.sock")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("s.sock");
+    // A socket file with no reader behind it (ECONNREFUSED).
+    drop(std::os::unix::net::UnixDatagram::bind(&sock).unwrap());
+    let o = std::process::Command::new("python3")
+        .arg(trainer())
+        .args(["--report", "socket", "--steps", "5", "--interval", "0.01"])
+        .env("RESILIO_SOCKET", &sock)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+}
+
+fn progress_file_run(poll: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let pf = dir.path().join("latest_checkpointed_iteration.txt");
+    std::fs::write(&pf, "5000\n").unwrap(); // a previous run's value: the baseline, not progress
+    let cfg = write_config(
+        dir.path(),
+        &format!(
+            "[progress]\nfile = {:?}\nfile_poll = \"{poll}\"\nfile_poll_interval = \"50ms\"\n[stall]\ntimeout = \"1500ms\"\n",
+            pf
+        ),
+    );
+    let job = format!("file-{poll}");
+    let mut c = run_trainer(
+        dir.path(),
+        &job,
+        &["--config", cfg.to_str().unwrap()],
+        &[
+            "--report",
+            "file",
+            "--progress-file",
+            pf.to_str().unwrap(),
+            "--steps",
+            "8",
+            "--interval",
+            "0.2",
+            "--then",
+            "hang",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124), "{}", stderr_of(&o));
+    let recs = records(dir.path(), &job);
+    assert_eq!(last_step(&recs), Some(8));
+    assert!(sources(&recs).iter().all(|s| s == "file"));
+    let start = one(&recs, "rank_start");
+    let mode = start.str("progress_file_watch").unwrap();
+    assert!(
+        mode.starts_with(if poll == "always" {
+            "polling"
+        } else {
+            "inotify"
+        }),
+        "{mode}"
+    );
+}
+
+#[test]
+fn progress_file_watched_with_inotify() {
+    progress_file_run("auto");
+}
+
+#[test]
+fn progress_file_polled() {
+    progress_file_run("always");
+}

@@ -1,0 +1,118 @@
+use crate::common::*;
+use std::time::Duration;
+
+fn cmd(state: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut c = std::process::Command::new(bin());
+    c.env("RESILIO_STATE_DIR", state).args(args);
+    output_within(&mut c, Duration::from_secs(20)).0
+}
+
+#[test]
+fn report_and_timeline_of_a_stalled_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "rep",
+        &["--stall-timeout", "1s"],
+        &["--startup", "0.5", "--steps", "10", "--then", "hang"],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+
+    let o = cmd(dir.path(), &["report", "rep", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for key in [
+        "job",
+        "attempts",
+        "wall_s",
+        "productive_s",
+        "ettr",
+        "lost_s",
+        "failures",
+    ] {
+        assert!(r.get(key).is_some(), "missing {key}: {r}");
+    }
+    assert_eq!(r["job"], "rep");
+    let wall = r["wall_s"].as_f64().unwrap();
+    let productive = r["productive_s"].as_f64().unwrap();
+    let lost: f64 = r["lost_s"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_f64().unwrap())
+        .sum();
+    assert!(
+        (productive + lost - wall).abs() < 1e-6,
+        "buckets add up: {productive} + {lost} != {wall}"
+    );
+    assert!(r["lost_s"]["startup"].as_f64().unwrap() >= 0.5);
+    assert!(r["lost_s"]["stalled"].as_f64().unwrap() >= 1.0);
+    assert!(productive > 0.5 && productive < wall);
+    let f = &r["failures"][0];
+    for key in ["ts", "kind", "node", "rank", "cause"] {
+        assert!(!f[key].is_null(), "failure lacks {key}: {f}");
+    }
+    assert_eq!(f["kind"], "stall");
+    assert_eq!(r["last_step"], 10);
+
+    let o = cmd(dir.path(), &["report", "rep"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("ETTR") && text.contains("stalled"), "{text}");
+
+    // Without a job id: the latest job.
+    let o = cmd(dir.path(), &["timeline"]);
+    let text = String::from_utf8_lossy(&o.stdout);
+    let order = [
+        "launched",
+        "first step 1",
+        "last recorded step 10",
+        "STALL",
+        "diagnostics",
+        "stopping",
+        "rank exited",
+    ];
+    let mut at = 0;
+    for needle in order {
+        let pos = text[at..]
+            .find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing or out of order in:\n{text}"));
+        at += pos;
+    }
+}
+
+#[test]
+fn unknown_job_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = cmd(dir.path(), &["report", "nope"]);
+    assert_eq!(o.status.code(), Some(3));
+    let err = stderr_of(&o);
+    assert!(
+        err.contains("no journal for job 'nope'") && err.lines().count() == 1,
+        "{err}"
+    );
+}
+
+#[test]
+fn demo_runs_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new(bin());
+    c.args(["demo", "--state-dir", dir.path().to_str().unwrap()]);
+    let (o, took) = output_within(&mut c, Duration::from_secs(60));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr_of(&o));
+    assert!(took < Duration::from_secs(60));
+    for needle in [
+        "iteration",
+        "exited with 124",
+        "ETTR",
+        "STALL",
+        "checkpoint done at step 10",
+        "py-spy",
+    ] {
+        assert!(
+            out.contains(needle),
+            "{needle:?} missing in demo output:\n{out}"
+        );
+    }
+}

@@ -1,0 +1,231 @@
+use crate::common::*;
+use std::time::Duration;
+
+fn stall_of(recs: &[resilio::journal::Record]) -> &resilio::journal::Record {
+    one(recs, "stall")
+}
+
+/// Detection fires within 1 s of the timeout expiring.
+fn assert_prompt(stall: &resilio::journal::Record) {
+    let idle = stall.f64("idle_s").unwrap();
+    let timeout = stall.f64("timeout_s").unwrap();
+    assert!(
+        idle >= timeout && idle - timeout < 1.0,
+        "idle {idle} vs timeout {timeout}"
+    );
+}
+
+#[test]
+fn startup_timeout_before_the_first_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "startup",
+        &["--startup-timeout", "1s"],
+        &["--startup", "60"],
+    );
+    let (o, took) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+    assert!(took < Duration::from_secs(20));
+    let recs = records(dir.path(), "startup");
+    let s = stall_of(&recs);
+    assert_eq!(s.str("stall_kind"), Some("startup"));
+    assert_prompt(s);
+    assert!(
+        stderr_of(&o).contains("stalled: no first step"),
+        "{}",
+        stderr_of(&o)
+    );
+    let f = one(&recs, "failure");
+    assert_eq!(f.str("failure_kind"), Some("stall"));
+}
+
+#[test]
+fn fixed_stall_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "fixed",
+        &["--stall-timeout", "1s"],
+        &["--steps", "5", "--then", "hang"],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+    let recs = records(dir.path(), "fixed");
+    let s = stall_of(&recs);
+    assert_eq!(s.str("stall_kind"), Some("step_fixed"));
+    assert_eq!(s.f64("timeout_s"), Some(1.0));
+    assert_eq!(s.u64("last_step"), Some(5));
+    assert_prompt(s);
+}
+
+#[test]
+fn adaptive_timeout_learns_fast_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(dir.path(), "[stall]\nadaptive_floor = \"1s\"\n");
+    let mut c = run_trainer(
+        dir.path(),
+        "adaptive",
+        &["--config", cfg.to_str().unwrap()],
+        &["--steps", "30", "--interval", "0.05", "--then", "hang"],
+    );
+    let (o, took) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(124));
+    assert!(
+        took < Duration::from_secs(20),
+        "a 50 ms-step run is caught in seconds, took {took:?}"
+    );
+    let recs = records(dir.path(), "adaptive");
+    let s = stall_of(&recs);
+    assert_eq!(s.str("stall_kind"), Some("step_adaptive"));
+    let t = s.f64("timeout_s").unwrap();
+    assert!((1.0..5.0).contains(&t), "adaptive timeout {t}");
+    assert_prompt(s);
+}
+
+#[test]
+fn announced_checkpoint_is_not_a_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "ckpt",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "10",
+            "--checkpoint-at",
+            "4",
+            "--checkpoint-secs",
+            "3",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "ckpt");
+    assert!(kinds(&recs, "stall").is_empty());
+    assert_eq!(one(&recs, "checkpoint_done").u64("step"), Some(4));
+    assert!(kinds(&recs, "phase")
+        .iter()
+        .any(|r| r.str("phase") == Some("checkpoint")));
+}
+
+#[test]
+fn checkpoint_line_in_the_output_is_not_a_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "ckpt-out",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "8",
+            "--checkpoint-at",
+            "3",
+            "--checkpoint-secs",
+            "3",
+            "--checkpoint-announce",
+            "output",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(kinds(&records(dir.path(), "ckpt-out"), "stall").is_empty());
+}
+
+#[test]
+fn a_checkpoint_that_never_ends_is_a_stall_of_its_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        dir.path(),
+        "[stall]\ntimeout = \"1s\"\ncheckpoint_timeout = \"2s\"\n",
+    );
+    let mut c = run_trainer(
+        dir.path(),
+        "ckpt-hang",
+        &["--config", cfg.to_str().unwrap()],
+        &[
+            "--steps",
+            "5",
+            "--checkpoint-at",
+            "3",
+            "--checkpoint-secs",
+            "600",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124));
+    let recs = records(dir.path(), "ckpt-hang");
+    let s = stall_of(&recs);
+    assert_eq!(s.str("stall_kind"), Some("phase_checkpoint"));
+    assert_eq!(s.f64("timeout_s"), Some(2.0));
+    assert_prompt(s);
+}
+
+#[test]
+fn diagnostics_before_the_kill_with_py_spy_and_faulthandler() {
+    let dir = tempfile::tempdir().unwrap();
+    // TEST DOUBLE: a fake py-spy on PATH that prints what a real dump looks
+    // like and records its arguments (real py-spy needs ptrace and a wheel).
+    let bin_dir = dir.path().join("bin");
+    std::fs::create_dir(&bin_dir).unwrap();
+    let fake = bin_dir.join("py-spy");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\n# fake py-spy (test double)\necho \"Process $3: python3 trainer.py (FAKE py-spy test double)\"\necho \"Thread 0x7f00 (idle): MainThread\"\necho \"    main (trainer.py:118)\"\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+
+    let mut c = run_trainer(
+        dir.path(),
+        "diag",
+        &["--stall-timeout", "1s", "--dump-signal", "SIGUSR2"],
+        &["--steps", "3", "--then", "hang", "--faulthandler"],
+    );
+    c.env("PATH", path);
+    let (o, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(124));
+    let recs = records(dir.path(), "diag");
+    let d = one(&recs, "diagnostics");
+    let spy = d.get("py_spy").and_then(|v| v.as_array()).unwrap();
+    assert_eq!(spy.len(), 1, "{d:?}");
+    assert!(spy[0]["output"].as_str().unwrap().contains("FAKE py-spy"));
+    assert_eq!(d.str("dump_signal"), Some("SIGUSR2"));
+    // faulthandler's dump went to the trainer's stderr: passed through and kept in the tail.
+    assert!(
+        stderr_of(&o).contains("most recent call first"),
+        "{}",
+        stderr_of(&o)
+    );
+    let tail: Vec<&str> = d
+        .get("tail")
+        .and_then(|v| v.as_array())
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        tail.iter().any(|l| l.contains("waiting in all_reduce")),
+        "{tail:?}"
+    );
+    assert!(
+        tail.iter().any(|l| l.contains("most recent call first")),
+        "{tail:?}"
+    );
+    let file = d.str("file").unwrap();
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.contains("FAKE py-spy") && text.contains("waiting in all_reduce"));
+    // Order: stall, then diagnostics, then the stop, then the exit.
+    let order: Vec<&str> = recs
+        .iter()
+        .map(|r| r.kind.as_str())
+        .filter(|k| ["stall", "diagnostics", "stop", "rank_exit"].contains(k))
+        .collect();
+    assert_eq!(order, ["stall", "diagnostics", "stop", "rank_exit"]);
+}
