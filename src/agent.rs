@@ -342,27 +342,34 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let grace = cfg.kill_grace;
     let scratch = job_dir.join("diag");
 
+    // Reaping scans /proc, so it runs only when a child may have changed
+    // state (SIGCHLD, diagnostics done) and, while draining, once a second.
+    let mut reap_due = true;
+    let mut children_left = true;
     loop {
-        // Reap: the main child, then orphans re-parented to us.
-        if main_exit.is_none() {
-            if let Some(exit) = process::try_reap_main(pid) {
-                main_exit = Some(exit);
-                // Remaining descendants get TERM now, KILL after the grace.
-                let skip = helpers.with(|h| h.clone());
-                process::reap_orphans(pid, &skip);
-                if !process::live_children(&skip).is_empty() {
-                    process::signal_tree(pid, Signal::SIGTERM, &skip);
-                    drain_kill_at = Some(Instant::now() + grace);
+        if reap_due {
+            reap_due = false;
+            let skip = helpers.with(|h| h.clone());
+            if main_exit.is_none() {
+                if let Some(exit) = process::try_reap_main(pid) {
+                    main_exit = Some(exit);
+                    // Remaining descendants get TERM now, KILL after the grace.
+                    process::reap_orphans(pid, &skip);
+                    if !process::live_children(&skip).is_empty() {
+                        process::signal_tree(pid, Signal::SIGTERM, &skip);
+                        drain_kill_at = Some(Instant::now() + grace);
+                    }
                 }
             }
+            helpers.with(|h| process::reap_orphans(pid, h));
+            if main_exit.is_some() {
+                children_left = !process::live_children(&skip).is_empty();
+            }
         }
-        let skip = helpers.with(|h| {
-            process::reap_orphans(pid, h);
-            h.clone()
-        });
-        if main_exit.is_some() && !diag_pending && process::live_children(&skip).is_empty() {
+        if main_exit.is_some() && !diag_pending && !children_left {
             break;
         }
+        let skip = helpers.with(|h| h.clone());
 
         let monitoring = main_exit.is_none() && stop.is_none();
         let now = Instant::now();
@@ -375,7 +382,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }
 
         tokio::select! {
-            _ = s_chld.recv() => {}
+            _ = s_chld.recv() => reap_due = true,
             _ = s_term.recv() => {
                 process::signal_group(pid, Signal::SIGTERM);
                 journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": true }), false);
@@ -404,6 +411,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }
             Some(d) = diag_rx.recv(), if diag_pending => {
                 diag_pending = false;
+                reap_due = true;
                 let tail_lines = tail.last_lines(cfg.diagnostics.tail_lines);
                 let file = write_diag_file(&scratch, &id, &tail_lines, &d);
                 journal.record("diagnostics", json!({
@@ -419,7 +427,11 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 }
                 kill_at.get_or_insert(Instant::now() + grace);
             }
-            _ = tokio::time::sleep_until(wake.into()) => {}
+            _ = tokio::time::sleep_until(wake.into()) => {
+                if main_exit.is_some() || stop.is_some() {
+                    reap_due = true;
+                }
+            }
         }
 
         let now = Instant::now();

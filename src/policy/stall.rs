@@ -126,6 +126,8 @@ pub struct StallPolicy {
     intervals: VecDeque<f64>,
     longest: f64,
     steps_seen: u64,
+    /// The adaptive timeout, recomputed when an interval is learnt.
+    adaptive: Option<Duration>,
 }
 
 impl StallPolicy {
@@ -142,6 +144,7 @@ impl StallPolicy {
             intervals: VecDeque::new(),
             longest: 0.0,
             steps_seen: 0,
+            adaptive: None,
         }
     }
 
@@ -180,6 +183,7 @@ impl StallPolicy {
                 }
                 self.intervals.push_back(dt);
                 self.longest = self.longest.max(dt);
+                self.adaptive = self.compute_adaptive();
             }
         }
         if step.is_some() {
@@ -220,6 +224,10 @@ impl StallPolicy {
     /// The adaptive step timeout from what has been learnt so far, or `None`
     /// while there is no interval to learn from.
     pub fn adaptive_timeout(&self) -> Option<Duration> {
+        self.adaptive
+    }
+
+    fn compute_adaptive(&self) -> Option<Duration> {
         if self.intervals.is_empty() {
             return None;
         }

@@ -11,7 +11,6 @@
 
 use super::{Event, Kind, Sender, Source};
 use regex::bytes::Regex;
-use std::collections::VecDeque;
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::{Arc, Mutex};
@@ -23,11 +22,20 @@ const MAX_CARRY: usize = 16 * 1024;
 const CHUNK: usize = 64 * 1024;
 
 /// Pulls steps and phase markers out of output text.
+///
+/// Only the last step and the last phase marker of a piece of text matter
+/// (lines read together arrived together), so with the default regexes a
+/// literal prefilter (SIMD substring search) finds candidate lines and the
+/// full regexes run only on candidates, from the last one backwards, until
+/// a step is found. Text without candidates costs one prefilter pass; this
+/// is what keeps passthrough near `cat` speed. A custom regex disables the
+/// prefilter (its literals are unknown) and is run over the whole text.
 #[derive(Clone, Debug)]
 pub struct Parser {
     step: Regex,
     checkpoint: Option<Regex>,
     eval: Option<Regex>,
+    prefilter: Option<Regex>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -37,19 +45,53 @@ pub enum Mark {
     Phase(&'static str),
 }
 
+/// Substrings of which every match of the default regexes contains one
+/// (case variants as trainers print them: `step`, `Step`, `STEP`, ...).
+const DEFAULT_LITERALS: &[&str] = &[
+    "step",
+    "Step",
+    "STEP",
+    "iter",
+    "Iter",
+    "ITER",
+    "num_updates",
+    "batch=",
+    "%|",
+    "aving",
+    "AVING",
+    "save_checkpoint",
+    "valuat",
+    "VALUAT",
+    "alidation",
+    "ALIDATION",
+];
+
 impl Parser {
     /// A parser from the step regex and optional phase regexes.
     pub fn new(step: Regex, checkpoint: Option<Regex>, eval: Option<Regex>) -> Self {
+        use crate::config::{DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX};
+        let is =
+            |re: &Option<Regex>, default: &str| re.as_ref().is_none_or(|r| r.as_str() == default);
+        let defaults = step.as_str() == DEFAULT_PROGRESS_REGEX
+            && is(&checkpoint, DEFAULT_CHECKPOINT_REGEX)
+            && is(&eval, DEFAULT_EVAL_REGEX);
+        let prefilter = defaults.then(|| {
+            let alternation: Vec<String> =
+                DEFAULT_LITERALS.iter().map(|l| regex::escape(l)).collect();
+            Regex::new(&alternation.join("|")).expect("literal prefilter")
+        });
         Parser {
             step,
             checkpoint,
             eval,
+            prefilter,
         }
     }
 
     /// The step named by one match: group `step`, else the first group that
     /// took part in the match, else the first run of digits in the whole match.
-    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<u64> {
+    /// Returns the step and the offset of its digits.
+    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize)> {
         let m = caps
             .name("step")
             .or_else(|| caps.iter().skip(1).flatten().next())
@@ -60,43 +102,50 @@ impl Parser {
             .iter()
             .position(|b| !b.is_ascii_digit())
             .map_or(bytes.len(), |e| start + e);
-        std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()
+        let step = std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()?;
+        Some((step, m.start() + start))
     }
 
-    /// The last step in `text` with its end offset.
+    /// The last step in `text` with the start of the line it is on.
     fn last_step(&self, text: &[u8]) -> Option<(usize, u64)> {
         let mut last = None;
         for caps in self.step.captures_iter(text) {
-            if let Some(step) = self.step_of(&caps) {
-                last = Some((caps.get(0).map_or(0, |m| m.end()), step));
+            if let Some((step, at)) = self.step_of(&caps) {
+                last = Some((at, step));
             }
         }
-        last
+        last.map(|(at, step)| (line_start(text, at), step))
     }
 
-    /// Scan complete text: the last step and the last phase marker, in the
-    /// order they appeared.
-    pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
-        let step = self.last_step(text);
+    /// The last phase marker in `text` with its start offset.
+    fn last_phase(&self, text: &[u8]) -> Option<(usize, &'static str)> {
         let mut phase: Option<(usize, &'static str)> = None;
         for (re, name) in [(&self.checkpoint, "checkpoint"), (&self.eval, "eval")] {
-            if let Some(re) = re {
-                if let Some(m) = re.find_iter(text).last() {
-                    if phase.is_none_or(|(at, _)| m.end() > at) {
-                        phase = Some((m.end(), name));
-                    }
+            if let Some(m) = re.as_ref().and_then(|re| re.find_iter(text).last()) {
+                if phase.is_none_or(|(at, _)| m.start() > at) {
+                    phase = Some((m.start(), name));
                 }
             }
         }
+        phase
+    }
+
+    /// Scan complete text: the last step, then the last phase marker if it
+    /// is on the step's line or after it (`saving checkpoint at step 10`
+    /// enters the checkpoint phase at step 10; a marker followed by later
+    /// steps is over already).
+    pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
+        let (step, phase) = match &self.prefilter {
+            None => (self.last_step(text), self.last_phase(text)),
+            Some(pf) => self.scan_candidates(pf, text),
+        };
         let mut marks = Vec::new();
         match (step, phase) {
-            (Some((s_at, s)), Some((p_at, p))) if p_at > s_at => {
+            (Some((s_line, s)), Some((p_at, p))) => {
                 marks.push(Mark::Step(s));
-                marks.push(Mark::Phase(p));
-            }
-            (Some((_, s)), Some((_, p))) => {
-                marks.push(Mark::Phase(p));
-                marks.push(Mark::Step(s));
+                if p_at >= s_line {
+                    marks.push(Mark::Phase(p));
+                }
             }
             (Some((_, s)), None) => marks.push(Mark::Step(s)),
             (None, Some((_, p))) => marks.push(Mark::Phase(p)),
@@ -105,10 +154,59 @@ impl Parser {
         marks
     }
 
+    /// Candidate lines (those with a prefilter hit), walked from the last.
+    #[allow(clippy::type_complexity)]
+    fn scan_candidates(
+        &self,
+        pf: &Regex,
+        text: &[u8],
+    ) -> (Option<(usize, u64)>, Option<(usize, &'static str)>) {
+        let is_eol = |b: &u8| *b == b'\n' || *b == b'\r';
+        let mut lines: Vec<(usize, usize)> = Vec::new();
+        let mut pos = 0;
+        while let Some(m) = pf.find_at(text, pos) {
+            let start = text[..m.start()]
+                .iter()
+                .rposition(is_eol)
+                .map_or(0, |p| p + 1);
+            let end = text[m.end()..]
+                .iter()
+                .position(is_eol)
+                .map_or(text.len(), |p| m.end() + p);
+            lines.push((start, end));
+            pos = end.max(m.end());
+            if pos >= text.len() {
+                break;
+            }
+        }
+        let mut phase: Option<(usize, &'static str)> = None;
+        for &(start, end) in lines.iter().rev() {
+            let line = &text[start..end];
+            if phase.is_none() {
+                phase = self.last_phase(line).map(|(at, p)| (start + at, p));
+            }
+            if let Some((_, s)) = self.last_step(line) {
+                return (Some((start, s)), phase);
+            }
+        }
+        (None, phase)
+    }
+
     /// The step in one line, if any (used by tests and the progress file).
     pub fn step_in(&self, line: &[u8]) -> Option<u64> {
-        self.last_step(line).map(|(_, s)| s)
+        match &self.prefilter {
+            None => self.last_step(line).map(|(_, s)| s),
+            Some(pf) => self.scan_candidates(pf, line).0.map(|(_, s)| s),
+        }
     }
+}
+
+/// Start of the line containing offset `at`.
+fn line_start(text: &[u8], at: usize) -> usize {
+    text[..at]
+        .iter()
+        .rposition(|&b| b == b'\n' || b == b'\r')
+        .map_or(0, |p| p + 1)
 }
 
 /// Splits a byte stream into complete lines (`\n` or `\r` terminated) for the parser.
@@ -183,37 +281,62 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
     keep.into_iter().map(|i| marks[i].clone()).collect()
 }
 
-/// The last bytes of the trainer's output (both streams, interleaved as read).
+/// The last bytes of the trainer's output (both streams, interleaved as read):
+/// a fixed ring filled with plain copies.
 #[derive(Debug)]
 pub struct Tail {
-    buf: Mutex<VecDeque<u8>>,
-    cap: usize,
+    ring: Mutex<Ring>,
+}
+
+#[derive(Debug)]
+struct Ring {
+    buf: Vec<u8>,
+    /// Next write position.
+    pos: usize,
+    /// Bytes held (at most `buf.len()`).
+    len: usize,
 }
 
 impl Tail {
     /// A tail keeping at most `cap` bytes.
     pub fn new(cap: usize) -> Arc<Self> {
         Arc::new(Tail {
-            buf: Mutex::new(VecDeque::with_capacity(cap)),
-            cap,
+            ring: Mutex::new(Ring {
+                buf: vec![0; cap.max(1)],
+                pos: 0,
+                len: 0,
+            }),
         })
     }
 
     /// Append bytes, dropping the oldest beyond the cap.
     pub fn push(&self, bytes: &[u8]) {
-        let bytes = &bytes[bytes.len().saturating_sub(self.cap)..];
-        let Ok(mut buf) = self.buf.lock() else { return };
-        let excess = (buf.len() + bytes.len()).saturating_sub(self.cap);
-        buf.drain(..excess);
-        buf.extend(bytes);
+        let Ok(mut r) = self.ring.lock() else { return };
+        let cap = r.buf.len();
+        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
+        let first = bytes.len().min(cap - r.pos);
+        let pos = r.pos;
+        r.buf[pos..pos + first].copy_from_slice(&bytes[..first]);
+        let rest = bytes.len() - first;
+        r.buf[..rest].copy_from_slice(&bytes[first..]);
+        r.pos = (pos + bytes.len()) % cap;
+        r.len = (r.len + bytes.len()).min(cap);
     }
 
     /// The last `n` lines as (lossy) text.
     pub fn last_lines(&self, n: usize) -> Vec<String> {
-        let Ok(buf) = self.buf.lock() else {
+        let Ok(r) = self.ring.lock() else {
             return Vec::new();
         };
-        let bytes: Vec<u8> = buf.iter().copied().collect();
+        let cap = r.buf.len();
+        let start = (r.pos + cap - r.len) % cap;
+        let mut bytes = Vec::with_capacity(r.len);
+        if start + r.len <= cap {
+            bytes.extend_from_slice(&r.buf[start..start + r.len]);
+        } else {
+            bytes.extend_from_slice(&r.buf[start..]);
+            bytes.extend_from_slice(&r.buf[..r.pos]);
+        }
         let text = String::from_utf8_lossy(&bytes);
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..]
@@ -343,17 +466,17 @@ mod tests {
         );
         assert_eq!(
             s.feed(&p, b"saving checkpoint for step: 10\n"),
-            // The step mention comes last; a repeated step is no progress, so
-            // the phase still stands in the policy.
-            vec![Mark::Phase("checkpoint"), Mark::Step(10)]
-        );
-        assert_eq!(
-            s.feed(&p, b"step 10\nSaving model checkpoint to /x\n"),
+            // A marker on the step's own line enters the phase at that step.
             vec![Mark::Step(10), Mark::Phase("checkpoint")]
         );
         assert_eq!(
             s.feed(&p, b"Saving model checkpoint to /x\nstep 11\n"),
-            vec![Mark::Phase("checkpoint"), Mark::Step(11)]
+            // A later step means the phase is over.
+            vec![Mark::Step(11)]
+        );
+        assert_eq!(
+            s.feed(&p, b"Running Evaluation\n"),
+            vec![Mark::Phase("eval")]
         );
     }
 
@@ -371,6 +494,49 @@ mod tests {
         let p = parser();
         let mut s = LineScanner::default();
         assert_eq!(s.feed(&p, b"step 1\rstep 2\r"), vec![Mark::Step(2)]);
+    }
+
+    #[test]
+    fn prefiltered_and_plain_scans_agree() {
+        let fast = parser();
+        assert!(fast.prefilter.is_some());
+        // The same regexes spelled differently: no prefilter.
+        let plain = Parser::new(
+            Regex::new(&format!("(?:{DEFAULT_PROGRESS_REGEX})")).unwrap(),
+            Some(Regex::new(DEFAULT_CHECKPOINT_REGEX).unwrap()),
+            Some(Regex::new(DEFAULT_EVAL_REGEX).unwrap()),
+        );
+        assert!(plain.prefilter.is_none());
+        let lines: &[&[u8]] = &[
+            b"noise 12 34\n",
+            b" iteration      7/    100 | loss 2\n",
+            b"Saving checkpoint to /x\n",
+            b"global_step=9\n",
+            b"Running Evaluation\n",
+            b"warmup_steps=100 max_steps: 4\n",
+            b"step: 11 loss 2 Saving checkpoint\n",
+            b"data 1/2\r",
+        ];
+        // Every ordered selection of up to 4 lines, as one chunk.
+        let n = lines.len();
+        for a in 0..n {
+            for b in 0..n {
+                for c in 0..n {
+                    for d in 0..n {
+                        let text: Vec<u8> = [a, b, c, d]
+                            .iter()
+                            .flat_map(|&i| lines[i].to_vec())
+                            .collect();
+                        assert_eq!(
+                            fast.scan(&text),
+                            plain.scan(&text),
+                            "{}",
+                            String::from_utf8_lossy(&text)
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
