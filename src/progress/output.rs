@@ -19,7 +19,9 @@ use std::time::Instant;
 /// Longest partial line carried between reads; longer lines are not scanned.
 const MAX_CARRY: usize = 16 * 1024;
 /// Read size.
-const CHUNK: usize = 64 * 1024;
+const CHUNK: usize = 256 * 1024;
+/// Pipe buffer asked for (fewer context switches under heavy output).
+const PIPE_SIZE: libc::c_int = 1024 * 1024;
 
 /// Pulls steps and phase markers out of output text.
 ///
@@ -155,39 +157,46 @@ impl Parser {
     }
 
     /// Candidate lines (those with a prefilter hit), walked from the last.
+    /// The text is searched in windows from its end, so a read that ends
+    /// with a step line costs a few kilobytes of search, not the whole read.
     #[allow(clippy::type_complexity)]
     fn scan_candidates(
         &self,
         pf: &Regex,
         text: &[u8],
     ) -> (Option<(usize, u64)>, Option<(usize, &'static str)>) {
-        let is_eol = |b: &u8| *b == b'\n' || *b == b'\r';
+        const WINDOW: usize = 4096;
+        let mut phase: Option<(usize, &'static str)> = None;
         let mut lines: Vec<(usize, usize)> = Vec::new();
-        let mut pos = 0;
-        while let Some(m) = pf.find_at(text, pos) {
-            let start = text[..m.start()]
-                .iter()
-                .rposition(is_eol)
-                .map_or(0, |p| p + 1);
-            let end = text[m.end()..]
-                .iter()
-                .position(is_eol)
-                .map_or(text.len(), |p| m.end() + p);
-            lines.push((start, end));
-            pos = end.max(m.end());
-            if pos >= text.len() {
+        let mut end = text.len();
+        while end > 0 {
+            // The window starts at a line start, so no line is split.
+            let start = line_start(text, end.saturating_sub(WINDOW));
+            let window = &text[start..end];
+            lines.clear();
+            let mut pos = 0;
+            while let Some(m) = pf.find_at(window, pos) {
+                let ls = line_start(window, m.start());
+                let le = memchr_eol(&window[m.end()..]).map_or(window.len(), |p| m.end() + p);
+                lines.push((start + ls, start + le));
+                pos = le.max(m.end());
+                if pos >= window.len() {
+                    break;
+                }
+            }
+            for &(ls, le) in lines.iter().rev() {
+                let line = &text[ls..le];
+                if phase.is_none() {
+                    phase = self.last_phase(line).map(|(at, p)| (ls + at, p));
+                }
+                if let Some((_, s)) = self.last_step(line) {
+                    return (Some((ls, s)), phase);
+                }
+            }
+            if start == 0 {
                 break;
             }
-        }
-        let mut phase: Option<(usize, &'static str)> = None;
-        for &(start, end) in lines.iter().rev() {
-            let line = &text[start..end];
-            if phase.is_none() {
-                phase = self.last_phase(line).map(|(at, p)| (start + at, p));
-            }
-            if let Some((_, s)) = self.last_step(line) {
-                return (Some((start, s)), phase);
-            }
+            end = start;
         }
         (None, phase)
     }
@@ -207,6 +216,11 @@ fn line_start(text: &[u8], at: usize) -> usize {
         .iter()
         .rposition(|&b| b == b'\n' || b == b'\r')
         .map_or(0, |p| p + 1)
+}
+
+/// Offset of the first line end in `text`.
+fn memchr_eol(text: &[u8]) -> Option<usize> {
+    text.iter().position(|&b| b == b'\n' || b == b'\r')
 }
 
 /// Splits a byte stream into complete lines (`\n` or `\r` terminated) for the parser.
@@ -387,7 +401,8 @@ pub fn spawn_pump(
     std::thread::Builder::new()
         .name(format!("pump-{}", source.name()))
         .spawn(move || {
-            let _ = pipe.as_raw_fd();
+            // SAFETY: fcntl on an fd we own; failure just keeps the default size.
+            unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
             let mut buf = vec![0u8; CHUNK];
             let mut scanner = LineScanner::default();
             let mut out_ok = true;
