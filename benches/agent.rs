@@ -7,7 +7,8 @@
 //!    10 steps/s for 60 s (goals: <= 10 MiB, <= 0.1% of a core);
 //! 3. stall detection latency beyond the timeout.
 //!
-//! Sizes can be reduced for a quick look: BENCH_MB=50 BENCH_WRAP_SECS=10.
+//! Sizes can be reduced for a quick look: BENCH_MB=50 BENCH_WRAP_SECS=10;
+//! one part only: BENCH_ONLY=passthrough|stall|wrap (comma-separated).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -200,7 +201,15 @@ fn stall_latency(dir: &Path) {
 fn main() {
     // `cargo bench` passes --bench; ignore arguments.
     let dir = tempfile::tempdir().unwrap();
-    passthrough(dir.path());
-    stall_latency(dir.path());
-    wrap_cost(dir.path());
+    let only = std::env::var("BENCH_ONLY").unwrap_or_default();
+    let want = |name: &str| only.is_empty() || only.split(',').any(|o| o == name);
+    if want("passthrough") {
+        passthrough(dir.path());
+    }
+    if want("stall") {
+        stall_latency(dir.path());
+    }
+    if want("wrap") {
+        wrap_cost(dir.path());
+    }
 }

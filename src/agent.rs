@@ -187,7 +187,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         monitor_errors.push(format!("cannot become child subreaper: {e}"));
     }
 
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Event>();
+    let tx = progress::Sender::new();
 
     // The progress socket (fail open: without it, output and file still work).
     let sock_dir = socket_dir();
@@ -201,11 +201,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         sock_path = sock_dir.join(format!("{}.sock", std::process::id()));
     }
     let socket = make_private_dir(&sock_dir).and_then(|_| progress::socket::bind(&sock_path));
-    let socket_ok = match socket {
-        Ok(sock) => {
-            tokio::spawn(progress::socket::listen(sock, tx.clone()));
-            true
-        }
+    let socket_ok = match socket.and_then(|sock| progress::socket::spawn_listener(sock, tx.clone()))
+    {
+        Ok(_) => true,
         Err(e) => {
             monitor_errors.push(format!("progress socket {}: {e}", sock_path.display()));
             false
@@ -294,7 +292,6 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             Err(e) => monitor_errors.push(format!("progress file {}: {e}", path.display())),
         }
     }
-    drop(tx);
 
     journal.record_at(
         clock.wall(launched),
@@ -373,10 +370,27 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
 
         let monitoring = main_exit.is_none() && stop.is_none();
         let now = Instant::now();
-        let mut wake = now + Duration::from_secs(1);
-        if monitoring {
-            wake = wake.min(policy.deadline());
-        }
+        // While monitoring, wake at the stall deadline (steps are drained
+        // then) and often enough to keep the journal's progress current;
+        // while stopping or draining, once a second to reap.
+        let step_wake = monitoring.then(|| {
+            policy
+                .deadline()
+                .checked_sub(policy.min_future_limit())
+                .unwrap_or(now)
+        });
+        tx.wake_for_steps_before(step_wake);
+        // A step queued just before the threshold moved is drained now.
+        let early = step_wake.is_some_and(|t| tx.has_steps_before(t));
+        let mut wake = if monitoring {
+            policy.deadline().min(
+                now + cfg
+                    .journal_progress_interval
+                    .max(Duration::from_millis(100)),
+            )
+        } else {
+            now + Duration::from_secs(1)
+        };
         for t in [kill_at, drain_kill_at].into_iter().flatten() {
             wake = wake.min(t);
         }
@@ -406,9 +420,8 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             _ = s_usr1.recv() => forward(&mut journal, pid, Signal::SIGUSR1),
             _ = s_usr2.recv() => forward(&mut journal, pid, Signal::SIGUSR2),
             _ = s_cont.recv() => forward(&mut journal, pid, Signal::SIGCONT),
-            Some(ev) = rx.recv() => {
-                handle_event(ev, &mut policy, &mut plog, &mut journal, &clock, &mut malformed, &mut reported_sources);
-            }
+            _ = tx.woken() => {}
+            _ = std::future::ready(()), if early => {}
             Some(d) = diag_rx.recv(), if diag_pending => {
                 diag_pending = false;
                 reap_due = true;
@@ -434,6 +447,19 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }
         }
 
+        if stall.is_none() {
+            for ev in tx.drain() {
+                handle_event(
+                    ev,
+                    &mut policy,
+                    &mut plog,
+                    &mut journal,
+                    &clock,
+                    &mut malformed,
+                    &mut reported_sources,
+                );
+            }
+        }
         let now = Instant::now();
         if main_exit.is_none() && stop.is_none() {
             if let Some(s) = policy.check(now) {
@@ -477,7 +503,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             let _ = p.join();
         }
     }
-    while let Ok(ev) = rx.try_recv() {
+    for ev in tx.drain() {
         if stall.is_none() {
             handle_event(
                 ev,
@@ -492,7 +518,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     }
     drop(file_watch);
     plog.flush(&mut journal, &clock);
+    tx.close();
     if socket_ok {
+        // Wake the listener thread so it sees the queue closed.
+        if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
+            let _ = s.send_to(b"", &sock_path);
+        }
         let _ = std::fs::remove_file(&sock_path);
     }
 

@@ -266,6 +266,21 @@ impl StallPolicy {
         }
     }
 
+    /// A lower bound of the step limit after any further progress: the fixed
+    /// timeout, or the adaptive floor raised by twice the longest interval
+    /// seen (which never decreases). A step at time `t` can only bring the
+    /// deadline forward if `t + min_future_limit() < deadline()`; the agent
+    /// uses this to be woken by such steps only.
+    pub fn min_future_limit(&self) -> Duration {
+        match self.cfg.fixed_timeout {
+            Some(t) => t,
+            None => self
+                .cfg
+                .adaptive_floor
+                .max(Duration::from_secs_f64((2.0 * self.longest).min(1e9))),
+        }
+    }
+
     /// When a stall will be declared if nothing happens before.
     pub fn deadline(&self) -> Instant {
         self.anchor + self.current_limit().0
@@ -455,6 +470,24 @@ mod tests {
         // Progress without a number always counts.
         assert!(p.on_progress(t + secs(4.0), None));
         assert_eq!(p.last_step(), Some(19));
+    }
+
+    #[test]
+    fn a_step_can_bring_the_deadline_forward_only_below_the_bound() {
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        // Startup: a first step may shorten the deadline a lot.
+        assert!(t0 + secs(1.0) + p.min_future_limit() < p.deadline());
+        let t = steps(&mut p, t0, 0, 100, 0.5);
+        let before = p.deadline();
+        let bound = p.min_future_limit();
+        // At the floor, no later step can bring the deadline forward.
+        for dt in [0.1, 0.5, 2.0] {
+            let mut q = p.clone();
+            q.on_progress(t + secs(dt), Some(1000));
+            assert!(q.deadline() >= before.min(t + secs(dt) + bound));
+            assert!(q.deadline() >= t + secs(dt) + bound);
+        }
     }
 
     #[test]

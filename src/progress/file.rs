@@ -118,7 +118,6 @@ fn send(tx: &Sender, kind: Kind) -> bool {
         source: Source::File,
         kind,
     })
-    .is_ok()
 }
 
 /// Start watching `path`; progress goes to `tx`.

@@ -71,5 +71,121 @@ pub struct Event {
     pub kind: Kind,
 }
 
-/// The sending half every source gets.
-pub type Sender = tokio::sync::mpsc::UnboundedSender<Event>;
+/// Events queued beyond this wake the agent even if none is urgent.
+const WAKE_AT: usize = 1024;
+
+/// Where sources put events: a queue the agent drains when it wakes.
+///
+/// A step does not wake the agent unless it could bring the stall deadline
+/// forward (the agent publishes when that is, see
+/// [`Sender::wake_for_steps_before`]): the policy only needs the steps, with
+/// their own timestamps, by its next deadline, and the agent wakes at that
+/// deadline anyway. So a trainer stepping 10 times a second costs one thread
+/// wake per step (the source's own), not two. Everything else (phases,
+/// checkpoints, faults) wakes the agent at once, as does a long queue.
+#[derive(Clone, Default)]
+pub struct Sender {
+    inner: std::sync::Arc<Shared>,
+}
+
+struct Shared {
+    queue: std::sync::Mutex<Vec<Event>>,
+    wake: tokio::sync::Notify,
+    closed: std::sync::atomic::AtomicBool,
+    base: Instant,
+    /// Steps seen before this many nanoseconds after `base` wake the agent.
+    step_wake_before: std::sync::atomic::AtomicU64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Shared {
+            queue: Default::default(),
+            wake: Default::default(),
+            closed: Default::default(),
+            base: Instant::now(),
+            step_wake_before: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }
+    }
+}
+
+impl Sender {
+    /// A new, empty queue.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Queue an event. Returns false once the agent has closed the queue.
+    pub fn send(&self, ev: Event) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let urgent = match ev.kind {
+            Kind::Step { .. } => {
+                let at = ev.at.saturating_duration_since(self.inner.base).as_nanos() as u64;
+                at < self
+                    .inner
+                    .step_wake_before
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            }
+            _ => true,
+        };
+        let len = {
+            let mut q = self.inner.queue.lock().unwrap_or_else(|e| e.into_inner());
+            q.push(ev);
+            q.len()
+        };
+        if urgent || len >= WAKE_AT {
+            self.inner.wake.notify_one();
+        }
+        true
+    }
+
+    /// Steps observed before `t` wake the agent; later ones wait to be
+    /// drained. `None`: steps never wake it.
+    pub fn wake_for_steps_before(&self, t: Option<Instant>) {
+        let nanos = match t {
+            Some(t) => t
+                .saturating_duration_since(self.inner.base)
+                .as_nanos()
+                .min(u64::MAX as u128 - 1) as u64,
+            None => 0,
+        };
+        self.inner
+            .step_wake_before
+            .store(nanos, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether a queued step was observed before `t` (one that arrived
+    /// while the agent was publishing a new threshold).
+    pub fn has_steps_before(&self, t: Instant) -> bool {
+        self.inner
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|e| e.at < t)
+    }
+
+    /// Take every queued event, oldest first.
+    pub fn drain(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Resolves when an urgent event (or a long queue) is waiting.
+    pub async fn woken(&self) {
+        self.inner.wake.notified().await
+    }
+
+    /// Tell sources to stop.
+    pub fn close(&self) {
+        self.inner
+            .closed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the agent closed the queue.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}

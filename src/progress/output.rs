@@ -416,7 +416,7 @@ pub fn spawn_pump(
                         },
                         Mark::Phase(p) => Kind::Phase(p.to_string()),
                     };
-                    let _ = tx.send(Event { at, source, kind });
+                    tx.send(Event { at, source, kind });
                 }
             };
             loop {

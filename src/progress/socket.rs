@@ -100,47 +100,53 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
     out
 }
 
-/// Bind the socket at `path` (0600) and return the listener task's future.
-pub fn bind(path: &Path) -> std::io::Result<tokio::net::UnixDatagram> {
+/// Bind the socket at `path` (mode 0600).
+pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixDatagram> {
     let _ = std::fs::remove_file(path);
-    let sock = tokio::net::UnixDatagram::bind(path)?;
+    let sock = std::os::unix::net::UnixDatagram::bind(path)?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     Ok(sock)
 }
 
-/// Receive datagrams until the channel closes; never returns an error to
-/// the agent (a failing socket is reported once as `SourceFailed`).
-pub async fn listen(sock: tokio::net::UnixDatagram, tx: Sender) {
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    loop {
-        match sock.recv(&mut buf).await {
-            Ok(n) => {
-                let at = Instant::now();
-                for kind in parse(&buf[..n]) {
-                    if tx
-                        .send(Event {
-                            at,
+/// Receive datagrams on a thread of their own until the queue is closed
+/// (the agent then sends an empty datagram to wake it). A failing socket is
+/// reported once as `SourceFailed`, never to the trainer.
+pub fn spawn_listener(
+    sock: std::os::unix::net::UnixDatagram,
+    tx: Sender,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("progress-socket".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+            loop {
+                match sock.recv(&mut buf) {
+                    Ok(n) => {
+                        if tx.is_closed() {
+                            return;
+                        }
+                        let at = Instant::now();
+                        for kind in parse(&buf[..n]) {
+                            tx.send(Event {
+                                at,
+                                source: Source::Socket,
+                                kind,
+                            });
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        tx.send(Event {
+                            at: Instant::now(),
                             source: Source::Socket,
-                            kind,
-                        })
-                        .is_err()
-                    {
+                            kind: Kind::SourceFailed(format!("progress socket: {e}")),
+                        });
                         return;
                     }
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                let _ = tx.send(Event {
-                    at: Instant::now(),
-                    source: Source::Socket,
-                    kind: Kind::SourceFailed(format!("progress socket: {e}")),
-                });
-                return;
-            }
-        }
-    }
+        })
 }
 
 #[cfg(test)]

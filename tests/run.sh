@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs what the tests need, then runs
+# unit and integration tests. Usage: bash tests/run.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "tests/run.sh: installing ${need_apt[*]}" >&2
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "tests/run.sh: need root to install ${need_apt[*]}" >&2
+    exit 1
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+cargo test --locked "$@"
