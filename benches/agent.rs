@@ -108,7 +108,7 @@ fn passthrough(dir: &Path) {
     println!("  ratio resilio/cat   {:>8.2}  (goal >= 0.90)", c / r);
 }
 
-/// (VmHWM kB, utime+stime ticks) of a live process.
+/// (VmHWM kB, CPU ns summed over its threads from schedstat) of a live process.
 fn sample(pid: u32) -> Option<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let hwm = status
@@ -118,10 +118,14 @@ fn sample(pid: u32) -> Option<(u64, u64)> {
         .nth(1)?
         .parse()
         .ok()?;
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest: Vec<&str> = stat.rsplit(')').next()?.split_whitespace().collect();
-    let ticks = rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?;
-    Some((hwm, ticks))
+    let mut ns = 0u64;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Ok(text) = std::fs::read_to_string(path) {
+            ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some((hwm, ns))
 }
 
 fn wrap_cost(dir: &Path) {
@@ -147,9 +151,8 @@ fn wrap_cost(dir: &Path) {
         std::thread::sleep(Duration::from_millis(100));
     }
     let wall = t.elapsed().as_secs_f64();
-    let (hwm_kb, ticks) = last.expect("sampled resilio");
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    let cpu = ticks as f64 / hz;
+    let (hwm_kb, ns) = last.expect("sampled resilio");
+    let cpu = ns as f64 / 1e9;
     println!("wrapping a trainer at 10 steps/s for {secs} s (python3 fixture, output parsing):");
     println!(
         "  peak RSS   {:>8.2} MiB  (goal <= 10 MiB)",

@@ -458,6 +458,13 @@ mod tests {
     }
 
     #[test]
+    fn durations_may_be_bare_seconds() {
+        let c = apply("[run]\nkill_grace = 5\n[stall]\nadaptive_floor = 0.5\n").unwrap();
+        assert_eq!(c.kill_grace, Duration::from_secs(5));
+        assert_eq!(c.stall.adaptive_floor, Duration::from_millis(500));
+    }
+
+    #[test]
     fn errors_name_file_and_line() {
         let cases = [
             ("[stall]\n\ntimeot = \"5s\"\n", 3, "unknown field"),
@@ -469,6 +476,7 @@ mod tests {
                 "unknown signal",
             ),
             ("[stall]\nadaptive_factor = 0.5\n", 2, "adaptive_factor"),
+            ("[run]\nkill_grace = true\n", 2, "expected a duration"),
             ("[stall\n", 1, ""),
         ];
         for (text, line, needle) in cases {

@@ -77,14 +77,34 @@ pub mod serde_text {
         s.serialize_str(&super::format(*d))
     }
 
+    /// Text (`"90s"`) or a bare number of seconds (`90`, `0.5`).
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum TextOrSeconds {
+        Text(String),
+        Int(u64),
+        Float(f64),
+    }
+
+    fn convert<E: serde::de::Error>(v: TextOrSeconds) -> Result<Duration, E> {
+        match v {
+            TextOrSeconds::Text(t) => super::parse(&t).map_err(E::custom),
+            TextOrSeconds::Int(n) => Ok(Duration::from_secs(n)),
+            TextOrSeconds::Float(f) => super::parse(&f.to_string()).map_err(E::custom),
+        }
+    }
+
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        super::parse(&text).map_err(serde::de::Error::custom)
+        convert(TextOrSeconds::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected a duration such as \"90s\", \"5m\" or a number of seconds",
+            )
+        })?)
     }
 
     /// The same for `Option<Duration>`.
     pub mod option {
-        use serde::{Deserialize, Deserializer, Serializer};
+        use serde::{Deserializer, Serializer};
         use std::time::Duration;
 
         pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -95,9 +115,7 @@ pub mod serde_text {
         }
 
         pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-            let text = Option::<String>::deserialize(d)?;
-            text.map(|t| super::super::parse(&t).map_err(serde::de::Error::custom))
-                .transpose()
+            super::deserialize(d).map(Some)
         }
     }
 }

@@ -111,7 +111,7 @@ fn config_errors_name_file_and_line() {
 
     // The system-wide file is read too, with the same care.
     let sys = dir.path().join("system.toml");
-    std::fs::write(&sys, "[run]\nkill_grace = 5\n").unwrap();
+    std::fs::write(&sys, "[run]\nkill_grace = \"5 parsecs\"\n").unwrap();
     let mut c = resilio_run(dir.path(), "cfg2");
     c.env("RESILIO_SYSTEM_CONFIG", &sys).args(["--", "true"]);
     let (o, _) = output_within(&mut c, Duration::from_secs(10));
@@ -120,5 +120,52 @@ fn config_errors_name_file_and_line() {
         stderr_of(&o).contains("system.toml:2:"),
         "{}",
         stderr_of(&o)
+    );
+}
+
+#[test]
+fn configuration_layers_system_then_user_then_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let sys = dir.path().join("system.toml");
+    std::fs::write(
+        &sys,
+        "[stall]\ntimeout = \"60s\"\nstartup_timeout = \"7m\"\n",
+    )
+    .unwrap();
+    let user = write_config(dir.path(), "[stall]\ntimeout = \"30s\"\n");
+    let limits = |job: &str, opts: &[&str]| {
+        let mut c = resilio_run(dir.path(), job);
+        c.env("RESILIO_SYSTEM_CONFIG", &sys)
+            .args(opts)
+            .args(["--", "true"]);
+        let (o, _) = output_within(&mut c, Duration::from_secs(10));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        let recs = records(dir.path(), job);
+        let start = one(&recs, "rank_start");
+        (start.f64("stall_timeout_s"), start.f64("startup_timeout_s"))
+    };
+    assert_eq!(limits("l1", &[]), (Some(60.0), Some(420.0)));
+    assert_eq!(
+        limits("l2", &["--config", user.to_str().unwrap()]),
+        (Some(30.0), Some(420.0))
+    );
+    assert_eq!(
+        limits(
+            "l3",
+            &["--config", user.to_str().unwrap(), "--stall-timeout", "2s"]
+        ),
+        (Some(2.0), Some(420.0))
+    );
+    assert_eq!(
+        limits(
+            "l4",
+            &[
+                "--config",
+                user.to_str().unwrap(),
+                "--stall-timeout",
+                "adaptive"
+            ]
+        ),
+        (None, Some(420.0))
     );
 }

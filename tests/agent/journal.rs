@@ -106,3 +106,50 @@ fn unwritable_state_dir_fails_open() {
         "the exit code still comes through"
     );
 }
+
+#[test]
+fn ranks_of_one_job_write_their_own_files_and_read_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let children: Vec<_> = (0..3)
+        .map(|rank| {
+            let mut c = run_trainer(
+                dir.path(),
+                "multi",
+                &[],
+                &["--steps", "20", "--interval", "0.02"],
+            );
+            c.env("RANK", rank.to_string()).env("WORLD_SIZE", "3");
+            c.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    for c in children {
+        let (o, _) = wait_output(c, Duration::from_secs(30));
+        assert_eq!(o.status.code(), Some(0));
+    }
+    let jdir = resilio::journal::job_dir(dir.path(), "multi");
+    let mut files: Vec<String> = std::fs::read_dir(&jdir)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".jsonl"))
+        .collect();
+    files.sort();
+    assert_eq!(files, ["rank-0.jsonl", "rank-1.jsonl", "rank-2.jsonl"]);
+    let recs = records(dir.path(), "multi");
+    assert!(
+        recs.windows(2).all(|w| w[0].ts <= w[1].ts),
+        "merged in time order"
+    );
+    let mut ranks: Vec<u32> = kinds(&recs, "rank_exit")
+        .iter()
+        .filter_map(|r| r.rank)
+        .collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2]);
+    assert!(
+        kinds(&recs, "job_start").is_empty(),
+        "a multi-rank job's start is not one agent's to record"
+    );
+}
