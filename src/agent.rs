@@ -527,6 +527,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         let _ = std::fs::remove_file(&sock_path);
     }
 
+    process::restore_terminal(pid);
     let exit = main_exit.expect("loop ends only after the main child exited");
     let code = if stall.is_some() {
         EXIT_STALLED

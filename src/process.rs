@@ -53,12 +53,21 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
     // If resilio dies (even by SIGKILL), the trainer dies with it rather than
     // running on unsupervised with a broken output pipe.
     let parent = std::process::id() as libc::pid_t;
+    // Interactive use: when resilio owns the terminal, the trainer's group
+    // takes it over (so `breakpoint()` can read the keyboard and Ctrl-C
+    // reaches it directly); [`restore_terminal`] hands it back.
+    let take_tty = owns_terminal();
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
             if libc::getppid() != parent {
                 libc::raise(libc::SIGKILL);
+            }
+            if take_tty {
+                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                libc::tcsetpgrp(0, libc::getpid());
+                libc::signal(libc::SIGTTOU, old);
             }
             Ok(())
         });
@@ -87,6 +96,26 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
         stdout,
         stderr,
     })
+}
+
+/// True when stdin is a terminal whose foreground process group is ours.
+pub fn owns_terminal() -> bool {
+    // SAFETY: plain queries on fd 0.
+    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+}
+
+/// Give the terminal back to resilio's own process group if the trainer's
+/// group had taken it (no-op otherwise).
+pub fn restore_terminal(trainer_pgid: Pid) {
+    // SAFETY: terminal ioctls on fd 0, SIGTTOU ignored around the call since
+    // resilio is a background group at that moment.
+    unsafe {
+        if libc::isatty(0) == 1 && libc::tcgetpgrp(0) == trainer_pgid.as_raw() {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
 }
 
 /// How the main child ended.

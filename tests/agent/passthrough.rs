@@ -81,3 +81,33 @@ fn a_closed_stdout_does_not_block_or_kill_the_trainer() {
     let (o, _) = wait_output(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(7));
 }
+
+#[test]
+fn an_interactive_trainer_gets_the_terminal() {
+    // script(1) (util-linux, essential on Debian) gives resilio a pseudo-terminal
+    // as stdin; a trainer in its own process group could not read it unless
+    // resilio hands the terminal's foreground over (breakpoint(), input()).
+    let dir = tempfile::tempdir().unwrap();
+    let inner = format!(
+        "RESILIO_STATE_DIR={} {} run --job-id tty -- python3 -c 'x = input(\"prompt> \"); print(\"got\", x)'; echo rc=$?",
+        dir.path().display(),
+        bin()
+    );
+    let mut c = std::process::Command::new("script");
+    c.args(["-qec", &inner, "/dev/null"]);
+    c.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello-from-tty\n")
+        .unwrap();
+    let (o, _) = wait_output(child, Duration::from_secs(30));
+    let out = String::from_utf8_lossy(&o.stdout).replace('\r', "");
+    assert!(out.contains("got hello-from-tty"), "{out}");
+    assert!(out.contains("rc=0"), "{out}");
+}
