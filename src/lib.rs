@@ -33,3 +33,4 @@ pub mod policy;
 pub mod process;
 pub mod progress;
 pub mod report;
+pub mod slurm;

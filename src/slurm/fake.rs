@@ -1,0 +1,152 @@
+//! An in-memory Slurm for unit tests of the decision logic: jobs, node
+//! states, and a log of every call, with injectable failures.
+
+use super::{AcctRecord, JobInfo, NodeState, QueueEntry, Slurm, SlurmError};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// A fake Slurm. Calls are recorded as strings such as `requeue 17`.
+#[derive(Default)]
+pub struct FakeSlurm {
+    pub jobs: Mutex<BTreeMap<String, JobInfo>>,
+    pub nodes: Mutex<BTreeMap<String, NodeState>>,
+    pub acct: Mutex<BTreeMap<String, Vec<AcctRecord>>>,
+    pub calls: Mutex<Vec<String>>,
+    /// Calls (by first word) that fail with this message.
+    pub failing: Mutex<BTreeMap<String, String>>,
+}
+
+impl FakeSlurm {
+    /// A fake with one job.
+    pub fn with_job(job: JobInfo) -> Self {
+        let f = FakeSlurm::default();
+        f.jobs.lock().unwrap().insert(job.job_id.clone(), job);
+        f
+    }
+
+    /// Make calls starting with `verb` fail.
+    pub fn fail(&self, verb: &str, message: &str) {
+        self.failing
+            .lock()
+            .unwrap()
+            .insert(verb.into(), message.into());
+    }
+
+    /// The calls made so far.
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    fn call(&self, verb: &str, rest: String) -> Result<(), SlurmError> {
+        self.calls.lock().unwrap().push(format!("{verb} {rest}"));
+        match self.failing.lock().unwrap().get(verb) {
+            Some(m) => Err(SlurmError::Failed {
+                cmd: verb.into(),
+                message: m.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    fn job(&self, job: &str) -> Result<JobInfo, SlurmError> {
+        self.jobs
+            .lock()
+            .unwrap()
+            .get(job)
+            .cloned()
+            .ok_or_else(|| SlurmError::Failed {
+                cmd: "scontrol show job".into(),
+                message: "Invalid job id specified".into(),
+            })
+    }
+}
+
+impl Slurm for FakeSlurm {
+    fn show_job(&self, job: &str) -> Result<JobInfo, SlurmError> {
+        self.call("show_job", job.into())?;
+        self.job(job)
+    }
+
+    fn set_excluded(&self, job: &str, nodes: &[String]) -> Result<(), SlurmError> {
+        self.call("set_excluded", format!("{job} {}", nodes.join(",")))?;
+        let mut jobs = self.jobs.lock().unwrap();
+        let j = jobs.get_mut(job).ok_or_else(|| SlurmError::Failed {
+            cmd: "scontrol update".into(),
+            message: "Invalid job id specified".into(),
+        })?;
+        j.excluded = nodes.to_vec();
+        Ok(())
+    }
+
+    fn requeue(&self, job: &str) -> Result<(), SlurmError> {
+        self.call("requeue", job.into())?;
+        let mut jobs = self.jobs.lock().unwrap();
+        let j = jobs.get_mut(job).ok_or_else(|| SlurmError::Failed {
+            cmd: "scontrol requeue".into(),
+            message: "Invalid job id specified".into(),
+        })?;
+        if !j.requeue {
+            return Err(SlurmError::Failed {
+                cmd: "scontrol requeue".into(),
+                message: "Requested operation is presently disabled".into(),
+            });
+        }
+        j.restarts += 1;
+        j.state = "PENDING".into();
+        Ok(())
+    }
+
+    fn set_node_state(&self, node: &str, state: &NodeState) -> Result<(), SlurmError> {
+        self.call("set_node_state", format!("{node} {state:?}"))?;
+        self.nodes
+            .lock()
+            .unwrap()
+            .insert(node.into(), state.clone());
+        Ok(())
+    }
+
+    fn queue(&self, job: &str) -> Result<Vec<QueueEntry>, SlurmError> {
+        self.call("queue", job.into())?;
+        let j = self.job(job)?;
+        Ok(vec![QueueEntry {
+            job_id: j.job_id,
+            state: j.state,
+            nodes: j.nodes,
+            reason: j.reason,
+        }])
+    }
+
+    fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
+        self.call("accounting", job.into())?;
+        Ok(self
+            .acct
+            .lock()
+            .unwrap()
+            .get(job)
+            .cloned()
+            .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclude_more_merges_with_what_the_job_excludes() {
+        let f = FakeSlurm::with_job(JobInfo {
+            job_id: "9".into(),
+            excluded: vec!["n4".into()],
+            requeue: true,
+            ..JobInfo::default()
+        });
+        let all = f.exclude_more("9", &["n2".into(), "n4".into()]).unwrap();
+        assert_eq!(all, ["n4", "n2"]);
+        f.requeue("9").unwrap();
+        assert_eq!(f.show_job("9").unwrap().restarts, 1);
+        assert_eq!(
+            f.calls()[..3],
+            ["show_job 9", "set_excluded 9 n4,n2", "requeue 9"]
+        );
+    }
+}

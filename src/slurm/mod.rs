@@ -1,0 +1,135 @@
+//! The Slurm adapter: the task's environment ([`env`]), hostlist
+//! expressions ([`hostlist`]), and Slurm's commands behind the [`Slurm`]
+//! trait ([`commands`] runs the real ones with argument vectors and
+//! timeouts; [`fake`] serves unit tests).
+
+pub mod commands;
+pub mod env;
+pub mod fake;
+pub mod hostlist;
+
+pub use commands::SlurmCli;
+pub use env::SlurmContext;
+
+/// A job as `scontrol show job` describes it (fields resilio uses).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobInfo {
+    pub job_id: String,
+    pub state: String,
+    /// Nodes allocated now (expanded).
+    pub nodes: Vec<String>,
+    /// Nodes the job must not run on (expanded `ExcNodeList`).
+    pub excluded: Vec<String>,
+    /// `Restarts=`: how often it was requeued.
+    pub restarts: u32,
+    /// `Requeue=1`: the job may be requeued.
+    pub requeue: bool,
+    pub reason: String,
+    pub submit_time: String,
+    pub start_time: String,
+    pub end_time: String,
+    pub time_limit: String,
+}
+
+/// One attempt of a job as `sacct -D` reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AcctRecord {
+    pub job_id: String,
+    pub state: String,
+    pub exit_code: String,
+    pub nodes: Vec<String>,
+    pub submit: String,
+    pub start: String,
+    pub end: String,
+}
+
+/// A line of `squeue`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct QueueEntry {
+    pub job_id: String,
+    pub state: String,
+    pub nodes: Vec<String>,
+    pub reason: String,
+}
+
+/// Node states resilio sets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NodeState {
+    /// Keep the node out of scheduling, with a reason.
+    Drain(String),
+    /// Back into service.
+    Resume,
+}
+
+/// Errors from Slurm's commands.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SlurmError {
+    #[error("{0}: command not found (is Slurm installed?)")]
+    NotFound(String),
+    #[error("{0} timed out after {1:?}")]
+    Timeout(String, std::time::Duration),
+    #[error("{cmd} failed: {message}")]
+    Failed { cmd: String, message: String },
+    #[error("invalid {what}: {value:?}")]
+    Invalid { what: &'static str, value: String },
+    #[error("cannot parse {cmd} output: {detail}")]
+    Parse { cmd: String, detail: String },
+}
+
+/// What resilio asks of Slurm. Implemented by [`SlurmCli`] (real commands)
+/// and [`fake::FakeSlurm`] (unit tests).
+pub trait Slurm {
+    /// `scontrol show job`.
+    fn show_job(&self, job: &str) -> Result<JobInfo, SlurmError>;
+    /// Set the job's excluded nodes to exactly `nodes` (callers merge).
+    fn set_excluded(&self, job: &str, nodes: &[String]) -> Result<(), SlurmError>;
+    /// `scontrol requeue`.
+    fn requeue(&self, job: &str) -> Result<(), SlurmError>;
+    /// `scontrol update NodeName=... State=...`.
+    fn set_node_state(&self, node: &str, state: &NodeState) -> Result<(), SlurmError>;
+    /// `squeue` for one job.
+    fn queue(&self, job: &str) -> Result<Vec<QueueEntry>, SlurmError>;
+    /// `sacct -D` for one job: every attempt.
+    fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError>;
+
+    /// Add `nodes` to what the job already excludes; returns the new list.
+    fn exclude_more(&self, job: &str, nodes: &[String]) -> Result<Vec<String>, SlurmError> {
+        let mut all = self.show_job(job)?.excluded;
+        for n in nodes {
+            if !all.contains(n) {
+                all.push(n.clone());
+            }
+        }
+        self.set_excluded(job, &all)?;
+        Ok(all)
+    }
+}
+
+/// A Slurm job id: digits, optionally `_N` (array task) or `+N` (het component).
+pub fn validate_job_id(job: &str) -> Result<(), String> {
+    let mut parts = job.splitn(2, ['_', '+']);
+    let head = parts.next().unwrap_or("");
+    let ok_digits =
+        |s: &str| !s.is_empty() && s.len() <= 20 && s.bytes().all(|b| b.is_ascii_digit());
+    let ok = ok_digits(head) && parts.next().is_none_or(ok_digits);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("invalid Slurm job id {job:?}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_ids() {
+        for ok in ["1", "123456", "77_3", "9+1"] {
+            assert!(validate_job_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "x", "1 2", "1;rm -rf", "-1", "1_", "1__2"] {
+            assert!(validate_job_id(bad).is_err(), "{bad}");
+        }
+    }
+}
