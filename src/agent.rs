@@ -156,6 +156,12 @@ impl ProgressLog {
 async fn run_async(opts: RunOptions) -> Result<i32> {
     let cfg = opts.config;
     let id = Identity::from_env(opts.job_id.as_deref()).map_err(Error::Usage)?;
+    // A malformed SLURM_* environment is Slurm's problem, not a reason to
+    // refuse to run the trainer: warn and go on without the Slurm context.
+    let slurm = crate::slurm::SlurmContext::from_env().unwrap_or_else(|e| {
+        eprintln!("resilio: ignoring the Slurm environment: {e}");
+        crate::slurm::SlurmContext::default()
+    });
     let clock = Clock {
         t0: Instant::now(),
         wall0: Utc::now(),
@@ -222,6 +228,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     }
+    let torchrun = crate::slurm::env::trainer_env(&slurm, &id.job, id.attempt, &|k| env_is_set(k));
+    env.extend(
+        torchrun
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v))),
+    );
 
     let argv_text: Vec<String> = opts
         .argv
@@ -307,6 +319,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             "socket": socket_ok.then(|| sock_path.clone()),
             "progress_file": cfg.progress.file,
             "progress_file_watch": file_mode,
+            "slurm_step": slurm.step_id,
+            "step_nodes": (!slurm.step_nodes.is_empty()).then(|| crate::slurm::hostlist::compress(&slurm.step_nodes)),
+            "torchrun_env": torchrun.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(),
         }),
         true,
     );

@@ -126,9 +126,15 @@ impl SlurmContext {
         self.job_id.is_some()
     }
 
-    /// Whether this process is a task of a step (not the batch script).
+    /// Whether this process is a task of a step (not the batch script,
+    /// whose step id is unset, `batch` or 4294967294).
     pub fn in_step(&self) -> bool {
-        self.in_job() && self.procid.is_some() && self.step_id.as_deref() != Some("batch")
+        self.in_job()
+            && self.procid.is_some()
+            && self
+                .step_id
+                .as_deref()
+                .is_some_and(|s| !matches!(s, "batch" | "extern" | "4294967294" | "4294967295"))
     }
 
     /// The rendezvous port for an attempt: derived from the job id so that
@@ -175,6 +181,47 @@ impl SlurmContext {
             env.insert("MASTER_PORT", Self::master_port(j, attempt).to_string());
         }
         env
+    }
+}
+
+/// The torchrun variables to give the trainer.
+///
+/// - In a Slurm step: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+///   NODE_RANK, GROUP_RANK from Slurm (authoritative: an outer resilio or
+///   shell may have leaked other values), MASTER_ADDR (first node of the step)
+///   and MASTER_PORT (from the job id and attempt) unless already set.
+/// - Outside Slurm (one local rank): the single-process values, each only if
+///   not already set, so `torch.distributed.init_process_group("gloo")` works.
+/// - In a batch script that is not a step: nothing (its environment would
+///   leak into every `srun` task).
+pub fn trainer_env(
+    ctx: &SlurmContext,
+    job: &str,
+    attempt: u32,
+    is_set: &dyn Fn(&str) -> bool,
+) -> Vec<(&'static str, String)> {
+    if ctx.in_step() {
+        ctx.torchrun_env(attempt)
+            .into_iter()
+            .filter(|(k, _)| !(matches!(*k, "MASTER_ADDR" | "MASTER_PORT") && is_set(k)))
+            .collect()
+    } else if ctx.in_job() {
+        Vec::new()
+    } else {
+        let port = SlurmContext::master_port(job, attempt).to_string();
+        [
+            ("RANK", "0".to_string()),
+            ("LOCAL_RANK", "0".into()),
+            ("WORLD_SIZE", "1".into()),
+            ("LOCAL_WORLD_SIZE", "1".into()),
+            ("NODE_RANK", "0".into()),
+            ("GROUP_RANK", "0".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port),
+        ]
+        .into_iter()
+        .filter(|(k, _)| !is_set(k))
+        .collect()
     }
 }
 
@@ -251,6 +298,31 @@ mod tests {
         ])
         .unwrap();
         assert!(b.in_job() && !b.in_step());
+    }
+
+    #[test]
+    fn user_settings_are_kept_where_they_may_be() {
+        let step = ctx(&[
+            ("SLURM_JOB_ID", "5"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "1"),
+            ("SLURM_NTASKS", "2"),
+            ("SLURM_JOB_NODELIST", "n[1-2]"),
+        ])
+        .unwrap();
+        let set = |k: &str| matches!(k, "MASTER_PORT" | "RANK");
+        let env: BTreeMap<_, _> = trainer_env(&step, "5", 0, &set).into_iter().collect();
+        assert_eq!(env["RANK"], "1", "Slurm's rank wins over a leaked RANK");
+        assert!(!env.contains_key("MASTER_PORT"), "the user's port is kept");
+        assert_eq!(env["MASTER_ADDR"], "n1");
+        let local = ctx(&[]).unwrap();
+        let env: BTreeMap<_, _> = trainer_env(&local, "local-1", 0, &set)
+            .into_iter()
+            .collect();
+        assert_eq!(env["WORLD_SIZE"], "1");
+        assert!(!env.contains_key("RANK"));
+        let batch = ctx(&[("SLURM_JOB_ID", "5"), ("SLURM_JOB_NODELIST", "n1")]).unwrap();
+        assert!(trainer_env(&batch, "5", 0, &set).is_empty());
     }
 
     #[test]

@@ -31,6 +31,19 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
         "RESILIO_ATTEMPT",
         "RESILIO_COORDINATOR",
         "RESILIO_SOCKET",
+        "SLURM_STEP_ID",
+        "SLURM_LOCALID",
+        "SLURM_NODEID",
+        "SLURM_JOB_NODELIST",
+        "SLURM_STEP_NODELIST",
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_STEP_TASKS_PER_NODE",
+        "SLURM_TASKS_PER_NODE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
     ] {
         c.env_remove(k);
     }

@@ -169,3 +169,51 @@ fn configuration_layers_system_then_user_then_flags() {
         (None, Some(420.0))
     );
 }
+
+fn trainer_env_seen(extra: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(dir.path(), "env");
+    for (k, v) in extra {
+        c.env(k, v);
+    }
+    c.args([
+        "--",
+        "sh",
+        "-c",
+        "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $NODE_RANK $MASTER_ADDR $MASTER_PORT $RESILIO_JOB_ID",
+    ]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+#[test]
+fn torchrun_variables_outside_slurm() {
+    let seen = trainer_env_seen(&[]);
+    let f: Vec<&str> = seen.split(' ').collect();
+    assert_eq!(f[..6], ["0", "0", "1", "1", "0", "127.0.0.1"], "{seen}");
+    assert!(f[6].parse::<u16>().unwrap() >= 20000);
+    // A user's own MASTER_PORT is kept.
+    let seen = trainer_env_seen(&[("MASTER_PORT", "29555")]);
+    assert!(seen.contains(" 29555 "), "{seen}");
+}
+
+#[test]
+fn torchrun_variables_from_a_simulated_slurm_step_environment() {
+    // SIMULATED: the SLURM_* variables of task 5 of a 2x3 step, set by the test
+    // (the real cluster's srun is exercised in tests/slurm).
+    let seen = trainer_env_seen(&[
+        ("SLURM_JOB_ID", "4242"),
+        ("SLURM_STEP_ID", "0"),
+        ("SLURM_PROCID", "5"),
+        ("SLURM_LOCALID", "2"),
+        ("SLURM_NODEID", "1"),
+        ("SLURM_STEP_NODELIST", "gpu[007-008]"),
+        ("SLURM_STEP_NUM_TASKS", "6"),
+        ("SLURM_STEP_TASKS_PER_NODE", "3(x2)"),
+        ("RANK", "0"), // leaked from elsewhere: Slurm's value wins
+    ]);
+    let f: Vec<&str> = seen.split(' ').collect();
+    assert_eq!(f[..6], ["5", "2", "6", "3", "1", "gpu007"], "{seen}");
+    assert_eq!(f[7], "env", "an explicit --job-id wins over SLURM_JOB_ID");
+}
