@@ -17,6 +17,7 @@ use crate::context::{env_is_set, Identity};
 use crate::diagnostics::{self, Helpers};
 use crate::error::{Error, Result, EXIT_STALLED};
 use crate::journal::{self, Writer};
+use crate::policy::failure;
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::process::{self, Exit};
 use crate::progress::{self, output, Event, Kind};
@@ -556,6 +557,20 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         (None, Exit::Code(_)) => "exited with error".into(),
         (None, Exit::Signal(..)) => "killed by signal".into(),
     };
+    let verdict = failure::classify(
+        &failure::RankEnd {
+            exit_code: exit.code(),
+            signal: match exit {
+                Exit::Signal(s, _) => Some(s),
+                Exit::Code(_) => None,
+            },
+            stalled: stall.is_some(),
+            stop_requested: matches!(stop, Some(StopReason::Signal(_))),
+            health_check_failed: false,
+            tail: tail.last_lines(cfg.diagnostics.tail_lines.max(20)),
+        },
+        &cfg.failure_patterns,
+    );
     let ended = Instant::now();
     journal.record_at(
         clock.wall(ended),
@@ -564,6 +579,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             "exit_code": code,
             "status": exit.describe(),
             "cause": cause,
+            "class": verdict.class,
+            "class_reason": verdict.reason,
+            "evidence": verdict.evidence,
             "steps_seen": policy.steps_seen(),
             "last_step": policy.last_step(),
             "first_step_s": plog.first_at.map(|t| t.duration_since(launched).as_secs_f64()),
@@ -587,6 +605,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             json!({
                 "failure_kind": kind,
                 "cause": cause,
+                "class": verdict.class,
+                "class_reason": verdict.reason,
+                "evidence": verdict.evidence,
                 "exit_code": code,
                 "detail": match &stall { Some(s) => format!("{} after {:.1}s without progress", s.kind.name(), s.timeout.as_secs_f64()), None => exit.describe() },
             }),

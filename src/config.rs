@@ -109,6 +109,8 @@ pub struct Config {
     pub diagnostics: DiagnosticsConfig,
     /// At most one `progress` journal record per this interval (plus first and last).
     pub journal_progress_interval: Duration,
+    /// Output patterns that classify a rank's failure.
+    pub failure_patterns: crate::policy::failure::Patterns,
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -152,6 +154,7 @@ impl Default for Config {
                 tail_lines: 40,
             },
             journal_progress_interval: Duration::from_secs(10),
+            failure_patterns: crate::policy::failure::Patterns::defaults(),
         }
     }
 }
@@ -171,6 +174,16 @@ struct FileConfig {
     diagnostics: DiagnosticsSection,
     #[serde(default)]
     journal: JournalSection,
+    #[serde(default)]
+    failure: FailureSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct FailureSection {
+    infrastructure_patterns: Option<Spanned<Vec<String>>>,
+    secondary_patterns: Option<Spanned<Vec<String>>>,
+    user_patterns: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -402,6 +415,27 @@ impl Config {
         if let Some(i) = file.journal.progress_interval {
             self.journal_progress_interval = i;
         }
+        let f = file.failure;
+        for (field, what, target) in [
+            (
+                f.infrastructure_patterns,
+                "infrastructure",
+                &mut self.failure_patterns.infrastructure,
+            ),
+            (
+                f.secondary_patterns,
+                "secondary",
+                &mut self.failure_patterns.secondary,
+            ),
+            (f.user_patterns, "user", &mut self.failure_patterns.user),
+        ] {
+            if let Some(list) = field {
+                *target =
+                    crate::policy::failure::compile_list(list.get_ref(), what).map_err(|m| {
+                        err_at(list.span().start, format!("failure.{what}_patterns: {m}"))
+                    })?;
+            }
+        }
         Ok(())
     }
 
@@ -477,6 +511,11 @@ mod tests {
             ),
             ("[stall]\nadaptive_factor = 0.5\n", 2, "adaptive_factor"),
             ("[run]\nkill_grace = true\n", 2, "expected a duration"),
+            (
+                "[failure]\nuser_patterns = [\n  \"ok\",\n  \"(bad\"]\n",
+                2,
+                "failure.user_patterns",
+            ),
             ("[stall\n", 1, ""),
         ];
         for (text, line, needle) in cases {

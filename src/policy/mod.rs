@@ -4,4 +4,5 @@
 //! current `Instant` with every call, so unit tests drive them with an
 //! injected clock and no sleeps.
 
+pub mod failure;
 pub mod stall;
