@@ -5,4 +5,5 @@
 //! injected clock and no sleeps.
 
 pub mod failure;
+pub mod restart;
 pub mod stall;
