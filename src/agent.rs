@@ -168,14 +168,27 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         wall0: Utc::now(),
     };
     let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
-    let mut journal = Writer::open(
-        &job_dir,
-        &format!("rank-{}.jsonl", id.rank),
-        id.attempt,
-        Some(id.rank),
-        Some(id.node.clone()),
-    );
-    let single_rank_job = id.world_size == 1 && !env_is_set("RESILIO_COORDINATOR");
+    // In a batch script (in the job, not a task of a step), resilio is the
+    // job-level supervisor: it wraps the steps, and decides after them.
+    let batch_level = slurm.in_job() && !slurm.in_step();
+    let mut journal = if batch_level {
+        Writer::open(
+            &job_dir,
+            "batch.jsonl",
+            id.attempt,
+            None,
+            Some(id.node.clone()),
+        )
+    } else {
+        Writer::open(
+            &job_dir,
+            &format!("rank-{}.jsonl", id.rank),
+            id.attempt,
+            Some(id.rank),
+            Some(id.node.clone()),
+        )
+    };
+    let single_rank_job = batch_level || (id.world_size == 1 && !env_is_set("RESILIO_COORDINATOR"));
 
     // Signals are registered before the child exists so none is lost.
     let sig = |k: SignalKind| {
@@ -613,6 +626,25 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }),
             true,
         );
+    }
+    if batch_level {
+        let tail_lines = tail.last_lines(200);
+        let step = crate::supervisor::StepEnd {
+            exit_code: code,
+            verdict: &verdict,
+            tail: &tail_lines,
+            node: &id.node,
+        };
+        let cli = crate::slurm::SlurmCli::default();
+        return Ok(crate::supervisor::after_attempt(
+            &cfg.state_dir,
+            &id.job,
+            id.attempt,
+            &step,
+            cfg.max_restarts,
+            &cli,
+            &mut journal,
+        ));
     }
     if single_rank_job {
         journal.record("job_end", json!({ "exit_code": code }), true);

@@ -63,6 +63,9 @@ struct RunArgs {
     /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
     #[arg(long, value_name = "SIG")]
     dump_signal: Option<String>,
+    /// Requeues allowed after failures, in a batch script (default 3)
+    #[arg(long, value_name = "N")]
+    max_restarts: Option<u32>,
     /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)
     #[arg(long, value_name = "ID")]
     job_id: Option<String>,
@@ -119,6 +122,9 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     }
     if let Some(f) = &a.progress_file {
         cfg.progress.file = Some(f.clone());
+    }
+    if let Some(n) = a.max_restarts {
+        cfg.max_restarts = n;
     }
     if let Some(t) = &a.kill_grace {
         cfg.kill_grace = flag_duration("kill-grace", t)?;

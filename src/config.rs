@@ -101,6 +101,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Time between SIGTERM and SIGKILL when stopping the trainer.
     pub kill_grace: Duration,
+    /// Requeues allowed after failures (time-limit requeues do not count).
+    pub max_restarts: u32,
     /// Progress sources.
     pub progress: ProgressConfig,
     /// Stall policy parameters.
@@ -134,6 +136,7 @@ impl Default for Config {
         Config {
             state_dir: default_state_dir(),
             kill_grace: Duration::from_secs(30),
+            max_restarts: 3,
             progress: ProgressConfig {
                 regex: Regex::new(DEFAULT_PROGRESS_REGEX).expect("default regex"),
                 checkpoint_regex: Some(
@@ -192,6 +195,7 @@ struct RunSection {
     state_dir: Option<PathBuf>,
     #[serde(default, with = "serde_text::option")]
     kill_grace: Option<Duration>,
+    max_restarts: Option<u32>,
 }
 
 #[derive(Deserialize, Default)]
@@ -306,6 +310,9 @@ impl Config {
         }
         if let Some(d) = file.run.kill_grace {
             self.kill_grace = d;
+        }
+        if let Some(n) = file.run.max_restarts {
+            self.max_restarts = n;
         }
 
         let p = file.progress;

@@ -34,3 +34,4 @@ pub mod process;
 pub mod progress;
 pub mod report;
 pub mod slurm;
+pub mod supervisor;

@@ -38,13 +38,21 @@ pub enum Action {
     /// Nothing failed.
     Finish,
     /// Requeue the job, excluding these nodes first.
-    Requeue { exclude: Vec<String>, reason: String },
+    Requeue {
+        exclude: Vec<String>,
+        reason: String,
+    },
     /// Do not requeue; the failure stands.
     Stop { reason: String },
 }
 
 /// Decide after `current`, given the earlier attempts (oldest first).
-pub fn decide(current: &AttemptOutcome, earlier: &[AttemptOutcome], max_restarts: u32, requeue_allowed: bool) -> Action {
+pub fn decide(
+    current: &AttemptOutcome,
+    earlier: &[AttemptOutcome],
+    max_restarts: u32,
+    requeue_allowed: bool,
+) -> Action {
     let stop = |reason: String| Action::Stop { reason };
     match current.class {
         Class::Clean => return Action::Finish,
@@ -69,7 +77,10 @@ pub fn decide(current: &AttemptOutcome, earlier: &[AttemptOutcome], max_restarts
             reason: "stopped by Slurm (time limit or preemption): requeued to continue".into(),
         };
     }
-    let failures: Vec<&AttemptOutcome> = earlier.iter().filter(|a| a.class.retryable() && a.class != Class::Preempted).collect();
+    let failures: Vec<&AttemptOutcome> = earlier
+        .iter()
+        .filter(|a| a.class.retryable() && a.class != Class::Preempted)
+        .collect();
     if failures.len() as u32 >= max_restarts {
         return stop(format!(
             "restart budget exhausted: {} failed attempt(s) before this one, --max-restarts {max_restarts}",
@@ -112,7 +123,13 @@ pub fn decide(current: &AttemptOutcome, earlier: &[AttemptOutcome], max_restarts
 mod tests {
     use super::*;
 
-    fn out(attempt: u32, class: Class, evidence: &str, step: Option<u64>, nodes: &[&str]) -> AttemptOutcome {
+    fn out(
+        attempt: u32,
+        class: Class,
+        evidence: &str,
+        step: Option<u64>,
+        nodes: &[&str],
+    ) -> AttemptOutcome {
         AttemptOutcome {
             attempt,
             class,
@@ -124,34 +141,105 @@ mod tests {
 
     #[test]
     fn infrastructure_failure_requeues_excluding_the_node() {
-        let a = decide(&out(0, Class::Infrastructure, "killed by SIGKILL", Some(40), &["n2"]), &[], 3, true);
-        assert!(matches!(&a, Action::Requeue { exclude, .. } if exclude == &["n2"]), "{a:?}");
-        let a = decide(&out(0, Class::Hang, "stopped for making no progress", Some(40), &["n3"]), &[], 3, true);
+        let a = decide(
+            &out(
+                0,
+                Class::Infrastructure,
+                "killed by SIGKILL",
+                Some(40),
+                &["n2"],
+            ),
+            &[],
+            3,
+            true,
+        );
+        assert!(
+            matches!(&a, Action::Requeue { exclude, .. } if exclude == &["n2"]),
+            "{a:?}"
+        );
+        let a = decide(
+            &out(
+                0,
+                Class::Hang,
+                "stopped for making no progress",
+                Some(40),
+                &["n3"],
+            ),
+            &[],
+            3,
+            true,
+        );
         assert!(matches!(a, Action::Requeue { .. }));
     }
 
     #[test]
     fn user_errors_and_unrequeueable_jobs_stop() {
-        let a = decide(&out(0, Class::UserError, "KeyError: 'x'", Some(3), &[]), &[], 3, true);
+        let a = decide(
+            &out(0, Class::UserError, "KeyError: 'x'", Some(3), &[]),
+            &[],
+            3,
+            true,
+        );
         assert!(matches!(&a, Action::Stop { reason } if reason.starts_with("user error")));
-        let a = decide(&out(0, Class::Infrastructure, "x", Some(3), &["n1"]), &[], 3, false);
+        let a = decide(
+            &out(0, Class::Infrastructure, "x", Some(3), &["n1"]),
+            &[],
+            3,
+            false,
+        );
         assert!(matches!(&a, Action::Stop { reason } if reason.contains("--requeue")));
-        assert_eq!(decide(&out(0, Class::Clean, "", Some(9), &[]), &[], 3, true), Action::Finish);
+        assert_eq!(
+            decide(&out(0, Class::Clean, "", Some(9), &[]), &[], 3, true),
+            Action::Finish
+        );
     }
 
     #[test]
     fn crash_loops_and_budgets_stop() {
-        let first = out(0, Class::Infrastructure, "NCCL timeout after 600023 ms", Some(50), &["n2"]);
+        let first = out(
+            0,
+            Class::Infrastructure,
+            "NCCL timeout after 600023 ms",
+            Some(50),
+            &["n2"],
+        );
         // Same failure at the same step again: crash loop.
-        let again = out(1, Class::Infrastructure, "NCCL timeout after 600117 ms", Some(50), &["n3"]);
+        let again = out(
+            1,
+            Class::Infrastructure,
+            "NCCL timeout after 600117 ms",
+            Some(50),
+            &["n3"],
+        );
         let a = decide(&again, std::slice::from_ref(&first), 3, true);
-        assert!(matches!(&a, Action::Stop { reason } if reason.starts_with("crash loop")), "{a:?}");
+        assert!(
+            matches!(&a, Action::Stop { reason } if reason.starts_with("crash loop")),
+            "{a:?}"
+        );
         // A different failure but no new step: crash loop too.
-        let stuck = out(1, Class::Infrastructure, "killed by SIGKILL", Some(48), &["n3"]);
-        assert!(matches!(decide(&stuck, std::slice::from_ref(&first), 3, true), Action::Stop { .. }));
+        let stuck = out(
+            1,
+            Class::Infrastructure,
+            "killed by SIGKILL",
+            Some(48),
+            &["n3"],
+        );
+        assert!(matches!(
+            decide(&stuck, std::slice::from_ref(&first), 3, true),
+            Action::Stop { .. }
+        ));
         // Progress since: requeue.
-        let better = out(1, Class::Infrastructure, "killed by SIGKILL", Some(90), &["n3"]);
-        assert!(matches!(decide(&better, std::slice::from_ref(&first), 3, true), Action::Requeue { .. }));
+        let better = out(
+            1,
+            Class::Infrastructure,
+            "killed by SIGKILL",
+            Some(90),
+            &["n3"],
+        );
+        assert!(matches!(
+            decide(&better, std::slice::from_ref(&first), 3, true),
+            Action::Requeue { .. }
+        ));
         // Budget: 2 failures already with max 2.
         let a = decide(
             &out(2, Class::Infrastructure, "a", Some(200), &[]),
@@ -159,14 +247,25 @@ mod tests {
             2,
             true,
         );
-        assert!(matches!(&a, Action::Stop { reason } if reason.contains("budget")), "{a:?}");
+        assert!(
+            matches!(&a, Action::Stop { reason } if reason.contains("budget")),
+            "{a:?}"
+        );
     }
 
     #[test]
     fn preemption_costs_no_budget() {
         let t = out(0, Class::Preempted, "time limit", Some(10), &[]);
-        let a = decide(&t, &[out(0, Class::Infrastructure, "a", Some(5), &[])], 1, true);
+        let a = decide(
+            &t,
+            &[out(0, Class::Infrastructure, "a", Some(5), &[])],
+            1,
+            true,
+        );
         assert!(matches!(&a, Action::Requeue { exclude, .. } if exclude.is_empty()));
-        assert_eq!(signature_of(Class::Hang, "step 120 of 400"), "hang: step # of #");
+        assert_eq!(
+            signature_of(Class::Hang, "step 120 of 400"),
+            "hang: step # of #"
+        );
     }
 }

@@ -9,7 +9,7 @@ fn kill_9_at_any_moment_leaves_only_whole_records() {
     let dir = tempfile::tempdir().unwrap();
     // Record every step (no sampling) so the kill lands among many writes.
     let cfg = write_config(dir.path(), "[journal]\nprogress_interval = \"0s\"\n");
-    let mut delays_ms = 40u64;
+    let mut delays_ms = 7u64;
     for round in 0..25 {
         let mut c = run_trainer(
             dir.path(),
@@ -28,8 +28,14 @@ fn kill_9_at_any_moment_leaves_only_whole_records() {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = c.spawn().unwrap();
+        // Kill at a varying moment once this round's agent has started writing.
+        let starts = |d: &std::path::Path| kinds(&records(d, "crash"), "rank_start").len();
+        assert!(
+            wait_for(Duration::from_secs(20), || starts(dir.path()) > round),
+            "round {round} never started"
+        );
         std::thread::sleep(Duration::from_millis(delays_ms));
-        delays_ms = 40 + (delays_ms * 7919) % 400; // vary the moment of the kill
+        delays_ms = (delays_ms * 7919 + 13) % 300; // vary the moment of the kill
         kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
         let _ = wait_output(child, Duration::from_secs(10));
     }
