@@ -274,10 +274,15 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
             .min_by(|a, b| a.1.at.total_cmp(&b.1.at).then(a.0.cmp(&b.0)))
             .map(|(i, _)| *i)
     };
+    // A rank stopped from outside (srun tearing the step down after another
+    // rank failed) is an echo too, unless nothing else failed.
+    let real = |c: Class| !matches!(c, Class::Secondary | Class::Preempted);
+    let any_real = failed.iter().any(|(_, f)| real(f.verdict.class));
     let causes: Vec<(usize, &RankFailure)> = failed
         .iter()
         .copied()
         .filter(|(_, f)| f.verdict.class != Class::Secondary)
+        .filter(|(_, f)| !any_real || real(f.verdict.class))
         .collect();
     let (idx, why) = match earliest(&causes) {
         Some(i) => {
@@ -304,7 +309,22 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
         c => c,
     };
     let mut blamed_nodes = Vec::new();
-    if matches!(class, Class::Infrastructure | Class::Hang) && f.verdict.class != Class::Secondary {
+    // Ranks waiting in a collective stall together with the one that hung:
+    // when several ranks hung within seconds, progress alone cannot tell the
+    // culprit, and nobody is blamed (the restart still happens).
+    let hung_together = causes
+        .iter()
+        .filter(|(_, o)| o.verdict.class == Class::Hang && (o.at - f.at).abs() < 10.0)
+        .count();
+    let why = if class == Class::Hang && hung_together > 1 {
+        format!("{why}; {hung_together} ranks stalled together, the culprit cannot be told from progress alone: no node blamed")
+    } else {
+        why
+    };
+    if matches!(class, Class::Infrastructure | Class::Hang)
+        && f.verdict.class != Class::Secondary
+        && !(class == Class::Hang && hung_together > 1)
+    {
         blamed_nodes.push(f.node.clone());
         // Infrastructure failures at (nearly) the same moment on other nodes
         // are blamed too: two bad nodes can fail together.
