@@ -38,8 +38,8 @@ PORT_NODE0=$((PORT_BASE + 20)) # node nI listens on PORT_NODE0 + I
 
 ETC_CONF=/etc/slurm/slurm.conf
 ETC_BACKUP=/etc/slurm/slurm.conf.resilio-testbed-backup
-HOSTS_BEGIN="# BEGIN resilio-testbed"
-HOSTS_END="# END resilio-testbed"
+HOSTS_BEGIN="# BEGIN resilio-testbed $D"
+HOSTS_END="# END resilio-testbed $D"
 POLICY=/usr/sbin/policy-rc.d
 POLICY_BACKUP=/usr/sbin/policy-rc.d.resilio-testbed-backup
 
@@ -62,7 +62,7 @@ alive() {
   f=$(pidfile "$1")
   [ -s "$f" ] || return 1
   pid=$(cat "$f")
-  [ -d "/proc/$pid" ] || return 1
+  running "$pid" || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
   case "$1" in
     slurmd-*) [ "$comm" = slurmd ] ;;
@@ -76,18 +76,31 @@ spawn() {
   local name=$1
   shift
   setsid "$@" </dev/null >>"$D/log/$name.out" 2>&1 9<&- &
-  echo $! >"$(pidfile "$name")"
+  local pid=$! i
+  echo "$pid" >"$(pidfile "$name")"
+  # until the exec chain (setsid, unshare, sh) has reached the daemon itself
+  for ((i = 0; i < 100; i++)); do
+    alive "$name" && return 0
+    running "$pid" || return 0
+    sleep 0.05
+  done
 }
 
-# wait_for DESCRIPTION LOGFILE CMD...: poll CMD until it succeeds or TIMEOUT expires.
+# wait_for DAEMON LOGFILE CMD...: poll CMD until it succeeds; fail when DAEMON (a name
+# from run/, or "-") exits or TIMEOUT expires, showing the end of LOGFILE and DAEMON's .out.
 wait_for() {
   local what=$1 logf=$2 deadline
   shift 2
   deadline=$((SECONDS + TIMEOUT))
   until "$@" >/dev/null 2>&1; do
+    if [ "$what" != - ] && ! alive "$what"; then
+      log "error: $what exited during startup"
+      show_log "$logf" "$D/log/$what.out"
+      return 1
+    fi
     if [ "$SECONDS" -ge "$deadline" ]; then
-      log "error: timed out after ${TIMEOUT}s waiting for $what"
-      show_log "$logf" "${logf%.log}.out"
+      log "error: timed out after ${TIMEOUT}s waiting for ${what/#-/all $NODES nodes to be idle}"
+      show_log "$logf" "$D/log/$what.out"
       return 1
     fi
     sleep 0.2
@@ -104,6 +117,14 @@ show_log() {
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# running PID: the process exists and is not a zombie waiting to be reaped
+running() {
+  local stat
+  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  stat=${stat##*) }
+  [ "${stat%% *}" != Z ]
+}
 
 uts_of() { readlink "/proc/$1/ns/uts" 2>/dev/null; }
 
@@ -126,7 +147,7 @@ stop_pids() {
   deadline=$((SECONDS + grace))
   while :; do
     left=()
-    for p in "$@"; do [ -d "/proc/$p" ] && left+=("$p"); done
+    for p in "$@"; do running "$p" && left+=("$p"); done
     [ ${#left[@]} -gt 0 ] || return 0
     if [ "$SECONDS" -ge "$deadline" ]; then
       kill -KILL "${left[@]}" 2>/dev/null || true
@@ -140,8 +161,13 @@ stop_pids() {
 # stop_daemon NAME GRACE: stop the daemon recorded for NAME, if it is still ours.
 stop_daemon() {
   local name=$1 grace=$2
+  local pid
   if alive "$name"; then
-    stop_pids TERM "$grace" "$(cat "$(pidfile "$name")")"
+    pid=$(cat "$(pidfile "$name")")
+    # the daemon leads its own session and process group (spawn uses setsid): stop the
+    # whole group, e.g. slurmctld's slurmscriptd
+    # shellcheck disable=SC2046
+    stop_pids TERM "$grace" "$pid" $(pgrep -g "$pid" || true)
   fi
   rm -f "$(pidfile "$name")"
 }
@@ -265,6 +291,7 @@ SlurmctldDebug=$DEBUG_LEVEL
 SlurmdDebug=$DEBUG_LEVEL
 PlugStackConfig=$D/etc/plugstack.conf
 MpiDefault=none
+MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -333,8 +360,8 @@ start_munge() {
   dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 status=none
   chmod 400 "$D/munge/munge.key"
   spawn munged munged --foreground --key-file="$D/munge/munge.key" --socket="$SOCK" \
-    --pid-file="$D/munge/munged.pid" --log-file="$D/log/munged.log" --seed-file="$D/munge/munged.seed"
-  wait_for munged "$D/log/munged.log" sh -c "munge -n -S '$SOCK' | unmunge -S '$SOCK'"
+    --pid-file="$D/munge/munged.pid" --seed-file="$D/munge/munged.seed"
+  wait_for munged /dev/null sh -c "munge -n -S '$SOCK' | unmunge -S '$SOCK'"
 }
 
 mysql_opts() {
@@ -364,7 +391,7 @@ start_mariadb() {
 
 start_slurmdbd() {
   SLURM_CONF="$CONF" spawn slurmdbd slurmdbd -D
-  wait_for "slurmdbd on port $PORT_DBD" "$D/log/slurmdbd.log" port_open "$PORT_DBD"
+  wait_for slurmdbd "$D/log/slurmdbd.log" port_open "$PORT_DBD"
   local c
   for c in "add cluster $CLUSTER" \
     "add account testers Cluster=$CLUSTER Description=testers Organization=resilio" \
@@ -483,18 +510,38 @@ cmd_down() {
   if [ $had = 1 ]; then log "down (logs of the last run kept in $D/log)"; else log "not up"; fi
 }
 
+up_failed() {
+  local rc=$?
+  [ "$rc" -ne 0 ] || return 0
+  [ -f "$D/up.env.partial" ] && mv -f "$D/up.env.partial" "$D/up.env"
+  if [ "${TESTBED_KEEP_ON_FAILURE:-0}" = 1 ]; then
+    log "up failed: left as it is for inspection (TESTBED_KEEP_ON_FAILURE=1); \`down\` cleans up"
+  else
+    log "up failed: tearing down (TESTBED_KEEP_ON_FAILURE=1 keeps it)"
+    cmd_down || true
+  fi
+}
+
 cmd_up() {
+  local want_nodes=$NODES want_accounting=$ACCOUNTING
+  [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "TESTBED_NODES must be a positive number, got '$NODES'"
+  [[ "$ACCOUNTING" =~ ^[01]$ ]] || die "TESTBED_ACCOUNTING must be 0 or 1, got '$ACCOUNTING'"
   if [ -f "$D/up.env" ]; then
     load_env
     if is_up; then
+      if [ "$NODES/$ACCOUNTING" != "$want_nodes/$want_accounting" ]; then
+        log "already up with $NODES nodes, accounting=$ACCOUNTING (run \`down\` first to change that)"
+      fi
       cmd_status || true
       return 0
     fi
-    log "testbed is partially up: tearing it down and starting again"
+  fi
+  if [ -f "$D/up.env" ] || [ -f "$D/up.env.partial" ] || [ -n "$(ls -A "$D/run" 2>/dev/null)" ]; then
+    log "found a partial testbed in $D: tearing it down first"
     cmd_down
   fi
+  NODES=$want_nodes ACCOUNTING=$want_accounting
   local t0=${EPOCHREALTIME/[.,]/}
-  [[ "$NODES" =~ ^[1-9][0-9]*$ ]] || die "TESTBED_NODES must be a positive number, got '$NODES'"
 
   rm -rf "$D/log" "$D/run"
   mkdir -p "$D/log" "$D/run"
@@ -505,9 +552,7 @@ cmd_up() {
   done
 
   printf 'NODES=%q\nACCOUNTING=%q\n' "$NODES" "$ACCOUNTING" >"$D/up.env.partial"
-  if [ "${TESTBED_KEEP_ON_FAILURE:-0}" != 1 ]; then
-    trap 'rc=$?; if [ $rc -ne 0 ]; then log "up failed: tearing down (TESTBED_KEEP_ON_FAILURE=1 keeps it)"; mv -f "$D/up.env.partial" "$D/up.env" 2>/dev/null; cmd_down || true; fi' EXIT
-  fi
+  trap up_failed EXIT
   write_configs
   hosts_add
   link_conf
@@ -522,7 +567,7 @@ cmd_up() {
   local n
   for n in $(node_names); do start_slurmd "$n"; done
   mv -f "$D/up.env.partial" "$D/up.env"
-  if ! wait_for "all $NODES nodes to be idle" /dev/null all_idle; then
+  if ! wait_for - /dev/null all_idle; then
     timeout 10 sinfo -N >&2 || true
     show_log "$D/log/slurmctld.log" "$D"/log/slurmd-n1.log "$D"/log/slurmd-n1.out
     exit 1
