@@ -184,9 +184,11 @@ struct FileConfig {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct FailureSection {
-    infrastructure_patterns: Option<Spanned<Vec<String>>>,
-    secondary_patterns: Option<Spanned<Vec<String>>>,
+    ignore_patterns: Option<Spanned<Vec<String>>>,
     user_patterns: Option<Spanned<Vec<String>>>,
+    secondary_patterns: Option<Spanned<Vec<String>>>,
+    infrastructure_patterns: Option<Spanned<Vec<String>>>,
+    generic_patterns: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Deserialize, Default)]

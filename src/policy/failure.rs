@@ -66,57 +66,103 @@ pub struct RankEnd {
     pub tail: Vec<String>,
 }
 
-/// Pattern lists, compiled.
+/// Pattern lists, compiled. Each output line is checked against the lists
+/// in this order and takes the class of the first that matches: `ignore`
+/// (alarming but harmless lines), `user` (errors that are the user's even
+/// when they look like hardware: an illegal memory access, Xid 13/31, CUDA
+/// out of memory), `secondary` (a peer's failure seen from here),
+/// `infrastructure`, then `generic` (any Python exception: the user's,
+/// unless something above says otherwise). A rank's class is then
+/// infrastructure > user > secondary > generic.
 #[derive(Clone, Debug)]
 pub struct Patterns {
-    pub infrastructure: Vec<Regex>,
-    pub secondary: Vec<Regex>,
+    pub ignore: Vec<Regex>,
     pub user: Vec<Regex>,
+    pub secondary: Vec<Regex>,
+    pub infrastructure: Vec<Regex>,
+    pub generic: Vec<Regex>,
 }
 
-/// Default infrastructure signatures (recorded samples: tests/fixtures/failures).
+/// Lines that look alarming but are not failures.
+pub const DEFAULT_IGNORE: &[&str] = &[
+    r"\bNCCL INFO\b",
+    r"NCCL WARN Failed to open libibverbs",
+    r"\[c10d\] The client socket has failed to connect to .*\(errno: 99 - Cannot assign requested address\)",
+    r" - retrying \(try=\d+",
+    r"\b(?:UserWarning|FutureWarning|DeprecationWarning):",
+    r"process group has NOT been destroyed|destroy_process_group\(\) was not called",
+    r"^CUDA kernel errors might be asynchronously reported|^For debugging consider passing CUDA_LAUNCH_BLOCKING=1|^Compile with `TORCH_USE_CUDA_DSA`",
+];
+
+/// The user's errors, even where they look like the hardware's.
+pub const DEFAULT_USER: &[&str] = &[
+    r"an illegal memory access was encountered",
+    r"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): (?:13|31|43),",
+    r"DataLoader worker \(pid \d+\) is killed by signal: Bus error",
+    r"OutOfMemoryError|CUDA out of memory",
+    r"failed \(exitcode: -9\)",
+    r"exceeded memory limit .* being killed",
+    r"\b(?:ModuleNotFoundError|ImportError|KeyError|AssertionError|ValueError|TypeError|IndexError|AttributeError|NameError|SyntaxError|FileNotFoundError|NotImplementedError|ZeroDivisionError)\b",
+    r"\[Errno 2\] No such file or directory",
+    r"mat1 and mat2 shapes cannot be multiplied",
+];
+
+/// A failure caused by a peer's failure, seen from a surviving rank.
+pub const DEFAULT_SECONDARY: &[&str] = &[
+    r"NET/IB ?: Got completion from peer \S+ with (?:status=|error )5\b",
+    r"remote process exited or there was a network error|ncclRemoteError",
+    r"(?i)Connection (?:closed|reset) by (?:remote )?peer|failed : Broken pipe|\): Broken pipe|with error: Broken pipe",
+    r"Some NCCL operations have failed or timed out|To avoid data inconsistency, we are taking the entire process down|Exception \(either an error or timeout\) detected by watchdog",
+    r"DistNetworkError|RendezvousConnectionError|RendezvousClosedError",
+    r"multiprocessing/api\.py:\d+\] Sending process \d+ closing signal SIGTERM|multiprocessing\.api:Sending process \d+ closing signal SIGTERM",
+];
+
+/// Infrastructure signatures (recorded samples: tests/fixtures/failures).
 pub const DEFAULT_INFRA: &[&str] = &[
     r"Watchdog caught collective operation timeout",
-    r"NCCL (?:error|WARN).*(?:unhandled system error|ncclSystemError|ncclInternalError)",
-    r"ncclSystemError|ncclInternalError",
-    r"NET/IB.*(?:error|Error)|ibv_\w+ failed|IBV_WC_\w+_ERR",
-    r"\bXid\b.*\d+",
-    r"(?i)uncorrectable ECC error|ECC error|fallen off the bus",
-    r"CUDA error: (?:unknown error|an uncorrectable|uncorrectable)",
-    r"(?i)\bunspecified launch failure\b|cudaErrorLaunchFailure",
-    r"^Bus error|SIGBUS",
-    r"(?i)NODE FAILURE|srun: error: Node failure",
+    r"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): \d+,",
+    r"fallen off the bus|GPU likely needs to be reset",
+    r"SXid \(PCI:[0-9a-fA-F:.]+\): \d+, (?:Fatal|Non-fatal)",
+    r"uncorrectable ECC error",
+    r"(?:CUDA error|cuda runtime error \(\d+\)) ?: (?:unknown error|unspecified launch failure)",
+    r"unhandled system error|ncclSystemError|internal error - please report this issue to the NCCL developers|ncclInternalError",
+    r"NET/IB ?: Got completion from peer",
+    r"NCCL WARN Call to ibv_\w+ failed",
+    r"NET/OFI Request \S+ completed with error",
+    r"Bus error",
+    r"srun: error: Node failure on |DUE TO NODE FAILURE",
 ];
 
-/// Default signatures of a failure caused by a peer's failure.
-pub const DEFAULT_SECONDARY: &[&str] = &[
-    r"(?i)connection (?:closed|reset) by peer",
-    r"(?i)remote process exited",
-    r"DistNetworkError|RendezvousConnectionError|RendezvousClosedError",
-    r"(?i)broken pipe",
-    r"ncclRemoteError",
-    r"(?i)NCCL communicator was aborted",
+/// Any Python exception: the user's unless a list above said otherwise.
+pub const DEFAULT_GENERIC: &[&str] = &[
+    r"Traceback \(most recent call last\)",
+    r"^\w*(?:Error|Exception)\b",
 ];
 
-/// Default signatures of the user's own error.
-pub const DEFAULT_USER: &[&str] = &[
-    r"^Traceback \(most recent call last\):",
-    r"^\w*(?:Error|Exception): ",
-    r"OutOfMemoryError|CUDA out of memory",
-    r"^AssertionError",
-];
+/// The class one output line gives, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LineClass {
+    User,
+    Secondary,
+    Infrastructure,
+    Generic,
+}
 
 impl Patterns {
     /// Compile pattern sources; the error names the bad one.
     pub fn compile(
-        infra: &[String],
-        secondary: &[String],
+        ignore: &[String],
         user: &[String],
+        secondary: &[String],
+        infra: &[String],
+        generic: &[String],
     ) -> Result<Patterns, String> {
         Ok(Patterns {
-            infrastructure: compile_list(infra, "infrastructure")?,
-            secondary: compile_list(secondary, "secondary")?,
+            ignore: compile_list(ignore, "ignore")?,
             user: compile_list(user, "user")?,
+            secondary: compile_list(secondary, "secondary")?,
+            infrastructure: compile_list(infra, "infrastructure")?,
+            generic: compile_list(generic, "generic")?,
         })
     }
 
@@ -124,17 +170,50 @@ impl Patterns {
     pub fn defaults() -> Patterns {
         let own = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         Patterns::compile(
-            &own(DEFAULT_INFRA),
-            &own(DEFAULT_SECONDARY),
+            &own(DEFAULT_IGNORE),
             &own(DEFAULT_USER),
+            &own(DEFAULT_SECONDARY),
+            &own(DEFAULT_INFRA),
+            &own(DEFAULT_GENERIC),
         )
         .expect("default patterns compile")
     }
 
-    fn first_match<'a>(list: &[Regex], tail: &'a [String]) -> Option<&'a str> {
-        tail.iter()
-            .find(|l| list.iter().any(|r| r.is_match(l)))
-            .map(|s| s.as_str())
+    /// Classify one line.
+    pub fn line_class(&self, line: &str) -> Option<LineClass> {
+        let any = |list: &[Regex]| list.iter().any(|r| r.is_match(line));
+        if any(&self.ignore) {
+            None
+        } else if any(&self.user) {
+            Some(LineClass::User)
+        } else if any(&self.secondary) {
+            Some(LineClass::Secondary)
+        } else if any(&self.infrastructure) {
+            Some(LineClass::Infrastructure)
+        } else if any(&self.generic) {
+            Some(LineClass::Generic)
+        } else {
+            None
+        }
+    }
+
+    /// The strongest line of a tail: infrastructure > user > secondary > generic.
+    pub fn strongest<'a>(&self, tail: &'a [String]) -> Option<(LineClass, &'a str)> {
+        let rank = |c: LineClass| match c {
+            LineClass::Infrastructure => 3,
+            LineClass::User => 2,
+            LineClass::Secondary => 1,
+            LineClass::Generic => 0,
+        };
+        let mut best: Option<(LineClass, &str)> = None;
+        for line in tail {
+            if let Some(c) = self.line_class(line) {
+                if best.is_none_or(|(b, _)| rank(c) > rank(b)) {
+                    best = Some((c, line));
+                }
+            }
+        }
+        best
     }
 }
 
@@ -189,19 +268,26 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
             None,
         );
     }
-    if let Some(line) = Patterns::first_match(&p.infrastructure, &end.tail) {
-        return v(
-            Class::Infrastructure,
-            "infrastructure signature in the output",
-            Some(line),
-        );
-    }
-    if let Some(line) = Patterns::first_match(&p.secondary, &end.tail) {
-        return v(
-            Class::Secondary,
-            "a peer's failure (connection to another rank lost)",
-            Some(line),
-        );
+    let strongest = p.strongest(&end.tail);
+    match strongest {
+        Some((LineClass::Infrastructure, line)) => {
+            return v(
+                Class::Infrastructure,
+                "infrastructure signature in the output",
+                Some(line),
+            )
+        }
+        Some((LineClass::User, line)) => {
+            return v(Class::UserError, "the trainer's own error", Some(line))
+        }
+        Some((LineClass::Secondary, line)) => {
+            return v(
+                Class::Secondary,
+                "a peer's failure (connection to another rank lost)",
+                Some(line),
+            )
+        }
+        _ => {}
     }
     match end.signal {
         Some(9) => {
@@ -220,8 +306,15 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
         }
         _ => {}
     }
-    if let Some(line) = Patterns::first_match(&p.user, &end.tail) {
-        return v(Class::UserError, "the trainer's own error", Some(line));
+    if let Some((_, line)) = strongest {
+        // The last exception line says more than the traceback header.
+        let last = end
+            .tail
+            .iter()
+            .rev()
+            .find(|l| p.line_class(l) == Some(LineClass::Generic) && !l.starts_with("Traceback"))
+            .map_or(line, |s| s.as_str());
+        return v(Class::UserError, "the trainer's own error", Some(last));
     }
     v(
         Class::UserError,
@@ -373,7 +466,21 @@ mod tests {
         );
         assert_eq!(
             (u.class, u.evidence.as_deref()),
-            (Class::UserError, Some("Traceback (most recent call last):"))
+            (Class::UserError, Some("KeyError: 'model'"))
+        );
+        let g = classify(
+            &end(
+                1,
+                &[
+                    "Traceback (most recent call last):",
+                    "MyOwnError: bad batch",
+                ],
+            ),
+            &p,
+        );
+        assert_eq!(
+            (g.class, g.evidence.as_deref()),
+            (Class::UserError, Some("MyOwnError: bad batch"))
         );
         assert_eq!(classify(&end(3, &["bye"]), &p).class, Class::UserError);
         let s = classify(
