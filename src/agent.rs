@@ -427,10 +427,17 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         tokio::select! {
             _ = s_chld.recv() => reap_due = true,
             _ = s_term.recv() => {
-                process::signal_group(pid, Signal::SIGTERM);
-                journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": true }), false);
+                if diag_pending {
+                    // The stall's evidence is being taken (srun stopping the
+                    // step because a peer failed, say): the stop follows as
+                    // soon as it is done, within the grace.
+                    journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
+                } else {
+                    process::signal_group(pid, Signal::SIGTERM);
+                    journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": true }), false);
+                    kill_at.get_or_insert(Instant::now() + grace);
+                }
                 if stop.is_none() { stop = Some(StopReason::Signal("SIGTERM")); }
-                kill_at.get_or_insert(Instant::now() + grace);
             }
             _ = s_int.recv() => {
                 ints += 1;
@@ -438,12 +445,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     process::signal_tree(pid, Signal::SIGKILL, &skip);
                     killed = true;
                     journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
+                } else if diag_pending {
+                    journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
                 } else {
                     process::signal_group(pid, Signal::SIGINT);
                     journal.record("signal", json!({ "signal": "SIGINT", "forwarded": true }), false);
+                    kill_at.get_or_insert(Instant::now() + grace);
                 }
                 if stop.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
-                kill_at.get_or_insert(Instant::now() + grace);
             }
             _ = s_hup.recv() => forward(&mut journal, pid, Signal::SIGHUP),
             _ = s_usr1.recv() => forward(&mut journal, pid, Signal::SIGUSR1),

@@ -437,8 +437,16 @@ impl Config {
                 &mut self.failure_patterns.secondary,
             ),
             (f.user_patterns, "user", &mut self.failure_patterns.user),
-            (f.ignore_patterns, "ignore", &mut self.failure_patterns.ignore),
-            (f.generic_patterns, "generic", &mut self.failure_patterns.generic),
+            (
+                f.ignore_patterns,
+                "ignore",
+                &mut self.failure_patterns.ignore,
+            ),
+            (
+                f.generic_patterns,
+                "generic",
+                &mut self.failure_patterns.generic,
+            ),
         ] {
             if let Some(list) = field {
                 *target =

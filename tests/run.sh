@@ -17,4 +17,14 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
+# The real Slurm cluster the end-to-end tests run on (installs Slurm, munge and
+# MariaDB from Debian's packages when missing; takes it down again afterwards
+# unless it was already up).
+was_up=0
+bash tests/slurm/testbed.sh status >/dev/null 2>&1 && was_up=1
+bash tests/slurm/testbed.sh up
+if [ "$was_up" = 0 ]; then
+  trap 'bash tests/slurm/testbed.sh down >/dev/null 2>&1 || true' EXIT
+fi
+
 cargo test --locked "$@"

@@ -1,0 +1,369 @@
+//! End-to-end tests on a real Slurm cluster (slurmctld and four slurmd on
+//! this machine, started by tests/slurm/testbed.sh): a lockstep multi-rank
+//! trainer (tests/fixtures/lockstep_trainer.py) under
+//! `resilio run -- srun resilio run -- python3 trainer.py`, with faults
+//! injected by rank, step and attempt.
+
+use resilio::journal::{self, Record};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, Once};
+use std::time::{Duration, Instant};
+
+static UP: Once = Once::new();
+/// One job at a time: the cluster has four nodes and each job takes three.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn testbed() {
+    UP.call_once(|| {
+        let o = Command::new("bash")
+            .arg(root().join("tests/slurm/testbed.sh"))
+            .arg("up")
+            .output()
+            .expect("run testbed.sh");
+        assert!(
+            o.status.success(),
+            "testbed up failed:\n{}\n{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    });
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+struct Job {
+    id: String,
+    dir: tempfile::TempDir,
+}
+
+impl Job {
+    fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    fn records(&self) -> Vec<Record> {
+        journal::read_job(&journal::job_dir(&self.state_dir(), &self.id))
+            .map(|j| j.records)
+            .unwrap_or_default()
+    }
+    fn output(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("job-{}.out", self.id)))
+            .unwrap_or_default()
+    }
+    fn show(&self) -> resilio::slurm::JobInfo {
+        resilio::slurm::commands::parse_show_job(&run("scontrol", &["-o", "show", "job", &self.id]))
+            .unwrap()
+    }
+    /// Wait for a final state (not a requeue's transient ones).
+    fn wait_final(&self, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let info = self.show();
+            if [
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "TIMEOUT",
+                "OUT_OF_MEMORY",
+                "BOOT_FAIL",
+                "DEADLINE",
+            ]
+            .contains(&info.state.as_str())
+            {
+                return info.state;
+            }
+            if Instant::now() > deadline {
+                let _ = Command::new("scancel").arg(&self.id).status();
+                panic!(
+                    "job {} still {} after {limit:?}; output:\n{}",
+                    self.id,
+                    info.state,
+                    self.output()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    fn kinds(&self, kind: &str) -> Vec<Record> {
+        self.records()
+            .into_iter()
+            .filter(|r| r.kind == kind)
+            .collect()
+    }
+}
+
+/// Submit a 3-node job running the lockstep trainer with `trainer_args`.
+fn submit(resilio_opts: &str, trainer_args: &str) -> Job {
+    testbed();
+    let dir = tempfile::Builder::new()
+        .prefix("resilio-e2e-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    let d = dir.path().display();
+    let script = format!(
+        "#!/bin/bash\n\
+         #SBATCH -N 3\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
+         #SBATCH -o {d}/job-%j.out\n#SBATCH -t 10\n\
+         export RESILIO_STATE_DIR={d}/state\n\
+         exec {bin} run {resilio_opts} -- srun --kill-on-bad-exit=1 {bin} run --stall-timeout 4s --kill-grace 2s -- \
+         python3 {} --ckpt-dir {d}/ckpt --total 20 --step-time 0.2 {trainer_args}\n",
+        trainer.display()
+    );
+    let path = dir.path().join("job.sbatch");
+    std::fs::write(&path, script).unwrap();
+    let out = run("sbatch", &["--parsable", path.to_str().unwrap()]);
+    let id = out.trim().split(';').next().unwrap().to_string();
+    Job { id, dir }
+}
+
+fn rank_nodes(recs: &[Record], attempt: u32) -> Vec<(u32, String)> {
+    let mut v: Vec<(u32, String)> = recs
+        .iter()
+        .filter(|r| r.kind == "rank_start" && r.attempt == attempt && r.rank.is_some())
+        .map(|r| (r.rank.unwrap(), r.node.clone().unwrap_or_default()))
+        .collect();
+    v.sort();
+    v
+}
+
+fn lock() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[test]
+fn node_failure_excludes_the_node_requeues_and_resumes() {
+    let _g = lock();
+    let job = submit(
+        "",
+        "--fault kill --fault-rank 1 --fault-step 8 --fault-attempts 0",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "output:\n{}\njournal: {recs:#?}",
+        job.output()
+    );
+    let first = rank_nodes(&recs, 0);
+    assert_eq!(first.len(), 3, "{first:?}");
+    let bad = first.iter().find(|(r, _)| *r == 1).unwrap().1.clone();
+    let judgment = job.kinds("judgment");
+    assert_eq!(
+        judgment[0].str("class"),
+        Some("infrastructure"),
+        "{judgment:?}"
+    );
+    assert_eq!(judgment[0].u64("primary_rank"), Some(1));
+    assert_eq!(judgment[0].str("primary_node"), Some(bad.as_str()));
+    let excluded = job.kinds("node_excluded");
+    assert_eq!(excluded.len(), 1);
+    assert_eq!(excluded[0].str("excluded_node"), Some(bad.as_str()));
+    assert_eq!(job.kinds("requeue").len(), 1);
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(
+        second.iter().all(|(_, n)| *n != bad),
+        "attempt 1 ran on the excluded node {bad}: {second:?}"
+    );
+    assert!(job.show().excluded.contains(&bad));
+    assert_eq!(job.show().restarts, 1);
+    // Order in the journal: failure -> node_excluded -> requeue -> the next attempt's start.
+    let order: Vec<String> = recs
+        .iter()
+        .filter(|r| {
+            ["judgment", "node_excluded", "requeue"].contains(&r.kind.as_str())
+                || (r.kind == "rank_start" && r.attempt == 1)
+        })
+        .map(|r| r.kind.clone())
+        .collect();
+    assert_eq!(
+        order[..3],
+        ["judgment", "node_excluded", "requeue"],
+        "{order:?}"
+    );
+    assert!(
+        job.output().contains("resumed from checkpoint at step 5"),
+        "{}",
+        job.output()
+    );
+    let end = job.kinds("job_end");
+    assert_eq!(
+        end.last()
+            .unwrap()
+            .get("exit_code")
+            .and_then(|v| v.as_i64()),
+        Some(0)
+    );
+    // Secondary failures of the peers were recorded, not blamed.
+    assert!(!judgment[0]
+        .get("secondary")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn user_code_error_is_not_requeued() {
+    let _g = lock();
+    let job = submit(
+        "",
+        "--fault traceback --fault-rank 1 --fault-step 6 --fault-attempts all",
+    );
+    let state = job.wait_final(Duration::from_secs(180));
+    assert_eq!(state, "FAILED", "{}", job.output());
+    assert_eq!(job.show().restarts, 0);
+    let judgment = job.kinds("judgment");
+    assert_eq!(judgment[0].str("class"), Some("user_error"), "{judgment:?}");
+    assert_eq!(judgment[0].u64("primary_rank"), Some(1));
+    assert!(job.kinds("requeue").is_empty());
+    let end = job.kinds("job_end");
+    assert!(
+        end[0].str("reason").unwrap().starts_with("user error"),
+        "{end:?}"
+    );
+    assert!(job.output().contains("KeyError: 'model'"));
+}
+
+#[test]
+fn a_crash_loop_stops_requeueing() {
+    let _g = lock();
+    let job = submit(
+        "--max-restarts 3",
+        "--fault kill --fault-rank 1 --fault-step 8 --fault-attempts all",
+    );
+    let state = job.wait_final(Duration::from_secs(300));
+    assert_eq!(state, "FAILED", "{}", job.output());
+    assert_eq!(
+        job.show().restarts,
+        1,
+        "one requeue, then the loop is recognised"
+    );
+    let decisions = job.kinds("decision");
+    assert_eq!(decisions.len(), 2);
+    let last = job.kinds("job_end");
+    assert!(
+        last.last()
+            .unwrap()
+            .str("reason")
+            .unwrap()
+            .starts_with("crash loop"),
+        "{last:?}"
+    );
+}
+
+#[test]
+fn a_hang_is_detected_diagnosed_and_requeued() {
+    let _g = lock();
+    let job = submit(
+        "",
+        "--fault hang --fault-rank 1 --fault-step 8 --fault-attempts 0",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    assert_eq!(state, "COMPLETED", "{}", job.output());
+    let recs = job.records();
+    // Lockstep: the peers wait in the collective and stall with the hung rank;
+    // every rank that declared a stall gathered its diagnostics before it was
+    // stopped, even when srun was already tearing the step down.
+    let stalled: Vec<Option<u32>> = recs
+        .iter()
+        .filter(|r| r.kind == "stall" && r.attempt == 0)
+        .map(|r| r.rank)
+        .collect();
+    assert!(!stalled.is_empty());
+    for rank in &stalled {
+        assert!(
+            recs.iter()
+                .any(|r| r.kind == "diagnostics" && r.attempt == 0 && r.rank == *rank),
+            "rank {rank:?} stalled without diagnostics: {recs:#?}"
+        );
+    }
+    let judgment = job.kinds("judgment");
+    assert_eq!(judgment[0].str("class"), Some("hang"), "{judgment:?}");
+    assert_eq!(job.kinds("requeue").len(), 1);
+    assert_eq!(job.show().restarts, 1);
+}
+
+#[test]
+fn the_adapter_against_the_real_cluster() {
+    let _g = lock();
+    testbed();
+    use resilio::slurm::{Slurm, SlurmCli};
+    let cli = SlurmCli::default();
+    // A pending job (its start an hour away) can have its exclusions changed.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let out = run(
+        "sbatch",
+        &[
+            "--parsable",
+            "--requeue",
+            "-N1",
+            "--begin=now+1hour",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ],
+    );
+    let id = out.trim().to_string();
+    let all = cli.exclude_more(&id, &["n3".into(), "n4".into()]).unwrap();
+    assert_eq!(all, ["n3", "n4"]);
+    let info = cli.show_job(&id).unwrap();
+    assert_eq!(info.excluded, ["n3", "n4"]);
+    assert_eq!(info.state, "PENDING");
+    assert!(info.requeue);
+    let q = cli.queue(&id).unwrap();
+    assert_eq!(q[0].state, "PENDING");
+    let _ = Command::new("scancel").arg(&id).status();
+    // Errors from Slurm come back as one line.
+    let err = cli.requeue("999999").unwrap_err().to_string();
+    assert!(err.contains("scontrol requeue 999999 failed"), "{err}");
+    drop(dir);
+    // srun gives each task its node and the torchrun variables.
+    let out = run(
+        "srun",
+        &[
+            "-N4",
+            "--ntasks-per-node=1",
+            env!("CARGO_BIN_EXE_resilio"),
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo $RANK $WORLD_SIZE $NODE_RANK $MASTER_ADDR $(hostname)",
+        ],
+    );
+    let mut lines: Vec<&str> = out.lines().collect();
+    lines.sort();
+    assert_eq!(lines.len(), 4, "{out}");
+    for (i, l) in lines.iter().enumerate() {
+        let f: Vec<&str> = l.split(' ').collect();
+        assert_eq!(f[0], i.to_string(), "{out}");
+        assert_eq!(f[1], "4");
+        assert_eq!(f[3], "n1");
+        assert_eq!(f[4], format!("n{}", i + 1), "{out}");
+    }
+}
+
+#[allow(dead_code)]
+fn exists(p: &Path) -> bool {
+    p.exists()
+}
