@@ -372,6 +372,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     // state (SIGCHLD, diagnostics done) and, while draining, once a second.
     let mut reap_due = true;
     let mut children_left = true;
+    // Slurm's pre-timeout signal: (asked at, its wall time, stop-the-step deadline).
+    let mut pre_timeout: Option<(Instant, DateTime<Utc>, Instant)> = None;
+    let mut pre_timeout_done = false;
+    let child_is_srun = opts
+        .argv
+        .first()
+        .and_then(|p| std::path::Path::new(p).file_name())
+        .is_some_and(|n| n == "srun");
     loop {
         if reap_due {
             reap_due = false;
@@ -411,7 +419,8 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         tx.wake_for_steps_before(step_wake);
         // A step queued just before the threshold moved is drained now.
         let early = step_wake.is_some_and(|t| tx.has_steps_before(t));
-        let mut wake = if monitoring {
+        let waiting_checkpoint = batch_level && pre_timeout.is_some() && !pre_timeout_done;
+        let mut wake = if monitoring && !waiting_checkpoint {
             policy.deadline().min(
                 now + cfg
                     .journal_progress_interval
@@ -455,8 +464,8 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 if stop.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
             }
             _ = s_hup.recv() => forward(&mut journal, pid, Signal::SIGHUP),
-            _ = s_usr1.recv() => forward(&mut journal, pid, Signal::SIGUSR1),
-            _ = s_usr2.recv() => forward(&mut journal, pid, Signal::SIGUSR2),
+            _ = s_usr1.recv() => on_user_signal(Signal::SIGUSR1, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
+            _ = s_usr2.recv() => on_user_signal(Signal::SIGUSR2, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
             _ = s_cont.recv() => forward(&mut journal, pid, Signal::SIGCONT),
             _ = tx.woken() => {}
             _ = std::future::ready(()), if early => {}
@@ -514,6 +523,36 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
                     let _ = dtx.send(d);
                 });
+            }
+        }
+        if batch_level && main_exit.is_none() && !pre_timeout_done {
+            if let Some((_, asked_wall, deadline)) = pre_timeout {
+                let done = journal::read_job(&job_dir).ok().and_then(|j| {
+                    j.records
+                        .iter()
+                        .find(|r| {
+                            r.kind == "checkpoint_done"
+                                && r.attempt == id.attempt
+                                && r.ts >= asked_wall
+                        })
+                        .map(|r| r.u64("step"))
+                });
+                if done.is_some() || now >= deadline {
+                    pre_timeout_done = true;
+                    journal.record(
+                        "stop",
+                        json!({
+                            "reason": "pre_timeout",
+                            "signal": "SIGTERM",
+                            "checkpoint_step": done.flatten(),
+                            "checkpoint_confirmed": done.is_some(),
+                        }),
+                        true,
+                    );
+                    process::signal_group(pid, Signal::SIGTERM);
+                    stop = Some(StopReason::Signal("pre-timeout"));
+                    kill_at.get_or_insert(now + grace);
+                }
             }
         }
         if !killed {
@@ -643,6 +682,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             verdict: &verdict,
             tail: &tail_lines,
             node: &id.node,
+            pre_timeout: pre_timeout.is_some(),
         };
         let cli = crate::slurm::SlurmCli::default();
         return Ok(crate::supervisor::after_attempt(
@@ -659,6 +699,51 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         journal.record("job_end", json!({ "exit_code": code }), true);
     }
     Ok(code)
+}
+
+/// SIGUSR1/SIGUSR2: Slurm's pre-timeout signal inside a job becomes a
+/// checkpoint request; anything else is forwarded as it is.
+#[allow(clippy::too_many_arguments)]
+fn on_user_signal(
+    sig: Signal,
+    cfg: &Config,
+    slurm: &crate::slurm::SlurmContext,
+    batch_level: bool,
+    child_is_srun: bool,
+    journal: &mut Writer,
+    pid: Pid,
+    pre_timeout: &mut Option<(Instant, DateTime<Utc>, Instant)>,
+) {
+    if !slurm.in_job() || sig != cfg.pre_timeout_signal {
+        forward(journal, pid, sig);
+        return;
+    }
+    // srun relays the signal to every task, whose agents ask their trainers;
+    // a trainer run directly is asked here.
+    let relay = batch_level && child_is_srun;
+    let sent = if relay {
+        process::signal_group(pid, sig);
+        Some(sig)
+    } else {
+        if let Some(ck) = cfg.checkpoint_signal {
+            process::signal_group(pid, ck);
+        }
+        cfg.checkpoint_signal
+    };
+    journal.record(
+        "checkpoint_requested",
+        json!({
+            "reason": "pre_timeout",
+            "received": sig.as_str(),
+            "sent": sent.map(|s| s.as_str()),
+            "relayed_to_srun": relay,
+        }),
+        true,
+    );
+    if batch_level && pre_timeout.is_none() {
+        let now = Instant::now();
+        *pre_timeout = Some((now, Utc::now(), now + cfg.checkpoint_wait));
+    }
 }
 
 fn forward(journal: &mut Writer, pid: Pid, sig: Signal) {

@@ -113,6 +113,13 @@ pub struct Config {
     pub journal_progress_interval: Duration,
     /// Output patterns that classify a rank's failure.
     pub failure_patterns: crate::policy::failure::Patterns,
+    /// Signal that asks the trainer for a checkpoint now (`None`: do not signal).
+    pub checkpoint_signal: Option<nix::sys::signal::Signal>,
+    /// How long the job-level supervisor waits for `checkpoint_done` after a
+    /// pre-timeout signal before it stops the step for the requeue.
+    pub checkpoint_wait: Duration,
+    /// The signal Slurm sends before the time limit (`sbatch --signal=B:USR1@N`).
+    pub pre_timeout_signal: nix::sys::signal::Signal,
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -158,6 +165,9 @@ impl Default for Config {
             },
             journal_progress_interval: Duration::from_secs(10),
             failure_patterns: crate::policy::failure::Patterns::defaults(),
+            checkpoint_signal: Some(nix::sys::signal::Signal::SIGUSR2),
+            checkpoint_wait: Duration::from_secs(120),
+            pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
         }
     }
 }
@@ -179,6 +189,24 @@ struct FileConfig {
     journal: JournalSection,
     #[serde(default)]
     failure: FailureSection,
+    #[serde(default)]
+    checkpoint: CheckpointSection,
+    #[serde(default)]
+    slurm: SlurmSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CheckpointSection {
+    signal: Option<Spanned<String>>,
+    #[serde(default, with = "serde_text::option")]
+    wait: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct SlurmSection {
+    pre_timeout_signal: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -423,6 +451,21 @@ impl Config {
         }
         if let Some(i) = file.journal.progress_interval {
             self.journal_progress_interval = i;
+        }
+        if let Some(sig) = file.checkpoint.signal {
+            let value = sig.get_ref().trim();
+            self.checkpoint_signal = if value.is_empty() || value == "none" {
+                None
+            } else {
+                Some(parse_signal(value).map_err(|m| err_at(sig.span().start, m))?)
+            };
+        }
+        if let Some(w) = file.checkpoint.wait {
+            self.checkpoint_wait = w;
+        }
+        if let Some(sig) = file.slurm.pre_timeout_signal {
+            self.pre_timeout_signal =
+                parse_signal(sig.get_ref()).map_err(|m| err_at(sig.span().start, m))?;
         }
         let f = file.failure;
         for (field, what, target) in [

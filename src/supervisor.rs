@@ -25,6 +25,8 @@ pub struct StepEnd<'a> {
     /// The child's last output lines (srun's `srun: error:` lines are here).
     pub tail: &'a [String],
     pub node: &'a str,
+    /// Slurm's pre-timeout signal arrived during the attempt.
+    pub pre_timeout: bool,
 }
 
 fn class_of(name: &str) -> Option<Class> {
@@ -248,7 +250,15 @@ pub fn after_attempt(
         }
     };
     let earlier = earlier_outcomes(&records, attempt);
-    let action = restart::decide(&outcome, &earlier, max_restarts, requeue_allowed);
+    let action = if outcome.class == Class::Preempted && !step.pre_timeout {
+        // Stopped from outside with no warning: scancel, or a time limit the
+        // job did not ask to be warned of. Requeueing would undo a cancel.
+        Action::Stop {
+            reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
+        }
+    } else {
+        restart::decide(&outcome, &earlier, max_restarts, requeue_allowed)
+    };
     journal.record(
         "decision",
         json!({ "outcome": outcome, "decision": action }),
@@ -414,6 +424,7 @@ mod tests {
             verdict: &v,
             tail: &tail,
             node: "n1",
+            pre_timeout: false,
         };
         let code = after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
         assert_eq!(code, 137);
@@ -464,6 +475,7 @@ mod tests {
             verdict: &v,
             tail: &[],
             node: "n1",
+            pre_timeout: false,
         };
         assert_eq!(
             after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w),
@@ -491,6 +503,7 @@ mod tests {
                 verdict: &v,
                 tail: &[],
                 node: "n1",
+                pre_timeout: false,
             };
             after_attempt(state.path(), "77", attempt, &step, 3, &f, &mut w);
         }
@@ -528,11 +541,41 @@ mod tests {
             verdict: &v,
             tail: &[],
             node: "n1",
+            pre_timeout: false,
         };
         after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
         let end = recs.iter().find(|r| r.kind == "job_end").unwrap();
         assert!(end.str("reason").unwrap().contains("--requeue"));
+    }
+
+    #[test]
+    fn a_stop_from_outside_is_requeued_only_after_the_pre_timeout_signal() {
+        for (pre_timeout, requeued) in [(false, false), (true, true)] {
+            let state = tempfile::tempdir().unwrap();
+            let dir = journal::job_dir(state.path(), "77");
+            rank_exit(&dir, 0, "n1", 0, "preempted", None, 30);
+            let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
+            let v = Verdict {
+                class: Class::Preempted,
+                reason: "stopped".into(),
+                evidence: None,
+            };
+            let f = fake(true);
+            let step = StepEnd {
+                exit_code: 143,
+                verdict: &v,
+                tail: &[],
+                node: "n1",
+                pre_timeout,
+            };
+            after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
+            assert_eq!(
+                f.calls().iter().any(|c| c.starts_with("requeue")),
+                requeued,
+                "pre_timeout {pre_timeout}"
+            );
+        }
     }
 
     #[test]

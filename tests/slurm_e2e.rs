@@ -109,6 +109,11 @@ impl Job {
 
 /// Submit a 3-node job running the lockstep trainer with `trainer_args`.
 fn submit(resilio_opts: &str, trainer_args: &str) -> Job {
+    submit_with("-t 10", resilio_opts, trainer_args)
+}
+
+/// The same with other sbatch options (`-t 2 --signal=B:USR1@100`).
+fn submit_with(sbatch_opts: &str, resilio_opts: &str, trainer_args: &str) -> Job {
     testbed();
     let dir = tempfile::Builder::new()
         .prefix("resilio-e2e-")
@@ -120,10 +125,10 @@ fn submit(resilio_opts: &str, trainer_args: &str) -> Job {
     let script = format!(
         "#!/bin/bash\n\
          #SBATCH -N 3\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
-         #SBATCH -o {d}/job-%j.out\n#SBATCH -t 10\n\
+         #SBATCH -o {d}/job-%j.out\n#SBATCH {sbatch_opts}\n\
          export RESILIO_STATE_DIR={d}/state\n\
          exec {bin} run {resilio_opts} -- srun --kill-on-bad-exit=1 {bin} run --stall-timeout 4s --kill-grace 2s -- \
-         python3 {} --ckpt-dir {d}/ckpt --total 20 --step-time 0.2 {trainer_args}\n",
+         python3 {} --ckpt-dir {d}/ckpt {trainer_args}\n",
         trainer.display()
     );
     let path = dir.path().join("job.sbatch");
@@ -152,7 +157,7 @@ fn node_failure_excludes_the_node_requeues_and_resumes() {
     let _g = lock();
     let job = submit(
         "",
-        "--fault kill --fault-rank 1 --fault-step 8 --fault-attempts 0",
+        "--total 20 --step-time 0.2 --fault kill --fault-rank 1 --fault-step 8 --fault-attempts 0",
     );
     let state = job.wait_final(Duration::from_secs(240));
     let recs = job.records();
@@ -226,7 +231,7 @@ fn user_code_error_is_not_requeued() {
     let _g = lock();
     let job = submit(
         "",
-        "--fault traceback --fault-rank 1 --fault-step 6 --fault-attempts all",
+        "--total 20 --step-time 0.2 --fault traceback --fault-rank 1 --fault-step 6 --fault-attempts all",
     );
     let state = job.wait_final(Duration::from_secs(180));
     assert_eq!(state, "FAILED", "{}", job.output());
@@ -248,7 +253,7 @@ fn a_crash_loop_stops_requeueing() {
     let _g = lock();
     let job = submit(
         "--max-restarts 3",
-        "--fault kill --fault-rank 1 --fault-step 8 --fault-attempts all",
+        "--total 20 --step-time 0.2 --fault kill --fault-rank 1 --fault-step 8 --fault-attempts all",
     );
     let state = job.wait_final(Duration::from_secs(300));
     assert_eq!(state, "FAILED", "{}", job.output());
@@ -275,7 +280,7 @@ fn a_hang_is_detected_diagnosed_and_requeued() {
     let _g = lock();
     let job = submit(
         "",
-        "--fault hang --fault-rank 1 --fault-step 8 --fault-attempts 0",
+        "--total 20 --step-time 0.2 --fault hang --fault-rank 1 --fault-step 8 --fault-attempts 0",
     );
     let state = job.wait_final(Duration::from_secs(240));
     assert_eq!(state, "COMPLETED", "{}", job.output());
@@ -300,6 +305,52 @@ fn a_hang_is_detected_diagnosed_and_requeued() {
     assert_eq!(judgment[0].str("class"), Some("hang"), "{judgment:?}");
     assert_eq!(job.kinds("requeue").len(), 1);
     assert_eq!(job.show().restarts, 1);
+}
+
+#[test]
+fn time_limit_checkpoints_then_requeues() {
+    let _g = lock();
+    // A 2-minute limit with USR1 to the batch script 100 s before it (Slurm
+    // checks every ~30 s, so it lands 20-50 s into the run); 60 s of work.
+    let job = submit_with(
+        "-t 2 --signal=B:USR1@100",
+        "",
+        "--total 120 --step-time 0.5 --ckpt-every 1000",
+    );
+    let state = job.wait_final(Duration::from_secs(420));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    assert!(job.show().restarts >= 1);
+    let first: Vec<&Record> = recs.iter().filter(|r| r.attempt == 0).collect();
+    let pos = |kind: &str| first.iter().position(|r| r.kind == kind);
+    let asked =
+        pos("checkpoint_requested").expect("checkpoint requested on the pre-timeout signal");
+    let done = pos("checkpoint_done").expect("checkpoint_done after the request");
+    let stop = first
+        .iter()
+        .position(|r| r.kind == "stop" && r.str("reason") == Some("pre_timeout"))
+        .expect("step stopped for the requeue");
+    let requeue = pos("requeue").expect("requeued");
+    assert!(
+        asked < done && done < stop && stop < requeue,
+        "order: {asked} {done} {stop} {requeue}"
+    );
+    assert_eq!(
+        first[stop]
+            .get("checkpoint_confirmed")
+            .and_then(|v| v.as_bool()),
+        Some(true)
+    );
+    // The ranks were asked with SIGUSR2, not NCCL's SIGUSR1.
+    assert!(first.iter().any(|r| r.kind == "checkpoint_requested"
+        && r.rank.is_some()
+        && r.str("sent") == Some("SIGUSR2")));
+    let judgment = first.iter().find(|r| r.kind == "judgment").unwrap();
+    assert_eq!(judgment.str("class"), Some("preempted"));
+    assert!(job
+        .output()
+        .contains("checkpoint requested: saving at step"));
+    assert!(job.output().contains("resumed from checkpoint at step"));
 }
 
 #[test]

@@ -3,7 +3,8 @@
 //! they reach a command line.
 
 use super::{
-    hostlist, validate_job_id, AcctRecord, JobInfo, NodeState, QueueEntry, Slurm, SlurmError,
+    hostlist, validate_job_id, AcctRecord, JobInfo, NodeInfo, NodeState, QueueEntry, Slurm,
+    SlurmError,
 };
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -136,6 +137,22 @@ pub fn parse_sacct(text: &str) -> Vec<AcctRecord> {
         .collect()
 }
 
+/// Parse `sinfo -h -N -o %N|%T|%E`.
+pub fn parse_sinfo_nodes(text: &str) -> Vec<NodeInfo> {
+    let mut out: Vec<NodeInfo> = Vec::new();
+    for l in text.lines() {
+        let f: Vec<&str> = l.splitn(3, '|').collect();
+        if f.len() == 3 && !out.iter().any(|n| n.name == f[0]) {
+            out.push(NodeInfo {
+                name: f[0].trim().into(),
+                state: f[1].trim().into(),
+                reason: f[2].trim().into(),
+            });
+        }
+    }
+    out
+}
+
 /// Parse `squeue -h -o %i|%T|%N|%r`.
 pub fn parse_squeue(text: &str) -> Vec<QueueEntry> {
     text.lines()
@@ -257,6 +274,18 @@ impl Slurm for SlurmCli {
         ))
     }
 
+    fn node_states(&self, nodes: &[String]) -> Result<Vec<NodeInfo>, SlurmError> {
+        nodes.iter().try_for_each(|n| check_node(n))?;
+        if nodes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = hostlist::compress(nodes);
+        Ok(parse_sinfo_nodes(&self.run(
+            "sinfo",
+            &["-h", "-N", "-n", &list, "-o", "%N|%T|%E"],
+        )?))
+    }
+
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         check_job(job)?;
         Ok(parse_sacct(&self.run(
@@ -310,6 +339,11 @@ mod tests {
         assert_eq!(a.len(), 2);
         assert_eq!(a[0].state, "REQUEUED");
         assert_eq!(a[1].nodes, ["n1", "n3", "n4"]);
+        let n = parse_sinfo_nodes(
+            "n2|down*|Not responding\nn2|down*|Not responding\nn3|allocated|none\n",
+        );
+        assert_eq!(n.len(), 2);
+        assert!(n[0].is_failed() && !n[1].is_failed());
         let q = parse_squeue("17|PENDING||BeginTime\n");
         assert_eq!(q[0].state, "PENDING");
         assert!(q[0].nodes.is_empty());

@@ -1,7 +1,7 @@
 //! An in-memory Slurm for unit tests of the decision logic: jobs, node
 //! states, and a log of every call, with injectable failures.
 
-use super::{AcctRecord, JobInfo, NodeState, QueueEntry, Slurm, SlurmError};
+use super::{AcctRecord, JobInfo, NodeInfo, NodeState, QueueEntry, Slurm, SlurmError};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -11,6 +11,8 @@ pub struct FakeSlurm {
     pub jobs: Mutex<BTreeMap<String, JobInfo>>,
     pub nodes: Mutex<BTreeMap<String, NodeState>>,
     pub acct: Mutex<BTreeMap<String, Vec<AcctRecord>>>,
+    /// `sinfo -N` answers (nodes not listed are idle).
+    pub node_info: Mutex<BTreeMap<String, NodeInfo>>,
     pub calls: Mutex<Vec<String>>,
     /// Calls (by first word) that fail with this message.
     pub failing: Mutex<BTreeMap<String, String>>,
@@ -114,6 +116,21 @@ impl Slurm for FakeSlurm {
             nodes: j.nodes,
             reason: j.reason,
         }])
+    }
+
+    fn node_states(&self, nodes: &[String]) -> Result<Vec<NodeInfo>, SlurmError> {
+        self.call("node_states", nodes.join(","))?;
+        let known = self.node_info.lock().unwrap();
+        Ok(nodes
+            .iter()
+            .map(|n| {
+                known.get(n).cloned().unwrap_or(NodeInfo {
+                    name: n.clone(),
+                    state: "idle".into(),
+                    reason: String::new(),
+                })
+            })
+            .collect())
     }
 
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {

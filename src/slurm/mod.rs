@@ -43,6 +43,26 @@ pub struct AcctRecord {
     pub end: String,
 }
 
+/// A node as `sinfo -N` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeInfo {
+    pub name: String,
+    /// `idle`, `alloc`, `down*`, `drain`, ... (`*`: not responding).
+    pub state: String,
+    pub reason: String,
+}
+
+impl NodeInfo {
+    /// Down, not responding, or failing: a node that failed under a job.
+    pub fn is_failed(&self) -> bool {
+        let s = self.state.to_ascii_lowercase();
+        s.ends_with('*')
+            || s.starts_with("down")
+            || s.starts_with("fail")
+            || s.contains("not_responding")
+    }
+}
+
 /// A line of `squeue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct QueueEntry {
@@ -91,6 +111,8 @@ pub trait Slurm {
     fn queue(&self, job: &str) -> Result<Vec<QueueEntry>, SlurmError>;
     /// `sacct -D` for one job: every attempt.
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError>;
+    /// State and reason of each node (`sinfo -N`).
+    fn node_states(&self, nodes: &[String]) -> Result<Vec<NodeInfo>, SlurmError>;
 
     /// Add `nodes` to what the job already excludes; returns the new list.
     fn exclude_more(&self, job: &str, nodes: &[String]) -> Result<Vec<String>, SlurmError> {
