@@ -257,8 +257,17 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     if single_rank_job {
         journal.record(
             "job_start",
-            json!({ "world_size": 1, "mode": "single" }),
+            json!({ "world_size": id.world_size, "mode": if batch_level { "batch" } else { "single" } }),
             false,
+        );
+    }
+    if batch_level {
+        crate::supervisor::reconcile_previous(
+            &cfg.state_dir,
+            &id.job,
+            id.attempt,
+            &crate::slurm::SlurmCli::default(),
+            &mut journal,
         );
     }
     let spawned = match process::spawn(&opts.argv, &env) {
@@ -374,6 +383,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let mut children_left = true;
     // Slurm's pre-timeout signal: (asked at, its wall time, stop-the-step deadline).
     let mut pre_timeout: Option<(Instant, DateTime<Utc>, Instant)> = None;
+    // In a step, Slurm's process tracking delivers srun's signals to every
+    // process of the step, the trainer included: forwarding would double them.
+    let slurm_delivers = slurm.in_step() && !cfg.slurm_forward_signals;
     let mut pre_timeout_done = false;
     let child_is_srun = opts
         .argv
@@ -442,8 +454,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     // soon as it is done, within the grace.
                     journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
                 } else {
-                    process::signal_group(pid, Signal::SIGTERM);
-                    journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": true }), false);
+                    forward_unless(&mut journal, pid, Signal::SIGTERM, slurm_delivers);
                     kill_at.get_or_insert(Instant::now() + grace);
                 }
                 if stop.is_none() { stop = Some(StopReason::Signal("SIGTERM")); }
@@ -457,16 +468,15 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 } else if diag_pending {
                     journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
                 } else {
-                    process::signal_group(pid, Signal::SIGINT);
-                    journal.record("signal", json!({ "signal": "SIGINT", "forwarded": true }), false);
+                    forward_unless(&mut journal, pid, Signal::SIGINT, slurm_delivers);
                     kill_at.get_or_insert(Instant::now() + grace);
                 }
                 if stop.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
             }
-            _ = s_hup.recv() => forward(&mut journal, pid, Signal::SIGHUP),
+            _ = s_hup.recv() => forward_unless(&mut journal, pid, Signal::SIGHUP, slurm_delivers),
             _ = s_usr1.recv() => on_user_signal(Signal::SIGUSR1, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
             _ = s_usr2.recv() => on_user_signal(Signal::SIGUSR2, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
-            _ = s_cont.recv() => forward(&mut journal, pid, Signal::SIGCONT),
+            _ = s_cont.recv() => forward_unless(&mut journal, pid, Signal::SIGCONT, slurm_delivers),
             _ = tx.woken() => {}
             _ = std::future::ready(()), if early => {}
             Some(d) = diag_rx.recv(), if diag_pending => {
@@ -701,8 +711,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     Ok(code)
 }
 
-/// SIGUSR1/SIGUSR2: Slurm's pre-timeout signal inside a job becomes a
-/// checkpoint request; anything else is forwarded as it is.
+/// SIGUSR1/SIGUSR2. In a batch script, Slurm's pre-timeout signal becomes a
+/// checkpoint request: the checkpoint signal goes to srun, which delivers it
+/// to every process of the step (trainers included), or straight to a
+/// trainer the script runs itself. In a step, the checkpoint signal is
+/// journaled as a request (Slurm delivered it to the trainer already).
+/// Anything else is forwarded (or, in a step, left to Slurm's delivery).
 #[allow(clippy::too_many_arguments)]
 fn on_user_signal(
     sig: Signal,
@@ -714,35 +728,52 @@ fn on_user_signal(
     pid: Pid,
     pre_timeout: &mut Option<(Instant, DateTime<Utc>, Instant)>,
 ) {
-    if !slurm.in_job() || sig != cfg.pre_timeout_signal {
-        forward(journal, pid, sig);
-        return;
-    }
-    // srun relays the signal to every task, whose agents ask their trainers;
-    // a trainer run directly is asked here.
-    let relay = batch_level && child_is_srun;
-    let sent = if relay {
-        process::signal_group(pid, sig);
-        Some(sig)
-    } else {
+    let slurm_delivers = slurm.in_step() && !cfg.slurm_forward_signals;
+    if batch_level && sig == cfg.pre_timeout_signal {
         if let Some(ck) = cfg.checkpoint_signal {
             process::signal_group(pid, ck);
         }
-        cfg.checkpoint_signal
-    };
-    journal.record(
-        "checkpoint_requested",
-        json!({
-            "reason": "pre_timeout",
-            "received": sig.as_str(),
-            "sent": sent.map(|s| s.as_str()),
-            "relayed_to_srun": relay,
-        }),
-        true,
-    );
-    if batch_level && pre_timeout.is_none() {
-        let now = Instant::now();
-        *pre_timeout = Some((now, Utc::now(), now + cfg.checkpoint_wait));
+        journal.record(
+            "checkpoint_requested",
+            json!({
+                "reason": "pre_timeout",
+                "received": sig.as_str(),
+                "sent": cfg.checkpoint_signal.map(|s| s.as_str()),
+                "via_srun": child_is_srun,
+            }),
+            true,
+        );
+        if pre_timeout.is_none() {
+            let now = Instant::now();
+            *pre_timeout = Some((now, Utc::now(), now + cfg.checkpoint_wait));
+        }
+        return;
+    }
+    if slurm.in_step() && Some(sig) == cfg.checkpoint_signal {
+        journal.record(
+            "checkpoint_requested",
+            json!({ "reason": "signal", "received": sig.as_str(), "sent": if slurm_delivers { None } else { Some(sig.as_str()) } }),
+            true,
+        );
+        if !slurm_delivers {
+            process::signal_group(pid, sig);
+        }
+        return;
+    }
+    forward_unless(journal, pid, sig, slurm_delivers);
+}
+
+/// Forward `sig` to the trainer's group, unless Slurm delivers it to every
+/// process of the step itself (then forwarding would deliver it twice).
+fn forward_unless(journal: &mut Writer, pid: Pid, sig: Signal, slurm_delivers: bool) {
+    if slurm_delivers {
+        journal.record(
+            "signal",
+            json!({ "signal": sig.as_str(), "forwarded": false, "delivered_by": "slurm" }),
+            false,
+        );
+    } else {
+        forward(journal, pid, sig);
     }
 }
 

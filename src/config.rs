@@ -120,6 +120,10 @@ pub struct Config {
     pub checkpoint_wait: Duration,
     /// The signal Slurm sends before the time limit (`sbatch --signal=B:USR1@N`).
     pub pre_timeout_signal: nix::sys::signal::Signal,
+    /// In a Slurm step, forward signals to the trainer too. Off by default:
+    /// Slurm's process tracking (cgroup, linuxproc) already delivers them to
+    /// every process of the step; sites with `ProctrackType=proctrack/pgid` turn it on.
+    pub slurm_forward_signals: bool,
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -168,6 +172,7 @@ impl Default for Config {
             checkpoint_signal: Some(nix::sys::signal::Signal::SIGUSR2),
             checkpoint_wait: Duration::from_secs(120),
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
+            slurm_forward_signals: false,
         }
     }
 }
@@ -207,6 +212,7 @@ struct CheckpointSection {
 #[serde(deny_unknown_fields)]
 struct SlurmSection {
     pre_timeout_signal: Option<Spanned<String>>,
+    forward_signals: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -466,6 +472,9 @@ impl Config {
         if let Some(sig) = file.slurm.pre_timeout_signal {
             self.pre_timeout_signal =
                 parse_signal(sig.get_ref()).map_err(|m| err_at(sig.span().start, m))?;
+        }
+        if let Some(b) = file.slurm.forward_signals {
+            self.slurm_forward_signals = b;
         }
         let f = file.failure;
         for (field, what, target) in [

@@ -248,9 +248,12 @@ pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
         .filter(|r| r.kind == "failure")
         .map(|r| Failure {
             ts: r.ts,
-            attempt: r.attempt,
+            attempt: r.u64("about_attempt").map_or(r.attempt, |a| a as u32),
             kind: r.str("failure_kind").unwrap_or("failure").to_string(),
-            node: r.node.clone(),
+            node: r
+                .str("blamed_node")
+                .map(str::to_string)
+                .or_else(|| r.node.clone()),
             rank: r.rank,
             cause: r.str("cause").unwrap_or("unknown").to_string(),
             exit_code: r.get("exit_code").and_then(Value::as_i64),

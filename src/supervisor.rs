@@ -88,9 +88,11 @@ pub fn srun_failures(tail: &[String], at: f64) -> Vec<RankFailure> {
         let code: Option<i32> = what
             .strip_prefix("Exited with exit code ")
             .and_then(|c| c.trim().parse().ok());
+        // An agent that reports 137 saw its trainer SIGKILLed; a task that
+        // was itself "Killed" or "Terminated" is srun tearing the step down.
         let class = match (code, what) {
-            (Some(137), _) | (_, "Killed") => Class::Infrastructure,
-            (_, w) if w.starts_with("Terminated") => Class::Secondary,
+            (Some(137), _) => Class::Infrastructure,
+            (_, w) if w.starts_with("Terminated") || w.starts_with("Killed") => Class::Secondary,
             _ => Class::UserError,
         };
         out.push(RankFailure {
@@ -129,9 +131,16 @@ pub fn judge_attempt(
             })
         })
         .collect();
-    // Ranks journaled by their agents are known; srun adds the silent ones.
+    // Ranks journaled by their agents are known; srun adds the silent ones
+    // (unless the supervisor stopped the step itself: then srun's lines are
+    // the teardown it asked for).
     let now = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
-    for f in srun_failures(step.tail, now) {
+    let srun_lines = if step.pre_timeout {
+        Vec::new()
+    } else {
+        srun_failures(step.tail, now)
+    };
+    for f in srun_lines {
         if !failures
             .iter()
             .any(|g| g.rank == f.rank && f.rank != u32::MAX)
@@ -152,15 +161,21 @@ pub fn judge_attempt(
     (failures, judgment)
 }
 
+/// The attempt a record is about: `about_attempt` when a later attempt
+/// recorded it (a reconstructed decision), else its own.
+fn about(r: &Record) -> u32 {
+    r.u64("about_attempt").map_or(r.attempt, |a| a as u32)
+}
+
 /// The outcomes of earlier attempts, from their `decision` records.
 pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome> {
     records
         .iter()
-        .filter(|r| r.kind == "decision" && r.attempt < attempt)
+        .filter(|r| r.kind == "decision" && about(r) < attempt)
         .filter_map(|r| {
             let o = r.get("outcome")?;
             Some(AttemptOutcome {
-                attempt: r.attempt,
+                attempt: about(r),
                 class: class_of(o.get("class")?.as_str()?)?,
                 signature: o.get("signature")?.as_str()?.to_string(),
                 last_step: o.get("last_step").and_then(|v| v.as_u64()),
@@ -176,6 +191,193 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
             })
         })
         .collect()
+}
+
+/// Never exclude so many nodes that the job could not run again: keep the
+/// exclusion only while enough healthy nodes remain for the job's size.
+fn schedulable_exclusion(
+    slurm: &dyn Slurm,
+    job: &str,
+    exclude: Vec<String>,
+    journal: &mut Writer,
+) -> Vec<String> {
+    if exclude.is_empty() {
+        return exclude;
+    }
+    let (Ok(info), Ok(all)) = (slurm.show_job(job), slurm.all_nodes()) else {
+        return exclude;
+    };
+    if info.num_nodes == 0 || all.is_empty() {
+        return exclude;
+    }
+    let usable = |excl: &[String]| {
+        all.iter()
+            .filter(|n| {
+                !n.is_failed() && !info.excluded.contains(&n.name) && !excl.contains(&n.name)
+            })
+            .count() as u32
+    };
+    let mut kept = exclude.clone();
+    while !kept.is_empty() && usable(&kept) < info.num_nodes {
+        kept.pop();
+    }
+    if kept.len() < exclude.len() {
+        journal.record(
+            "exclusion_limited",
+            json!({
+                "wanted": exclude,
+                "kept": kept,
+                "reason": format!("the job needs {} node(s); excluding more would leave it unschedulable", info.num_nodes),
+            }),
+            true,
+        );
+    }
+    kept
+}
+
+/// At the start of a later attempt, every earlier attempt is recorded as
+/// Slurm saw it (`sacct -D`, and the current state of its nodes) in a
+/// `previous_attempt` record. Attempts that ended with no decision in the
+/// journal (the node holding the batch script crashed, or Slurm requeued the
+/// job itself after a node failure) also get a `failure` and a `decision`, so
+/// that reports, blame and the crash-loop guard see them.
+pub fn reconcile_previous(
+    state_dir: &Path,
+    job: &str,
+    attempt: u32,
+    slurm: &dyn Slurm,
+    journal: &mut Writer,
+) {
+    if attempt == 0 {
+        return;
+    }
+    let records = journal::read_job(&journal::job_dir(state_dir, job))
+        .map(|j| j.records)
+        .unwrap_or_default();
+    let decided: Vec<u32> = records
+        .iter()
+        .filter(|r| r.kind == "decision")
+        .map(about)
+        .collect();
+    let seen: Vec<u32> = records
+        .iter()
+        .filter(|r| r.kind == "previous_attempt")
+        .map(about)
+        .collect();
+    // Every earlier attempt is recorded as Slurm saw it; those nobody decided
+    // on (the supervisor died with its node) also get a failure and decision.
+    let missing: Vec<u32> = (0..attempt).filter(|a| !seen.contains(a)).collect();
+    if missing.is_empty() {
+        return;
+    }
+    let mut rows = match slurm.accounting(job) {
+        Ok(rows) => rows,
+        Err(e) => {
+            journal.record(
+                "previous_attempt_unknown",
+                json!({ "attempts": missing, "error": e.to_string() }),
+                false,
+            );
+            return;
+        }
+    };
+    // One allocation row per attempt, oldest first.
+    rows.retain(|r| !r.start.is_empty() && r.start != "Unknown" && r.start != "None");
+    rows.sort_by(|a, b| a.start.cmp(&b.start));
+    for a in missing {
+        let Some(row) = rows.get(a as usize) else {
+            continue;
+        };
+        let failed: Vec<crate::slurm::NodeInfo> = slurm
+            .node_states(&row.nodes)
+            .map(|v| v.into_iter().filter(|n| n.is_failed()).collect())
+            .unwrap_or_default();
+        let failed_names: Vec<String> = failed.iter().map(|n| n.name.clone()).collect();
+        let node_fail = row.state.starts_with("NODE_FAIL") || !failed.is_empty();
+        let class = if node_fail {
+            Class::Infrastructure
+        } else if row.state.starts_with("PREEMPTED") || row.state.starts_with("TIMEOUT") {
+            Class::Preempted
+        } else if row.state.starts_with("COMPLETED") {
+            Class::Clean
+        } else {
+            Class::Infrastructure
+        };
+        let evidence = format!(
+            "sacct: attempt {a} {} on {}{}",
+            row.state,
+            crate::slurm::hostlist::compress(&row.nodes),
+            failed
+                .iter()
+                .map(|n| format!("; {} {} ({})", n.name, n.state, n.reason))
+                .collect::<String>()
+        );
+        journal.record(
+            "previous_attempt",
+            json!({
+                "about_attempt": a,
+                "state": row.state,
+                "exit_code": row.exit_code,
+                "nodes": crate::slurm::hostlist::compress(&row.nodes),
+                "start": row.start,
+                "end": row.end,
+                "failed_nodes": failed_names,
+                "source": "sacct",
+            }),
+            true,
+        );
+        if decided.contains(&a) {
+            continue;
+        }
+        if class != Class::Clean {
+            journal.record(
+                "failure",
+                json!({
+                    "about_attempt": a,
+                    "failure_kind": if node_fail { "node_failure" } else { "slurm" },
+                    "class": class,
+                    "cause": if node_fail { "node failure" } else { row.state.as_str() },
+                    "blamed_node": failed_names.first(),
+                    "failed_nodes": failed_names,
+                    "evidence": evidence,
+                    "source": "sacct",
+                }),
+                true,
+            );
+        }
+        let last_step = records
+            .iter()
+            .filter(|r| r.attempt == a)
+            .filter_map(|r| {
+                r.u64("last_step")
+                    .or_else(|| (r.kind == "progress").then(|| r.u64("step")).flatten())
+            })
+            .max();
+        let outcome = AttemptOutcome {
+            attempt: a,
+            class,
+            signature: restart::signature_of(
+                class,
+                if node_fail {
+                    "node failure"
+                } else {
+                    &row.state
+                },
+            ),
+            last_step,
+            blamed_nodes: failed_names.clone(),
+        };
+        journal.record(
+            "decision",
+            json!({
+                "about_attempt": a,
+                "outcome": outcome,
+                "decision": { "action": "requeue", "reason": format!("requeued by Slurm ({})", row.state) },
+                "source": "sacct",
+            }),
+            true,
+        );
+    }
 }
 
 /// Judge, decide, journal, act. Returns the exit code resilio should exit with.
@@ -281,6 +483,7 @@ pub fn after_attempt(
             );
         }
         Action::Requeue { exclude, reason } => {
+            let exclude = schedulable_exclusion(slurm, job, exclude, journal);
             for node in &exclude {
                 journal.record(
                     "node_excluded",
@@ -294,7 +497,26 @@ pub fn after_attempt(
                 true,
             );
             eprintln!("resilio: requeueing job {job}: {reason}");
-            match slurm.requeue(job) {
+            let requeued = match slurm.requeue(job) {
+                Ok(()) => Ok(()),
+                // Slurm may have requeued the job itself (a node failure):
+                // the exclusion still applies to the next attempt.
+                Err(e) => match slurm.show_job(job) {
+                    Ok(info)
+                        if info.state.starts_with("PENDING")
+                            || info.state.starts_with("REQUEUE") =>
+                    {
+                        journal.record(
+                            "requeue",
+                            json!({ "by": "slurm", "state": info.state }),
+                            true,
+                        );
+                        Ok(())
+                    }
+                    _ => Err(e),
+                },
+            };
+            match requeued {
                 Err(e) => {
                     eprintln!("resilio: requeue of job {job} failed: {e}");
                     journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
@@ -432,6 +654,8 @@ mod tests {
             f.calls(),
             [
                 "show_job 77",
+                "show_job 77",
+                "all_nodes ",
                 "requeue 77",
                 "show_job 77",
                 "set_excluded 77 n9,n2"
@@ -579,6 +803,98 @@ mod tests {
     }
 
     #[test]
+    fn a_node_failure_slurm_handled_alone_is_reconstructed_from_sacct() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        let f = fake(true);
+        f.acct.lock().unwrap().insert(
+            "77".into(),
+            vec![
+                crate::slurm::AcctRecord {
+                    job_id: "77".into(),
+                    state: "RUNNING".into(),
+                    nodes: vec!["n1".into(), "n3".into(), "n4".into()],
+                    start: "2026-11-22T01:01:00".into(),
+                    ..Default::default()
+                },
+                crate::slurm::AcctRecord {
+                    job_id: "77".into(),
+                    state: "NODE_FAIL".into(),
+                    nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+                    start: "2026-11-22T01:00:00".into(),
+                    ..Default::default()
+                },
+            ],
+        );
+        f.node_info.lock().unwrap().insert(
+            "n2".into(),
+            crate::slurm::NodeInfo {
+                name: "n2".into(),
+                state: "down*".into(),
+                reason: "Not responding".into(),
+            },
+        );
+        rank_exit(
+            &dir,
+            0,
+            "n1",
+            0,
+            "secondary",
+            Some("Connection reset by peer"),
+            12,
+        );
+        let mut w = Writer::open(&dir, "batch.jsonl", 1, None, None);
+        reconcile_previous(state.path(), "77", 1, &f, &mut w);
+        let recs = journal::read_job(&dir).unwrap().records;
+        let prev = recs.iter().find(|r| r.kind == "previous_attempt").unwrap();
+        assert_eq!(prev.str("state"), Some("NODE_FAIL"));
+        let fail = recs.iter().find(|r| r.kind == "failure").unwrap();
+        assert_eq!(fail.str("blamed_node"), Some("n2"));
+        let earlier = earlier_outcomes(&recs, 1);
+        assert_eq!(earlier.len(), 1);
+        assert_eq!(
+            (earlier[0].attempt, earlier[0].class, earlier[0].last_step),
+            (0, Class::Infrastructure, Some(12))
+        );
+        assert_eq!(earlier[0].blamed_nodes, ["n2"]);
+        // Done once: a second call adds nothing.
+        let n = recs.len();
+        reconcile_previous(state.path(), "77", 1, &f, &mut w);
+        assert_eq!(journal::read_job(&dir).unwrap().records.len(), n);
+        // The report shows the failure on the node that failed, in attempt 0.
+        let r = crate::report::build("77", &recs, 0);
+        assert_eq!(r.failures[0].node.as_deref(), Some("n2"));
+        assert_eq!(r.failures[0].attempt, 0);
+    }
+
+    #[test]
+    fn exclusion_never_leaves_the_job_unschedulable() {
+        let f = FakeSlurm::with_job(JobInfo {
+            job_id: "5".into(),
+            num_nodes: 3,
+            requeue: true,
+            ..JobInfo::default()
+        });
+        for n in 1..=4 {
+            let name = format!("n{n}");
+            f.node_info.lock().unwrap().insert(
+                name.clone(),
+                crate::slurm::NodeInfo {
+                    name,
+                    state: "idle".into(),
+                    reason: String::new(),
+                },
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "batch.jsonl", 0, None, None);
+        let kept = schedulable_exclusion(&f, "5", vec!["n1".into(), "n2".into()], &mut w);
+        assert_eq!(kept, ["n1"]);
+        let recs = journal::read_job(dir.path()).unwrap().records;
+        assert_eq!(recs[0].kind, "exclusion_limited");
+    }
+
+    #[test]
     fn srun_lines_name_silent_ranks() {
         let f = srun_failures(
             &[
@@ -586,6 +902,7 @@ mod tests {
                 "srun: error: n1: task 0: Terminated".into(),
                 "srun: error: Node failure on n4".into(),
                 "srun: error: n2: task 1: Exited with exit code 1".into(),
+                "srun: error: n4: task 3: Killed".into(),
                 "noise".into(),
             ],
             1.0,
@@ -600,7 +917,8 @@ mod tests {
                 (2, "n3", Class::Infrastructure),
                 (0, "n1", Class::Secondary),
                 (u32::MAX, "n4", Class::Infrastructure),
-                (1, "n2", Class::UserError)
+                (1, "n2", Class::UserError),
+                (3, "n4", Class::Secondary)
             ]
         );
     }

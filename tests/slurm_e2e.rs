@@ -52,6 +52,18 @@ struct Job {
     dir: tempfile::TempDir,
 }
 
+impl Drop for Job {
+    fn drop(&mut self) {
+        // A failed test leaves the job's output and journal for a look.
+        if std::thread::panicking() {
+            let kept = self.dir.path().with_extension("kept");
+            if std::fs::rename(self.dir.path(), &kept).is_ok() {
+                eprintln!("job {} files kept in {}", self.id, kept.display());
+            }
+        }
+    }
+}
+
 impl Job {
     fn state_dir(&self) -> PathBuf {
         self.dir.path().join("state")
@@ -351,6 +363,76 @@ fn time_limit_checkpoints_then_requeues() {
         .output()
         .contains("checkpoint requested: saving at step"));
     assert!(job.output().contains("resumed from checkpoint at step"));
+}
+
+fn testbed_cmd(args: &[&str]) {
+    let o = Command::new("bash")
+        .arg(root().join("tests/slurm/testbed.sh"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "testbed {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn a_node_crash_is_recorded_from_slurms_own_records() {
+    let _g = lock();
+    let job = submit("", "--total 60 --step-time 0.4");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 5/60") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let nodes = rank_nodes(&job.records(), 0);
+    let victim = nodes
+        .iter()
+        .find(|(r, _)| *r == 1)
+        .expect("rank 1 started")
+        .1
+        .clone();
+    // Crash the node: its slurmd, stepds and tasks at once.
+    testbed_cmd(&["kill-node", &victim]);
+    let state = job.wait_final(Duration::from_secs(360));
+    testbed_cmd(&["start-node", &victim]);
+    let back = Instant::now() + Duration::from_secs(90);
+    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
+        .trim()
+        .starts_with("idle")
+    {
+        assert!(Instant::now() < back, "{victim} did not come back");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    assert!(job.show().restarts >= 1);
+    // The next attempt recorded attempt 0 as Slurm saw it, with the failed node.
+    let prev: Vec<&Record> = recs
+        .iter()
+        .filter(|r| r.kind == "previous_attempt" && r.u64("about_attempt") == Some(0))
+        .collect();
+    assert_eq!(prev.len(), 1, "{recs:#?}");
+    let failed: Vec<&str> = prev[0]
+        .get("failed_nodes")
+        .and_then(|v| v.as_array())
+        .unwrap()
+        .iter()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert_eq!(failed, [victim.as_str()], "{:?}", prev[0]);
+    assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
+    // And the report blames it.
+    let r = resilio::report::build(&job.id, &recs, 0);
+    assert!(
+        r.failures
+            .iter()
+            .any(|f| f.node.as_deref() == Some(victim.as_str())),
+        "{:?}",
+        r.failures
+    );
 }
 
 #[test]

@@ -115,6 +115,12 @@ pub fn parse_show_job(text: &str) -> Result<JobInfo, SlurmError> {
         start_time: get("StartTime"),
         end_time: get("EndTime"),
         time_limit: get("TimeLimit"),
+        num_nodes: get("NumNodes")
+            .split('-')
+            .next()
+            .unwrap_or("")
+            .parse()
+            .unwrap_or(0),
     })
 }
 
@@ -286,6 +292,12 @@ impl Slurm for SlurmCli {
         )?))
     }
 
+    fn all_nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
+        Ok(parse_sinfo_nodes(
+            &self.run("sinfo", &["-h", "-N", "-o", "%N|%T|%E"])?,
+        ))
+    }
+
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         check_job(job)?;
         Ok(parse_sacct(&self.run(
@@ -320,6 +332,7 @@ mod tests {
         assert_eq!(j.restarts, 2);
         assert!(j.requeue);
         assert_eq!(j.start_time, "2026-11-22T01:10:13");
+        assert_eq!(j.num_nodes, 2);
         assert!(parse_show_job("slurm_load_jobs error: Invalid job id specified").is_err());
     }
 

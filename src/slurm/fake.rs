@@ -133,6 +133,11 @@ impl Slurm for FakeSlurm {
             .collect())
     }
 
+    fn all_nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
+        self.call("all_nodes", String::new())?;
+        Ok(self.node_info.lock().unwrap().values().cloned().collect())
+    }
+
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         self.call("accounting", job.into())?;
         Ok(self

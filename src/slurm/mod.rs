@@ -29,6 +29,8 @@ pub struct JobInfo {
     pub start_time: String,
     pub end_time: String,
     pub time_limit: String,
+    /// `NumNodes=`: nodes the job needs.
+    pub num_nodes: u32,
 }
 
 /// One attempt of a job as `sacct -D` reports it.
@@ -113,6 +115,8 @@ pub trait Slurm {
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError>;
     /// State and reason of each node (`sinfo -N`).
     fn node_states(&self, nodes: &[String]) -> Result<Vec<NodeInfo>, SlurmError>;
+    /// Every node of the cluster (`sinfo -N`).
+    fn all_nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
 
     /// Add `nodes` to what the job already excludes; returns the new list.
     fn exclude_more(&self, job: &str, nodes: &[String]) -> Result<Vec<String>, SlurmError> {
