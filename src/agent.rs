@@ -270,6 +270,45 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             &mut journal,
         );
     }
+    // The site health check, once per node (local rank 0), before the trainer.
+    let checks_node = !batch_level && slurm.localid.unwrap_or(0) == 0;
+    if checks_node {
+        if let Some(h) = crate::health::run(&cfg.health) {
+            journal.record(
+                "health_check",
+                json!({ "when": "before_start", "result": &h }),
+                true,
+            );
+            if !h.ok {
+                let code = crate::health::EXIT_UNHEALTHY;
+                let evidence = format!(
+                    "health check failed ({}): {}",
+                    h.status,
+                    h.output.lines().next().unwrap_or("")
+                );
+                eprintln!(
+                    "resilio: {evidence}; not starting the trainer on {}",
+                    id.node
+                );
+                journal.record(
+                    "rank_exit",
+                    json!({ "exit_code": code, "cause": "unhealthy node", "class": failure::Class::Infrastructure,
+                            "class_reason": "the node's health check failed", "evidence": evidence }),
+                    true,
+                );
+                journal.record(
+                    "failure",
+                    json!({ "failure_kind": "health_check", "class": failure::Class::Infrastructure, "cause": "health check failed",
+                            "evidence": evidence, "exit_code": code }),
+                    true,
+                );
+                if single_rank_job {
+                    journal.record("job_end", json!({ "exit_code": code }), true);
+                }
+                return Ok(code);
+            }
+        }
+    }
     let spawned = match process::spawn(&opts.argv, &env) {
         Ok(s) => s,
         Err(e) => {
@@ -628,6 +667,21 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         (None, Exit::Code(_)) => "exited with error".into(),
         (None, Exit::Signal(..)) => "killed by signal".into(),
     };
+    // After a failure, the health check again: a failing one blames the node.
+    let after_check =
+        if checks_node && exit.code() != 0 && !matches!(stop, Some(StopReason::Signal(_))) {
+            let h = crate::health::run(&cfg.health);
+            if let Some(h) = &h {
+                journal.record(
+                    "health_check",
+                    json!({ "when": "after_failure", "result": h }),
+                    true,
+                );
+            }
+            h
+        } else {
+            None
+        };
     let verdict = failure::classify(
         &failure::RankEnd {
             exit_code: exit.code(),
@@ -637,7 +691,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             },
             stalled: stall.is_some(),
             stop_requested: matches!(stop, Some(StopReason::Signal(_))),
-            health_check_failed: false,
+            health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
             tail: tail.last_lines(cfg.diagnostics.tail_lines.max(20)),
         },
         &cfg.failure_patterns,

@@ -94,6 +94,24 @@ pub struct DiagnosticsConfig {
     pub tail_lines: usize,
 }
 
+/// The optional site health check.
+#[derive(Clone, Debug)]
+pub struct HealthConfig {
+    /// Command and arguments (no shell); `None`: no check.
+    pub command: Option<Vec<String>>,
+    /// Longest a check may run.
+    pub timeout: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            command: None,
+            timeout: Duration::from_secs(60),
+        }
+    }
+}
+
 /// The fully resolved configuration of one `resilio run`.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -124,6 +142,8 @@ pub struct Config {
     /// Slurm's process tracking (cgroup, linuxproc) already delivers them to
     /// every process of the step; sites with `ProctrackType=proctrack/pgid` turn it on.
     pub slurm_forward_signals: bool,
+    /// Site health check, run before the trainer starts and after it failed.
+    pub health: HealthConfig,
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -173,6 +193,7 @@ impl Default for Config {
             checkpoint_wait: Duration::from_secs(120),
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
             slurm_forward_signals: false,
+            health: HealthConfig::default(),
         }
     }
 }
@@ -198,6 +219,16 @@ struct FileConfig {
     checkpoint: CheckpointSection,
     #[serde(default)]
     slurm: SlurmSection,
+    #[serde(default)]
+    health: HealthSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct HealthSection {
+    command: Option<Spanned<Vec<String>>>,
+    #[serde(default, with = "serde_text::option")]
+    timeout: Option<Duration>,
 }
 
 #[derive(Deserialize, Default)]
@@ -472,6 +503,16 @@ impl Config {
         if let Some(sig) = file.slurm.pre_timeout_signal {
             self.pre_timeout_signal =
                 parse_signal(sig.get_ref()).map_err(|m| err_at(sig.span().start, m))?;
+        }
+        if let Some(cmd) = file.health.command {
+            if cmd.get_ref().is_empty() {
+                self.health.command = None;
+            } else {
+                self.health.command = Some(cmd.get_ref().clone());
+            }
+        }
+        if let Some(t) = file.health.timeout {
+            self.health.timeout = t;
         }
         if let Some(b) = file.slurm.forward_signals {
             self.slurm_forward_signals = b;

@@ -11,6 +11,9 @@
 //!   the datagram socket ([`progress::socket`]), the progress file ([`progress::file`]).
 //! - [`policy`]: detection policies as pure functions of events and an injected clock.
 //! - [`diagnostics`]: what is gathered on a stall (output tail, py-spy, dump signal).
+//! - [`health`]: the optional site health check, before start and after a failure.
+//! - [`slurm`]: the Slurm adapter (environment, hostlists, commands behind a trait).
+//! - [`supervisor`]: the job-level decision after a step: judge, decide, requeue, exclude.
 //! - [`journal`]: the append-only, crash-safe per-job journal.
 //! - [`report`]: reports and timelines computed from journals alone.
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
@@ -28,6 +31,7 @@ pub mod demo;
 pub mod diagnostics;
 pub mod duration;
 pub mod error;
+pub mod health;
 pub mod journal;
 pub mod policy;
 pub mod process;

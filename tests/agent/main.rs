@@ -3,6 +3,7 @@
 
 mod common;
 mod exit_codes;
+mod health;
 mod journal;
 mod passthrough;
 mod progress_sources;
