@@ -598,7 +598,19 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                         }),
                         true,
                     );
-                    process::signal_group(pid, Signal::SIGTERM);
+                    // Stop the step gently: SIGTERM to every process of its
+                    // steps (the agents journal their ranks' ends); srun
+                    // itself would cancel the step with SIGKILL.
+                    let gentle = child_is_srun
+                        && crate::slurm::Slurm::signal_steps(
+                            &crate::slurm::SlurmCli::default(),
+                            &id.job,
+                            Signal::SIGTERM,
+                        )
+                        .is_ok();
+                    if !gentle {
+                        process::signal_group(pid, Signal::SIGTERM);
+                    }
                     stop = Some(StopReason::Signal("pre-timeout"));
                     kill_at.get_or_insert(now + grace);
                 }

@@ -353,10 +353,24 @@ fn time_limit_checkpoints_then_requeues() {
             .and_then(|v| v.as_bool()),
         Some(true)
     );
-    // The ranks were asked with SIGUSR2, not NCCL's SIGUSR1.
-    assert!(first.iter().any(|r| r.kind == "checkpoint_requested"
-        && r.rank.is_some()
-        && r.str("sent") == Some("SIGUSR2")));
+    // The ranks were asked with SIGUSR2, not NCCL's SIGUSR1, and ended
+    // journaled (stopped gently, not killed with the step).
+    let asked_ranks = first
+        .iter()
+        .filter(|r| {
+            r.kind == "checkpoint_requested"
+                && r.rank.is_some()
+                && r.str("received") == Some("SIGUSR2")
+        })
+        .count();
+    assert_eq!(asked_ranks, 3);
+    assert_eq!(
+        first
+            .iter()
+            .filter(|r| r.kind == "rank_exit" && r.rank.is_some())
+            .count(),
+        3
+    );
     let judgment = first.iter().find(|r| r.kind == "judgment").unwrap();
     assert_eq!(judgment.str("class"), Some("preempted"));
     assert!(job

@@ -260,6 +260,13 @@ impl Slurm for SlurmCli {
         self.run("scontrol", &["requeue", job]).map(|_| ())
     }
 
+    fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError> {
+        check_job(job)?;
+        let name = signal.as_str().trim_start_matches("SIG");
+        self.run("scancel", &[&format!("--signal={name}"), job])
+            .map(|_| ())
+    }
+
     fn set_node_state(&self, node: &str, state: &NodeState) -> Result<(), SlurmError> {
         check_node(node)?;
         let name = format!("NodeName={node}");

@@ -98,6 +98,10 @@ impl Slurm for FakeSlurm {
         Ok(())
     }
 
+    fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError> {
+        self.call("signal_steps", format!("{job} {signal}"))
+    }
+
     fn set_node_state(&self, node: &str, state: &NodeState) -> Result<(), SlurmError> {
         self.call("set_node_state", format!("{node} {state:?}"))?;
         self.nodes

@@ -107,6 +107,8 @@ pub trait Slurm {
     fn set_excluded(&self, job: &str, nodes: &[String]) -> Result<(), SlurmError>;
     /// `scontrol requeue`.
     fn requeue(&self, job: &str) -> Result<(), SlurmError>;
+    /// `scancel --signal=SIG JOB`: signal every step of the job (not the batch script).
+    fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError>;
     /// `scontrol update NodeName=... State=...`.
     fn set_node_state(&self, node: &str, state: &NodeState) -> Result<(), SlurmError>;
     /// `squeue` for one job.
