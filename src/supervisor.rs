@@ -326,7 +326,33 @@ pub fn reconcile_previous(
             }),
             true,
         );
+        // A node Slurm now reports failed was part of this attempt: record
+        // its failure unless a failure on it is journaled already (the
+        // supervisor may have seen only the peers' echoes).
+        let blamed_before = records
+            .iter()
+            .filter(|r| r.kind == "failure" && about(r) == a)
+            .any(|r| {
+                r.str("blamed_node")
+                    .is_some_and(|n| failed_names.iter().any(|f| f == n))
+            });
         if decided.contains(&a) {
+            if !failed_names.is_empty() && !blamed_before {
+                journal.record(
+                    "failure",
+                    json!({
+                        "about_attempt": a,
+                        "failure_kind": "node_failure",
+                        "class": Class::Infrastructure,
+                        "cause": "node failure",
+                        "blamed_node": failed_names.first(),
+                        "failed_nodes": failed_names,
+                        "evidence": evidence,
+                        "source": "sacct",
+                    }),
+                    true,
+                );
+            }
             continue;
         }
         if class != Class::Clean {
@@ -857,6 +883,25 @@ mod tests {
             (0, Class::Infrastructure, Some(12))
         );
         assert_eq!(earlier[0].blamed_nodes, ["n2"]);
+        // Attempt 0 was decided (peers' echoes only), yet its node failed:
+        // the failure on it is recorded all the same.
+        let state2 = tempfile::tempdir().unwrap();
+        let dir2 = journal::job_dir(state2.path(), "77");
+        let mut w0 = Writer::open(&dir2, "batch.jsonl", 0, None, None);
+        w0.record(
+            "decision",
+            json!({ "outcome": { "class": "infrastructure", "signature": "x", "last_step": 5, "blamed_nodes": [] } }),
+            true,
+        );
+        let mut w1 = Writer::open(&dir2, "batch.jsonl", 1, None, None);
+        reconcile_previous(state2.path(), "77", 1, &f, &mut w1);
+        let recs2 = journal::read_job(&dir2).unwrap().records;
+        let fail2 = recs2
+            .iter()
+            .find(|r| r.kind == "failure")
+            .expect("failure recorded from sinfo");
+        assert_eq!(fail2.str("blamed_node"), Some("n2"));
+        assert_eq!(recs2.iter().filter(|r| r.kind == "decision").count(), 1);
         // Done once: a second call adds nothing.
         let n = recs.len();
         reconcile_previous(state.path(), "77", 1, &f, &mut w);
