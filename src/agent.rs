@@ -401,8 +401,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         first_at: None,
         last_at: None,
     };
-    let mut malformed: BTreeMap<&'static str, u64> = BTreeMap::new();
-    let mut reported_sources: Vec<String> = Vec::new();
+    let mut faults = SourceFaults::default();
 
     let mut main_exit: Option<Exit> = None;
     let mut stop: Option<StopReason> = None;
@@ -544,17 +543,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }
 
         if stall.is_none() {
-            for ev in tx.drain() {
-                handle_event(
-                    ev,
-                    &mut policy,
-                    &mut plog,
-                    &mut journal,
-                    &clock,
-                    &mut malformed,
-                    &mut reported_sources,
-                );
-            }
+            drain_events(
+                &tx,
+                &mut policy,
+                &mut plog,
+                &mut journal,
+                &clock,
+                &mut faults,
+            );
         }
         let now = Instant::now();
         if main_exit.is_none() && stop.is_none() {
@@ -641,18 +637,15 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             let _ = p.join();
         }
     }
-    for ev in tx.drain() {
-        if stall.is_none() {
-            handle_event(
-                ev,
-                &mut policy,
-                &mut plog,
-                &mut journal,
-                &clock,
-                &mut malformed,
-                &mut reported_sources,
-            );
-        }
+    if stall.is_none() {
+        drain_events(
+            &tx,
+            &mut policy,
+            &mut plog,
+            &mut journal,
+            &clock,
+            &mut faults,
+        );
     }
     drop(file_watch);
     plog.flush(&mut journal, &clock);
@@ -724,7 +717,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             "first_step_s": plog.first_at.map(|t| t.duration_since(launched).as_secs_f64()),
             "last_progress_s": plog.last_at.map(|t| t.duration_since(launched).as_secs_f64()),
             "runtime_s": ended.duration_since(launched).as_secs_f64(),
-            "malformed_messages": malformed,
+            "malformed_messages": faults.malformed,
             "journal_lost_records": journal.dropped(),
         }),
         true,
@@ -852,15 +845,35 @@ fn forward(journal: &mut Writer, pid: Pid, sig: Signal) {
     );
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Faults of the progress sources: malformed messages counted by kind, and
+/// failed sources already reported (each is said once).
+#[derive(Default)]
+struct SourceFaults {
+    malformed: BTreeMap<&'static str, u64>,
+    reported: Vec<String>,
+}
+
+/// Feed every queued event to the policy and the journal, oldest first.
+fn drain_events(
+    tx: &progress::Sender,
+    policy: &mut StallPolicy,
+    plog: &mut ProgressLog,
+    journal: &mut Writer,
+    clock: &Clock,
+    faults: &mut SourceFaults,
+) {
+    for ev in tx.drain() {
+        handle_event(ev, policy, plog, journal, clock, faults);
+    }
+}
+
 fn handle_event(
     ev: Event,
     policy: &mut StallPolicy,
     plog: &mut ProgressLog,
     journal: &mut Writer,
     clock: &Clock,
-    malformed: &mut BTreeMap<&'static str, u64>,
-    reported: &mut Vec<String>,
+    faults: &mut SourceFaults,
 ) {
     match ev.kind {
         Kind::Step { step, metrics } => {
@@ -892,7 +905,7 @@ fn handle_event(
             }
         }
         Kind::Malformed { fault, sample } => {
-            let n = malformed.entry(fault).or_insert(0);
+            let n = faults.malformed.entry(fault).or_insert(0);
             *n += 1;
             if *n == 1 {
                 eprintln!(
@@ -906,10 +919,10 @@ fn handle_event(
             }
         }
         Kind::SourceFailed(msg) => {
-            if !reported.contains(&msg) {
+            if !faults.reported.contains(&msg) {
                 eprintln!("resilio: {msg}; supervision continues without it");
                 journal.record("monitor_error", json!({ "error": msg }), false);
-                reported.push(msg);
+                faults.reported.push(msg);
             }
         }
     }
