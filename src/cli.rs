@@ -30,6 +30,8 @@ enum Command {
     Report(ReportArgs),
     /// One line per event that mattered, by attempt
     Timeline(ReportArgs),
+    /// Failure history of nodes across all jobs, for admins
+    Nodes(NodesArgs),
     /// A local run with an injected hang, end to end (no Slurm needed)
     Demo(DemoArgs),
     /// The scripted trainer the demo runs (internal)
@@ -81,6 +83,31 @@ struct ReportArgs {
     /// Machine-readable output
     #[arg(long)]
     json: bool,
+    /// Where journals live [env: RESILIO_STATE_DIR]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct NodesArgs {
+    /// Machine-readable output
+    #[arg(long, conflicts_with_all = ["exclude_list", "drain"])]
+    json: bool,
+    /// Print a Slurm hostlist of nodes at or above the threshold (for sbatch --exclude=)
+    #[arg(long, conflicts_with = "drain")]
+    exclude_list: bool,
+    /// Drain the nodes at or above the threshold with scontrol
+    #[arg(long)]
+    drain: bool,
+    /// With --drain: print the commands instead of running them
+    #[arg(long, requires = "drain")]
+    dry_run: bool,
+    /// Score at which a node is listed or drained (one recent failure = 1.0)
+    #[arg(long, default_value_t = 1.0)]
+    threshold: f64,
+    /// Time for a failure's weight to halve (e.g. 7d, 72h)
+    #[arg(long, default_value = "7d")]
+    half_life: String,
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -194,6 +221,67 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
     Ok(0)
 }
 
+fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
+    use crate::node_history;
+    use crate::slurm::{NodeState, Slurm, SlurmCli};
+    let half_life = flag_duration("half-life", &a.half_life)?;
+    if !(a.threshold.is_finite() && a.threshold > 0.0) {
+        return Err(usage("--threshold must be a positive number"));
+    }
+    let history = node_history::build(&state_dir_of(&a.state_dir), chrono::Utc::now(), half_life);
+    if a.json {
+        let out =
+            serde_json::to_string_pretty(&history).map_err(|e| Error::Other(e.to_string()))?;
+        println!("{out}");
+        return Ok(0);
+    }
+    if a.exclude_list {
+        println!("{}", node_history::exclude_list(&history, a.threshold));
+        return Ok(0);
+    }
+    if !a.drain {
+        print!("{}", node_history::render(&history, a.threshold));
+        return Ok(0);
+    }
+    let cli = SlurmCli::default();
+    let mut failed = 0;
+    for h in history.iter().filter(|h| h.score >= a.threshold) {
+        let last = h.events.last().map(|e| e.evidence.as_str()).unwrap_or("");
+        let reason: String = format!("resilio: score {:.2}: {}", h.score, last)
+            .chars()
+            .take(200)
+            .collect();
+        if a.dry_run {
+            println!(
+                "scontrol update NodeName={} State=DRAIN Reason={reason:?}",
+                h.node
+            );
+            continue;
+        }
+        match cli.set_node_state(&h.node, &NodeState::Drain(reason)) {
+            Ok(()) => println!("drained {}", h.node),
+            Err(e) => {
+                let msg = e.to_string();
+                let hint = if msg.contains("ermission")
+                    || msg.contains("ccess")
+                    || msg.contains("authoriz")
+                {
+                    " (draining needs root or the SlurmUser)"
+                } else {
+                    ""
+                };
+                eprintln!("resilio: cannot drain {}: {msg}{hint}", h.node);
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed > 0 {
+        crate::error::EXIT_NOT_PERMITTED
+    } else {
+        0
+    })
+}
+
 fn dispatch(cli: Cli) -> Result<i32> {
     match cli.command {
         Command::Run(a) => {
@@ -211,6 +299,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         }
         Command::Report(a) => report_cmd(&a, false),
         Command::Timeline(a) => report_cmd(&a, true),
+        Command::Nodes(a) => nodes_cmd(&a),
         Command::Demo(a) => crate::demo::run(a.state_dir),
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
     }

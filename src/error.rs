@@ -18,6 +18,8 @@ pub const EXIT_STALLED: i32 = 124;
 pub const EXIT_INTERNAL: i32 = 70;
 /// Exit code when a report was asked for a job that has no journal.
 pub const EXIT_NO_JOB: i32 = 3;
+/// Exit code when Slurm refused an action (e.g. draining without permission).
+pub const EXIT_NOT_PERMITTED: i32 = 4;
 
 /// Everything that can go wrong before or around supervision.
 #[derive(Debug, thiserror::Error)]

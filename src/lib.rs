@@ -33,6 +33,7 @@ pub mod duration;
 pub mod error;
 pub mod health;
 pub mod journal;
+pub mod node_history;
 pub mod policy;
 pub mod process;
 pub mod progress;

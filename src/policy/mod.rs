@@ -4,6 +4,7 @@
 //! current `Instant` with every call, so unit tests drive them with an
 //! injected clock and no sleeps.
 
+pub mod checkpoint_interval;
 pub mod failure;
 pub mod restart;
 pub mod stall;

@@ -116,3 +116,55 @@ fn demo_runs_end_to_end() {
         );
     }
 }
+
+#[test]
+fn node_history_lists_and_excludes_bad_nodes() {
+    use resilio::journal::{job_dir, Writer};
+    use serde_json::json;
+    let dir = tempfile::tempdir().unwrap();
+    for (job, node, class) in [
+        ("101", "gpu007", "infrastructure"),
+        ("102", "gpu007", "infrastructure"),
+        ("103", "gpu012", "user_error"),
+    ] {
+        let mut w = Writer::open(
+            &job_dir(dir.path(), job),
+            "rank-3.jsonl",
+            0,
+            Some(3),
+            Some(node.into()),
+        );
+        w.record("failure", json!({ "class": class, "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }), true);
+    }
+    let o = cmd(dir.path(), &["nodes", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["node"].as_str().unwrap())
+        .collect();
+    assert_eq!(nodes, ["gpu007"], "user errors are not the node's fault");
+    assert!(v[0]["score"].as_f64().unwrap() > 1.9);
+    assert_eq!(v[0]["jobs"], json!(["101", "102"]));
+    let o = cmd(
+        dir.path(),
+        &["nodes", "--exclude-list", "--threshold", "1.5"],
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "gpu007");
+    let o = cmd(dir.path(), &["nodes", "--drain", "--dry-run"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.starts_with("scontrol update NodeName=gpu007 State=DRAIN Reason=\"resilio: score"),
+        "{out}"
+    );
+    let o = cmd(dir.path(), &["nodes"]);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("infrastructure=2"));
+    assert_eq!(
+        cmd(dir.path(), &["nodes", "--half-life", "soon"])
+            .status
+            .code(),
+        Some(2)
+    );
+}

@@ -1,0 +1,328 @@
+//! Node history for admins (`resilio nodes`): failures blamed on each node
+//! across every journal under the state dir, with a score that decays with
+//! time so that a repaired node recovers.
+//!
+//! What counts against a node: a `failure` that names it (`blamed_node`, or
+//! a rank's own infrastructure failure with evidence from its output), a
+//! job-level `judgment` that blamed it, and a failed `health_check` on it.
+//! Peers' echoes (`secondary`), user errors and preemptions never count.
+
+use crate::journal::{self, Record};
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One event held against a node.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeEvent {
+    pub ts: DateTime<Utc>,
+    pub job: String,
+    pub class: String,
+    pub evidence: String,
+}
+
+/// A node's history.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeHistory {
+    pub node: String,
+    pub score: f64,
+    pub failures_by_class: BTreeMap<String, u32>,
+    pub jobs: Vec<String>,
+    pub last_seen: DateTime<Utc>,
+    pub events: Vec<NodeEvent>,
+}
+
+/// Weight of an event class in the score.
+fn weight(class: &str) -> f64 {
+    match class {
+        "infrastructure" | "health_check" | "node_failure" => 1.0,
+        "hang" => 0.5,
+        "straggler" => 0.2,
+        _ => 0.0,
+    }
+}
+
+/// Events against nodes found in one job's records.
+pub fn events_of(job: &str, records: &[Record]) -> Vec<(String, NodeEvent)> {
+    let mut out = Vec::new();
+    let mut push = |node: &str, r: &Record, class: &str, evidence: String| {
+        if crate::slurm::hostlist::valid_node_name(node) {
+            out.push((
+                node.to_string(),
+                NodeEvent {
+                    ts: r.ts,
+                    job: job.to_string(),
+                    class: class.to_string(),
+                    evidence,
+                },
+            ));
+        }
+    };
+    for r in records {
+        let evidence = || r.str("evidence").unwrap_or("").to_string();
+        match r.kind.as_str() {
+            "failure" => {
+                let class = r.str("class").unwrap_or("");
+                if let Some(node) = r.str("blamed_node") {
+                    let c = if r.str("failure_kind") == Some("node_failure") {
+                        "node_failure"
+                    } else {
+                        class
+                    };
+                    push(node, r, c, evidence());
+                } else if class == "infrastructure"
+                    && r.rank.is_some()
+                    && r.str("evidence").is_some()
+                {
+                    // A rank's own infrastructure signature, on its own node.
+                    if let Some(node) = &r.node {
+                        push(node, r, class, evidence());
+                    }
+                }
+            }
+            "judgment" => {
+                let class = r.str("class").unwrap_or("");
+                if class == "hang" {
+                    for node in r
+                        .get("blamed_nodes")
+                        .and_then(|v| v.as_array())
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(n) = node.as_str() {
+                            push(n, r, "hang", evidence());
+                        }
+                    }
+                }
+            }
+            "health_check" => {
+                let failed = r
+                    .get("result")
+                    .and_then(|v| v.get("ok"))
+                    .and_then(|v| v.as_bool())
+                    == Some(false);
+                if failed {
+                    if let Some(node) = &r.node {
+                        let out = r
+                            .get("result")
+                            .and_then(|v| v.get("output"))
+                            .and_then(|v| v.as_str())
+                            .unwrap_or("");
+                        push(
+                            node,
+                            r,
+                            "health_check",
+                            out.lines().next().unwrap_or("").to_string(),
+                        );
+                    }
+                }
+            }
+            "straggler" => {
+                if let Some(node) = r.str("straggler_node").or(r.node.as_deref()) {
+                    push(
+                        node,
+                        r,
+                        "straggler",
+                        r.str("detail").unwrap_or("").to_string(),
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+    // The same failure can be journaled by a rank and by the supervisor: keep one per (node, job, attempt-second, class).
+    out.sort_by(|a, b| (a.0.as_str(), a.1.ts).cmp(&(b.0.as_str(), b.1.ts)));
+    out.dedup_by(|b, a| {
+        a.0 == b.0
+            && a.1.job == b.1.job
+            && a.1.class == b.1.class
+            && (b.1.ts - a.1.ts).num_seconds().abs() < 60
+    });
+    out
+}
+
+/// Build every node's history from all journals under `state_dir`, scores
+/// decayed to `now` with `half_life`.
+pub fn build(
+    state_dir: &Path,
+    now: DateTime<Utc>,
+    half_life: std::time::Duration,
+) -> Vec<NodeHistory> {
+    let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
+    for (job, _) in journal::list_jobs(state_dir) {
+        let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
+            continue;
+        };
+        for (node, ev) in events_of(&job, &j.records) {
+            by_node.entry(node).or_default().push(ev);
+        }
+    }
+    from_events(by_node, now, half_life)
+}
+
+/// Score and summarise events per node.
+pub fn from_events(
+    by_node: BTreeMap<String, Vec<NodeEvent>>,
+    now: DateTime<Utc>,
+    half_life: std::time::Duration,
+) -> Vec<NodeHistory> {
+    let hl = half_life.as_secs_f64().max(1.0);
+    let mut out: Vec<NodeHistory> = by_node
+        .into_iter()
+        .map(|(node, mut events)| {
+            events.sort_by_key(|e| e.ts);
+            let score = events
+                .iter()
+                .map(|e| {
+                    let age = ((now - e.ts).num_milliseconds() as f64 / 1000.0).max(0.0);
+                    weight(&e.class) * 0.5f64.powf(age / hl)
+                })
+                .sum();
+            let mut failures_by_class = BTreeMap::new();
+            let mut jobs: Vec<String> = Vec::new();
+            for e in &events {
+                *failures_by_class.entry(e.class.clone()).or_insert(0) += 1;
+                if !jobs.contains(&e.job) {
+                    jobs.push(e.job.clone());
+                }
+            }
+            NodeHistory {
+                node,
+                score,
+                failures_by_class,
+                jobs,
+                last_seen: events.last().map(|e| e.ts).unwrap_or(now),
+                events,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.node.cmp(&b.node)));
+    out
+}
+
+/// Nodes at or above `threshold`, as a Slurm hostlist expression.
+pub fn exclude_list(history: &[NodeHistory], threshold: f64) -> String {
+    let bad: Vec<&str> = history
+        .iter()
+        .filter(|h| h.score >= threshold)
+        .map(|h| h.node.as_str())
+        .collect();
+    crate::slurm::hostlist::compress(&bad)
+}
+
+/// Render the table for humans.
+pub fn render(history: &[NodeHistory], threshold: f64) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    if history.is_empty() {
+        return "no node has failures on record\n".into();
+    }
+    let _ = writeln!(
+        s,
+        "{:<16} {:>6}  {:<40} {:<20} last evidence",
+        "node", "score", "failures by class", "last seen"
+    );
+    for h in history {
+        let classes: Vec<String> = h
+            .failures_by_class
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let last = h.events.last().map(|e| e.evidence.as_str()).unwrap_or("");
+        let _ = writeln!(
+            s,
+            "{:<16} {:>6.2}{} {:<40} {:<20} {}",
+            h.node,
+            h.score,
+            if h.score >= threshold { "*" } else { " " },
+            classes.join(" "),
+            h.last_seen.format("%Y-%m-%d %H:%M"),
+            last.chars().take(100).collect::<String>()
+        );
+    }
+    let _ = writeln!(
+        s,
+        "(* score >= {threshold}: in `resilio nodes --exclude-list`)"
+    );
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rec(ts: &str, kind: &str, rank: Option<u32>, node: &str, data: serde_json::Value) -> Record {
+        Record {
+            v: 1,
+            ts: ts.parse().unwrap(),
+            kind: kind.into(),
+            attempt: 0,
+            rank,
+            node: Some(node.into()),
+            data: data.as_object().cloned().unwrap(),
+        }
+    }
+
+    #[test]
+    fn only_node_faults_count_and_scores_decay() {
+        let recs = vec![
+            rec(
+                "2026-11-01T00:00:00Z",
+                "failure",
+                Some(1),
+                "n2",
+                json!({"class": "infrastructure", "evidence": "Xid 79"}),
+            ),
+            rec(
+                "2026-11-01T00:00:01Z",
+                "failure",
+                Some(0),
+                "n1",
+                json!({"class": "secondary", "evidence": "Connection reset by peer"}),
+            ),
+            rec(
+                "2026-11-01T00:00:02Z",
+                "failure",
+                None,
+                "n1",
+                json!({"class": "infrastructure", "blamed_node": "n3", "failure_kind": "node_failure", "evidence": "sacct NODE_FAIL"}),
+            ),
+            rec(
+                "2026-11-01T00:00:03Z",
+                "failure",
+                Some(4),
+                "n4",
+                json!({"class": "user_error", "evidence": "KeyError"}),
+            ),
+            rec(
+                "2026-11-01T00:00:04Z",
+                "health_check",
+                Some(0),
+                "n5",
+                json!({"result": {"ok": false, "output": "GPU 2 ECC"}}),
+            ),
+        ];
+        let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
+        for (n, e) in events_of("j1", &recs) {
+            by_node.entry(n).or_default().push(e);
+        }
+        assert_eq!(by_node.keys().collect::<Vec<_>>(), ["n2", "n3", "n5"]);
+        let week = std::time::Duration::from_secs(7 * 86400);
+        let fresh = from_events(
+            by_node.clone(),
+            "2026-11-01T00:00:05Z".parse().unwrap(),
+            week,
+        );
+        assert!(fresh.iter().all(|h| (h.score - 1.0).abs() < 1e-3));
+        assert_eq!(exclude_list(&fresh, 0.9), "n[2-3,5]");
+        let later = from_events(by_node, "2026-11-15T00:00:05Z".parse().unwrap(), week);
+        assert!(
+            later.iter().all(|h| (h.score - 0.25).abs() < 1e-3),
+            "two half-lives later"
+        );
+        assert_eq!(exclude_list(&later, 0.9), "");
+        assert!(render(&later, 0.9).contains("node_failure=1"));
+    }
+}
