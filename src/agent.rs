@@ -451,6 +451,22 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }
         }
         if main_exit.is_some() && !diag_pending && !children_left {
+            // A SIGTERM/SIGINT that arrived with the trainer's death (Slurm
+            // signals every process of a step at once) still says who stopped it.
+            let pending = tokio::select! {
+                biased;
+                _ = s_term.recv() => Some("SIGTERM"),
+                _ = s_int.recv() => Some("SIGINT"),
+                _ = std::future::ready(()) => None,
+            };
+            if let (Some(name), None) = (pending, &stop) {
+                journal.record(
+                    "signal",
+                    json!({ "signal": name, "forwarded": false, "after_exit": true }),
+                    false,
+                );
+                stop = Some(StopReason::Signal(name));
+            }
             break;
         }
         let skip = helpers.with(|h| h.clone());

@@ -261,7 +261,9 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
     if end.stalled {
         return v(Class::Hang, "stopped for making no progress", None);
     }
-    if end.stop_requested {
+    // Death by SIGTERM, SIGINT or SIGHUP is a stop from outside (Slurm's
+    // teardown, an operator) even when resilio did not see the signal itself.
+    if end.stop_requested || matches!(end.signal, Some(1) | Some(2) | Some(15)) {
         return v(
             Class::Preempted,
             "stopped on request (Slurm time limit, preemption or an operator)",
@@ -501,6 +503,11 @@ mod tests {
         let mut e = end(143, &[]);
         e.stop_requested = true;
         assert_eq!(classify(&e, &p).class, Class::Preempted);
+        assert_eq!(
+            classify(&end(143, &[]), &p).class,
+            Class::Preempted,
+            "killed by SIGTERM from outside"
+        );
         let mut h = end(124, &[]);
         h.stalled = true;
         assert_eq!(classify(&h, &p).class, Class::Hang);
