@@ -102,8 +102,10 @@ struct NodesArgs {
     /// With --drain: print the commands instead of running them
     #[arg(long, requires = "drain")]
     dry_run: bool,
-    /// Score at which a node is listed or drained (one recent failure = 1.0)
-    #[arg(long, default_value_t = 1.0)]
+    /// Score at which a node is listed or drained: a new failure scores 1.0,
+    /// halving every half-life, so 0.9 keeps one failure listed for about a
+    /// day and two for about a week (with the default half-life)
+    #[arg(long, default_value_t = 0.9)]
     threshold: f64,
     /// Time for a failure's weight to halve (e.g. 7d, 72h)
     #[arg(long, default_value = "7d")]

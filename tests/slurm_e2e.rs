@@ -450,6 +450,86 @@ fn a_node_crash_is_recorded_from_slurms_own_records() {
 }
 
 #[test]
+fn nodes_drain_on_the_real_cluster() {
+    let _g = lock();
+    testbed();
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let mut w = journal::Writer::open(
+        &journal::job_dir(dir.path(), "900"),
+        "rank-1.jsonl",
+        0,
+        Some(1),
+        Some("n4".into()),
+    );
+    w.record(
+        "failure",
+        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }),
+        true,
+    );
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let state = dir.path().to_str().unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Refused clearly without permission (as user nobody, who can read the journals).
+    let o = Command::new("runuser")
+        .args([
+            "-u",
+            "nobody",
+            "--",
+            bin,
+            "nodes",
+            "--exclude-list",
+            "--state-dir",
+            state,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "n4",
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let o = Command::new("runuser")
+        .args([
+            "-u",
+            "nobody",
+            "--",
+            bin,
+            "nodes",
+            "--drain",
+            "--state-dir",
+            state,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot drain n4"));
+    // As root it drains, with the evidence as the reason.
+    let o = Command::new(bin)
+        .args(["nodes", "--drain", "--state-dir", state])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let info = run("sinfo", &["-h", "-n", "n4", "-o", "%t|%E"]);
+    let _ = Command::new("scontrol")
+        .args(["update", "NodeName=n4", "State=RESUME"])
+        .status();
+    assert!(info.starts_with("drain"), "{info}");
+    assert!(info.contains("resilio: score"), "{info}");
+}
+
+#[test]
 fn the_adapter_against_the_real_cluster() {
     let _g = lock();
     testbed();
