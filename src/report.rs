@@ -29,6 +29,8 @@ pub struct Failure {
     pub ts: DateTime<Utc>,
     pub attempt: u32,
     pub kind: String,
+    /// The verdict: infrastructure, user_error, hang, secondary (a peer's echo), ...
+    pub class: Option<String>,
     pub node: Option<String>,
     pub rank: Option<u32>,
     pub cause: String,
@@ -85,6 +87,60 @@ pub struct Report {
     pub time_source: String,
     /// Journal lines that did not parse (torn by a crash, or foreign).
     pub bad_journal_lines: usize,
+    /// Checkpoints the trainer confirmed.
+    pub checkpoints: Checkpoints,
+    /// Mean time to failure observed in this job (wall time per failed attempt).
+    pub mttf_s: Option<f64>,
+    /// Attempts that ended in a failure (echoes of one failure count once).
+    pub failed_attempts: usize,
+    /// The checkpoint interval that would maximise ETTR, from this job's
+    /// checkpoint cost and failure rate (Daly), when both are known.
+    pub checkpoint_advice: Option<crate::policy::checkpoint_interval::Advice>,
+}
+
+/// Checkpoint statistics.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Checkpoints {
+    pub count: usize,
+    /// Mean time from `phase=checkpoint` to `checkpoint_done`, where both were seen.
+    pub mean_duration_s: Option<f64>,
+    /// Mean time between successive confirmed checkpoints.
+    pub mean_interval_s: Option<f64>,
+}
+
+fn checkpoint_stats(records: &[Record]) -> Checkpoints {
+    // One entry per (attempt, step): several ranks may confirm the same checkpoint.
+    let mut done: Vec<(u32, Option<u64>, DateTime<Utc>)> = Vec::new();
+    let mut durations = Vec::new();
+    let mut started: BTreeMap<(Option<u32>, u32), DateTime<Utc>> = BTreeMap::new();
+    for r in records {
+        match r.kind.as_str() {
+            "phase" if r.str("phase") == Some("checkpoint") => {
+                started.insert((r.rank, r.attempt), r.ts);
+            }
+            "checkpoint_done" => {
+                if let Some(t0) = started.remove(&(r.rank, r.attempt)) {
+                    durations.push(secs(t0, r.ts));
+                }
+                let key = (r.attempt, r.u64("step"));
+                if !done.iter().any(|(a, s, _)| (*a, *s) == key) {
+                    done.push((key.0, key.1, r.ts));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let intervals: Vec<f64> = done
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| secs(w[0].2, w[1].2))
+        .collect();
+    Checkpoints {
+        count: done.len(),
+        mean_duration_s: mean(&durations),
+        mean_interval_s: mean(&intervals),
+    }
 }
 
 const BUCKETS: [&str; 6] = [
@@ -243,13 +299,14 @@ pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
         if rest.abs() < 1e-6 { 0.0 } else { rest },
     );
 
-    let failures = records
+    let failures: Vec<Failure> = records
         .iter()
         .filter(|r| r.kind == "failure")
         .map(|r| Failure {
             ts: r.ts,
             attempt: r.u64("about_attempt").map_or(r.attempt, |a| a as u32),
             kind: r.str("failure_kind").unwrap_or("failure").to_string(),
+            class: r.str("class").map(str::to_string),
             node: r
                 .str("blamed_node")
                 .map(str::to_string)
@@ -265,8 +322,29 @@ pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
         .rev()
         .find(|r| r.kind == "job_end" || r.kind == "rank_exit")
         .and_then(|r| r.get("exit_code").and_then(Value::as_i64));
+    let checkpoints = checkpoint_stats(records);
+    let failed_attempts = attempts
+        .iter()
+        .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
+        .count();
+    let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);
+    let restart_s = if attempts.len() > 1 {
+        between / (attempts.len() - 1) as f64
+    } else {
+        0.0
+    };
+    let checkpoint_advice = match (checkpoints.mean_duration_s, mttf_s) {
+        (Some(d), Some(m)) => {
+            crate::policy::checkpoint_interval::advise(d, m, restart_s, checkpoints.mean_interval_s)
+        }
+        _ => None,
+    };
     Report {
         job: job.to_string(),
+        checkpoints,
+        mttf_s,
+        failed_attempts,
+        checkpoint_advice,
         start,
         end,
         wall_s: wall,
@@ -304,7 +382,7 @@ pub fn summary_line(r: &Report) -> String {
         .iter()
         .map(|(v, k)| format!("{:.1}% {}", pct(*v, r.wall_s), k.replace('_', " ")))
         .collect();
-    let failures = match r.failures.len() {
+    let failures = match r.failed_attempts {
         0 => String::new(),
         1 => " after 1 failure".into(),
         n => format!(" after {n} failures"),
@@ -385,16 +463,45 @@ pub fn render_text(r: &Report) -> String {
             }
         );
     }
+    if r.checkpoints.count > 0 {
+        let _ = writeln!(
+            s,
+            "\ncheckpoints: {} confirmed, mean duration {}, mean interval {}",
+            r.checkpoints.count,
+            r.checkpoints
+                .mean_duration_s
+                .map_or("-".into(), |d| format!("{d:.1}s")),
+            r.checkpoints
+                .mean_interval_s
+                .map_or("-".into(), |d| format!("{d:.1}s")),
+        );
+    }
+    if let Some(a) = &r.checkpoint_advice {
+        let _ = writeln!(
+            s,
+            "checkpoint interval advice: every {:.0}s (Daly; Young {:.0}s) for MTTF {:.0}s and cost {:.1}s: expected ETTR {:.1}%{}",
+            a.optimal_s,
+            a.young_s,
+            a.mtbf_s,
+            a.checkpoint_cost_s,
+            100.0 * a.ettr_at_optimal,
+            match (a.current_s, a.ettr_at_current) {
+                (Some(c), Some(e)) => format!(" (now every {c:.0}s: {:.1}%)", 100.0 * e),
+                _ => String::new(),
+            }
+        );
+    }
     if !r.failures.is_empty() {
         let _ = writeln!(s, "\nfailures:");
         for f in &r.failures {
             let _ = writeln!(
                 s,
-                "  {} attempt {} rank {} node {}: {} ({}){}",
+                "  {} attempt {} rank {} node {}: {} {} ({}){}",
                 f.ts.format("%H:%M:%S%.3f"),
                 f.attempt,
-                f.rank.map_or("?".into(), |v| v.to_string()),
+                f.rank.map_or("-".into(), |v| v.to_string()),
                 f.node.clone().unwrap_or_else(|| "?".into()),
+                f.class.as_deref().unwrap_or(""),
                 f.kind,
                 f.cause,
                 f.detail
@@ -637,6 +744,44 @@ mod tests {
         assert_eq!(r.last_step, Some(100));
         assert_eq!(r.exit_code, Some(0));
         assert!(summary_line(&r).starts_with("ETTR 68.2% after 1 failure: 17.4% between attempts"));
+        assert_eq!(r.mttf_s, Some(201.0));
+        assert!(r.checkpoint_advice.is_none(), "no checkpoint cost measured");
+    }
+
+    #[test]
+    fn checkpoint_statistics_and_advice() {
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            rec(1.0, "progress", 0, json!({"step": 1, "first": true})),
+            rec(
+                100.0,
+                "phase",
+                0,
+                json!({"phase": "checkpoint", "step": 100}),
+            ),
+            rec(110.0, "checkpoint_done", 0, json!({"step": 100})),
+            rec(
+                300.0,
+                "phase",
+                0,
+                json!({"phase": "checkpoint", "step": 300}),
+            ),
+            rec(310.0, "checkpoint_done", 0, json!({"step": 300})),
+            rec(400.0, "rank_exit", 0, json!({"exit_code": 137})),
+            rec(
+                400.0,
+                "failure",
+                0,
+                json!({"failure_kind": "crash", "cause": "x"}),
+            ),
+        ];
+        let r = build("j", &recs, 0);
+        assert_eq!(r.checkpoints.count, 2);
+        assert_eq!(r.checkpoints.mean_duration_s, Some(10.0));
+        assert_eq!(r.checkpoints.mean_interval_s, Some(200.0));
+        let a = r.checkpoint_advice.clone().unwrap();
+        assert_eq!((a.checkpoint_cost_s, a.mtbf_s), (10.0, 400.0));
+        assert!(render_text(&r).contains("checkpoint interval advice"));
     }
 
     #[test]
