@@ -78,7 +78,7 @@ fn passthrough(dir: &Path) {
     make_log(&log, mb);
     let log_s = log.to_str().unwrap().to_string();
     let state = dir.join("state");
-    let rounds = env_num("BENCH_ROUNDS", 5);
+    let rounds = env_num("BENCH_ROUNDS", 9);
     let (mut cat_t, mut res_t) = (Vec::new(), Vec::new());
     let mut bytes = 0;
     for _ in 0..rounds {

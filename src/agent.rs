@@ -180,9 +180,17 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             Some(id.node.clone()),
         )
     } else {
+        // One file per writer: a second concurrent step of the same job
+        // (a monitor next to the training step) gets files of its own.
+        let name = match slurm.step_id.as_deref() {
+            Some(step) if step != "0" && slurm.in_step() => {
+                format!("step{step}-rank-{}.jsonl", id.rank)
+            }
+            _ => format!("rank-{}.jsonl", id.rank),
+        };
         Writer::open(
             &job_dir,
-            &format!("rank-{}.jsonl", id.rank),
+            &name,
             id.attempt,
             Some(id.rank),
             Some(id.node.clone()),
@@ -408,6 +416,10 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let mut stall: Option<Stall> = None;
     let mut kill_at: Option<Instant> = None;
     let mut killed = false;
+    let mut killed_at: Option<Instant> = None;
+    let mut stall_at: Option<Instant> = None;
+    let mut stall_stop_sent = false;
+    let mut main_exit_at: Option<Instant> = None;
     let mut drain_kill_at: Option<Instant> = None;
     let mut ints = 0u32;
     let (diag_tx, mut diag_rx) = tokio::sync::mpsc::unbounded_channel::<diagnostics::Diagnostics>();
@@ -437,6 +449,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             if main_exit.is_none() {
                 if let Some(exit) = process::try_reap_main(pid) {
                     main_exit = Some(exit);
+                    main_exit_at = Some(Instant::now());
                     // Remaining descendants get TERM now, KILL after the grace.
                     process::reap_orphans(pid, &skip);
                     if !process::live_children(&skip).is_empty() {
@@ -451,22 +464,6 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }
         }
         if main_exit.is_some() && !diag_pending && !children_left {
-            // A SIGTERM/SIGINT that arrived with the trainer's death (Slurm
-            // signals every process of a step at once) still says who stopped it.
-            let pending = tokio::select! {
-                biased;
-                _ = s_term.recv() => Some("SIGTERM"),
-                _ = s_int.recv() => Some("SIGINT"),
-                _ = std::future::ready(()) => None,
-            };
-            if let (Some(name), None) = (pending, &stop) {
-                journal.record(
-                    "signal",
-                    json!({ "signal": name, "forwarded": false, "after_exit": true }),
-                    false,
-                );
-                stop = Some(StopReason::Signal(name));
-            }
             break;
         }
         let skip = helpers.with(|h| h.clone());
@@ -500,6 +497,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }
 
         tokio::select! {
+            // Signals first: a SIGCONT after a suspension must restart the
+            // stall clock before the timer that expired meanwhile is judged.
+            biased;
             _ = s_chld.recv() => reap_due = true,
             _ = s_term.recv() => {
                 if diag_pending {
@@ -511,7 +511,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     forward_unless(&mut journal, pid, Signal::SIGTERM, slurm_delivers);
                     kill_at.get_or_insert(Instant::now() + grace);
                 }
-                if stop.is_none() { stop = Some(StopReason::Signal("SIGTERM")); }
+                if stop.is_none() && main_exit.is_none() { stop = Some(StopReason::Signal("SIGTERM")); }
             }
             _ = s_int.recv() => {
                 ints += 1;
@@ -525,12 +525,17 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     forward_unless(&mut journal, pid, Signal::SIGINT, slurm_delivers);
                     kill_at.get_or_insert(Instant::now() + grace);
                 }
-                if stop.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
+                if stop.is_none() && main_exit.is_none() { stop = Some(StopReason::Signal("SIGINT")); }
             }
             _ = s_hup.recv() => forward_unless(&mut journal, pid, Signal::SIGHUP, slurm_delivers),
             _ = s_usr1.recv() => on_user_signal(Signal::SIGUSR1, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
             _ = s_usr2.recv() => on_user_signal(Signal::SIGUSR2, &cfg, &slurm, batch_level, child_is_srun, &mut journal, pid, &mut pre_timeout),
-            _ = s_cont.recv() => forward_unless(&mut journal, pid, Signal::SIGCONT, slurm_delivers),
+            _ = s_cont.recv() => {
+                // Resumed after a suspension (scontrol suspend, gang
+                // scheduling, Ctrl-Z): the time stopped is not a stall.
+                policy.on_resume(Instant::now());
+                forward_unless(&mut journal, pid, Signal::SIGCONT, slurm_delivers)
+            }
             _ = tx.woken() => {}
             _ = std::future::ready(()), if early => {}
             Some(d) = diag_rx.recv(), if diag_pending => {
@@ -547,6 +552,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 }), true);
                 if main_exit.is_none() {
                     process::signal_tree(pid, Signal::SIGTERM, &skip);
+                    stall_stop_sent = true;
                     journal.record("stop", json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), false);
                 }
                 kill_at.get_or_insert(Instant::now() + grace);
@@ -569,21 +575,45 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             );
         }
         let now = Instant::now();
-        if main_exit.is_none() && stop.is_none() {
+        // Woken long after the planned time: resilio itself was stopped
+        // (suspend, SIGSTOP) or starved. Time it did not observe is not a
+        // stall; the clock restarts (the SIGCONT may not be handled yet).
+        if monitoring && now > wake + Duration::from_millis(1500) {
+            policy.on_resume(now);
+            journal.record(
+                "resumed",
+                json!({ "late_s": now.duration_since(wake).as_secs_f64() }),
+                false,
+            );
+        }
+        // The job-level supervisor does not judge hangs from srun's merged
+        // output (ranks report on their own sockets): the rank agents do.
+        if main_exit.is_none() && stop.is_none() && !batch_level {
             if let Some(s) = policy.check(now) {
                 on_stall(&s, &policy, &mut plog, &mut journal, &clock, &id, now);
                 stop = Some(StopReason::Stall);
+                stall_at = Some(now);
                 stall = Some(s);
                 diag_pending = true;
                 let dcfg = cfg.diagnostics.clone();
                 let h = helpers.clone();
                 let dtx = diag_tx.clone();
                 let scratch = scratch.clone();
-                std::thread::spawn(move || {
-                    let _ = std::fs::create_dir_all(&scratch);
-                    let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
-                    let _ = dtx.send(d);
-                });
+                let spawned = std::thread::Builder::new()
+                    .name("diagnostics".into())
+                    .spawn(move || {
+                        let _ = std::fs::create_dir_all(&scratch);
+                        let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
+                        let _ = dtx.send(d);
+                    });
+                if spawned.is_err() {
+                    // No thread to be had (the very limit the trainer may have
+                    // hit): stop without diagnostics rather than not at all.
+                    let _ = diag_tx.send(diagnostics::Diagnostics {
+                        py_spy_skipped: Some("no thread available for diagnostics".into()),
+                        ..Default::default()
+                    });
+                }
             }
         }
         if batch_level && main_exit.is_none() && !pre_timeout_done {
@@ -628,18 +658,38 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 }
             }
         }
-        if !killed {
-            let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
-            if due(kill_at) || due(drain_kill_at) {
-                let skip = helpers.with(|h| h.clone());
-                process::signal_tree(pid, Signal::SIGKILL, &skip);
+        let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
+        if due(kill_at) || due(drain_kill_at) {
+            let skip = helpers.with(|h| h.clone());
+            if !killed {
                 killed = true;
+                killed_at = Some(now);
                 journal.record(
                     "stop",
                     json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }),
                     false,
                 );
             }
+            // Again each time round: a process can appear during the sweep.
+            process::signal_tree(pid, Signal::SIGKILL, &skip);
+        }
+        // A descendant that survives SIGKILL (uninterruptible sleep in a
+        // driver or a hung filesystem) must not keep resilio from reporting.
+        if main_exit.is_some()
+            && killed_at.is_some_and(|t| now.duration_since(t) > Duration::from_secs(10))
+        {
+            let skip = helpers.with(|h| h.clone());
+            let left: Vec<i32> = process::live_children(&skip)
+                .iter()
+                .map(|p| p.pid)
+                .collect();
+            journal.record(
+                "unkillable",
+                json!({ "pids": left, "note": "still alive 10 s after SIGKILL; not waited for" }),
+                true,
+            );
+            eprintln!("resilio: processes {left:?} survived SIGKILL; exiting without them");
+            break;
         }
     }
 
@@ -676,6 +726,18 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
 
     process::restore_terminal(pid);
     let exit = main_exit.expect("loop ends only after the main child exited");
+    // The trainer ended on its own while the stall's evidence was being taken
+    // (not by resilio's stop, nor by the dump signal): its own status stands.
+    let by_dump_signal = matches!((exit, cfg.diagnostics.dump_signal), (Exit::Signal(s, _), Some(d)) if s == d as i32);
+    if stall.is_some() && !stall_stop_sent && !by_dump_signal {
+        journal.record(
+            "stall_cancelled",
+            json!({ "status": exit.describe(), "note": "the trainer exited on its own during stall diagnostics" }),
+            true,
+        );
+        stall = None;
+        stop = None;
+    }
     let code = if stall.is_some() {
         EXIT_STALLED
     } else {
@@ -725,6 +787,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             "exit_code": code,
             "status": exit.describe(),
             "cause": cause,
+            "failed_at": clock.wall(stall_at.filter(|_| stall.is_some()).or(main_exit_at).unwrap_or(ended)),
             "class": verdict.class,
             "class_reason": verdict.reason,
             "evidence": verdict.evidence,

@@ -94,8 +94,11 @@ pub fn decide(
                 current.signature, prev.attempt
             ));
         }
+        // "No new step" needs a step in this attempt: an attempt that failed
+        // before its first step (a node failing its health check) is no loop.
         let best_before = earlier.iter().filter_map(|a| a.last_step).max();
-        if best_before.is_some() && current.last_step <= best_before {
+        if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before
+        {
             return stop(format!(
                 "crash loop: no new step since attempt {} (best step {})",
                 prev.attempt,
@@ -238,6 +241,18 @@ mod tests {
         );
         assert!(matches!(
             decide(&better, std::slice::from_ref(&first), 3, true),
+            Action::Requeue { .. }
+        ));
+        // Failing before the first step is not "no progress".
+        let early = out(
+            1,
+            Class::Infrastructure,
+            "health check failed",
+            None,
+            &["n4"],
+        );
+        assert!(matches!(
+            decide(&early, std::slice::from_ref(&first), 3, true),
             Action::Requeue { .. }
         ));
         // Budget: 2 failures already with max 2.

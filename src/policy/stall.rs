@@ -221,6 +221,13 @@ impl StallPolicy {
         self.phase = next;
     }
 
+    /// The process was stopped and resumed (SIGCONT): the time it spent
+    /// stopped is nobody's stall, and the gap is not a step interval.
+    pub fn on_resume(&mut self, now: Instant) {
+        self.anchor = self.anchor.max(now);
+        self.gap_crossed_phase = true;
+    }
+
     /// The adaptive step timeout from what has been learnt so far, or `None`
     /// while there is no interval to learn from.
     pub fn adaptive_timeout(&self) -> Option<Duration> {
@@ -251,7 +258,13 @@ impl StallPolicy {
                 } else {
                     self.cfg.eval_timeout
                 };
-                (t, StallKind::Phase(name.clone()))
+                // A phase never shortens what a step may take (steps logged
+                // 40 minutes apart outlast a 30-minute phase allowance).
+                let step_limit = match self.cfg.fixed_timeout {
+                    Some(f) => f,
+                    None => self.adaptive.unwrap_or(Duration::ZERO),
+                };
+                (t.max(step_limit), StallKind::Phase(name.clone()))
             }
             Phase::Train => match self.cfg.fixed_timeout {
                 Some(t) => (t, StallKind::Step { adaptive: false }),
@@ -454,6 +467,32 @@ mod tests {
         assert_eq!(
             q.check(t0 + secs(121.0)).unwrap().kind,
             StallKind::Phase("eval".into())
+        );
+    }
+
+    #[test]
+    fn a_resume_restarts_the_clock_and_phases_never_shorten_the_step_limit() {
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        let t = steps(&mut p, t0, 0, 20, 0.5);
+        // Suspended for an hour, resumed: no stall at once.
+        let back = t + secs(3600.0);
+        p.on_resume(back);
+        assert!(p.check(back + secs(1.0)).is_none());
+        assert!(p.check(back + secs(5.0)).is_some());
+        // Steps 40 minutes apart: an eval phase gets at least the step limit.
+        let mut q = StallPolicy::new(
+            StallConfig {
+                startup_timeout: secs(3.0 * 3600.0),
+                ..cfg()
+            },
+            t0,
+        );
+        let t = steps(&mut q, t0, 0, 4, 2400.0);
+        q.on_phase(t, "eval");
+        assert!(
+            q.check(t + secs(121.0)).is_none(),
+            "eval timeout is 120 s, the step limit is longer"
         );
     }
 

@@ -427,14 +427,16 @@ pub fn spawn_pump(
                     Err(_) => break,
                 };
                 let chunk = &buf[..n];
-                if out_ok && write_all_fd(dst_fd, chunk).is_err() {
-                    // Our own output is gone; keep draining so the trainer never blocks.
-                    out_ok = false;
-                }
-                tail.push(chunk);
+                // Progress first: a slow reader of resilio's own output
+                // (a stalled filesystem, a paused terminal) must not delay it.
                 let marks = scanner.feed(&parser, chunk);
                 if !marks.is_empty() {
                     send(marks);
+                }
+                tail.push(chunk);
+                if out_ok && write_all_fd(dst_fd, chunk).is_err() {
+                    // Our own output is gone; keep draining so the trainer never blocks.
+                    out_ok = false;
                 }
             }
             let marks = scanner.finish(&parser);

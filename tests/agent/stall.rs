@@ -229,3 +229,87 @@ fn diagnostics_before_the_kill_with_py_spy_and_faulthandler() {
         .collect();
     assert_eq!(order, ["stall", "diagnostics", "stop", "rank_exit"]);
 }
+
+fn fake_py_spy(dir: &std::path::Path, body: &str) -> String {
+    // TEST DOUBLE: a fake py-spy on PATH.
+    let bin_dir = dir.join("bin");
+    std::fs::create_dir_all(&bin_dir).unwrap();
+    let fake = bin_dir.join("py-spy");
+    std::fs::write(
+        &fake,
+        format!("#!/bin/sh\n# fake py-spy (test double)\n{body}\n"),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[test]
+fn a_trainer_that_ends_on_its_own_during_diagnostics_keeps_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    // py-spy takes 3 s; the trainer's silence lasts 2 s, then it finishes.
+    let path = fake_py_spy(dir.path(), "sleep 3; echo 'Thread 0x1 (idle)'");
+    let mut c = resilio_run(dir.path(), "late");
+    c.env("PATH", path).args([
+        "--stall-timeout",
+        "1s",
+        "--",
+        "python3",
+        "-c",
+        "import time\nfor i in range(5):\n    print(f'step {i}', flush=True); time.sleep(0.1)\ntime.sleep(2)\nprint('saved')",
+    ]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "late");
+    assert_eq!(kinds(&recs, "stall").len(), 1);
+    assert_eq!(kinds(&recs, "stall_cancelled").len(), 1);
+    assert_eq!(one(&recs, "rank_exit").str("class"), Some("clean"));
+    assert!(kinds(&recs, "failure").is_empty());
+}
+
+#[test]
+fn a_suspended_and_resumed_job_is_not_a_stall() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let mut c = run_trainer(
+        dir.path(),
+        "suspend",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "40",
+            "--interval",
+            "0.1",
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ],
+    );
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    assert!(wait_for(Duration::from_secs(15), || ready.exists()));
+    let trainer: i32 = std::fs::read_to_string(&ready)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // As `scontrol suspend` does: stop everything, wait, continue everything.
+    let me = Pid::from_raw(child.id() as i32);
+    kill(me, Signal::SIGSTOP).unwrap();
+    kill(Pid::from_raw(-trainer), Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    kill(Pid::from_raw(-trainer), Signal::SIGCONT).unwrap();
+    kill(me, Signal::SIGCONT).unwrap();
+    let (o, _) = wait_output(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(kinds(&records(dir.path(), "suspend"), "stall").is_empty());
+}
