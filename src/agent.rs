@@ -170,7 +170,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
     // In a batch script (in the job, not a task of a step), resilio is the
     // job-level supervisor: it wraps the steps, and decides after them.
-    let batch_level = slurm.in_job() && !slurm.in_step();
+    let batch_level = slurm.in_batch_script();
     let mut journal = if batch_level {
         Writer::open(
             &job_dir,

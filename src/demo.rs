@@ -100,6 +100,15 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("resilio-demo-{}", std::process::id())),
     };
+    // The demo is a local run: inside a Slurm job it must not act on the job.
+    for (key, _) in std::env::vars_os() {
+        if key
+            .to_str()
+            .is_some_and(|k| k.starts_with("SLURM") || k == "ENVIRONMENT")
+        {
+            std::env::remove_var(key);
+        }
+    }
     let exe = std::env::current_exe()
         .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
     let job = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"));

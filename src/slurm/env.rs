@@ -29,6 +29,8 @@ pub struct SlurmContext {
     pub restart_count: u32,
     pub cpus_per_task: Option<u32>,
     pub gpus_on_node: Option<u32>,
+    /// `ENVIRONMENT=BATCH`: set by sbatch for the batch script (and inherited by its steps).
+    pub batch_env: bool,
 }
 
 /// Expand `2(x3),1` into `[2, 2, 2, 1]`.
@@ -118,12 +120,19 @@ impl SlurmContext {
             restart_count: num("SLURM_RESTART_COUNT")?.unwrap_or(0),
             cpus_per_task: num("SLURM_CPUS_PER_TASK")?,
             gpus_on_node: num("SLURM_GPUS_ON_NODE")?,
+            batch_env: get("ENVIRONMENT").as_deref() == Some("BATCH"),
         })
     }
 
     /// Whether this process runs inside a Slurm job.
     pub fn in_job(&self) -> bool {
         self.job_id.is_some()
+    }
+
+    /// Whether this process is the batch script of an sbatch job (not a task
+    /// of a step, not an interactive `salloc` shell).
+    pub fn in_batch_script(&self) -> bool {
+        self.in_job() && self.batch_env && !self.in_step()
     }
 
     /// Whether this process is a task of a step (not the batch script,
