@@ -433,11 +433,11 @@ pub fn spawn_pump(
                 if !marks.is_empty() {
                     send(marks);
                 }
-                tail.push(chunk);
                 if out_ok && write_all_fd(dst_fd, chunk).is_err() {
                     // Our own output is gone; keep draining so the trainer never blocks.
                     out_ok = false;
                 }
+                tail.push(chunk);
             }
             let marks = scanner.finish(&parser);
             if !marks.is_empty() {
