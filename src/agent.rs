@@ -777,7 +777,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
             tail: tail.last_lines(cfg.diagnostics.tail_lines.max(20)),
         },
-        &cfg.failure_patterns,
+        &cfg.failure_patterns
+            .clone()
+            .unwrap_or_else(failure::Patterns::defaults),
     );
     let ended = Instant::now();
     journal.record_at(

@@ -30,7 +30,7 @@ pub const SYSTEM_CONFIG: &str = "/etc/resilio/resilio.toml";
 /// prose and totals (`Total optimization steps = 1000`), and labelled bars
 /// (dataset preprocessing, checkpoint shard loading) do not match.
 pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
-    r#"(?im)(?:^|[^a-z0-9_])(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
+    r#"(?im-u)(?:^|[^a-z0-9_])(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
     r#"|(?:^|[^a-z0-9_])iteration\s+(\d+)\s*/\s*\d+"#,
     r#"|(?:^|[^a-z0-9_])iter\s+(\d+):"#,
     r#"|^steps:\s+(\d+)"#,
@@ -41,9 +41,9 @@ pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
 
 /// Default regex marking the start of a checkpoint save in plain output.
 pub const DEFAULT_CHECKPOINT_REGEX: &str =
-    r"(?i)saving (?:model )?checkpoint|save_checkpoint|checkpoint saving|saving state to";
+    r"(?i-u)saving (?:model )?checkpoint|save_checkpoint|checkpoint saving|saving state to";
 /// Default regex marking the start of an evaluation in plain output.
-pub const DEFAULT_EVAL_REGEX: &str = r"(?i)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
+pub const DEFAULT_EVAL_REGEX: &str = r"(?i-u)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
 
 /// How the progress file is watched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -130,7 +130,9 @@ pub struct Config {
     /// At most one `progress` journal record per this interval (plus first and last).
     pub journal_progress_interval: Duration,
     /// Output patterns that classify a rank's failure.
-    pub failure_patterns: crate::policy::failure::Patterns,
+    /// `None`: the built-in lists, compiled only when a failure is classified
+    /// (they are many regexes; start-up stays cheap).
+    pub failure_patterns: Option<crate::policy::failure::Patterns>,
     /// Signal that asks the trainer for a checkpoint now (`None`: do not signal).
     pub checkpoint_signal: Option<nix::sys::signal::Signal>,
     /// How long the job-level supervisor waits for `checkpoint_done` after a
@@ -188,7 +190,7 @@ impl Default for Config {
                 tail_lines: 40,
             },
             journal_progress_interval: Duration::from_secs(10),
-            failure_patterns: crate::policy::failure::Patterns::defaults(),
+            failure_patterns: None,
             checkpoint_signal: Some(nix::sys::signal::Signal::SIGUSR2),
             checkpoint_wait: Duration::from_secs(120),
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
@@ -518,35 +520,33 @@ impl Config {
             self.slurm_forward_signals = b;
         }
         let f = file.failure;
-        for (field, what, target) in [
-            (
-                f.infrastructure_patterns,
-                "infrastructure",
-                &mut self.failure_patterns.infrastructure,
-            ),
-            (
-                f.secondary_patterns,
-                "secondary",
-                &mut self.failure_patterns.secondary,
-            ),
-            (f.user_patterns, "user", &mut self.failure_patterns.user),
-            (
-                f.ignore_patterns,
-                "ignore",
-                &mut self.failure_patterns.ignore,
-            ),
-            (
-                f.generic_patterns,
-                "generic",
-                &mut self.failure_patterns.generic,
-            ),
-        ] {
-            if let Some(list) = field {
-                *target =
+        let lists = [
+            (f.infrastructure_patterns, "infrastructure"),
+            (f.secondary_patterns, "secondary"),
+            (f.user_patterns, "user"),
+            (f.ignore_patterns, "ignore"),
+            (f.generic_patterns, "generic"),
+        ];
+        if lists.iter().any(|(l, _)| l.is_some()) {
+            let mut p = self
+                .failure_patterns
+                .take()
+                .unwrap_or_else(crate::policy::failure::Patterns::defaults);
+            for (field, what) in lists {
+                let Some(list) = field else { continue };
+                let compiled =
                     crate::policy::failure::compile_list(list.get_ref(), what).map_err(|m| {
                         err_at(list.span().start, format!("failure.{what}_patterns: {m}"))
                     })?;
+                match what {
+                    "infrastructure" => p.infrastructure = compiled,
+                    "secondary" => p.secondary = compiled,
+                    "user" => p.user = compiled,
+                    "ignore" => p.ignore = compiled,
+                    _ => p.generic = compiled,
+                }
             }
+            self.failure_patterns = Some(p);
         }
         Ok(())
     }
