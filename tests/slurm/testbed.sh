@@ -416,7 +416,7 @@ start_slurmd() {
   # Record the node's UTS namespace: `down` kills everything left in it (slurmstepd, job tasks).
   local tries=0 ns="" self
   self=$(uts_of self)
-  while [ $tries -lt 50 ]; do
+  while [ $tries -lt 400 ]; do
     ns=$(uts_of "$pid" || true)
     [ -n "$ns" ] && [ "$ns" != "$self" ] && break
     ns=""
