@@ -618,6 +618,14 @@ mod tests {
         );
     }
 
+    fn verdict(class: Class, reason: &str) -> Verdict {
+        Verdict {
+            class,
+            reason: reason.into(),
+            evidence: None,
+        }
+    }
+
     fn fake(requeue: bool) -> FakeSlurm {
         FakeSlurm::with_job(JobInfo {
             job_id: "77".into(),
@@ -660,11 +668,7 @@ mod tests {
             41,
         );
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, Some("n1".into()));
-        let v = Verdict {
-            class: Class::UserError,
-            reason: "exit 1".into(),
-            evidence: None,
-        };
+        let v = verdict(Class::UserError, "exit 1");
         let f = fake(true);
         let tail = vec!["srun: error: n2: task 1: Exited with exit code 137".to_string()];
         let step = StepEnd {
@@ -714,11 +718,7 @@ mod tests {
         let dir = journal::job_dir(state.path(), "77");
         rank_exit(&dir, 0, "n1", 0, "user_error", Some("KeyError: 'model'"), 3);
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
-        let v = Verdict {
-            class: Class::UserError,
-            reason: "exit 1".into(),
-            evidence: None,
-        };
+        let v = verdict(Class::UserError, "exit 1");
         let f = fake(true);
         let step = StepEnd {
             exit_code: 1,
@@ -780,11 +780,7 @@ mod tests {
         let dir = journal::job_dir(state.path(), "77");
         rank_exit(&dir, 0, "n1", 0, "infrastructure", Some("Xid 79"), 5);
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
-        let v = Verdict {
-            class: Class::Infrastructure,
-            reason: "x".into(),
-            evidence: None,
-        };
+        let v = verdict(Class::Infrastructure, "x");
         let f = fake(false);
         let step = StepEnd {
             exit_code: 1,
@@ -806,11 +802,7 @@ mod tests {
             let dir = journal::job_dir(state.path(), "77");
             rank_exit(&dir, 0, "n1", 0, "preempted", None, 30);
             let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
-            let v = Verdict {
-                class: Class::Preempted,
-                reason: "stopped".into(),
-                evidence: None,
-            };
+            let v = verdict(Class::Preempted, "stopped");
             let f = fake(true);
             let step = StepEnd {
                 exit_code: 143,
