@@ -171,3 +171,156 @@ pub fn gather(
     }
     d
 }
+
+/// What the trainer's processes are doing right now, from
+/// `/proc/PID/task/PID/syscall` of each process's main thread: blocked on a
+/// peer (reading or polling a socket), or not (running, sleeping, reading a
+/// file or pipe). A rank that waits in a collective over TCP (gloo, the
+/// test trainers) blocks on a socket; a rank hung in its own code does not.
+/// Ranks spinning in NCCL look "running" on every rank: the probe cannot tell
+/// them apart there, and says so by answering "not waiting" for all.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Probe {
+    /// `Some(true)`: some process of the rank waits on a socket.
+    /// `Some(false)`: none does, and at least one is busy or blocked elsewhere.
+    /// `None`: nothing could be read.
+    pub waiting_on_peer: Option<bool>,
+    /// One line per process: `pid comm: what`.
+    pub evidence: Vec<String>,
+}
+
+#[cfg(target_arch = "x86_64")]
+const POLLS: &[libc::c_long] = &[
+    libc::SYS_poll,
+    libc::SYS_ppoll,
+    libc::SYS_select,
+    libc::SYS_pselect6,
+    libc::SYS_epoll_wait,
+    libc::SYS_epoll_pwait,
+];
+#[cfg(not(target_arch = "x86_64"))]
+const POLLS: &[libc::c_long] = &[libc::SYS_ppoll, libc::SYS_pselect6, libc::SYS_epoll_pwait];
+const READS: &[libc::c_long] = &[
+    libc::SYS_read,
+    libc::SYS_readv,
+    libc::SYS_recvfrom,
+    libc::SYS_recvmsg,
+    libc::SYS_recvmmsg,
+];
+const SLEEPS: &[libc::c_long] = &[libc::SYS_nanosleep, libc::SYS_clock_nanosleep];
+const WAITS: &[libc::c_long] = &[libc::SYS_wait4, libc::SYS_waitid];
+
+fn fd_is_socket(pid: i32, fd: i64) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}"))
+        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+}
+
+fn has_socket(pid: i32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|d| {
+        d.filter_map(|e| e.ok()).any(|e| {
+            std::fs::read_link(e.path()).is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+    })
+}
+
+/// Classify one process: `Some(true)` waiting on a peer, `Some(false)` not,
+/// `None` for a parent waiting for its children or an unreadable one.
+fn probe_process(pid: i32) -> (Option<bool>, String) {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")) else {
+        return (None, "syscall unreadable".into());
+    };
+    let mut f = text.split_ascii_whitespace();
+    let first = f.next().unwrap_or("");
+    if first == "running" {
+        return (Some(false), "running on a CPU".into());
+    }
+    let Ok(nr) = first.parse::<libc::c_long>() else {
+        return (Some(false), format!("not in a system call ({first})"));
+    };
+    let arg0 = f
+        .next()
+        .and_then(|a| i64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(-1);
+    if READS.contains(&nr) {
+        return if fd_is_socket(pid, arg0) {
+            (Some(true), format!("blocked reading socket fd {arg0}"))
+        } else {
+            (
+                Some(false),
+                format!("blocked reading fd {arg0} (not a socket)"),
+            )
+        };
+    }
+    if POLLS.contains(&nr) {
+        return if has_socket(pid) {
+            (Some(true), "blocked polling, with sockets open".into())
+        } else {
+            (Some(false), "blocked polling, no socket open".into())
+        };
+    }
+    if SLEEPS.contains(&nr) {
+        return (Some(false), "sleeping".into());
+    }
+    if WAITS.contains(&nr) {
+        return (None, "waiting for a child".into());
+    }
+    if nr == libc::SYS_futex {
+        return (None, "blocked on a lock or condition (futex)".into());
+    }
+    (Some(false), format!("blocked in system call {nr}"))
+}
+
+/// Probe every process under this agent (the trainer's tree), helpers excluded.
+pub fn probe(skip: &[i32]) -> Probe {
+    let mut p = Probe::default();
+    for proc_ in process::descendants(std::process::id() as i32) {
+        if proc_.state == 'Z' || skip.contains(&proc_.pid) {
+            continue;
+        }
+        let (w, what) = if proc_.state == 'D' {
+            (
+                Some(false),
+                "uninterruptible sleep (disk or driver)".to_string(),
+            )
+        } else {
+            probe_process(proc_.pid)
+        };
+        p.evidence
+            .push(format!("{} {}: {what}", proc_.pid, proc_.comm));
+        p.waiting_on_peer = match (p.waiting_on_peer, w) {
+            (Some(true), _) | (_, Some(true)) => Some(true),
+            (Some(false), _) | (_, Some(false)) => Some(false),
+            _ => None,
+        };
+    }
+    p
+}
+
+#[cfg(test)]
+mod probe_tests {
+    use super::*;
+
+    #[test]
+    fn a_process_blocked_on_a_socket_waits_on_a_peer_and_a_sleeper_does_not() {
+        // This test's own children: one reads a socket that never speaks, one sleeps.
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut waiter = std::process::Command::new("python3")
+            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        let (s, what) = probe_process(sleeper.id() as i32);
+        assert_eq!(s, Some(false), "{what}");
+        let (w, what) = probe_process(waiter.id() as i32);
+        assert_eq!(w, Some(true), "{what}");
+        let all = probe(&[]);
+        assert_eq!(all.waiting_on_peer, Some(true), "{:?}", all.evidence);
+        let _ = sleeper.kill();
+        let _ = waiter.kill();
+        let _ = sleeper.wait();
+        let _ = waiter.wait();
+    }
+}

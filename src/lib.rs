@@ -27,6 +27,7 @@ pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod context;
+pub mod coordinator;
 pub mod demo;
 pub mod diagnostics;
 pub mod duration;

@@ -1,0 +1,231 @@
+//! The agent's side of the link: report about once a second (at once when
+//! something urgent happened), long-poll for commands, and never hold the
+//! trainer up. Two tasks on the agent's own runtime; they share the latest
+//! report with the agent's loop through an [`Outbox`] and hand commands and
+//! link changes back as [`Note`]s.
+//!
+//! Fail open: an unreachable coordinator is retried with backoff (1 s
+//! doubling to 30 s); the agent keeps supervising locally and journals the
+//! gap (`coordinator_unreachable`, then `coordinator_reachable`).
+
+use super::protocol::{Command, Reply, Report};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Where the coordinator is.
+#[derive(Clone, Debug)]
+pub enum Target {
+    /// Known from the environment.
+    Known { url: String, token: String },
+    /// To be read from the job's discovery files (rank 0's coordinator may
+    /// not have written them yet).
+    Files(PathBuf),
+}
+
+/// The latest report, kept current by the agent's loop.
+#[derive(Default)]
+pub struct Outbox {
+    pub report: Mutex<Report>,
+    /// When the last step was seen (the report carries its age when sent).
+    pub last_step_at: Mutex<Option<Instant>>,
+    pub urgent: tokio::sync::Notify,
+}
+
+impl Outbox {
+    pub fn update(&self, f: impl FnOnce(&mut Report)) {
+        f(&mut self.report.lock().unwrap_or_else(|e| e.into_inner()));
+    }
+    /// The report as it stands now.
+    pub fn snapshot(&self) -> Report {
+        let at = *self.last_step_at.lock().unwrap_or_else(|e| e.into_inner());
+        let mut r = self
+            .report
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        r.progress_age_s = at.map(|t| t.elapsed().as_secs_f64());
+        r
+    }
+}
+
+/// What the link tells the agent's loop.
+#[derive(Debug)]
+pub enum Note {
+    Command(Command),
+    Unreachable { error: String },
+    Reachable { gap_s: f64, failed_requests: u64 },
+}
+
+/// The HTTP link.
+#[derive(Clone)]
+pub struct Link {
+    http: reqwest::Client,
+    target: Target,
+    /// The address and token in use (re-read from the files after an error).
+    cached: Arc<Mutex<Option<(String, String)>>>,
+    period: Duration,
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(2))
+        .pool_idle_timeout(Duration::from_secs(90))
+        .build()
+        .unwrap_or_default()
+}
+
+impl Link {
+    pub fn new(target: Target, period: Duration) -> Link {
+        Link {
+            http: client(),
+            target,
+            cached: Arc::new(Mutex::new(None)),
+            period,
+        }
+    }
+
+    fn resolve(&self) -> Option<(String, String)> {
+        let mut c = self.cached.lock().unwrap_or_else(|e| e.into_inner());
+        if c.is_none() {
+            *c = match &self.target {
+                Target::Known { url, token } => Some((url.clone(), token.clone())),
+                Target::Files(dir) => super::discover_files(dir),
+            };
+        }
+        c.clone()
+    }
+
+    /// After an error: a coordinator found from files may have moved (a new
+    /// attempt's rank 0 wrote new ones).
+    fn forget(&self) {
+        *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Send one report now; the reply's commands.
+    pub async fn send(&self, r: &Report, timeout: Duration) -> Result<Vec<Command>, String> {
+        let res = self.send_once(r, timeout).await;
+        if res.is_err() {
+            self.forget();
+        }
+        res
+    }
+
+    async fn send_once(&self, r: &Report, timeout: Duration) -> Result<Vec<Command>, String> {
+        let (url, token) = self
+            .resolve()
+            .ok_or_else(|| "coordinator not found yet (no coordinator.json)".to_string())?;
+        let body = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+        let resp = self
+            .http
+            .post(format!("{url}/v1/report"))
+            .bearer_auth(token)
+            .header("content-type", "application/json")
+            .body(body)
+            .timeout(timeout)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("{url}: HTTP {}", resp.status()));
+        }
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        Ok(reply.commands)
+    }
+
+    async fn poll(&self, rank: u32, attempt: u32, after: u64) -> Result<Vec<Command>, String> {
+        let (url, token) = self
+            .resolve()
+            .ok_or_else(|| "coordinator not found yet".to_string())?;
+        let resp = self
+            .http
+            .get(format!(
+                "{url}/v1/commands?rank={rank}&attempt={attempt}&after={after}&wait_s=20"
+            ))
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(25))
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if !resp.status().is_success() {
+            return Err(format!("HTTP {}", resp.status()));
+        }
+        let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
+        let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
+        Ok(reply.commands)
+    }
+
+    /// Start the reporter and the long poll on the current runtime.
+    pub fn spawn(&self, outbox: Arc<Outbox>, notes: UnboundedSender<Note>) {
+        let me = self.clone();
+        let ob = outbox.clone();
+        let tx = notes.clone();
+        tokio::spawn(async move {
+            let mut backoff = me.period;
+            let mut down_since: Option<Instant> = None;
+            let mut failed = 0u64;
+            loop {
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = ob.urgent.notified(), if down_since.is_none() => {}
+                }
+                let r = ob.snapshot();
+                match me.send(&r, Duration::from_secs(2)).await {
+                    Ok(cmds) => {
+                        if let Some(t) = down_since.take() {
+                            let _ = tx.send(Note::Reachable {
+                                gap_s: t.elapsed().as_secs_f64(),
+                                failed_requests: failed,
+                            });
+                        }
+                        failed = 0;
+                        backoff = me.period;
+                        for c in cmds {
+                            let _ = tx.send(Note::Command(c));
+                        }
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        if down_since.is_none() {
+                            down_since = Some(Instant::now());
+                            let _ = tx.send(Note::Unreachable { error: e });
+                        }
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_secs(1);
+            loop {
+                let (rank, attempt, after) = {
+                    let r = outbox.report.lock().unwrap_or_else(|e| e.into_inner());
+                    (r.rank, r.attempt, r.commands_seen)
+                };
+                match me.poll(rank, attempt, after).await {
+                    Ok(cmds) => {
+                        backoff = Duration::from_secs(1);
+                        let mut last = after;
+                        for c in cmds {
+                            last = last.max(c.seq);
+                            let _ = notes.send(Note::Command(c));
+                        }
+                        // Do not ask again for what was just delivered, even
+                        // before the loop has marked it seen.
+                        if last > after {
+                            outbox.update(|r| r.commands_seen = r.commands_seen.max(last));
+                        }
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+    }
+}

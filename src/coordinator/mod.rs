@@ -1,0 +1,256 @@
+//! The coordinator: one per job, it sees every rank. Agents report to it
+//! over HTTP with a per-job token; it runs the cross-rank policies (a hang
+//! judged job-wide, stragglers, coordinated checkpoints, teardown on the
+//! first failure) and tells its host what happened.
+//!
+//! Where it runs (its *host*): the local launcher (`resilio run --ntasks N`),
+//! the batch-level `resilio run -- srun ...` in an sbatch script, or, when
+//! neither exists, rank 0's agent. Agents find it from `RESILIO_COORDINATOR`
+//! and `RESILIO_COORDINATOR_TOKEN` (exported by the first two hosts), or from
+//! `coordinator.json` and the 0600 `coordinator.token` in the job's state
+//! directory (rank 0's). See `docs/coordinator.md`.
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+pub mod state;
+
+use crate::journal::Writer;
+use state::{Effect, JobView};
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicU64;
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+
+/// Environment variables that lead agents to the coordinator.
+pub const ENV_URL: &str = "RESILIO_COORDINATOR";
+pub const ENV_TOKEN: &str = "RESILIO_COORDINATOR_TOKEN";
+/// Files in the job's state directory.
+pub const INFO_FILE: &str = "coordinator.json";
+pub const TOKEN_FILE: &str = "coordinator.token";
+
+/// A random token: 32 bytes from the kernel, hex.
+pub fn new_token() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// Where to listen: `auto` is loopback without Slurm, else the address the
+/// node's host name resolves to (reachable from the other nodes), never
+/// 0.0.0.0 unless configured.
+pub fn bind_address(configured: &str, under_slurm: bool) -> Result<SocketAddr, String> {
+    if configured != "auto" {
+        return configured
+            .parse::<SocketAddr>()
+            .or_else(|_| {
+                configured
+                    .parse::<IpAddr>()
+                    .map(|ip| SocketAddr::new(ip, 0))
+            })
+            .map_err(|_| format!("coordinator.bind: '{configured}' is not an address"));
+    }
+    if !under_slurm {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], 0)));
+    }
+    let host = nix::unistd::gethostname()
+        .map_err(|e| format!("cannot read the host name: {e}"))?
+        .to_string_lossy()
+        .into_owned();
+    use std::net::ToSocketAddrs;
+    let addrs: Vec<SocketAddr> = (host.as_str(), 0)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve host name {host}: {e}"))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or(addrs.first())
+        .copied()
+        .ok_or_else(|| format!("host name {host} resolves to no address"))
+}
+
+/// A running coordinator.
+pub struct Coordinator {
+    pub url: String,
+    pub token: String,
+    shared: Arc<server::Shared>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// Effects for the host (failures, settled checkpoints).
+    pub effects: mpsc::Receiver<Effect>,
+    files: Vec<PathBuf>,
+}
+
+impl Coordinator {
+    /// Bind, start serving in a thread of its own, and write the discovery
+    /// files into `job_dir` (when given).
+    pub fn start(
+        view: JobView,
+        bind: SocketAddr,
+        journal: Writer,
+        job_dir: Option<&Path>,
+    ) -> std::io::Result<Coordinator> {
+        let token = new_token()?;
+        let listener = std::net::TcpListener::bind(bind)?;
+        let addr = listener.local_addr()?;
+        let url = format!("http://{addr}");
+        let (host_tx, host_rx) = mpsc::channel();
+        let (seq_tx, _) = tokio::sync::watch::channel(0u64);
+        let shared = Arc::new(server::Shared {
+            view: Mutex::new(view),
+            journal: Mutex::new(journal),
+            token: token.clone(),
+            unauthorized: AtomicU64::new(0),
+            seq: seq_tx,
+            host: Mutex::new(host_tx),
+        });
+        shared.apply(vec![Effect::Journal {
+            kind: "coordinator_start",
+            data: serde_json::json!({ "url": url, "pid": std::process::id() }),
+            durable: true,
+        }]);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("coordinator".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        eprintln!("resilio: coordinator runtime: {e}; ranks supervise locally");
+                        return;
+                    }
+                };
+                if let Err(e) = rt.block_on(server::serve(listener, s, stop_rx)) {
+                    eprintln!("resilio: coordinator stopped: {e}; ranks supervise locally");
+                }
+            })?;
+        let mut files = Vec::new();
+        if let Some(dir) = job_dir {
+            files = write_discovery(dir, &url, &token)?;
+        }
+        Ok(Coordinator {
+            url,
+            token,
+            shared,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            effects: host_rx,
+            files,
+        })
+    }
+
+    /// Environment for agents.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            (ENV_URL.into(), self.url.clone()),
+            (ENV_TOKEN.into(), self.token.clone()),
+        ]
+    }
+
+    /// Run `f` on the view (effects applied as the server would).
+    pub fn with_view<R>(&self, f: impl FnOnce(&mut JobView) -> (R, Vec<Effect>)) -> R {
+        self.shared.with_view(f)
+    }
+
+    /// A journal record in the coordinator's journal.
+    pub fn record(&self, kind: &'static str, data: serde_json::Value, durable: bool) {
+        self.shared.apply(vec![Effect::Journal {
+            kind,
+            data,
+            durable,
+        }]);
+    }
+
+    pub fn request_checkpoint(&self, reason: &str) -> Result<(u64, u64), String> {
+        self.with_view(|v| match v.request_checkpoint(reason, Instant::now()) {
+            Ok((id, step, e)) => (Ok((id, step)), e),
+            Err(m) => (Err(m), Vec::new()),
+        })
+    }
+
+    pub fn new_attempt(&self, attempt: u32) {
+        self.with_view(|v| ((), v.new_attempt(attempt, Instant::now())));
+    }
+
+    pub fn status(&self) -> protocol::Status {
+        let u = self
+            .shared
+            .unauthorized
+            .load(std::sync::atomic::Ordering::Relaxed);
+        self.with_view(|v| (v.status(Instant::now(), u), Vec::new()))
+    }
+}
+
+impl Drop for Coordinator {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        for f in &self.files {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// `coordinator.json` (where) and `coordinator.token` (0600), both written
+/// whole (temporary file, then rename).
+fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<PathBuf>> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::create_dir_all(dir)?;
+    let put = |name: &str, body: &[u8], mode: u32| -> std::io::Result<PathBuf> {
+        let path = dir.join(name);
+        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(path)
+    };
+    let token_path = put(TOKEN_FILE, format!("{token}\n").as_bytes(), 0o600)?;
+    let info = serde_json::json!({
+        "url": url,
+        "pid": std::process::id(),
+        "node": nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
+        "started": chrono::Utc::now(),
+    });
+    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o644)?;
+    Ok(vec![info_path, token_path])
+}
+
+/// Find a job's coordinator: the environment first, then the job's files.
+pub fn discover(job_dir: &Path) -> Option<(String, String)> {
+    if let (Ok(url), Ok(token)) = (std::env::var(ENV_URL), std::env::var(ENV_TOKEN)) {
+        if !url.is_empty() && !token.is_empty() {
+            return Some((url, token));
+        }
+    }
+    discover_files(job_dir)
+}
+
+/// Find a job's coordinator from its files only.
+pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
+    let info: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(job_dir.join(INFO_FILE)).ok()?).ok()?;
+    let url = info.get("url")?.as_str()?.to_string();
+    let token = std::fs::read_to_string(job_dir.join(TOKEN_FILE))
+        .ok()?
+        .trim()
+        .to_string();
+    (!token.is_empty()).then_some((url, token))
+}

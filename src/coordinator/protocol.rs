@@ -1,0 +1,172 @@
+//! The agent ↔ coordinator protocol (HTTP/1.1, JSON bodies, bearer token).
+//!
+//! - `POST /v1/report`: an agent's state ([`Report`]), about once a second
+//!   and at once on a stall, a checkpoint or its exit. The reply carries the
+//!   commands the agent has not seen yet ([`Reply`]).
+//! - `GET /v1/commands?rank=R&after=SEQ`: long poll (up to 20 s) for commands
+//!   newer than SEQ, so that a stop or checkpoint reaches every rank at once.
+//! - `GET /v1/status`: the job as a whole ([`Status`]), for `resilio status`.
+//! - `POST /v1/checkpoint` (`{"reason": "..."}`): ask for a coordinated
+//!   checkpoint; the reply names its id and step.
+//! - `GET /metrics`: Prometheus text format.
+//!
+//! Every request carries `Authorization: Bearer TOKEN`; others get 401.
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version, sent in every report.
+pub const VERSION: u32 = 1;
+
+/// Where a rank is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RankState {
+    /// Launched, no step yet.
+    #[default]
+    Starting,
+    Running,
+    /// Its agent judged it stalled (diagnostics, then stop).
+    Stalled,
+    /// The trainer is gone; `exit` says how.
+    Exited,
+}
+
+/// How a rank ended.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: i32,
+    /// Failure class (`clean`, `user_error`, `infrastructure`, `hang`, ...).
+    pub class: String,
+    pub cause: String,
+    #[serde(default)]
+    pub evidence: Option<String>,
+    /// The agent stopped it on request (signal from outside, or the coordinator).
+    #[serde(default)]
+    pub stopped: bool,
+}
+
+/// One agent's report: cumulative totals, so a lost report loses nothing.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub v: u32,
+    pub rank: u32,
+    pub node: String,
+    pub attempt: u32,
+    pub pid: u32,
+    pub state: RankState,
+    /// Last step seen.
+    pub step: Option<u64>,
+    /// Seconds since the last step, measured by the agent when it sent this
+    /// (ages, not timestamps: node clocks need not agree).
+    pub progress_age_s: Option<f64>,
+    /// Step intervals so far in this attempt: count, sum of seconds.
+    pub intervals: (u64, f64),
+    /// `compute_s` values the trainer sent: count, sum of seconds.
+    pub compute: (u64, f64),
+    /// Current phase (`train`, `checkpoint`, `eval`).
+    pub phase: String,
+    /// Steps of the checkpoints the trainer confirmed (most recent last, at most 16).
+    pub checkpoints: Vec<u64>,
+    /// Only once `state` is `exited`.
+    pub exit: Option<ExitInfo>,
+    /// The probe of the trainer's threads, taken on a stall or on request:
+    /// blocked on a peer (network read or poll)?
+    pub waiting_on_peer: Option<bool>,
+    pub probe: Option<String>,
+    /// The highest command sequence number the agent has seen.
+    pub commands_seen: u64,
+}
+
+/// What the coordinator asks of agents.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum CommandKind {
+    /// Save a checkpoint at `step` and confirm with `checkpoint_done step=STEP`.
+    Checkpoint { id: u64, step: u64, reason: String },
+    /// Stop the trainer (TERM, grace, KILL).
+    Stop { reason: String },
+    /// Probe the trainer's threads now and report (a peer stalled).
+    Diagnose { reason: String },
+}
+
+/// A command with its sequence number; `ranks` empty means every rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    pub seq: u64,
+    pub attempt: u32,
+    #[serde(default)]
+    pub ranks: Vec<u32>,
+    #[serde(flatten)]
+    pub kind: CommandKind,
+}
+
+impl Command {
+    pub fn for_rank(&self, rank: u32, attempt: u32) -> bool {
+        self.attempt == attempt && (self.ranks.is_empty() || self.ranks.contains(&rank))
+    }
+}
+
+/// Reply to a report or a long poll.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub commands: Vec<Command>,
+}
+
+/// One rank in `resilio status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankStatus {
+    pub rank: u32,
+    pub node: String,
+    pub state: RankState,
+    pub step: Option<u64>,
+    pub steps_per_s: Option<f64>,
+    pub mean_step_s: Option<f64>,
+    pub mean_compute_s: Option<f64>,
+    pub phase: String,
+    pub progress_age_s: Option<f64>,
+    pub last_report_age_s: f64,
+    pub straggler: bool,
+}
+
+/// The live job, for `resilio status` and `GET /v1/status`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub job: String,
+    pub attempt: u32,
+    pub world_size: u32,
+    pub uptime_s: f64,
+    pub ranks: Vec<RankStatus>,
+    pub step: Option<u64>,
+    pub steps_per_s: Option<f64>,
+    pub straggler_ranks: Vec<String>,
+    pub straggler_nodes: Vec<String>,
+    pub last_checkpoint: Option<CheckpointStatus>,
+    pub pending_checkpoint: Option<CheckpointStatus>,
+    pub restarts: u32,
+    pub stalls: u64,
+    pub unauthorized: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointStatus {
+    pub id: u64,
+    pub step: u64,
+    pub reason: String,
+    pub confirmed: Vec<u32>,
+    pub missing: Vec<u32>,
+    pub age_s: f64,
+}
+
+/// `POST /v1/checkpoint` body.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct CheckpointAsk {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/checkpoint` reply.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CheckpointAnswer {
+    pub id: u64,
+    pub step: u64,
+}
