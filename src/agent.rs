@@ -14,6 +14,9 @@
 
 use crate::config::Config;
 use crate::context::{env_is_set, Identity};
+use crate::coordinator::client::{Link, Note, Outbox, Target};
+use crate::coordinator::protocol::{CommandKind, ExitInfo, RankState};
+use crate::coordinator::Coordinator;
 use crate::diagnostics::{self, Helpers};
 use crate::error::{Error, Result, EXIT_STALLED};
 use crate::journal::{self, Writer};
@@ -48,6 +51,8 @@ enum StopReason {
     Signal(&'static str),
     /// The stall policy fired.
     Stall,
+    /// The coordinator stopped the step (another rank failed).
+    Coordinator,
 }
 
 /// Supervise one rank. Returns the exit code for resilio; an `Err` only
@@ -196,7 +201,80 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             Some(id.node.clone()),
         )
     };
-    let single_rank_job = batch_level || (id.world_size == 1 && !env_is_set("RESILIO_COORDINATOR"));
+    let single_rank_job =
+        batch_level || (id.world_size == 1 && !env_is_set(crate::coordinator::ENV_URL));
+    let mut monitor_errors: Vec<String> = Vec::new();
+
+    // The coordinator: from the environment (the local launcher's, or the
+    // batch-level one's), hosted here (batch level; rank 0 of a step nobody
+    // else coordinates), or found from the job's files (the other ranks).
+    let mut hosted: Option<Coordinator> = None;
+    let mut target: Option<Target> = None;
+    if cfg.coordinator.enabled {
+        let from_env = std::env::var(crate::coordinator::ENV_URL)
+            .ok()
+            .zip(std::env::var(crate::coordinator::ENV_TOKEN).ok())
+            .filter(|(u, t)| !u.is_empty() && !t.is_empty());
+        let multi_rank_step = slurm.in_step() && id.world_size > 1;
+        if let Some((url, token)) = from_env {
+            target = Some(Target::Known { url, token });
+        } else if batch_level || (multi_rank_step && id.rank == 0) {
+            let world = if batch_level {
+                slurm.ntasks.unwrap_or(1)
+            } else {
+                id.world_size
+            };
+            let view = crate::coordinator::state::JobView::new(
+                &id.job,
+                world,
+                id.attempt,
+                cfg.coordinator.policy.clone(),
+                Instant::now(),
+            );
+            let started = crate::coordinator::bind_address(&cfg.coordinator.bind, slurm.in_job())
+                .map_err(|e| std::io::Error::other(e))
+                .and_then(|bind| {
+                    let w = Writer::open(
+                        &job_dir,
+                        "coordinator.jsonl",
+                        id.attempt,
+                        None,
+                        Some(id.node.clone()),
+                    );
+                    Coordinator::start(view, bind, w, Some(&job_dir))
+                });
+            match started {
+                Ok(c) => {
+                    if !batch_level {
+                        target = Some(Target::Known {
+                            url: c.url.clone(),
+                            token: c.token.clone(),
+                        });
+                    }
+                    hosted = Some(c);
+                }
+                Err(e) => monitor_errors.push(format!("coordinator: {e}")),
+            }
+        } else if multi_rank_step {
+            target = Some(Target::Files(job_dir.clone()));
+        }
+    }
+    let outbox = std::sync::Arc::new(Outbox::default());
+    let (notes_tx, mut notes_rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
+    let link = target.map(|t| Link::new(t, cfg.coordinator.report_interval));
+    let linked = link.is_some();
+    if let Some(l) = &link {
+        outbox.update(|r| {
+            r.v = crate::coordinator::protocol::VERSION;
+            r.rank = id.rank;
+            r.node = id.node.clone();
+            r.attempt = id.attempt;
+            r.phase = "train".into();
+        });
+        l.spawn(outbox.clone(), notes_tx.clone());
+    }
+    drop(notes_tx);
+    let mut commands_handled = 0u64;
 
     // Signals are registered before the child exists so none is lost.
     let sig = |k: SignalKind| {
@@ -210,7 +288,6 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let mut s_cont = sig(SignalKind::from_raw(libc::SIGCONT))?;
     let mut s_chld = sig(SignalKind::child())?;
 
-    let mut monitor_errors: Vec<String> = Vec::new();
     if let Err(e) = process::set_subreaper() {
         monitor_errors.push(format!("cannot become child subreaper: {e}"));
     }
@@ -246,6 +323,19 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     env.push(("RESILIO_STATE_DIR".into(), cfg.state_dir.clone().into()));
     if socket_ok {
         env.push(("RESILIO_SOCKET".into(), sock_path.clone().into()));
+    }
+    // Coordinated checkpoint requests reach the trainer through this file
+    // (`checkpoint id=N step=S reason=R`, replaced whole); see docs/coordinator.md.
+    let control_path = sock_path.with_extension("ctl");
+    if linked {
+        env.push(("RESILIO_CONTROL".into(), control_path.clone().into()));
+    }
+    if let Some(c) = &hosted {
+        if batch_level {
+            for (k, v) in c.env() {
+                env.push((k.into(), v.into()));
+            }
+        }
     }
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
@@ -342,6 +432,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     };
     let pid = spawned.pid;
     let launched = Instant::now();
+    outbox.update(|r| r.pid = pid.as_raw() as u32);
 
     let parser = output::Parser::new(
         cfg.progress.regex.clone(),
@@ -437,6 +528,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     // process of the step, the trainer included: forwarding would double them.
     let slurm_delivers = slurm.in_step() && !cfg.slurm_forward_signals;
     let mut pre_timeout_done = false;
+    let mut pre_timeout_coordinated = false;
     let child_is_srun = opts
         .argv
         .first()
@@ -484,11 +576,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         let early = step_wake.is_some_and(|t| tx.has_steps_before(t));
         let waiting_checkpoint = batch_level && pre_timeout.is_some() && !pre_timeout_done;
         let mut wake = if monitoring && !waiting_checkpoint {
-            policy.deadline().min(
-                now + cfg
-                    .journal_progress_interval
-                    .max(Duration::from_millis(100)),
-            )
+            let mut every = cfg
+                .journal_progress_interval
+                .max(Duration::from_millis(100));
+            if linked {
+                // The coordinator's report carries the latest step.
+                every = every.min(cfg.coordinator.report_interval);
+            }
+            policy.deadline().min(now + every)
         } else {
             now + Duration::from_secs(1)
         };
@@ -537,6 +632,56 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 forward_unless(&mut journal, pid, Signal::SIGCONT, slurm_delivers)
             }
             _ = tx.woken() => {}
+            Some(note) = notes_rx.recv(), if linked => {
+                match note {
+                    Note::Unreachable { error } => {
+                        eprintln!("resilio: coordinator unreachable ({error}); supervising this rank locally, retrying");
+                        journal.record("coordinator_unreachable", json!({ "error": error }), false);
+                    }
+                    Note::Reachable { gap_s, failed_requests } => {
+                        journal.record("coordinator_reachable", json!({ "gap_s": gap_s, "failed_requests": failed_requests }), false);
+                    }
+                    Note::Command(c) if c.seq > commands_handled && c.for_rank(id.rank, id.attempt) => {
+                        commands_handled = c.seq;
+                        outbox.update(|r| r.commands_seen = r.commands_seen.max(c.seq));
+                        match c.kind {
+                            CommandKind::Checkpoint { id: ck, step, reason } => {
+                                let written = write_control(&control_path, &format!("checkpoint id={ck} step={step} reason={reason}\n"));
+                                let signalled = cfg.coordinator.signal_trainer.then_some(cfg.checkpoint_signal).flatten();
+                                if let Some(sig) = signalled {
+                                    process::signal_group(pid, sig);
+                                }
+                                journal.record("checkpoint_requested", json!({
+                                    "id": ck, "step": step, "reason": reason, "coordinated": true,
+                                    "control_file": written.as_ref().ok().map(|_| &control_path),
+                                    "control_error": written.err().map(|e| e.to_string()),
+                                    "signal": signalled.map(|s| s.as_str()),
+                                }), true);
+                            }
+                            CommandKind::Stop { reason } => {
+                                if main_exit.is_none() && stop.is_none() {
+                                    process::signal_group(pid, Signal::SIGTERM);
+                                    journal.record("stop", json!({ "reason": "coordinator", "detail": reason, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
+                                    stop = Some(StopReason::Coordinator);
+                                    kill_at.get_or_insert(Instant::now() + grace);
+                                }
+                            }
+                            CommandKind::Diagnose { reason } => {
+                                if main_exit.is_none() {
+                                    let p = diagnostics::probe(&skip);
+                                    journal.record("probe", json!({ "reason": reason, "probe": &p }), false);
+                                    outbox.update(|r| {
+                                        r.waiting_on_peer = p.waiting_on_peer;
+                                        r.probe = Some(p.evidence.join("; "));
+                                    });
+                                    outbox.urgent.notify_one();
+                                }
+                            }
+                        }
+                    }
+                    Note::Command(_) => {}
+                }
+            }
             _ = std::future::ready(()), if early => {}
             Some(d) = diag_rx.recv(), if diag_pending => {
                 diag_pending = false;
@@ -567,12 +712,20 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         if stall.is_none() {
             drain_events(
                 &tx,
-                &mut policy,
-                &mut plog,
-                &mut journal,
-                &clock,
-                &mut faults,
+                &mut Sinks {
+                    policy: &mut policy,
+                    plog: &mut plog,
+                    journal: &mut journal,
+                    clock: &clock,
+                    faults: &mut faults,
+                    outbox: linked.then_some(&*outbox),
+                },
             );
+        }
+        if let Some(c) = &hosted {
+            // Effects for a host: this agent tears nothing down itself (the
+            // coordinator's stop reaches every rank), so they are only drained.
+            while c.effects.try_recv().is_ok() {}
         }
         let now = Instant::now();
         // Woken long after the planned time: resilio itself was stopped
@@ -591,6 +744,17 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         if main_exit.is_none() && stop.is_none() && !batch_level {
             if let Some(s) = policy.check(now) {
                 on_stall(&s, &policy, &mut plog, &mut journal, &clock, &id, now);
+                if linked {
+                    // What the trainer is blocked on, before anything disturbs it.
+                    let p = diagnostics::probe(&helpers.with(|h| h.clone()));
+                    journal.record("probe", json!({ "reason": "stall", "probe": &p }), false);
+                    outbox.update(|r| {
+                        r.state = RankState::Stalled;
+                        r.waiting_on_peer = p.waiting_on_peer;
+                        r.probe = Some(p.evidence.join("; "));
+                    });
+                    outbox.urgent.notify_one();
+                }
                 stop = Some(StopReason::Stall);
                 stall_at = Some(now);
                 stall = Some(s);
@@ -614,6 +778,22 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                         ..Default::default()
                     });
                 }
+            }
+        }
+        if let (Some(c), Some(_), false) = (&hosted, pre_timeout, pre_timeout_coordinated) {
+            pre_timeout_coordinated = true;
+            // Besides the signal: the ranks' agents tell their trainers the step.
+            match c.request_checkpoint("pre_timeout") {
+                Ok((ck, step)) => journal.record(
+                    "checkpoint_coordinated",
+                    json!({ "id": ck, "step": step, "reason": "pre_timeout" }),
+                    false,
+                ),
+                Err(e) => journal.record(
+                    "checkpoint_coordinated",
+                    json!({ "error": e, "reason": "pre_timeout" }),
+                    false,
+                ),
             }
         }
         if batch_level && main_exit.is_none() && !pre_timeout_done {
@@ -706,11 +886,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     if stall.is_none() {
         drain_events(
             &tx,
-            &mut policy,
-            &mut plog,
-            &mut journal,
-            &clock,
-            &mut faults,
+            &mut Sinks {
+                policy: &mut policy,
+                plog: &mut plog,
+                journal: &mut journal,
+                clock: &clock,
+                faults: &mut faults,
+                outbox: linked.then_some(&*outbox),
+            },
         );
     }
     drop(file_watch);
@@ -723,6 +906,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }
         let _ = std::fs::remove_file(&sock_path);
     }
+    let _ = std::fs::remove_file(&control_path);
 
     process::restore_terminal(pid);
     let exit = main_exit.expect("loop ends only after the main child exited");
@@ -746,25 +930,26 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let cause = match (&stop, exit) {
         (Some(StopReason::Stall), _) => "stalled".to_string(),
         (Some(StopReason::Signal(name)), _) => format!("stopped by {name}"),
+        (Some(StopReason::Coordinator), _) => "stopped by the coordinator".into(),
         (None, Exit::Code(0)) => "completed".into(),
         (None, Exit::Code(_)) => "exited with error".into(),
         (None, Exit::Signal(..)) => "killed by signal".into(),
     };
+    let stopped_on_request = matches!(stop, Some(StopReason::Signal(_) | StopReason::Coordinator));
     // After a failure, the health check again: a failing one blames the node.
-    let after_check =
-        if checks_node && exit.code() != 0 && !matches!(stop, Some(StopReason::Signal(_))) {
-            let h = crate::health::run(&cfg.health);
-            if let Some(h) = &h {
-                journal.record(
-                    "health_check",
-                    json!({ "when": "after_failure", "result": h }),
-                    true,
-                );
-            }
-            h
-        } else {
-            None
-        };
+    let after_check = if checks_node && exit.code() != 0 && !stopped_on_request {
+        let h = crate::health::run(&cfg.health);
+        if let Some(h) = &h {
+            journal.record(
+                "health_check",
+                json!({ "when": "after_failure", "result": h }),
+                true,
+            );
+        }
+        h
+    } else {
+        None
+    };
     let verdict = failure::classify(
         &failure::RankEnd {
             exit_code: exit.code(),
@@ -773,7 +958,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 Exit::Code(_) => None,
             },
             stalled: stall.is_some(),
-            stop_requested: matches!(stop, Some(StopReason::Signal(_))),
+            stop_requested: stopped_on_request,
             health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
             tail: tail.last_lines(cfg.diagnostics.tail_lines.max(20)),
         },
@@ -803,7 +988,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }),
         true,
     );
-    if code != 0 && !matches!(stop, Some(StopReason::Signal(_))) {
+    if code != 0 && !stopped_on_request {
         let kind = if stall.is_some() {
             "stall"
         } else if matches!(exit, Exit::Signal(..)) {
@@ -824,6 +1009,26 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }),
             true,
         );
+    }
+    if let Some(l) = &link {
+        // The last report, sent now: the coordinator tears the step down on it.
+        outbox.update(|r| {
+            r.state = RankState::Exited;
+            r.exit = Some(ExitInfo {
+                code,
+                class: verdict.class.name().to_string(),
+                cause: cause.clone(),
+                evidence: verdict.evidence.clone(),
+                stopped: stopped_on_request,
+            });
+        });
+        if let Err(e) = l.send(&outbox.snapshot(), Duration::from_secs(2)).await {
+            journal.record(
+                "coordinator_unreachable",
+                json!({ "error": e, "note": "the exit was not reported" }),
+                false,
+            );
+        }
     }
     if batch_level {
         let tail_lines = tail.last_lines(200);
@@ -935,30 +1140,57 @@ struct SourceFaults {
 }
 
 /// Feed every queued event to the policy and the journal, oldest first.
-fn drain_events(
-    tx: &progress::Sender,
-    policy: &mut StallPolicy,
-    plog: &mut ProgressLog,
-    journal: &mut Writer,
-    clock: &Clock,
-    faults: &mut SourceFaults,
-) {
+struct Sinks<'a> {
+    policy: &'a mut StallPolicy,
+    plog: &'a mut ProgressLog,
+    journal: &'a mut Writer,
+    clock: &'a Clock,
+    faults: &'a mut SourceFaults,
+    /// The report for the coordinator, when linked.
+    outbox: Option<&'a Outbox>,
+}
+
+fn drain_events(tx: &progress::Sender, sinks: &mut Sinks<'_>) {
     for ev in tx.drain() {
-        handle_event(ev, policy, plog, journal, clock, faults);
+        handle_event(ev, sinks);
     }
 }
 
-fn handle_event(
-    ev: Event,
-    policy: &mut StallPolicy,
-    plog: &mut ProgressLog,
-    journal: &mut Writer,
-    clock: &Clock,
-    faults: &mut SourceFaults,
-) {
+fn handle_event(ev: Event, k: &mut Sinks<'_>) {
+    let (policy, plog, journal, clock, faults) = (
+        &mut *k.policy,
+        &mut *k.plog,
+        &mut *k.journal,
+        k.clock,
+        &mut *k.faults,
+    );
     match ev.kind {
         Kind::Step { step, metrics } => {
+            let prev = plog.last_at;
             if policy.on_progress(ev.at, step) {
+                if let Some(o) = k.outbox {
+                    let compute = metrics
+                        .iter()
+                        .find(|(k, _)| k == "compute_s")
+                        .map(|(_, v)| *v)
+                        .filter(|c| c.is_finite() && *c >= 0.0);
+                    let last = policy.last_step();
+                    o.update(|r| {
+                        if r.state == RankState::Starting {
+                            r.state = RankState::Running;
+                        }
+                        r.step = last;
+                        if let Some(p) = prev {
+                            r.intervals.0 += 1;
+                            r.intervals.1 += ev.at.saturating_duration_since(p).as_secs_f64();
+                        }
+                        if let Some(c) = compute {
+                            r.compute.0 += 1;
+                            r.compute.1 += c;
+                        }
+                    });
+                    *o.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev.at);
+                }
                 plog.observe(journal, clock, (ev.at, step, ev.source.name(), metrics));
             }
         }
@@ -966,6 +1198,9 @@ fn handle_event(
             let before = policy.phase().clone();
             policy.on_phase(ev.at, &name);
             if policy.phase() != &before {
+                if let Some(o) = k.outbox {
+                    o.update(|r| r.phase = policy.phase().name().to_string());
+                }
                 journal.record_at(
                     clock.wall(ev.at),
                     "phase",
@@ -983,6 +1218,16 @@ fn handle_event(
             );
             if policy.phase().name() == "checkpoint" {
                 policy.on_phase(ev.at, "train");
+            }
+            if let (Some(o), Some(s)) = (k.outbox, step) {
+                o.update(|r| {
+                    r.phase = policy.phase().name().to_string();
+                    r.checkpoints.push(s);
+                    if r.checkpoints.len() > 16 {
+                        r.checkpoints.remove(0);
+                    }
+                });
+                o.urgent.notify_one();
             }
         }
         Kind::Malformed { fault, sample } => {
@@ -1115,4 +1360,12 @@ fn write_diag_file(
     std::fs::write(&tmp, text).ok()?;
     std::fs::rename(&tmp, &path).ok()?;
     Some(path)
+}
+
+/// Replace the control file whole (temporary file, then rename), so the
+/// trainer never reads half a request.
+fn write_control(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("ctl.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
 }

@@ -112,6 +112,34 @@ impl Default for HealthConfig {
     }
 }
 
+/// Where and how the coordinator runs (`[coordinator]`, `[straggler]`).
+#[derive(Clone, Debug)]
+pub struct CoordinatorSettings {
+    /// Off: every rank supervises alone (no reports, no cross-rank policies).
+    pub enabled: bool,
+    /// `auto` (loopback without Slurm, else the node's address), or an address.
+    pub bind: String,
+    /// How often an agent reports when nothing urgent happens.
+    pub report_interval: Duration,
+    /// Also send `[checkpoint] signal` to the trainer on a coordinated
+    /// checkpoint request (besides the control file).
+    pub signal_trainer: bool,
+    /// The cross-rank policies' parameters.
+    pub policy: crate::coordinator::state::CoordinatorConfig,
+}
+
+impl Default for CoordinatorSettings {
+    fn default() -> Self {
+        CoordinatorSettings {
+            enabled: true,
+            bind: "auto".into(),
+            report_interval: Duration::from_secs(1),
+            signal_trainer: false,
+            policy: Default::default(),
+        }
+    }
+}
+
 /// The fully resolved configuration of one `resilio run`.
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -146,6 +174,8 @@ pub struct Config {
     pub slurm_forward_signals: bool,
     /// Site health check, run before the trainer starts and after it failed.
     pub health: HealthConfig,
+    /// The coordinator and its cross-rank policies.
+    pub coordinator: CoordinatorSettings,
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -196,6 +226,7 @@ impl Default for Config {
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
             slurm_forward_signals: false,
             health: HealthConfig::default(),
+            coordinator: CoordinatorSettings::default(),
         }
     }
 }
@@ -223,6 +254,39 @@ struct FileConfig {
     slurm: SlurmSection,
     #[serde(default)]
     health: HealthSection,
+    #[serde(default)]
+    coordinator: CoordinatorSection,
+    #[serde(default)]
+    straggler: StragglerSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CoordinatorSection {
+    enabled: Option<bool>,
+    bind: Option<Spanned<String>>,
+    #[serde(default, with = "serde_text::option")]
+    report_interval: Option<Duration>,
+    signal_trainer: Option<bool>,
+    #[serde(default, with = "serde_text::option")]
+    hang_wait: Option<Duration>,
+    #[serde(default, with = "serde_text::option")]
+    checkpoint_lead: Option<Duration>,
+    /// "none" or a duration.
+    checkpoint_every: Option<Spanned<String>>,
+    #[serde(default, with = "serde_text::option")]
+    lost_after: Option<Duration>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct StragglerSection {
+    #[serde(default, with = "serde_text::option")]
+    window: Option<Duration>,
+    margin: Option<Spanned<f64>>,
+    windows: Option<Spanned<u32>>,
+    min_samples: Option<u64>,
+    checkpoint: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -519,6 +583,72 @@ impl Config {
         if let Some(b) = file.slurm.forward_signals {
             self.slurm_forward_signals = b;
         }
+        let c = file.coordinator;
+        let cs = &mut self.coordinator;
+        if let Some(b) = c.enabled {
+            cs.enabled = b;
+        }
+        if let Some(b) = c.bind {
+            let v = b.get_ref().trim().to_string();
+            crate::coordinator::bind_address(&v, false).map_err(|m| err_at(b.span().start, m))?;
+            cs.bind = v;
+        }
+        if let Some(d) = c.report_interval {
+            cs.report_interval = d.max(Duration::from_millis(50));
+        }
+        if let Some(b) = c.signal_trainer {
+            cs.signal_trainer = b;
+        }
+        if let Some(d) = c.hang_wait {
+            cs.policy.hang_wait = d;
+        }
+        if let Some(d) = c.checkpoint_lead {
+            cs.policy.checkpoint_lead = d;
+        }
+        if let Some(e) = c.checkpoint_every {
+            let v = e.get_ref().trim();
+            cs.policy.checkpoint_every = if v == "none" || v.is_empty() {
+                None
+            } else {
+                Some(crate::duration::parse(v).map_err(|m| {
+                    err_at(e.span().start, format!("coordinator.checkpoint_every: {m}"))
+                })?)
+            };
+        }
+        if let Some(d) = c.lost_after {
+            cs.policy.lost_after = d;
+        }
+        // The coordinator's checkpoint wait is the one the pre-timeout uses.
+        cs.policy.checkpoint_wait = self.checkpoint_wait;
+        let st = file.straggler;
+        let sp = &mut cs.policy.straggler;
+        if let Some(d) = st.window {
+            sp.window = d.max(Duration::from_millis(100));
+        }
+        if let Some(m) = st.margin {
+            if !(*m.get_ref() >= 0.0 && m.get_ref().is_finite()) {
+                return Err(err_at(
+                    m.span().start,
+                    "straggler.margin must be >= 0".into(),
+                ));
+            }
+            sp.margin = *m.get_ref();
+        }
+        if let Some(w) = st.windows {
+            if *w.get_ref() == 0 {
+                return Err(err_at(
+                    w.span().start,
+                    "straggler.windows must be >= 1".into(),
+                ));
+            }
+            sp.windows = *w.get_ref();
+        }
+        if let Some(n) = st.min_samples {
+            sp.min_samples = n.max(1);
+        }
+        if let Some(b) = st.checkpoint {
+            cs.policy.checkpoint_on_straggler = b;
+        }
         let f = file.failure;
         let lists = [
             (f.infrastructure_patterns, "infrastructure"),
@@ -587,6 +717,11 @@ mod tests {
         assert_eq!(c.progress.regex.as_str(), d.progress.regex.as_str());
         assert_eq!(c.journal_progress_interval, d.journal_progress_interval);
         assert_eq!(c.diagnostics.tail_lines, d.diagnostics.tail_lines);
+        assert_eq!(c.coordinator.policy, d.coordinator.policy);
+        assert_eq!(c.coordinator.bind, d.coordinator.bind);
+        assert_eq!(c.coordinator.report_interval, d.coordinator.report_interval);
+        assert_eq!(c.coordinator.enabled, d.coordinator.enabled);
+        assert_eq!(c.coordinator.signal_trainer, d.coordinator.signal_trainer);
     }
 
     #[test]
