@@ -1167,15 +1167,19 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
     match ev.kind {
         Kind::Step { step, metrics } => {
             let prev = plog.last_at;
-            if policy.on_progress(ev.at, step) {
-                if let Some(o) = k.outbox {
-                    let compute = metrics
-                        .iter()
-                        .find(|(k, _)| k == "compute_s")
-                        .map(|(_, v)| *v)
-                        .filter(|c| c.is_finite() && *c >= 0.0);
-                    let last = policy.last_step();
-                    o.update(|r| {
+            let counted = policy.on_progress(ev.at, step);
+            if let Some(o) = k.outbox {
+                // compute_s may come on the socket after the same step was
+                // read from the output: counted once per step either way.
+                let compute = metrics
+                    .iter()
+                    .find(|(k, _)| k == "compute_s")
+                    .map(|(_, v)| *v)
+                    .filter(|c| c.is_finite() && *c >= 0.0)
+                    .filter(|_| o.take_compute_step(step));
+                let last = policy.last_step();
+                o.update(|r| {
+                    if counted {
                         if r.state == RankState::Starting {
                             r.state = RankState::Running;
                         }
@@ -1184,13 +1188,17 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                             r.intervals.0 += 1;
                             r.intervals.1 += ev.at.saturating_duration_since(p).as_secs_f64();
                         }
-                        if let Some(c) = compute {
-                            r.compute.0 += 1;
-                            r.compute.1 += c;
-                        }
-                    });
+                    }
+                    if let Some(c) = compute {
+                        r.compute.0 += 1;
+                        r.compute.1 += c;
+                    }
+                });
+                if counted {
                     *o.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev.at);
                 }
+            }
+            if counted {
                 plog.observe(journal, clock, (ev.at, step, ev.source.name(), metrics));
             }
         }

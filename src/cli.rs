@@ -32,6 +32,10 @@ enum Command {
     Timeline(ReportArgs),
     /// Failure history of nodes across all jobs, for admins
     Nodes(NodesArgs),
+    /// The live job: ranks, steps, stragglers, checkpoints (asks its coordinator)
+    Status(StatusArgs),
+    /// Ask every rank of a running job to checkpoint at the same step
+    Checkpoint(StatusArgs),
     /// A local run with an injected hang, end to end (no Slurm needed)
     Demo(DemoArgs),
     /// The scripted trainer the demo runs (internal)
@@ -71,9 +75,28 @@ struct RunArgs {
     /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)
     #[arg(long, value_name = "ID")]
     job_id: Option<String>,
+    /// Local mode: launch N ranks on this machine (torchrun variables set),
+    /// with a coordinator and in-place restarts (--max-restarts)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    ntasks: Option<u32>,
     /// The command to supervise
     #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
     command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct StatusArgs {
+    /// Job id (default: the most recently written job)
+    job: Option<String>,
+    /// Machine-readable output
+    #[arg(long)]
+    json: bool,
+    /// Why (journaled with the request; `resilio checkpoint` only)
+    #[arg(long, default_value = "operator")]
+    reason: String,
+    /// Where journals live [env: RESILIO_STATE_DIR]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -163,6 +186,26 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
             Some(config::parse_signal(s).map_err(|e| usage(format!("--dump-signal: {e}")))?);
     }
     Ok(cfg)
+}
+
+/// The flags every rank's agent gets from the local launcher.
+fn agent_args(a: &RunArgs, cfg: &Config) -> Vec<OsString> {
+    let mut v: Vec<OsString> = Vec::new();
+    let mut put = |flag: &str, value: Option<OsString>| {
+        if let Some(x) = value {
+            v.push(format!("--{flag}").into());
+            v.push(x);
+        }
+    };
+    put("config", a.config.clone().map(Into::into));
+    put("state-dir", Some(cfg.state_dir.clone().into()));
+    put("stall-timeout", a.stall_timeout.clone().map(Into::into));
+    put("startup-timeout", a.startup_timeout.clone().map(Into::into));
+    put("progress-regex", a.progress_regex.clone().map(Into::into));
+    put("progress-file", a.progress_file.clone().map(Into::into));
+    put("kill-grace", a.kill_grace.clone().map(Into::into));
+    put("dump-signal", a.dump_signal.clone().map(Into::into));
+    v
 }
 
 fn state_dir_of(flag: &Option<PathBuf>) -> PathBuf {
@@ -293,6 +336,21 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 ));
             }
             let config = resolve_run_config(&a)?;
+            if let Some(n) = a.ntasks {
+                if std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty())
+                    && std::env::var_os("SLURM_STEP_ID").is_some()
+                {
+                    return Err(usage("run: --ntasks is local mode; inside a Slurm step, srun starts the ranks"));
+                }
+                let agent_args = agent_args(&a, &config);
+                return crate::launcher::run(crate::launcher::LocalOptions {
+                    argv: a.command,
+                    config,
+                    job_id: a.job_id,
+                    ntasks: n,
+                    agent_args,
+                });
+            }
             agent::run(RunOptions {
                 argv: a.command,
                 config,
@@ -302,6 +360,17 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Report(a) => report_cmd(&a, false),
         Command::Timeline(a) => report_cmd(&a, true),
         Command::Nodes(a) => nodes_cmd(&a),
+        Command::Status(a) => crate::status::status_cmd(
+            &state_dir_of(&a.state_dir),
+            a.job.as_deref(),
+            a.json,
+        ),
+        Command::Checkpoint(a) => crate::status::checkpoint_cmd(
+            &state_dir_of(&a.state_dir),
+            a.job.as_deref(),
+            &a.reason,
+            a.json,
+        ),
         Command::Demo(a) => crate::demo::run(a.state_dir),
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
     }

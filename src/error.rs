@@ -20,6 +20,9 @@ pub const EXIT_INTERNAL: i32 = 70;
 pub const EXIT_NO_JOB: i32 = 3;
 /// Exit code when Slurm refused an action (e.g. draining without permission).
 pub const EXIT_NOT_PERMITTED: i32 = 4;
+/// Exit code when a job's coordinator cannot be reached (not running, or
+/// running without one) or refused the request.
+pub const EXIT_NO_COORDINATOR: i32 = 5;
 
 /// Everything that can go wrong before or around supervision.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +55,9 @@ pub enum Error {
     /// No journal exists for the job asked about.
     #[error("no journal for job '{job}' under {}", dir.display())]
     NoJob { job: String, dir: PathBuf },
+    /// The job's coordinator could not be reached or refused.
+    #[error("{0}")]
+    Coordinator(String),
     /// Anything else (I/O on resilio's own files, runtime set-up).
     #[error("{0}")]
     Other(String),
@@ -65,6 +71,7 @@ impl Error {
             Error::NotFound { .. } => EXIT_NOT_FOUND,
             Error::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
             Error::NoJob { .. } => EXIT_NO_JOB,
+            Error::Coordinator(_) => EXIT_NO_COORDINATOR,
             Error::Other(_) => EXIT_INTERNAL,
         }
     }

@@ -128,6 +128,11 @@ impl Writer {
         w
     }
 
+    /// Records from now on belong to `attempt` (a restart in place).
+    pub fn set_attempt(&mut self, attempt: u32) {
+        self.attempt = attempt;
+    }
+
     /// A writer that writes nothing (used when no journal is wanted).
     pub fn disabled() -> Writer {
         Writer {

@@ -33,6 +33,7 @@ fn class_of(name: &str) -> Option<Class> {
     Some(match name {
         "clean" => Class::Clean,
         "user_error" => Class::UserError,
+        "unknown" => Class::Unknown,
         "infrastructure" => Class::Infrastructure,
         "hang" => Class::Hang,
         "secondary" => Class::Secondary,
@@ -93,7 +94,7 @@ pub fn srun_failures(tail: &[String], at: f64) -> Vec<RankFailure> {
         let class = match (code, what) {
             (Some(137), _) => Class::Infrastructure,
             (_, w) if w.starts_with("Terminated") || w.starts_with("Killed") => Class::Secondary,
-            _ => Class::UserError,
+            _ => Class::Unknown,
         };
         out.push(RankFailure {
             rank,
@@ -406,20 +407,27 @@ pub fn reconcile_previous(
     }
 }
 
-/// Judge, decide, journal, act. Returns the exit code resilio should exit with.
-pub fn after_attempt(
-    state_dir: &Path,
-    job: &str,
+/// The judgment and decision on one attempt.
+pub struct Decided {
+    pub judgment: Judgment,
+    /// The primary failure.
+    pub primary: RankFailure,
+    pub outcome: AttemptOutcome,
+    pub evidence: String,
+    pub action: Action,
+}
+
+/// Judge the attempt from the journal, decide with the restart policy, and
+/// journal both (`judgment`, `decision`). `None` when nothing failed.
+pub fn decide_attempt(
+    records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
     max_restarts: u32,
-    slurm: &dyn Slurm,
+    requeue_allowed: impl FnOnce() -> bool,
     journal: &mut Writer,
-) -> i32 {
-    let records = journal::read_job(&journal::job_dir(state_dir, job))
-        .map(|j| j.records)
-        .unwrap_or_default();
-    let (failures, judgment) = judge_attempt(&records, attempt, step);
+) -> Option<Decided> {
+    let (failures, judgment) = judge_attempt(records, attempt, step);
     let last_step = records
         .iter()
         .filter(|r| r.attempt == attempt)
@@ -429,15 +437,8 @@ pub fn after_attempt(
             _ => None,
         })
         .max();
-    let Some(j) = judgment else {
-        journal.record(
-            "job_end",
-            json!({ "exit_code": step.exit_code, "reason": "completed" }),
-            true,
-        );
-        return step.exit_code;
-    };
-    let primary = &failures[j.primary];
+    let j = judgment?;
+    let primary = failures[j.primary].clone();
     let evidence = primary
         .verdict
         .evidence
@@ -470,14 +471,7 @@ pub fn after_attempt(
         }),
         true,
     );
-    let requeue_allowed = match slurm.show_job(job) {
-        Ok(info) => info.requeue,
-        Err(e) => {
-            eprintln!("resilio: cannot read job {job} from Slurm: {e}");
-            false
-        }
-    };
-    let earlier = earlier_outcomes(&records, attempt);
+    let earlier = earlier_outcomes(records, attempt);
     let action = if outcome.class == Class::Preempted && !step.pre_timeout {
         // Stopped from outside with no warning: scancel, or a time limit the
         // job did not ask to be warned of. Requeueing would undo a cancel.
@@ -485,13 +479,52 @@ pub fn after_attempt(
             reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
         }
     } else {
-        restart::decide(&outcome, &earlier, max_restarts, requeue_allowed)
+        restart::decide(&outcome, &earlier, max_restarts, requeue_allowed())
     };
     journal.record(
         "decision",
         json!({ "outcome": outcome, "decision": action }),
         true,
     );
+    Some(Decided {
+        judgment: j,
+        primary,
+        outcome,
+        evidence,
+        action,
+    })
+}
+
+/// Judge, decide, journal, act. Returns the exit code resilio should exit with.
+pub fn after_attempt(
+    state_dir: &Path,
+    job: &str,
+    attempt: u32,
+    step: &StepEnd<'_>,
+    max_restarts: u32,
+    slurm: &dyn Slurm,
+    journal: &mut Writer,
+) -> i32 {
+    let records = journal::read_job(&journal::job_dir(state_dir, job))
+        .map(|j| j.records)
+        .unwrap_or_default();
+    let requeue_allowed = || match slurm.show_job(job) {
+        Ok(info) => info.requeue,
+        Err(e) => {
+            eprintln!("resilio: cannot read job {job} from Slurm: {e}");
+            false
+        }
+    };
+    let Some(d) = decide_attempt(&records, attempt, step, max_restarts, requeue_allowed, journal)
+    else {
+        journal.record(
+            "job_end",
+            json!({ "exit_code": step.exit_code, "reason": "completed" }),
+            true,
+        );
+        return step.exit_code;
+    };
+    let (j, evidence, action) = (d.judgment, d.evidence, d.action);
     match action {
         Action::Finish => {
             journal.record(
@@ -954,7 +987,7 @@ mod tests {
                 (2, "n3", Class::Infrastructure),
                 (0, "n1", Class::Secondary),
                 (u32::MAX, "n4", Class::Infrastructure),
-                (1, "n2", Class::UserError),
+                (1, "n2", Class::Unknown),
                 (3, "n4", Class::Secondary)
             ]
         );

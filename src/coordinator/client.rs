@@ -31,12 +31,25 @@ pub struct Outbox {
     /// When the last step was seen (the report carries its age when sent).
     pub last_step_at: Mutex<Option<Instant>>,
     pub urgent: tokio::sync::Notify,
+    /// The step whose compute time was counted last.
+    compute_step: Mutex<Option<u64>>,
 }
 
 impl Outbox {
     pub fn update(&self, f: impl FnOnce(&mut Report)) {
         f(&mut self.report.lock().unwrap_or_else(|e| e.into_inner()));
     }
+    /// True the first time a compute time comes for `step` (or always for
+    /// messages without a step).
+    pub fn take_compute_step(&self, step: Option<u64>) -> bool {
+        let mut c = self.compute_step.lock().unwrap_or_else(|e| e.into_inner());
+        if step.is_some() && *c == step {
+            return false;
+        }
+        *c = step;
+        true
+    }
+
     /// The report as it stands now.
     pub fn snapshot(&self) -> Report {
         let at = *self.last_step_at.lock().unwrap_or_else(|e| e.into_inner());

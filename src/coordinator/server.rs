@@ -58,11 +58,17 @@ impl Shared {
 
     /// Run `f` on the view, apply its effects, wake long polls if commands were added.
     pub fn with_view<R>(&self, f: impl FnOnce(&mut JobView) -> (R, Vec<Effect>)) -> R {
-        let (r, effects, seq) = {
+        let (r, effects, seq, attempt) = {
             let mut v = self.view.lock().unwrap_or_else(|e| e.into_inner());
             let (r, effects) = f(&mut v);
-            (r, effects, v.seq())
+            (r, effects, v.seq(), v.attempt())
         };
+        if !effects.is_empty() {
+            self.journal
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_attempt(attempt);
+        }
         self.apply(effects);
         self.seq.send_if_modified(|s| {
             if *s != seq {

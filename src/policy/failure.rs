@@ -17,9 +17,13 @@ use serde::Serialize;
 pub enum Class {
     /// Exit 0.
     Clean,
-    /// The user's own code or configuration (traceback, non-zero exit without
-    /// an infrastructure signature). Not worth a requeue.
+    /// The user's own code or configuration, recognised by its signature
+    /// (ImportError, KeyError, CUDA out of memory, ...). Not worth a requeue.
     UserError,
+    /// A failure with no known signature (an unrecognised exception, a bare
+    /// non-zero exit): maybe transient, so it gets one restart; the same
+    /// failure again is taken for the user's code and stops (crash loop).
+    Unknown,
     /// The node, its GPUs or the fabric: blame the node, exclude, requeue.
     Infrastructure,
     /// The rank stopped making progress and was stopped (a hang).
@@ -36,6 +40,7 @@ impl Class {
         match self {
             Class::Clean => "clean",
             Class::UserError => "user_error",
+            Class::Unknown => "unknown",
             Class::Infrastructure => "infrastructure",
             Class::Hang => "hang",
             Class::Secondary => "secondary",
@@ -45,7 +50,10 @@ impl Class {
 
     /// Whether a restart may help (the failure was not in the user's code).
     pub fn retryable(self) -> bool {
-        matches!(self, Class::Infrastructure | Class::Hang | Class::Preempted)
+        matches!(
+            self,
+            Class::Infrastructure | Class::Hang | Class::Preempted | Class::Unknown
+        )
     }
 }
 
@@ -316,12 +324,16 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
             .rev()
             .find(|l| p.line_class(l) == Some(LineClass::Generic) && !l.starts_with("Traceback"))
             .map_or(line, |s| s.as_str());
-        return v(Class::UserError, "the trainer's own error", Some(last));
+        return v(
+            Class::Unknown,
+            "an exception no pattern explains (one restart; the same again stops)",
+            Some(last),
+        );
     }
     v(
-        Class::UserError,
+        Class::Unknown,
         &format!(
-            "exit code {} with no infrastructure signature",
+            "exit code {} with no known signature (one restart; the same again stops)",
             end.exit_code
         ),
         None,
@@ -482,9 +494,9 @@ mod tests {
         );
         assert_eq!(
             (g.class, g.evidence.as_deref()),
-            (Class::UserError, Some("MyOwnError: bad batch"))
+            (Class::Unknown, Some("MyOwnError: bad batch"))
         );
-        assert_eq!(classify(&end(3, &["bye"]), &p).class, Class::UserError);
+        assert_eq!(classify(&end(3, &["bye"]), &p).class, Class::Unknown);
         let s = classify(
             &end(
                 1,

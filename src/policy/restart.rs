@@ -87,6 +87,14 @@ pub fn decide(
             failures.len()
         ));
     }
+    if current.class == Class::Unknown {
+        if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
+            return stop(format!(
+                "crash loop: the same unexplained failure ({}) as attempt {}: taken for the trainer's own error",
+                current.signature, prev.attempt
+            ));
+        }
+    }
     if let Some(prev) = failures.last() {
         if current.signature == prev.signature && current.last_step == prev.last_step {
             return stop(format!(
@@ -282,5 +290,20 @@ mod tests {
             signature_of(Class::Hang, "step 120 of 400"),
             "hang: step # of #"
         );
+    }
+
+    #[test]
+    fn an_unexplained_failure_gets_one_restart_and_the_same_again_stops() {
+        let first = out(0, Class::Unknown, "exit code 1", Some(5), &[]);
+        assert!(matches!(decide(&first, &[], 3, true), Action::Requeue { .. }));
+        // The same failure later, even at a new step: a crash loop.
+        let again = out(1, Class::Unknown, "exit code 1", Some(9), &[]);
+        match decide(&again, std::slice::from_ref(&first), 3, true) {
+            Action::Stop { reason } => assert!(reason.contains("crash loop"), "{reason}"),
+            other => panic!("{other:?}"),
+        }
+        // A different one after it is still worth a restart.
+        let other = out(1, Class::Unknown, "RuntimeError: flaky", Some(9), &[]);
+        assert!(matches!(decide(&other, &[first], 3, true), Action::Requeue { .. }));
     }
 }

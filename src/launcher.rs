@@ -1,0 +1,385 @@
+//! Local mode: `resilio run --ntasks N -- COMMAND` launches N ranks on this
+//! machine, each under its own rank agent (`resilio run -- COMMAND` with the
+//! torchrun variables), with the coordinator in this process. When a rank
+//! fails, the others are stopped at once, the attempt is judged and, within
+//! the restart budget, every rank is relaunched in place with a fresh
+//! MASTER_PORT. The journal is the same as under Slurm, so `resilio report`
+//! and `resilio timeline` read it the same way.
+
+use crate::config::Config;
+use crate::coordinator::state::{Effect, JobView};
+use crate::coordinator::Coordinator;
+use crate::error::{Error, Result};
+use crate::journal::{self, Writer};
+use crate::policy::failure::{Class, Verdict};
+use crate::policy::restart::Action;
+use crate::supervisor::{self, StepEnd};
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde_json::json;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Marks an agent started by the local launcher (no terminal hand-off).
+pub const ENV_LAUNCHER: &str = "RESILIO_LOCAL_LAUNCHER";
+
+/// What `resilio run --ntasks N` was asked to do.
+pub struct LocalOptions {
+    pub argv: Vec<OsString>,
+    pub config: Config,
+    pub job_id: Option<String>,
+    pub ntasks: u32,
+    /// Flags passed on to every rank's agent (`--config`, timeouts, ...).
+    pub agent_args: Vec<OsString>,
+}
+
+pub fn run(opts: LocalOptions) -> Result<i32> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
+    rt.block_on(run_async(opts))
+}
+
+/// A port free right now on loopback (the kernel's pick), for MASTER_PORT.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or(29500)
+}
+
+struct Rank {
+    rank: u32,
+    pid: Pid,
+    exit: Option<i32>,
+}
+
+fn code_of(status: WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, c) => Some(c),
+        WaitStatus::Signaled(_, s, _) => Some(128 + s as i32),
+        _ => None,
+    }
+}
+
+async fn run_async(opts: LocalOptions) -> Result<i32> {
+    let cfg = opts.config;
+    let n = opts.ntasks.max(1);
+    let job = match opts.job_id {
+        Some(j) => j,
+        None => format!(
+            "local-{}-{}",
+            chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+            std::process::id()
+        ),
+    };
+    journal::validate_job_id(&job).map_err(Error::Usage)?;
+    let exe = std::env::current_exe()
+        .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+    let node = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.to_str().map(|s| s.split('.').next().unwrap_or(s).to_string()))
+        .unwrap_or_else(|| "localhost".into());
+    let job_dir = journal::job_dir(&cfg.state_dir, &job);
+    let mut log = Writer::open(&job_dir, "launcher.jsonl", 0, None, Some(node.clone()));
+    let argv_text: Vec<String> = opts
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    log.record(
+        "job_start",
+        json!({ "world_size": n, "mode": "local", "argv": argv_text, "max_restarts": cfg.max_restarts }),
+        true,
+    );
+
+    let coordinator = if cfg.coordinator.enabled {
+        let bind = crate::coordinator::bind_address(&cfg.coordinator.bind, false)
+            .map_err(Error::Usage)?;
+        let view = JobView::new(&job, n, 0, cfg.coordinator.policy.clone(), Instant::now());
+        let w = Writer::open(&job_dir, "coordinator.jsonl", 0, None, Some(node.clone()));
+        match Coordinator::start(view, bind, w, Some(&job_dir)) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("resilio: coordinator: {e}; ranks supervise alone");
+                log.record("monitor_error", json!({ "error": format!("coordinator: {e}") }), false);
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    let sig = |k: SignalKind| {
+        signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
+    };
+    let mut s_term = sig(SignalKind::terminate())?;
+    let mut s_int = sig(SignalKind::interrupt())?;
+    let mut s_hup = sig(SignalKind::hangup())?;
+    let mut s_usr1 = sig(SignalKind::user_defined1())?;
+    let mut s_usr2 = sig(SignalKind::user_defined2())?;
+    let mut s_chld = sig(SignalKind::child())?;
+
+    let grace = cfg.kill_grace;
+    let mut attempt = 0u32;
+    let mut stopped_from_outside: Option<&'static str> = None;
+    let mut ints = 0u32;
+    let final_code;
+    loop {
+        let port = free_port();
+        let started = Instant::now();
+        let mut ranks: Vec<Rank> = Vec::new();
+        let mut spawn_error = None;
+        for r in 0..n {
+            let mut cmd = Command::new(&exe);
+            cmd.arg("run")
+                .args(&opts.agent_args)
+                .arg("--")
+                .args(&opts.argv)
+                .envs([
+                    ("RANK", r.to_string()),
+                    ("LOCAL_RANK", r.to_string()),
+                    ("WORLD_SIZE", n.to_string()),
+                    ("LOCAL_WORLD_SIZE", n.to_string()),
+                    ("GROUP_RANK", "0".into()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.to_string()),
+                    ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                    ("RESILIO_JOB_ID", job.clone()),
+                    ("RESILIO_ATTEMPT", attempt.to_string()),
+                    ("RESILIO_STATE_DIR", cfg.state_dir.to_string_lossy().into_owned()),
+                    (ENV_LAUNCHER, "1".into()),
+                ])
+                // Ranks run in process groups of their own (so a Ctrl-C
+                // reaches them once, through the launcher): not in the
+                // terminal's foreground, so no rank may read it.
+                .stdin(Stdio::null())
+                .process_group(0);
+            if let Some(c) = &coordinator {
+                cmd.envs(c.env());
+            }
+            let parent = std::process::id() as libc::pid_t;
+            // SAFETY: only async-signal-safe calls between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    // The launcher gone (even by SIGKILL): the agents stop their ranks.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0);
+                    if libc::getppid() != parent {
+                        libc::raise(libc::SIGTERM);
+                    }
+                    Ok(())
+                });
+            }
+            match cmd.spawn() {
+                Ok(child) => ranks.push(Rank {
+                    rank: r,
+                    pid: Pid::from_raw(child.id() as i32),
+                    exit: None,
+                }),
+                Err(e) => {
+                    spawn_error = Some(format!("cannot start the agent of rank {r}: {e}"));
+                    break;
+                }
+            }
+        }
+        log.record(
+            "launch",
+            json!({
+                "attempt": attempt, "ranks": n, "master_port": port,
+                "agent_pids": ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>(),
+            }),
+            true,
+        );
+
+        // Supervise the attempt until every agent is gone.
+        let mut failed_at: Option<Instant> = None;
+        let mut failure_note: Option<String> = None;
+        let mut kill_at: Option<Instant> = None;
+        if let Some(e) = spawn_error {
+            eprintln!("resilio: {e}");
+            failure_note = Some(e);
+            failed_at = Some(Instant::now());
+        }
+        let mut teardown_sent = false;
+        loop {
+            // Reap.
+            for r in ranks.iter_mut().filter(|r| r.exit.is_none()) {
+                if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
+                    if let Some(c) = code_of(st) {
+                        r.exit = Some(c);
+                        if c != 0 && failed_at.is_none() && stopped_from_outside.is_none() {
+                            failed_at = Some(Instant::now());
+                            failure_note = Some(format!("rank {} exited {c}", r.rank));
+                        }
+                    }
+                }
+            }
+            if let Some(c) = &coordinator {
+                while let Ok(e) = c.effects.try_recv() {
+                    if let Effect::Failed { reason, .. } = e {
+                        if failed_at.is_none() {
+                            failed_at = Some(Instant::now());
+                            failure_note = Some(reason);
+                        }
+                    }
+                }
+            }
+            if ranks.iter().all(|r| r.exit.is_some()) {
+                break;
+            }
+            let now = Instant::now();
+            if (failed_at.is_some() || stopped_from_outside.is_some()) && !teardown_sent {
+                // Stop every rank now (the coordinator's stop went out too);
+                // the agents give their trainers the grace, then kill.
+                teardown_sent = true;
+                for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                    let _ = kill(r.pid, Signal::SIGTERM);
+                }
+                kill_at = Some(now + grace + Duration::from_secs(5));
+                if let Some(note) = &failure_note {
+                    log.record(
+                        "teardown",
+                        json!({ "attempt": attempt, "reason": note, "ranks_left": ranks.iter().filter(|r| r.exit.is_none()).count() }),
+                        true,
+                    );
+                }
+            }
+            if kill_at.is_some_and(|t| now >= t) {
+                for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                    let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
+                }
+            }
+            let forward = |ranks: &[Rank], s: Signal| {
+                for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                    let _ = kill(r.pid, s);
+                }
+            };
+            tokio::select! {
+                _ = s_chld.recv() => {}
+                _ = s_term.recv() => { stopped_from_outside.get_or_insert("SIGTERM"); forward(&ranks, Signal::SIGTERM); teardown_sent = true; kill_at.get_or_insert(Instant::now() + grace + Duration::from_secs(5)); }
+                _ = s_int.recv() => {
+                    ints += 1;
+                    stopped_from_outside.get_or_insert("SIGINT");
+                    if ints >= 2 {
+                        for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                            let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
+                        }
+                    } else {
+                        forward(&ranks, Signal::SIGINT);
+                    }
+                    teardown_sent = true;
+                    kill_at.get_or_insert(Instant::now() + grace + Duration::from_secs(5));
+                }
+                _ = s_hup.recv() => forward(&ranks, Signal::SIGHUP),
+                _ = s_usr1.recv() => forward(&ranks, Signal::SIGUSR1),
+                _ = s_usr2.recv() => forward(&ranks, Signal::SIGUSR2),
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        let ended = Instant::now();
+        let codes: Vec<i32> = ranks.iter().filter_map(|r| r.exit).collect();
+        let worst = ranks
+            .iter()
+            .filter_map(|r| r.exit)
+            .find(|c| *c != 0)
+            .unwrap_or(0);
+        log.record(
+            "attempt_end",
+            json!({
+                "attempt": attempt, "exit_codes": codes,
+                "runtime_s": ended.duration_since(started).as_secs_f64(),
+                "teardown_s": failed_at.map(|f| ended.duration_since(f).as_secs_f64()),
+            }),
+            true,
+        );
+        if worst == 0 && failed_at.is_none() && stopped_from_outside.is_none() {
+            log.record("job_end", json!({ "exit_code": 0, "reason": "completed" }), true);
+            final_code = 0;
+            break;
+        }
+        if let Some(s) = stopped_from_outside {
+            log.record(
+                "job_end",
+                json!({ "exit_code": worst, "reason": format!("stopped by {s}") }),
+                true,
+            );
+            final_code = if worst == 0 { 128 + 15 } else { worst };
+            break;
+        }
+        // Judge and decide from the ranks' journals, as the Slurm supervisor does.
+        let records = journal::read_job(&job_dir)
+            .map(|j| j.records)
+            .unwrap_or_default();
+        let fallback = Verdict {
+            class: Class::Infrastructure,
+            reason: failure_note
+                .clone()
+                .unwrap_or_else(|| "a rank failed".into()),
+            evidence: None,
+        };
+        let step = StepEnd {
+            exit_code: worst,
+            verdict: &fallback,
+            tail: &[],
+            node: &node,
+            pre_timeout: false,
+        };
+        let decided = supervisor::decide_attempt(
+            &records,
+            attempt,
+            &step,
+            cfg.max_restarts,
+            || true,
+            &mut log,
+        );
+        let code = decided
+            .as_ref()
+            .and_then(|d| {
+                ranks
+                    .iter()
+                    .find(|r| r.rank == d.primary.rank)
+                    .and_then(|r| r.exit)
+                    .filter(|c| *c != 0)
+            })
+            .unwrap_or(if worst == 0 { 1 } else { worst });
+        let what = decided
+            .as_ref()
+            .map(|d| format!("{} ({})", d.outcome.class.name(), d.outcome.signature));
+        match decided.map(|d| d.action) {
+            Some(Action::Requeue { .. }) => {
+                // One machine: nothing to exclude; the restart is in place.
+                let reason = what.unwrap_or_default();
+                attempt += 1;
+                eprintln!("resilio: restarting all {n} ranks (attempt {attempt}): {reason}");
+                log.record(
+                    "restart",
+                    json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
+                            "teardown_s": failed_at.map(|f| ended.duration_since(f).as_secs_f64()) }),
+                    true,
+                );
+                log.set_attempt(attempt);
+                if let Some(c) = &coordinator {
+                    c.new_attempt(attempt);
+                }
+            }
+            Some(Action::Stop { reason }) => {
+                eprintln!("resilio: not restarting: {reason}");
+                log.record("job_end", json!({ "exit_code": code, "reason": reason }), true);
+                final_code = code;
+                break;
+            }
+            Some(Action::Finish) | None => {
+                log.record("job_end", json!({ "exit_code": code, "reason": "failed" }), true);
+                final_code = code;
+                break;
+            }
+        }
+    }
+    drop(coordinator);
+    Ok(final_code)
+}

@@ -1,0 +1,191 @@
+//! `resilio status JOB` and `resilio checkpoint JOB`: ask a running job's
+//! coordinator (found from `coordinator.json` and the 0600 token file in the
+//! job's state directory).
+
+use crate::coordinator::protocol::{CheckpointAnswer, Status};
+use crate::error::{Error, Result};
+use crate::journal;
+use std::path::Path;
+use std::time::Duration;
+
+fn resolve_job(state_dir: &Path, job: Option<&str>) -> Result<String> {
+    match job {
+        Some(j) => {
+            journal::validate_job_id(j).map_err(Error::Usage)?;
+            Ok(j.to_string())
+        }
+        None => journal::list_jobs(state_dir)
+            .pop()
+            .map(|(j, _)| j)
+            .ok_or_else(|| Error::NoJob {
+                job: "(latest)".into(),
+                dir: state_dir.join("jobs"),
+            }),
+    }
+}
+
+fn endpoint(state_dir: &Path, job: &str) -> Result<(String, String)> {
+    let dir = journal::job_dir(state_dir, job);
+    crate::coordinator::discover_files(&dir).ok_or_else(|| {
+        Error::Coordinator(format!(
+            "no live coordinator for job {job}: {} is absent or unreadable (the job is not running, or runs without one)",
+            dir.join(crate::coordinator::INFO_FILE).display()
+        ))
+    })
+}
+
+/// One request, on a runtime of its own.
+fn request(
+    method: reqwest::Method,
+    url: String,
+    token: &str,
+    body: Option<String>,
+) -> Result<String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
+    rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| Error::Other(e.to_string()))?;
+        let mut req = client.request(method, &url).bearer_auth(token);
+        if let Some(b) = body {
+            req = req.header("content-type", "application/json").body(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| Error::Coordinator(format!("coordinator at {url} unreachable: {e}")))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| Error::Coordinator(format!("{url}: {e}")))?;
+        if !status.is_success() {
+            return Err(Error::Coordinator(format!(
+                "coordinator refused ({status}): {}",
+                text.trim()
+            )));
+        }
+        Ok(text)
+    })
+}
+
+fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".into(), |x| x.to_string())
+}
+
+pub fn render_status(s: &Status) -> String {
+    let mut out = String::new();
+    out.push_str(&format!(
+        "job {}  attempt {}  ranks {}/{}  step {}  {} steps/s  up {:.0}s  restarts {}  stalls {}\n",
+        s.job,
+        s.attempt,
+        s.ranks.len(),
+        s.world_size,
+        opt(s.step),
+        s.steps_per_s.map_or("-".into(), |r| format!("{r:.2}")),
+        s.uptime_s,
+        s.restarts,
+        s.stalls
+    ));
+    out.push_str(&format!(
+        "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
+        "RANK", "NODE", "STATE", "STEP", "STEPS/S", "STEP_S", "COMPUTE_S", "PHASE", "LAST_STEP", "STRAGGLER"
+    ));
+    for r in &s.ranks {
+        out.push_str(&format!(
+            "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
+            r.rank,
+            r.node,
+            format!("{:?}", r.state).to_lowercase(),
+            opt(r.step),
+            r.steps_per_s.map_or("-".into(), |x| format!("{x:.2}")),
+            r.mean_step_s.map_or("-".into(), |x| format!("{x:.3}")),
+            r.mean_compute_s.map_or("-".into(), |x| format!("{x:.3}")),
+            r.phase,
+            r.progress_age_s.map_or("-".into(), |x| format!("{x:.1}s ago")),
+            if r.straggler { "yes" } else { "" }
+        ));
+    }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "none".to_string()
+        } else {
+            v.join(",")
+        }
+    };
+    out.push_str(&format!(
+        "stragglers: ranks {}; nodes {}\n",
+        list(&s.straggler_ranks),
+        list(&s.straggler_nodes)
+    ));
+    match &s.last_checkpoint {
+        Some(c) => out.push_str(&format!(
+            "last coordinated checkpoint: #{} at step {} ({}), confirmed by ranks {:?}{}\n",
+            c.id,
+            c.step,
+            c.reason,
+            c.confirmed,
+            if c.missing.is_empty() {
+                String::new()
+            } else {
+                format!(", missing {:?}", c.missing)
+            }
+        )),
+        None => out.push_str("last coordinated checkpoint: none\n"),
+    }
+    if let Some(c) = &s.pending_checkpoint {
+        out.push_str(&format!(
+            "pending checkpoint: #{} at step {} ({}), asked {:.1}s ago, waiting for ranks {:?}\n",
+            c.id, c.step, c.reason, c.age_s, c.missing
+        ));
+    }
+    if s.unauthorized > 0 {
+        out.push_str(&format!(
+            "requests refused for a missing or wrong token: {}\n",
+            s.unauthorized
+        ));
+    }
+    out
+}
+
+pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32> {
+    let job = resolve_job(state_dir, job)?;
+    let (url, token) = endpoint(state_dir, &job)?;
+    let text = request(reqwest::Method::GET, format!("{url}/v1/status"), &token, None)?;
+    let s: Status = serde_json::from_str(&text)
+        .map_err(|e| Error::Coordinator(format!("unreadable status from {url}: {e}")))?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&s).unwrap_or(text));
+    } else {
+        print!("{}", render_status(&s));
+    }
+    Ok(0)
+}
+
+pub fn checkpoint_cmd(state_dir: &Path, job: Option<&str>, reason: &str, json: bool) -> Result<i32> {
+    let job = resolve_job(state_dir, job)?;
+    let (url, token) = endpoint(state_dir, &job)?;
+    let body = serde_json::json!({ "reason": reason }).to_string();
+    let text = request(
+        reqwest::Method::POST,
+        format!("{url}/v1/checkpoint"),
+        &token,
+        Some(body),
+    )?;
+    let a: CheckpointAnswer = serde_json::from_str(&text)
+        .map_err(|e| Error::Coordinator(format!("unreadable answer from {url}: {e}")))?;
+    if json {
+        println!("{}", serde_json::json!({ "job": job, "id": a.id, "step": a.step }));
+    } else {
+        println!(
+            "checkpoint #{} requested for job {job}: every rank saves at step {}",
+            a.id, a.step
+        );
+    }
+    Ok(0)
+}
