@@ -232,7 +232,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 Instant::now(),
             );
             let started = crate::coordinator::bind_address(&cfg.coordinator.bind, slurm.in_job())
-                .map_err(|e| std::io::Error::other(e))
+                .map_err(std::io::Error::other)
                 .and_then(|bind| {
                     let w = Writer::open(
                         &job_dir,
@@ -510,6 +510,10 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     let mut killed_at: Option<Instant> = None;
     let mut stall_at: Option<Instant> = None;
     let mut stall_stop_sent = false;
+    // Linked to a coordinator, a stalled rank is stopped on its word (after
+    // the other ranks were probed as they stood), or when this runs out.
+    let mut stall_stop_at: Option<Instant> = None;
+    let mut coordinator_down = false;
     let mut main_exit_at: Option<Instant> = None;
     let mut drain_kill_at: Option<Instant> = None;
     let mut ints = 0u32;
@@ -587,7 +591,14 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         } else {
             now + Duration::from_secs(1)
         };
-        for t in [kill_at, drain_kill_at].into_iter().flatten() {
+        for t in [
+            kill_at,
+            drain_kill_at,
+            stall_stop_at.filter(|_| !stall_stop_sent),
+        ]
+        .into_iter()
+        .flatten()
+        {
             wake = wake.min(t);
         }
 
@@ -635,10 +646,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             Some(note) = notes_rx.recv(), if linked => {
                 match note {
                     Note::Unreachable { error } => {
+                        coordinator_down = true;
                         eprintln!("resilio: coordinator unreachable ({error}); supervising this rank locally, retrying");
                         journal.record("coordinator_unreachable", json!({ "error": error }), false);
                     }
                     Note::Reachable { gap_s, failed_requests } => {
+                        coordinator_down = false;
                         journal.record("coordinator_reachable", json!({ "gap_s": gap_s, "failed_requests": failed_requests }), false);
                     }
                     Note::Command(c) if c.seq > commands_handled && c.for_rank(id.rank, id.attempt) => {
@@ -659,7 +672,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                                 }), true);
                             }
                             CommandKind::Stop { reason } => {
-                                if main_exit.is_none() && stop.is_none() {
+                                if main_exit.is_none() && stall.is_some() && !stall_stop_sent && !diag_pending {
+                                    journal.record("stop_judged", json!({ "detail": reason }), false);
+                                    stop_stalled(&mut journal, pid, &skip, grace);
+                                    stall_stop_sent = true;
+                                    kill_at.get_or_insert(Instant::now() + grace);
+                                } else if main_exit.is_none() && stop.is_none() {
                                     process::signal_group(pid, Signal::SIGTERM);
                                     journal.record("stop", json!({ "reason": "coordinator", "detail": reason, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
                                     stop = Some(StopReason::Coordinator);
@@ -696,11 +714,18 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     "file": file,
                 }), true);
                 if main_exit.is_none() {
-                    process::signal_tree(pid, Signal::SIGTERM, &skip);
-                    stall_stop_sent = true;
-                    journal.record("stop", json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), false);
+                    if linked && !coordinator_down {
+                        let wait = cfg.coordinator.policy.hang_wait + Duration::from_secs(5);
+                        stall_stop_at = Some(Instant::now() + wait);
+                        journal.record("stop_deferred", json!({ "reason": "stall", "until": "the coordinator's judgment", "max_wait_s": wait.as_secs_f64() }), false);
+                    } else {
+                        stop_stalled(&mut journal, pid, &skip, grace);
+                        stall_stop_sent = true;
+                        kill_at.get_or_insert(Instant::now() + grace);
+                    }
+                } else {
+                    kill_at.get_or_insert(Instant::now() + grace);
                 }
-                kill_at.get_or_insert(Instant::now() + grace);
             }
             _ = tokio::time::sleep_until(wake.into()) => {
                 if main_exit.is_some() || stop.is_some() {
@@ -839,6 +864,12 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             }
         }
         let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
+        if due(stall_stop_at) && !stall_stop_sent && main_exit.is_none() {
+            let skip = helpers.with(|h| h.clone());
+            stop_stalled(&mut journal, pid, &skip, grace);
+            stall_stop_sent = true;
+            kill_at.get_or_insert(now + grace);
+        }
         if due(kill_at) || due(drain_kill_at) {
             let skip = helpers.with(|h| h.clone());
             if !killed {
@@ -1376,4 +1407,14 @@ fn write_control(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     let tmp = path.with_extension("ctl.tmp");
     std::fs::write(&tmp, text)?;
     std::fs::rename(&tmp, path)
+}
+
+/// Stop a stalled rank: SIGTERM to its whole tree (KILL follows after the grace).
+fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: Duration) {
+    process::signal_tree(pid, Signal::SIGTERM, skip);
+    journal.record(
+        "stop",
+        json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }),
+        false,
+    );
 }

@@ -38,6 +38,9 @@ enum Command {
     Checkpoint(StatusArgs),
     /// A local run with an injected hang, end to end (no Slurm needed)
     Demo(DemoArgs),
+    /// A standalone coordinator for a job (tests and benchmarks; internal)
+    #[command(name = "__coordinator", hide = true)]
+    Coordinator(CoordinatorArgs),
     /// The scripted trainer the demo runs (internal)
     #[command(name = "__demo-trainer", hide = true)]
     DemoTrainer(crate::demo::TrainerArgs),
@@ -82,6 +85,25 @@ struct RunArgs {
     /// The command to supervise
     #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
     command: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct CoordinatorArgs {
+    /// Job id
+    #[arg(long)]
+    job_id: String,
+    /// Ranks expected
+    #[arg(long, default_value_t = 1)]
+    world_size: u32,
+    /// Address to bind (default 127.0.0.1:0)
+    #[arg(long, default_value = "127.0.0.1:0")]
+    bind: String,
+    /// Configuration file (its [coordinator] and [straggler] sections apply)
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Where journals live [env: RESILIO_STATE_DIR]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -340,7 +362,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 if std::env::var_os("SLURM_JOB_ID").is_some_and(|v| !v.is_empty())
                     && std::env::var_os("SLURM_STEP_ID").is_some()
                 {
-                    return Err(usage("run: --ntasks is local mode; inside a Slurm step, srun starts the ranks"));
+                    return Err(usage(
+                        "run: --ntasks is local mode; inside a Slurm step, srun starts the ranks",
+                    ));
                 }
                 let agent_args = agent_args(&a, &config);
                 return crate::launcher::run(crate::launcher::LocalOptions {
@@ -360,11 +384,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Command::Report(a) => report_cmd(&a, false),
         Command::Timeline(a) => report_cmd(&a, true),
         Command::Nodes(a) => nodes_cmd(&a),
-        Command::Status(a) => crate::status::status_cmd(
-            &state_dir_of(&a.state_dir),
-            a.job.as_deref(),
-            a.json,
-        ),
+        Command::Status(a) => {
+            crate::status::status_cmd(&state_dir_of(&a.state_dir), a.job.as_deref(), a.json)
+        }
         Command::Checkpoint(a) => crate::status::checkpoint_cmd(
             &state_dir_of(&a.state_dir),
             a.job.as_deref(),
@@ -373,7 +395,40 @@ fn dispatch(cli: Cli) -> Result<i32> {
         ),
         Command::Demo(a) => crate::demo::run(a.state_dir),
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
+        Command::Coordinator(a) => coordinator_cmd(a),
     }
+}
+
+/// Serve a coordinator until SIGTERM/SIGINT; prints its URL and token file.
+fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
+    use crate::coordinator::{state::JobView, Coordinator};
+    journal::validate_job_id(&a.job_id).map_err(Error::Usage)?;
+    let cfg = Config::load(a.config.as_deref())?;
+    let state_dir = a.state_dir.clone().unwrap_or(cfg.state_dir.clone());
+    let bind = crate::coordinator::bind_address(&a.bind, false).map_err(usage)?;
+    let dir = journal::job_dir(&state_dir, &a.job_id);
+    let view = JobView::new(
+        &a.job_id,
+        a.world_size,
+        0,
+        cfg.coordinator.policy.clone(),
+        std::time::Instant::now(),
+    );
+    let w = journal::Writer::open(&dir, "coordinator.jsonl", 0, None, None);
+    let c = Coordinator::start(view, bind, w, Some(&dir))
+        .map_err(|e| Error::Other(format!("coordinator: {e}")))?;
+    println!("{}", c.url);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let mut signals = signal_hook_iter()?;
+    let _ = signals.forever().next();
+    drop(c);
+    Ok(0)
+}
+
+fn signal_hook_iter() -> Result<signal_hook::iterator::Signals> {
+    signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
+        .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
 }
 
 /// Entry point: returns the process exit code.

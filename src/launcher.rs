@@ -83,7 +83,10 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
     let node = nix::unistd::gethostname()
         .ok()
-        .and_then(|h| h.to_str().map(|s| s.split('.').next().unwrap_or(s).to_string()))
+        .and_then(|h| {
+            h.to_str()
+                .map(|s| s.split('.').next().unwrap_or(s).to_string())
+        })
         .unwrap_or_else(|| "localhost".into());
     let job_dir = journal::job_dir(&cfg.state_dir, &job);
     let mut log = Writer::open(&job_dir, "launcher.jsonl", 0, None, Some(node.clone()));
@@ -99,15 +102,19 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     );
 
     let coordinator = if cfg.coordinator.enabled {
-        let bind = crate::coordinator::bind_address(&cfg.coordinator.bind, false)
-            .map_err(Error::Usage)?;
+        let bind =
+            crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
         let view = JobView::new(&job, n, 0, cfg.coordinator.policy.clone(), Instant::now());
         let w = Writer::open(&job_dir, "coordinator.jsonl", 0, None, Some(node.clone()));
         match Coordinator::start(view, bind, w, Some(&job_dir)) {
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("resilio: coordinator: {e}; ranks supervise alone");
-                log.record("monitor_error", json!({ "error": format!("coordinator: {e}") }), false);
+                log.record(
+                    "monitor_error",
+                    json!({ "error": format!("coordinator: {e}") }),
+                    false,
+                );
                 None
             }
         }
@@ -152,7 +159,10 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
                     ("RESILIO_JOB_ID", job.clone()),
                     ("RESILIO_ATTEMPT", attempt.to_string()),
-                    ("RESILIO_STATE_DIR", cfg.state_dir.to_string_lossy().into_owned()),
+                    (
+                        "RESILIO_STATE_DIR",
+                        cfg.state_dir.to_string_lossy().into_owned(),
+                    ),
                     (ENV_LAUNCHER, "1".into()),
                 ])
                 // Ranks run in process groups of their own (so a Ctrl-C
@@ -298,7 +308,11 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             true,
         );
         if worst == 0 && failed_at.is_none() && stopped_from_outside.is_none() {
-            log.record("job_end", json!({ "exit_code": 0, "reason": "completed" }), true);
+            log.record(
+                "job_end",
+                json!({ "exit_code": 0, "reason": "completed" }),
+                true,
+            );
             final_code = 0;
             break;
         }
@@ -369,12 +383,20 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             }
             Some(Action::Stop { reason }) => {
                 eprintln!("resilio: not restarting: {reason}");
-                log.record("job_end", json!({ "exit_code": code, "reason": reason }), true);
+                log.record(
+                    "job_end",
+                    json!({ "exit_code": code, "reason": reason }),
+                    true,
+                );
                 final_code = code;
                 break;
             }
             Some(Action::Finish) | None => {
-                log.record("job_end", json!({ "exit_code": code, "reason": "failed" }), true);
+                log.record(
+                    "job_end",
+                    json!({ "exit_code": code, "reason": "failed" }),
+                    true,
+                );
                 final_code = code;
                 break;
             }

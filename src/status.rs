@@ -94,7 +94,16 @@ pub fn render_status(s: &Status) -> String {
     ));
     out.push_str(&format!(
         "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
-        "RANK", "NODE", "STATE", "STEP", "STEPS/S", "STEP_S", "COMPUTE_S", "PHASE", "LAST_STEP", "STRAGGLER"
+        "RANK",
+        "NODE",
+        "STATE",
+        "STEP",
+        "STEPS/S",
+        "STEP_S",
+        "COMPUTE_S",
+        "PHASE",
+        "LAST_STEP",
+        "STRAGGLER"
     ));
     for r in &s.ranks {
         out.push_str(&format!(
@@ -107,7 +116,8 @@ pub fn render_status(s: &Status) -> String {
             r.mean_step_s.map_or("-".into(), |x| format!("{x:.3}")),
             r.mean_compute_s.map_or("-".into(), |x| format!("{x:.3}")),
             r.phase,
-            r.progress_age_s.map_or("-".into(), |x| format!("{x:.1}s ago")),
+            r.progress_age_s
+                .map_or("-".into(), |x| format!("{x:.1}s ago")),
             if r.straggler { "yes" } else { "" }
         ));
     }
@@ -156,7 +166,12 @@ pub fn render_status(s: &Status) -> String {
 pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32> {
     let job = resolve_job(state_dir, job)?;
     let (url, token) = endpoint(state_dir, &job)?;
-    let text = request(reqwest::Method::GET, format!("{url}/v1/status"), &token, None)?;
+    let text = request(
+        reqwest::Method::GET,
+        format!("{url}/v1/status"),
+        &token,
+        None,
+    )?;
     let s: Status = serde_json::from_str(&text)
         .map_err(|e| Error::Coordinator(format!("unreadable status from {url}: {e}")))?;
     if json {
@@ -167,7 +182,12 @@ pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32
     Ok(0)
 }
 
-pub fn checkpoint_cmd(state_dir: &Path, job: Option<&str>, reason: &str, json: bool) -> Result<i32> {
+pub fn checkpoint_cmd(
+    state_dir: &Path,
+    job: Option<&str>,
+    reason: &str,
+    json: bool,
+) -> Result<i32> {
     let job = resolve_job(state_dir, job)?;
     let (url, token) = endpoint(state_dir, &job)?;
     let body = serde_json::json!({ "reason": reason }).to_string();
@@ -180,7 +200,10 @@ pub fn checkpoint_cmd(state_dir: &Path, job: Option<&str>, reason: &str, json: b
     let a: CheckpointAnswer = serde_json::from_str(&text)
         .map_err(|e| Error::Coordinator(format!("unreadable answer from {url}: {e}")))?;
     if json {
-        println!("{}", serde_json::json!({ "job": job, "id": a.id, "step": a.step }));
+        println!(
+            "{}",
+            serde_json::json!({ "job": job, "id": a.id, "step": a.step })
+        );
     } else {
         println!(
             "checkpoint #{} requested for job {job}: every rank saves at step {}",

@@ -132,6 +132,46 @@ pub fn judge_attempt(
             })
         })
         .collect();
+    // The coordinator's job-wide judgment of a hang names the rank that hung
+    // first: it is the cause, the ranks that stalled waiting for it are echoes.
+    if let Some(h) = records
+        .iter()
+        .rev()
+        .find(|r| r.kind == "hang" && r.attempt == attempt)
+    {
+        let v = h.get("verdict");
+        let blamed: Vec<u32> = v
+            .and_then(|v| v.get("blamed_ranks"))
+            .and_then(|b| b.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|x| x.as_u64().map(|x| x as u32))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let why = v
+            .and_then(|v| v.get("reason"))
+            .and_then(|r| r.as_str())
+            .unwrap_or("")
+            .to_string();
+        if !blamed.is_empty() {
+            for f in failures.iter_mut() {
+                if blamed.contains(&f.rank) {
+                    f.verdict = Verdict {
+                        class: Class::Hang,
+                        reason: "hung first (the coordinator's job-wide judgment)".into(),
+                        evidence: Some(why.clone()),
+                    };
+                } else if matches!(f.verdict.class, Class::Hang | Class::Preempted) {
+                    f.verdict = Verdict {
+                        class: Class::Secondary,
+                        reason: "stalled waiting for the rank that hung first".into(),
+                        evidence: Some(why.clone()),
+                    };
+                }
+            }
+        }
+    }
     // Ranks journaled by their agents are known; srun adds the silent ones
     // (unless the supervisor stopped the step itself: then srun's lines are
     // the teardown it asked for).
@@ -515,8 +555,14 @@ pub fn after_attempt(
             false
         }
     };
-    let Some(d) = decide_attempt(&records, attempt, step, max_restarts, requeue_allowed, journal)
-    else {
+    let Some(d) = decide_attempt(
+        &records,
+        attempt,
+        step,
+        max_restarts,
+        requeue_allowed,
+        journal,
+    ) else {
         journal.record(
             "job_end",
             json!({ "exit_code": step.exit_code, "reason": "completed" }),

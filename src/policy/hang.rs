@@ -102,8 +102,12 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64) -> HangVerdict {
             return verdict("stopped_first", first, reason);
         }
     }
-    // Ranks already gone (a peer's echo, say) have no probe: judge the rest.
-    let live: Vec<&RankView> = ranks.iter().filter(|r| !r.exited).collect();
+    // Ranks gone without a probe (a peer's echo, say) cannot say: judge the
+    // rest. A rank probed before it was stopped still counts.
+    let live: Vec<&RankView> = ranks
+        .iter()
+        .filter(|r| !r.exited || r.waiting_on_peer.is_some())
+        .collect();
     let not_waiting: Vec<&RankView> = live
         .iter()
         .copied()
@@ -212,6 +216,12 @@ mod tests {
         assert_eq!(v.rule, "undetermined");
         assert!(v.blamed_ranks.is_empty() && v.blamed_nodes.is_empty());
         assert_eq!(v.stalled_ranks.len(), 4);
+        // A culprit already stopped still counts by its probe.
+        let mut ranks: Vec<RankView> = (0..3)
+            .map(|r| view(r, Some(10), 100.0, Some(r != 2)))
+            .collect();
+        ranks[2].exited = true;
+        assert_eq!(judge(&ranks, 0.5).blamed_ranks, vec![2]);
         // A missing probe: undetermined as well.
         let mut ranks: Vec<RankView> = (0..3)
             .map(|r| view(r, Some(10), 100.0, Some(true)))

@@ -295,7 +295,10 @@ mod tests {
     #[test]
     fn an_unexplained_failure_gets_one_restart_and_the_same_again_stops() {
         let first = out(0, Class::Unknown, "exit code 1", Some(5), &[]);
-        assert!(matches!(decide(&first, &[], 3, true), Action::Requeue { .. }));
+        assert!(matches!(
+            decide(&first, &[], 3, true),
+            Action::Requeue { .. }
+        ));
         // The same failure later, even at a new step: a crash loop.
         let again = out(1, Class::Unknown, "exit code 1", Some(9), &[]);
         match decide(&again, std::slice::from_ref(&first), 3, true) {
@@ -304,6 +307,9 @@ mod tests {
         }
         // A different one after it is still worth a restart.
         let other = out(1, Class::Unknown, "RuntimeError: flaky", Some(9), &[]);
-        assert!(matches!(decide(&other, &[first], 3, true), Action::Requeue { .. }));
+        assert!(matches!(
+            decide(&other, &[first], 3, true),
+            Action::Requeue { .. }
+        ));
     }
 }

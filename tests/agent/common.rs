@@ -30,6 +30,9 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
         "RESILIO_JOB_ID",
         "RESILIO_ATTEMPT",
         "RESILIO_COORDINATOR",
+        "RESILIO_COORDINATOR_TOKEN",
+        "RESILIO_CONTROL",
+        "RESILIO_LOCAL_LAUNCHER",
         "RESILIO_SOCKET",
         "SLURM_STEP_ID",
         "SLURM_LOCALID",
@@ -147,4 +150,20 @@ pub fn write_config(dir: &Path, text: &str) -> PathBuf {
     let p = dir.join("resilio.toml");
     std::fs::write(&p, text).unwrap();
     p
+}
+
+pub fn lockstep() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/lockstep_trainer.py")
+}
+
+/// `resilio run --ntasks N OPTS -- python3 lockstep_trainer.py ARGS`.
+pub fn run_local(state: &Path, job: &str, n: u32, opts: &[&str], args: &[&str]) -> Command {
+    let mut c = resilio_run(state, job);
+    c.args(["--ntasks", &n.to_string()])
+        .args(opts)
+        .arg("--")
+        .arg("python3")
+        .arg(lockstep())
+        .args(args);
+    c
 }

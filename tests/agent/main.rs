@@ -2,6 +2,7 @@
 //! processes, signals, files and sockets. One file per contract area.
 
 mod common;
+mod coordinator;
 mod exit_codes;
 mod health;
 mod journal;
