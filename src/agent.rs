@@ -514,6 +514,8 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     // the other ranks were probed as they stood), or when this runs out.
     let mut stall_stop_at: Option<Instant> = None;
     let mut coordinator_down = false;
+    // A stop (signal or the coordinator's) came while diagnostics ran.
+    let mut stop_asked = false;
     let mut main_exit_at: Option<Instant> = None;
     let mut drain_kill_at: Option<Instant> = None;
     let mut ints = 0u32;
@@ -612,6 +614,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     // The stall's evidence is being taken (srun stopping the
                     // step because a peer failed, say): the stop follows as
                     // soon as it is done, within the grace.
+                    stop_asked = true;
                     journal.record("signal", json!({ "signal": "SIGTERM", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
                 } else {
                     forward_unless(&mut journal, pid, Signal::SIGTERM, slurm_delivers);
@@ -626,6 +629,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     killed = true;
                     journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
                 } else if diag_pending {
+                    stop_asked = true;
                     journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "deferred": "stall diagnostics in progress" }), false);
                 } else {
                     forward_unless(&mut journal, pid, Signal::SIGINT, slurm_delivers);
@@ -672,7 +676,9 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                                 }), true);
                             }
                             CommandKind::Stop { reason } => {
-                                if main_exit.is_none() && stall.is_some() && !stall_stop_sent && !diag_pending {
+                                if diag_pending {
+                                    stop_asked = true;
+                                } else if main_exit.is_none() && stall.is_some() && !stall_stop_sent {
                                     journal.record("stop_judged", json!({ "detail": reason }), false);
                                     stop_stalled(&mut journal, pid, &skip, grace);
                                     stall_stop_sent = true;
@@ -714,7 +720,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                     "file": file,
                 }), true);
                 if main_exit.is_none() {
-                    if linked && !coordinator_down {
+                    if linked && !coordinator_down && !stop_asked {
                         let wait = cfg.coordinator.policy.hang_wait + Duration::from_secs(5);
                         stall_stop_at = Some(Instant::now() + wait);
                         journal.record("stop_deferred", json!({ "reason": "stall", "until": "the coordinator's judgment", "max_wait_s": wait.as_secs_f64() }), false);

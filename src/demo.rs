@@ -1,13 +1,14 @@
 //! `resilio demo`: a short scripted run on this machine, no Slurm and
-//! nothing installed beyond the build. A fake trainer (this same binary,
-//! `resilio __demo-trainer`) prints Megatron-style iteration lines, saves a
-//! "checkpoint" that takes longer than the step timeout (announced over
-//! `RESILIO_SOCKET`, so it is not taken for a hang), then hangs as a rank
-//! stuck in a collective would. resilio detects the hang, asks the trainer
-//! for a stack dump (SIGUSR2), stops it, and the report and timeline are
-//! printed from the journal.
+//! nothing installed beyond the build, in local mode (`resilio run --ntasks 2`).
+//! A fake trainer (this same binary, `resilio __demo-trainer`) prints
+//! Megatron-style iteration lines, saves a "checkpoint" that takes longer
+//! than the step timeout (announced over `RESILIO_SOCKET`, so it is not taken
+//! for a hang); then rank 1 hangs as a rank stuck in a collective would.
+//! resilio detects the hang, asks the trainer for a stack dump (SIGUSR2),
+//! the coordinator judges it job-wide and stops the attempt, both ranks are
+//! restarted in place from the checkpoint and finish, and the report and
+//! timeline are printed from the journal.
 
-use crate::agent::{self, RunOptions};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::{journal, report};
@@ -33,6 +34,15 @@ pub struct TrainerArgs {
     /// Hang after this step instead of finishing (0: never hang)
     #[arg(long, default_value_t = 24)]
     pub hang_at: u64,
+    /// Only this rank hangs (RANK); every rank when not given
+    #[arg(long)]
+    pub hang_rank: Option<u32>,
+    /// Hang only in the first attempt (RESILIO_ATTEMPT 0)
+    #[arg(long)]
+    pub hang_first_attempt_only: bool,
+    /// Where the checkpoint's step is kept: resumed from on start
+    #[arg(long)]
+    pub checkpoint_file: Option<PathBuf>,
 }
 
 fn notify(msg: &str) {
@@ -56,11 +66,31 @@ pub fn trainer(a: TrainerArgs) -> i32 {
     // SAFETY: installing a handler that only calls write(2).
     unsafe { libc::signal(libc::SIGUSR2, on_usr2 as *const () as libc::sighandler_t) };
     let total = a.steps.max(1) * 4;
+    let env_num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
+    let rank = env_num("RANK").unwrap_or(0);
+    let attempt = env_num("RESILIO_ATTEMPT").unwrap_or(0);
+    let hangs = a.hang_at > 0
+        && a.hang_rank.is_none_or(|r| r == rank)
+        && (!a.hang_first_attempt_only || attempt == 0);
+    let resumed = a
+        .checkpoint_file
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok())
+        .and_then(|t| t.trim().parse::<u64>().ok())
+        .unwrap_or(0);
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "demo-trainer: building model, loading data");
+    let _ = writeln!(
+        out,
+        "demo-trainer rank {rank}: building model, loading data{}",
+        if resumed > 0 {
+            format!(", resuming after checkpoint {resumed}")
+        } else {
+            String::new()
+        }
+    );
     let _ = out.flush();
     std::thread::sleep(Duration::from_millis(600));
-    for step in 1..=a.steps {
+    for step in resumed + 1..=a.steps {
         std::thread::sleep(Duration::from_millis(a.step_ms));
         let loss = 4.0 / (1.0 + step as f64 * 0.1);
         let _ = writeln!(
@@ -79,11 +109,17 @@ pub fn trainer(a: TrainerArgs) -> i32 {
             );
             let _ = out.flush();
             std::thread::sleep(Duration::from_millis(a.checkpoint_ms));
+            if let Some(f) = a.checkpoint_file.as_ref().filter(|_| rank == 0) {
+                let tmp = f.with_extension("tmp");
+                if std::fs::write(&tmp, step.to_string()).is_ok() {
+                    let _ = std::fs::rename(&tmp, f);
+                }
+            }
             notify(&format!("checkpoint_done step={step}"));
             let _ = writeln!(out, "demo-trainer: checkpoint for step {step} is durable");
             let _ = out.flush();
         }
-        if a.hang_at > 0 && step == a.hang_at {
+        if hangs && step == a.hang_at {
             let _ = writeln!(out, "demo-trainer: entering all_reduce (gradient sync) ...");
             let _ = out.flush();
             loop {
@@ -113,30 +149,62 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
     let job = format!("demo-{}", chrono::Utc::now().format("%Y%m%d-%H%M%S"));
 
-    let mut cfg = Config {
+    std::fs::create_dir_all(&state_dir)
+        .map_err(|e| Error::Other(format!("{}: {e}", state_dir.display())))?;
+    // The ranks' agents read their settings from a file, as a user's would.
+    let conf = state_dir.join("demo-resilio.toml");
+    std::fs::write(
+        &conf,
+        "# resilio demo: short timeouts so that it all happens within a minute\n\
+         [run]\nkill_grace = \"5s\"\nmax_restarts = 2\n\
+         [stall]\nadaptive_floor = \"2s\"\nstartup_timeout = \"30s\"\ncheckpoint_timeout = \"60s\"\n\
+         [diagnostics]\ndump_signal = \"SIGUSR2\"\ndump_wait = \"500ms\"\n\
+         [journal]\nprogress_interval = \"1s\"\n\
+         [coordinator]\nhang_wait = \"3s\"\n",
+    )
+    .map_err(|e| Error::Other(format!("{}: {e}", conf.display())))?;
+    let cfg = Config::load(Some(&conf))?;
+    let cfg = Config {
         state_dir: state_dir.clone(),
-        ..Config::default()
+        ..cfg
     };
-    cfg.stall.adaptive_floor = Duration::from_secs(2);
-    cfg.stall.startup_timeout = Duration::from_secs(30);
-    cfg.stall.checkpoint_timeout = Duration::from_secs(60);
-    cfg.diagnostics.dump_signal = Some(nix::sys::signal::Signal::SIGUSR2);
-    cfg.diagnostics.dump_wait = Duration::from_millis(500);
-    cfg.kill_grace = Duration::from_secs(5);
-    cfg.journal_progress_interval = Duration::from_secs(1);
+    let ckpt = state_dir.join("demo-checkpoint");
+    let _ = std::fs::remove_file(&ckpt);
 
     println!(
         "== resilio demo: job {job}, journal under {}",
         state_dir.display()
     );
-    println!("== a scripted trainer runs 0.2 s steps, saves a 3 s checkpoint at step 10 (announced on RESILIO_SOCKET),");
-    println!("== then hangs at step 24 like a rank stuck in all_reduce. The adaptive stall timeout (2 s floor here) catches it.\n");
-    let code = agent::run(RunOptions {
-        argv: vec![exe.into(), "__demo-trainer".into()],
+    println!("== `resilio run --ntasks 2` starts two ranks of a scripted trainer (0.2 s steps) with a coordinator.");
+    println!("== Both save a 3 s checkpoint at step 10 (announced on RESILIO_SOCKET, so not a hang); then rank 1 hangs");
+    println!("== at step 18 like a rank stuck in all_reduce. The adaptive stall timeout (2 s floor here) catches it, the");
+    println!("== coordinator judges the hang job-wide, and both ranks restart in place from the checkpoint.\n");
+    let argv: Vec<std::ffi::OsString> = vec![
+        exe.into(),
+        "__demo-trainer".into(),
+        "--hang-at".into(),
+        "18".into(),
+        "--hang-rank".into(),
+        "1".into(),
+        "--hang-first-attempt-only".into(),
+        "--checkpoint-file".into(),
+        ckpt.into(),
+    ];
+    let code = crate::launcher::run(crate::launcher::LocalOptions {
+        argv,
         config: cfg,
         job_id: Some(job.clone()),
+        ntasks: 2,
+        agent_args: vec![
+            "--config".into(),
+            conf.into(),
+            "--state-dir".into(),
+            state_dir.clone().into(),
+        ],
     })?;
-    println!("\n== resilio run exited with {code} (124: stopped for stalling)\n");
+    println!(
+        "\n== resilio run --ntasks 2 exited with {code} (0: the job completed after the restart)\n"
+    );
     let dir = journal::job_dir(&state_dir, &job);
     let j = journal::read_job(&dir)
         .map_err(|e| Error::Other(format!("cannot read the demo's journal: {e}")))?;
@@ -150,9 +218,5 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         state_dir.display(),
         state_dir.display()
     );
-    Ok(if code == crate::error::EXIT_STALLED {
-        0
-    } else {
-        1
-    })
+    Ok(code)
 }

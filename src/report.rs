@@ -610,6 +610,119 @@ fn describe(r: &Record) -> Option<String> {
             "journal gap: {} record(s) lost",
             r.u64("lost_records").unwrap_or(0)
         ),
+        "hang" => {
+            let v = r.get("verdict");
+            let blamed = v
+                .and_then(|v| v.get("blamed_ranks"))
+                .and_then(Value::as_array)
+                .map(|a| {
+                    a.iter()
+                        .map(|x| x.to_string())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                })
+                .unwrap_or_default();
+            format!(
+                "HANG judged job-wide ({}): {}{}",
+                v.and_then(|v| v.get("rule"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("?"),
+                v.and_then(|v| v.get("reason"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("?"),
+                if blamed.is_empty() {
+                    String::new()
+                } else {
+                    format!(" -> blamed rank(s) {blamed}")
+                }
+            )
+        }
+        "teardown" => format!("teardown: {}", r.str("reason").unwrap_or("?")),
+        "stall_reported" => format!("coordinator: rank {} reported a stall", step("about_rank")),
+        "probe" => format!(
+            "probe ({}): {}",
+            r.str("reason").unwrap_or("?"),
+            match r
+                .get("probe")
+                .and_then(|p| p.get("waiting_on_peer"))
+                .and_then(Value::as_bool)
+            {
+                Some(true) => "blocked on a peer",
+                Some(false) => "not waiting on a peer",
+                None => "unknown",
+            }
+        ),
+        "stop_deferred" => "stop deferred until the coordinator's judgment".into(),
+        "launch" => format!(
+            "launched {} rank(s), MASTER_PORT {}",
+            step("ranks"),
+            step("master_port")
+        ),
+        "attempt_end" => "every rank of the attempt has exited".into(),
+        "judgment" => format!(
+            "judgment: {} on rank {} ({}): {}",
+            r.str("class").unwrap_or("?"),
+            step("primary_rank"),
+            r.str("primary_node").unwrap_or("?"),
+            r.str("evidence").unwrap_or("?")
+        ),
+        "decision" => format!(
+            "decision: {}",
+            r.get("decision")
+                .and_then(|d| d.get("action"))
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+        ),
+        "restart" => format!(
+            "RESTART in place as attempt {}: {}",
+            step("next_attempt"),
+            r.str("reason").unwrap_or("?")
+        ),
+        "relaunched" => format!(
+            "first step {:.2}s after the failure",
+            r.f64("failure_to_first_step_s").unwrap_or(0.0)
+        ),
+        "straggler" => format!(
+            "STRAGGLER {} {} {}: {:.3}s per step vs median {:.3}s ({})",
+            r.str("scope").unwrap_or("?"),
+            r.str("who").unwrap_or("?"),
+            if r.get("flagged").and_then(Value::as_bool) == Some(true) {
+                "flagged"
+            } else {
+                "recovered"
+            },
+            r.f64("value_s").unwrap_or(0.0),
+            r.f64("median_s").unwrap_or(0.0),
+            r.str("basis").unwrap_or("?")
+        ),
+        "checkpoint_requested" => format!(
+            "checkpoint requested{} ({})",
+            r.u64("step")
+                .map_or(String::new(), |s| format!(" at step {s}")),
+            r.str("reason").unwrap_or("?")
+        ),
+        "checkpoint_complete" | "checkpoint_incomplete" => format!(
+            "coordinated checkpoint #{} at step {}: {}",
+            step("id"),
+            step("step"),
+            if r.kind == "checkpoint_complete" {
+                "every rank confirmed".to_string()
+            } else {
+                format!(
+                    "ranks {} never confirmed",
+                    r.get("missing_ranks").map_or("?".into(), |m| m.to_string())
+                )
+            }
+        ),
+        "coordinator_unreachable" => {
+            format!("coordinator unreachable: {}", r.str("error").unwrap_or("?"))
+        }
+        "coordinator_reachable" => format!(
+            "coordinator reachable again after {:.1}s",
+            r.f64("gap_s").unwrap_or(0.0)
+        ),
+        "coordinator_start" => format!("coordinator listening on {}", r.str("url").unwrap_or("?")),
+        "coordinator_attempt" | "coordinator_reachable_again" => return None,
         "progress" => return None,
         other => other.to_string(),
     })

@@ -104,9 +104,11 @@ fn demo_runs_end_to_end() {
     assert!(took < Duration::from_secs(60));
     for needle in [
         "iteration",
-        "exited with 124",
+        "exited with 0",
         "ETTR",
         "STALL",
+        "HANG judged job-wide",
+        "RESTART in place as attempt 1",
         "checkpoint done at step 10",
         "py-spy",
     ] {
