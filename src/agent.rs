@@ -116,6 +116,8 @@ struct ProgressLog {
     pending: Option<Observed>,
     first_at: Option<Instant>,
     last_at: Option<Instant>,
+    /// A checkpoint phase in progress: when it began, steps seen then.
+    checkpoint_began: Option<(Instant, u64)>,
 }
 
 impl ProgressLog {
@@ -499,6 +501,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         pending: None,
         first_at: None,
         last_at: None,
+        checkpoint_began: None,
     };
     let mut faults = SourceFaults::default();
 
@@ -1243,6 +1246,9 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             let before = policy.phase().clone();
             policy.on_phase(ev.at, &name);
             if policy.phase() != &before {
+                if policy.phase().name() == "checkpoint" {
+                    plog.checkpoint_began = Some((ev.at, policy.steps_seen()));
+                }
                 if let Some(o) = k.outbox {
                     o.update(|r| r.phase = policy.phase().name().to_string());
                 }
@@ -1255,10 +1261,17 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             }
         }
         Kind::CheckpointDone { step } => {
+            // Its duration, and whether training went on meanwhile (an
+            // asynchronous save) or waited for it.
+            let began = plog.checkpoint_began.take();
             journal.record_at(
                 clock.wall(ev.at),
                 "checkpoint_done",
-                json!({ "step": step, "source": ev.source.name() }),
+                json!({
+                    "step": step, "source": ev.source.name(),
+                    "duration_s": began.map(|(t, _)| ev.at.saturating_duration_since(t).as_secs_f64()),
+                    "blocked_training": began.map(|(_, n)| policy.steps_seen() == n),
+                }),
                 true,
             );
             if policy.phase().name() == "checkpoint" {

@@ -14,6 +14,11 @@
 //! - [`health`]: the optional site health check, before start and after a failure.
 //! - [`slurm`]: the Slurm adapter (environment, hostlists, commands behind a trait).
 //! - [`supervisor`]: the job-level decision after a step: judge, decide, requeue, exclude.
+//! - [`coordinator`]: one per job: agents' reports over HTTP (token), the
+//!   cross-rank view (crash teardown, job-wide hang judgment, stragglers,
+//!   coordinated checkpoints), `/metrics`; [`launcher`]: local mode
+//!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
+//!   `resilio checkpoint`.
 //! - [`journal`]: the append-only, crash-safe per-job journal.
 //! - [`report`]: reports and timelines computed from journals alone.
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,

@@ -1,0 +1,164 @@
+//! Heartbeat fan-in: a load generator simulating many agents, each reporting
+//! once a second, against one coordinator process on loopback
+//! (`cargo bench --bench fanin`; BENCH_AGENTS=16384 BENCH_SECS=20
+//! BENCH_CONNS=4096 by default).
+//!
+//! The coordinator is the real one (`resilio __coordinator`, a process of its
+//! own so that its CPU time is its own). The generator sends the agents'
+//! real report bodies over HTTP/1.1 keep-alive connections (BENCH_CONNS of
+//! them, shared round-robin by the agents: one per agent would need more
+//! file descriptors than this machine allows two processes). Prints offered
+//! and achieved reports per second, latency percentiles, and the
+//! coordinator's CPU use as a share of one core (goal: sustained on one
+//! core, p99 < 50 ms).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn env_num(key: &str, default: u64) -> u64 {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn cpu_ticks(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest = s.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line (11, 12 after the state).
+    f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+}
+
+fn main() {
+    let agents = env_num("BENCH_AGENTS", 16384) as u32;
+    let secs = env_num("BENCH_SECS", 20);
+    let conns = env_num("BENCH_CONNS", 4096).clamp(1, agents as u64) as usize;
+    let state = tempfile::tempdir().unwrap();
+    let mut coord = Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["__coordinator", "--job-id", "fanin", "--world-size"])
+        .arg(agents.to_string())
+        .arg("--state-dir")
+        .arg(state.path())
+        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the coordinator");
+    let mut line = String::new();
+    BufReader::new(coord.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().to_string();
+    let dir = state.path().join("jobs/fanin");
+    let token = std::fs::read_to_string(dir.join("coordinator.token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    let pid = coord.id();
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let clients: Vec<reqwest::Client> = (0..conns)
+        .map(|_| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(1)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let clients = Arc::new(clients);
+    let lat = Arc::new(std::sync::Mutex::new(Vec::<f32>::new()));
+    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let warmup = Duration::from_secs(5);
+    let start = Instant::now();
+    let measure_from = start + warmup;
+    let end = measure_from + Duration::from_secs(secs);
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for rank in 0..agents {
+            let clients = clients.clone();
+            let lat = lat.clone();
+            let errors = errors.clone();
+            let url = format!("{url}/v1/report");
+            let token = token.clone();
+            tasks.push(tokio::spawn(async move {
+                // Spread the agents over the second, as real ones drift apart.
+                let phase = Duration::from_micros((rank as u64 * 1_000_000 / agents as u64) % 1_000_000);
+                let mut next = tokio::time::Instant::from_std(start) + phase;
+                let client = &clients[rank as usize % clients.len()];
+                let mut step = 0u64;
+                while next.into_std() < end {
+                    tokio::time::sleep_until(next).await;
+                    next += Duration::from_secs(1);
+                    step += 10;
+                    let body = format!(
+                        r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"running","step":{step},"progress_age_s":0.05,"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,"waiting_on_peer":null,"probe":null,"commands_seen":0}}"#,
+                        rank / 8,
+                        1000 + rank,
+                        step as f64 * 0.1,
+                        step as f64 * 0.08
+                    );
+                    let t = Instant::now();
+                    let r = client
+                        .post(&url)
+                        .bearer_auth(&token)
+                        .header("content-type", "application/json")
+                        .body(body)
+                        .timeout(Duration::from_secs(10))
+                        .send()
+                        .await;
+                    let ok = match r {
+                        Ok(resp) => resp.status().is_success() && resp.bytes().await.is_ok(),
+                        Err(_) => false,
+                    };
+                    if t >= measure_from {
+                        if ok {
+                            lat.lock().unwrap().push(t.elapsed().as_secs_f32());
+                        } else {
+                            errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                }
+            }));
+        }
+        // CPU of the coordinator over the measured window only.
+        tokio::time::sleep_until(tokio::time::Instant::from_std(measure_from)).await;
+        let c0 = cpu_ticks(pid);
+        let t0 = Instant::now();
+        tokio::time::sleep_until(tokio::time::Instant::from_std(end)).await;
+        let c1 = cpu_ticks(pid);
+        let wall = t0.elapsed().as_secs_f64();
+        for t in tasks {
+            let _ = t.await;
+        }
+        let hz = 100.0; // USER_HZ on Linux
+        let cpu = (c1 - c0) as f64 / hz / wall;
+        let mut l = lat.lock().unwrap().clone();
+        l.sort_by(f32::total_cmp);
+        let pct = |p: f64| {
+            if l.is_empty() {
+                f32::NAN
+            } else {
+                l[((l.len() - 1) as f64 * p) as usize] * 1000.0
+            }
+        };
+        let errs = errors.load(std::sync::atomic::Ordering::Relaxed);
+        println!("heartbeat fan-in: {agents} simulated agents at 1 Hz over {conns} keep-alive connections, {secs} s measured after {} s warm-up", warmup.as_secs());
+        println!("  offered   {:>9.0} reports/s", agents as f64);
+        println!("  achieved  {:>9.0} reports/s  ({} errors or timeouts)", l.len() as f64 / wall, errs);
+        println!("  latency   p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
+        println!("  coordinator CPU {:.1}% of one core (the load generator shares this 2-core machine)", cpu * 100.0);
+    });
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = coord.wait();
+}
