@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}
+LIMIT=${LIMIT:-120}   # a run longer than this is cut and its restart counted as hung
 VENV=${TORCH_VENV:-/var/tmp/resilio-torch-venv}
 if [ ! -x "$VENV/bin/torchrun" ]; then
   echo "installing torch into $VENV (large download)" >&2
@@ -39,6 +40,8 @@ for line in open(sys.argv[1]):
     elif t_crash is not None and text.startswith("step") and "attempt 1" in text:
         print(f"{float(t) - t_crash:.3f}")
         break
+else:
+    print("hung")
 PY
 }
 stamp() { python3 -u -c '
@@ -58,7 +61,7 @@ peak_rss_of() { # command pattern -> max VmHWM in MiB over matching processes, s
 r_times=(); t_times=(); r_rss=0; a_rss=0; t_rss=0
 for i in $(seq 1 "$ROUNDS"); do
   rm -rf "$WORK/ck"; mkdir -p "$WORK/ck"
-  ( RESILIO_STATE_DIR=$WORK/state "$BIN" run --ntasks 4 --kill-grace 5s --max-restarts 1 --job-id "bench-$i" -- \
+  ( RESILIO_STATE_DIR=$WORK/state timeout --kill-after=5 "$LIMIT" "$BIN" run --ntasks 4 --kill-grace 5s --max-restarts 1 --job-id "bench-$i" -- \
       python3 "$SCRIPT" --steps 12 --crash-rank 2 --crash-step 5 --ckpt "$WORK/ck/r" 2>&1 | stamp > "$WORK/r.$i" ) &
   bg=$!
   sleep 3
@@ -68,7 +71,7 @@ for i in $(seq 1 "$ROUNDS"); do
   r_times+=("$(first_step_after_crash "$WORK/r.$i")")
 
   rm -rf "$WORK/ck"; mkdir -p "$WORK/ck"
-  ( torchrun --nproc-per-node 4 --max-restarts 1 --master-port $((29600 + i)) \
+  ( timeout --kill-after=5 "$LIMIT" torchrun --nproc-per-node 4 --max-restarts 1 --master-port $((29600 + i)) \
       "$SCRIPT" --steps 12 --crash-rank 2 --crash-step 5 --ckpt "$WORK/ck/t" 2>&1 | stamp > "$WORK/t.$i" ) &
   bg=$!
   sleep 3
@@ -76,9 +79,11 @@ for i in $(seq 1 "$ROUNDS"); do
   wait $bg || true
   t_times+=("$(first_step_after_crash "$WORK/t.$i")")
 done
-median() { printf '%s\n' "$@" | grep -v '^$' | sort -n | awk '{a[NR]=$1} END {if (NR==0) print "n/a"; else print a[int((NR+1)/2)]}'; }
+median() { printf '%s\n' "$@" | grep -v '^$' | grep -v hung | sort -n | awk '{a[NR]=$1} END {if (NR==0) print "n/a"; else print a[int((NR+1)/2)]}'; }
 echo
 echo "failure -> first step of the restarted attempt (median of $ROUNDS, seconds):"
 echo "  resilio run --ntasks 4:                      $(median "${r_times[@]}")   (rounds: ${r_times[*]})"
 echo "  torchrun --nproc-per-node 4 --max-restarts 1: $(median "${t_times[@]}")   (rounds: ${t_times[*]})"
+hung() { printf '%s\n' "$@" | grep -c hung || true; }
+echo "restarted attempts that never made a step within ${LIMIT}s: resilio $(hung "${r_times[@]}")/$ROUNDS, torchrun $(hung "${t_times[@]}")/$ROUNDS"
 echo "peak RSS (MiB): resilio launcher $r_rss, resilio rank agent $a_rss, torchrun agent $t_rss"

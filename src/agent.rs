@@ -447,7 +447,15 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         (spawned.stdout, 1, progress::Source::Stdout),
         (spawned.stderr, 2, progress::Source::Stderr),
     ] {
-        match output::spawn_pump(pipe, fd, source, parser.clone(), tail.clone(), tx.clone()) {
+        match output::spawn_pump(
+            pipe,
+            fd,
+            source,
+            parser.clone(),
+            tail.clone(),
+            tx.clone(),
+            env_is_set(crate::launcher::ENV_LAUNCHER),
+        ) {
             Ok(h) => pumps.push(h),
             Err(e) => monitor_errors.push(format!("output pump: {e}")),
         }

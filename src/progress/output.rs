@@ -397,6 +397,7 @@ pub fn spawn_pump(
     parser: Parser,
     tail: Arc<Tail>,
     tx: Sender,
+    line_atomic: bool,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("pump-{}", source.name()))
@@ -419,7 +420,26 @@ pub fn spawn_pump(
                     tx.send(Event { at, source, kind });
                 }
             };
+            // Line-atomic mode (several ranks share one terminal, as in local
+            // mode): write whole lines only, so that ranks' lines do not cut
+            // into each other; a partial line waits at most 100 ms.
+            let mut carry: Vec<u8> = Vec::new();
             loop {
+                if line_atomic && !carry.is_empty() {
+                    let mut pfd = libc::pollfd {
+                        fd: pipe.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    // SAFETY: one valid pollfd.
+                    if unsafe { libc::poll(&mut pfd, 1, 100) } == 0 {
+                        if out_ok && write_all_fd(dst_fd, &carry).is_err() {
+                            out_ok = false;
+                        }
+                        carry.clear();
+                        continue;
+                    }
+                }
                 let n = match pipe.read(&mut buf) {
                     Ok(0) => break,
                     Ok(n) => n,
@@ -433,11 +453,37 @@ pub fn spawn_pump(
                 if !marks.is_empty() {
                     send(marks);
                 }
-                if out_ok && write_all_fd(dst_fd, chunk).is_err() {
+                if line_atomic && out_ok {
+                    let whole = match chunk.iter().rposition(|&b| b == b'\n') {
+                        Some(i) => {
+                            carry.extend_from_slice(&chunk[..=i]);
+                            let w = write_all_fd(dst_fd, &carry);
+                            carry.clear();
+                            carry.extend_from_slice(&chunk[i + 1..]);
+                            w
+                        }
+                        None => {
+                            carry.extend_from_slice(chunk);
+                            if carry.len() >= CHUNK {
+                                let w = write_all_fd(dst_fd, &carry);
+                                carry.clear();
+                                w
+                            } else {
+                                Ok(())
+                            }
+                        }
+                    };
+                    if whole.is_err() {
+                        out_ok = false;
+                    }
+                } else if out_ok && write_all_fd(dst_fd, chunk).is_err() {
                     // Our own output is gone; keep draining so the trainer never blocks.
                     out_ok = false;
                 }
                 tail.push(chunk);
+            }
+            if out_ok && !carry.is_empty() {
+                let _ = write_all_fd(dst_fd, &carry);
             }
             let marks = scanner.finish(&parser);
             if !marks.is_empty() {

@@ -462,3 +462,26 @@ fn the_same_unexplained_crash_twice_is_a_crash_loop_and_stops() {
     let end = one(&recs, "job_end");
     assert!(end.str("reason").unwrap().contains("crash loop"), "{end:?}");
 }
+
+#[test]
+fn local_ranks_lines_do_not_cut_into_each_other() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Each rank writes every line in two pieces, 20 ms apart (print, flush, print).
+    let script = "import os, sys, time\nr = os.environ['RANK']\nfor i in range(15):\n    sys.stdout.write(f'rank {r} line {i} begins'); sys.stdout.flush(); time.sleep(0.02)\n    sys.stdout.write(' and ends\\n'); sys.stdout.flush()\n";
+    let (out, _) = output_within(
+        resilio_run(tmp.path(), "lines").args(["--ntasks", "3", "--", "python3", "-c", script]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 45, "{text}");
+    for l in lines {
+        assert!(
+            l.starts_with("rank ")
+                && l.ends_with(" begins and ends")
+                && l.matches("rank").count() == 1,
+            "cut line: {l:?}"
+        );
+    }
+}
