@@ -85,5 +85,5 @@ echo "failure -> first step of the restarted attempt (median of $ROUNDS, seconds
 echo "  resilio run --ntasks 4:                      $(median "${r_times[@]}")   (rounds: ${r_times[*]})"
 echo "  torchrun --nproc-per-node 4 --max-restarts 1: $(median "${t_times[@]}")   (rounds: ${t_times[*]})"
 hung() { printf '%s\n' "$@" | grep -c hung || true; }
-echo "restarted attempts that never made a step within ${LIMIT}s: resilio $(hung "${r_times[@]}")/$ROUNDS, torchrun $(hung "${t_times[@]}")/$ROUNDS"
+echo "restarted attempts that never made a step (failed in rendezvous, or hung until the ${LIMIT}s cut): resilio $(hung "${r_times[@]}")/$ROUNDS, torchrun $(hung "${t_times[@]}")/$ROUNDS"
 echo "peak RSS (MiB): resilio launcher $r_rss, resilio rank agent $a_rss, torchrun agent $t_rss"
