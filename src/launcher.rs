@@ -200,7 +200,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         log.record(
             "launch",
             json!({
-                "attempt": attempt, "ranks": n, "master_port": port,
+                "ranks": n, "master_port": port,
                 "agent_pids": ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>(),
             }),
             true,
@@ -254,7 +254,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 if let Some(note) = &failure_note {
                     log.record(
                         "teardown",
-                        json!({ "attempt": attempt, "reason": note, "ranks_left": ranks.iter().filter(|r| r.exit.is_none()).count() }),
+                        json!({ "reason": note, "ranks_left": ranks.iter().filter(|r| r.exit.is_none()).count() }),
                         true,
                     );
                 }
@@ -301,7 +301,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         log.record(
             "attempt_end",
             json!({
-                "attempt": attempt, "exit_codes": codes,
+                "exit_codes": codes,
                 "runtime_s": ended.duration_since(started).as_secs_f64(),
                 "teardown_s": failed_at.map(|f| ended.duration_since(f).as_secs_f64()),
             }),

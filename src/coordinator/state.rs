@@ -208,7 +208,7 @@ impl JobView {
         self.next_window = now + self.cfg.straggler.window;
         vec![journal(
             "coordinator_attempt",
-            json!({ "attempt": attempt }),
+            json!({ "restarts": self.restarts }),
             false,
         )]
     }
@@ -243,7 +243,7 @@ impl JobView {
         if was_lost {
             out.push(journal(
                 "rank_heard_again",
-                json!({ "about_rank": r.rank, "node": r.node }),
+                json!({ "about_rank": r.rank, "about_node": r.node }),
                 false,
             ));
         }
@@ -283,7 +283,7 @@ impl JobView {
             self.stalls += 1;
             out.push(journal(
                 "stall_reported",
-                json!({ "about_rank": rank, "node": node }),
+                json!({ "about_rank": rank, "about_node": node }),
                 false,
             ));
             if self.failing.is_none() {
@@ -347,7 +347,7 @@ impl JobView {
         self.failed_at = Some(now);
         out.push(journal(
             "teardown",
-            json!({ "reason": reason, "first_rank": rank, "node": node }),
+            json!({ "reason": reason, "first_rank": rank, "about_node": node }),
             true,
         ));
         self.push(
@@ -637,7 +637,7 @@ impl JobView {
                 e.lost = true;
                 out.push(journal(
                     "rank_lost",
-                    json!({ "about_rank": r, "node": e.report.node, "silent_s": now.duration_since(e.heard).as_secs_f64() }),
+                    json!({ "about_rank": r, "about_node": e.report.node, "silent_s": now.duration_since(e.heard).as_secs_f64() }),
                     true,
                 ));
             }
