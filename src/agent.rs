@@ -476,6 +476,20 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         }
     }
 
+    // Checkpoints the trainer saves on its own (rank 0 only: the directory
+    // is usually shared, and one record per checkpoint is enough).
+    let mut ckpt_watch = None;
+    if let Some(dir) = cfg.checkpoint_watch_dir.as_ref().filter(|_| id.rank == 0) {
+        match progress::checkpoint_dir::watch(
+            dir,
+            cfg.checkpoint_watch_regex.clone(),
+            cfg.checkpoint_watch_poll,
+            tx.clone(),
+        ) {
+            Ok(w) => ckpt_watch = Some(w),
+            Err(e) => monitor_errors.push(format!("checkpoint directory {}: {e}", dir.display())),
+        }
+    }
     journal.record_at(
         clock.wall(launched),
         "rank_start",
@@ -945,6 +959,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         );
     }
     drop(file_watch);
+    drop(ckpt_watch);
     plog.flush(&mut journal, &clock);
     tx.close();
     if socket_ok {

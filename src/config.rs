@@ -45,6 +45,12 @@ pub const DEFAULT_CHECKPOINT_REGEX: &str =
 /// Default regex marking the start of an evaluation in plain output.
 pub const DEFAULT_EVAL_REGEX: &str = r"(?i-u)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
 
+/// Default regex over paths in the watched checkpoint directory that mark a
+/// complete checkpoint (group 1: the step): the file a save writes last
+/// (`COMPLETE`/`DONE` markers, HF's `trainer_state.json`, torch DCP's
+/// `.metadata`) inside `checkpoint-N`, `iter_N`, `step_N`, `global_stepN`.
+pub const DEFAULT_CHECKPOINT_WATCH_REGEX: &str = r"^(?:.*/)?(?:checkpoint[-_]?|iter_|step[-_]?|global_step)0*(\d+)/(?:COMPLETE|\.complete|DONE|\.done|trainer_state\.json|\.metadata)$";
+
 /// How the progress file is watched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -166,6 +172,12 @@ pub struct Config {
     /// How long the job-level supervisor waits for `checkpoint_done` after a
     /// pre-timeout signal before it stops the step for the requeue.
     pub checkpoint_wait: Duration,
+    /// A directory where the trainer saves checkpoints on its own (rank 0 watches it).
+    pub checkpoint_watch_dir: Option<PathBuf>,
+    /// Paths in it (relative) that mark a complete checkpoint; group 1 is the step.
+    pub checkpoint_watch_regex: regex::Regex,
+    /// Rescan period (what inotify cannot see: network filesystems).
+    pub checkpoint_watch_poll: Duration,
     /// The signal Slurm sends before the time limit (`sbatch --signal=B:USR1@N`).
     pub pre_timeout_signal: nix::sys::signal::Signal,
     /// In a Slurm step, forward signals to the trainer too. Off by default:
@@ -223,6 +235,10 @@ impl Default for Config {
             failure_patterns: None,
             checkpoint_signal: Some(nix::sys::signal::Signal::SIGUSR2),
             checkpoint_wait: Duration::from_secs(120),
+            checkpoint_watch_dir: None,
+            checkpoint_watch_regex: regex::Regex::new(DEFAULT_CHECKPOINT_WATCH_REGEX)
+                .expect("default regex"),
+            checkpoint_watch_poll: Duration::from_secs(5),
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
             slurm_forward_signals: false,
             health: HealthConfig::default(),
@@ -303,6 +319,10 @@ struct CheckpointSection {
     signal: Option<Spanned<String>>,
     #[serde(default, with = "serde_text::option")]
     wait: Option<Duration>,
+    watch_dir: Option<PathBuf>,
+    watch_regex: Option<Spanned<String>>,
+    #[serde(default, with = "serde_text::option")]
+    watch_poll: Option<Duration>,
 }
 
 #[derive(Deserialize, Default)]
@@ -565,6 +585,23 @@ impl Config {
         }
         if let Some(w) = file.checkpoint.wait {
             self.checkpoint_wait = w;
+        }
+        if let Some(d) = file.checkpoint.watch_dir {
+            self.checkpoint_watch_dir = (!d.as_os_str().is_empty()).then_some(d);
+        }
+        if let Some(re) = file.checkpoint.watch_regex {
+            self.checkpoint_watch_regex = regex::Regex::new(re.get_ref()).map_err(|e| {
+                err_at(
+                    re.span().start,
+                    format!(
+                        "checkpoint.watch_regex: {}",
+                        e.to_string().lines().last().unwrap_or("")
+                    ),
+                )
+            })?;
+        }
+        if let Some(p) = file.checkpoint.watch_poll {
+            self.checkpoint_watch_poll = p.max(Duration::from_millis(100));
         }
         if let Some(sig) = file.slurm.pre_timeout_signal {
             self.pre_timeout_signal =

@@ -9,6 +9,7 @@
 //! Each source turns what it sees into [`Event`]s on one channel; the agent
 //! feeds them to the stall policy and the journal.
 
+pub mod checkpoint_dir;
 pub mod file;
 pub mod output;
 pub mod socket;
@@ -26,6 +27,8 @@ pub enum Source {
     Socket,
     /// The watched progress file.
     File,
+    /// A complete checkpoint appeared in the watched checkpoint directory.
+    CheckpointDir,
 }
 
 impl Source {
@@ -36,6 +39,7 @@ impl Source {
             Source::Stderr => "stderr",
             Source::Socket => "socket",
             Source::File => "file",
+            Source::CheckpointDir => "checkpoint_dir",
         }
     }
 }

@@ -108,15 +108,23 @@ impl Parser {
         Some((step, m.start() + start))
     }
 
-    /// The last step in `text` with the start of the line it is on.
+    /// The last step in `text` with the start of the line it is on. Lines
+    /// Slurm writes itself (`srun: ...`, `slurmstepd: ... *** STEP 27.0 ON n1
+    /// CANCELLED`, seen by the job-level `resilio run -- srun`) are no
+    /// training progress, whatever they look like.
     fn last_step(&self, text: &[u8]) -> Option<(usize, u64)> {
         let mut last = None;
         for caps in self.step.captures_iter(text) {
             if let Some((step, at)) = self.step_of(&caps) {
-                last = Some((at, step));
+                let ls = line_start(text, at);
+                let line = &text[ls..];
+                if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
+                    continue;
+                }
+                last = Some((ls, step));
             }
         }
-        last.map(|(at, step)| (line_start(text, at), step))
+        last
     }
 
     /// The last phase marker in `text` with its start offset.

@@ -196,3 +196,42 @@ fn progress_file_watched_with_inotify() {
 fn progress_file_polled() {
     progress_file_run("always");
 }
+
+#[test]
+fn checkpoints_the_trainer_saves_on_its_own_are_recorded_only_when_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    std::fs::create_dir_all(ck.join("checkpoint-1")).unwrap();
+    std::fs::write(ck.join("checkpoint-1/trainer_state.json"), b"{}").unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"200ms\"\n",
+            ck.display()
+        ),
+    );
+    // Saved as HF does: files into a temporary directory, renamed when whole;
+    // then a save that never finishes (no trainer_state.json).
+    let script = format!(
+        "import os, time\nck = {:?}\nos.makedirs(ck + '/tmp-checkpoint-3')\nopen(ck + '/tmp-checkpoint-3/model.safetensors', 'w').write('x')\nopen(ck + '/tmp-checkpoint-3/trainer_state.json', 'w').write('x')\ntime.sleep(0.5)\nos.rename(ck + '/tmp-checkpoint-3', ck + '/checkpoint-3')\nos.makedirs(ck + '/checkpoint-6')\nopen(ck + '/checkpoint-6/model.safetensors', 'w').write('x')\ntime.sleep(1.0)\n",
+        ck.to_str().unwrap()
+    );
+    let (out, _) = output_within(
+        resilio_run(tmp.path(), "ckdir").args([
+            "--config",
+            cfg.to_str().unwrap(),
+            "--",
+            "python3",
+            "-c",
+            &script,
+        ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "ckdir");
+    let done: Vec<(Option<u64>, Option<&str>)> = kinds(&recs, "checkpoint_done")
+        .iter()
+        .map(|r| (r.u64("step"), r.str("source")))
+        .collect();
+    assert_eq!(done, vec![(Some(3), Some("checkpoint_dir"))], "{recs:#?}");
+}

@@ -1,0 +1,147 @@
+//! Checkpoints the trainer makes on its own, seen in its checkpoint
+//! directory: a path (relative to the directory, at most 3 levels deep)
+//! matching `[checkpoint] watch_regex` marks a *complete* checkpoint, and
+//! its first capture group is the step. The regex names the file written
+//! last (a `COMPLETE` marker, `trainer_state.json`, torch DCP's `.metadata`)
+//! or the final name after a rename, never the half-written directory.
+//!
+//! inotify (notify) wakes a rescan at once on a local filesystem; a rescan
+//! every poll interval catches what inotify cannot see (network
+//! filesystems, a directory created later). Paths present at start are
+//! known, not news.
+
+use super::{Event, Kind, Sender, Source};
+use regex::Regex;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Keeps the watch alive; stops it when dropped.
+pub struct DirWatch {
+    stop: Arc<AtomicBool>,
+    _watcher: Option<notify::RecommendedWatcher>,
+}
+
+impl Drop for DirWatch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Matching paths under `dir` (relative, `/`-separated), with their steps.
+pub fn scan(dir: &Path, re: &Regex) -> Vec<(String, Option<u64>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![(dir.to_path_buf(), String::new(), 0usize)];
+    while let Some((d, rel, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let r = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            if let Some(c) = re.captures(&r) {
+                let step = c.get(1).and_then(|m| m.as_str().parse().ok());
+                out.push((r.clone(), step));
+            }
+            if depth < 2 && e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push((e.path(), r, depth + 1));
+            }
+        }
+    }
+    out
+}
+
+pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Result<DirWatch> {
+    let dir: PathBuf = if dir.is_absolute() {
+        dir.to_path_buf()
+    } else {
+        std::env::current_dir()?.join(dir)
+    };
+    let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
+    let watcher = {
+        use notify::{RecursiveMode, Watcher};
+        let w = wake_tx.clone();
+        notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if res.is_ok_and(|e| !e.kind.is_access()) {
+                let _ = w.send(());
+            }
+        })
+        .ok()
+        .and_then(|mut watcher| {
+            watcher
+                .watch(&dir, RecursiveMode::Recursive)
+                .ok()
+                .map(|_| watcher)
+        })
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let mut seen: HashSet<String> = scan(&dir, &re).into_iter().map(|(p, _)| p).collect();
+    std::thread::Builder::new()
+        .name("checkpoint-dir".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Relaxed) && !tx.is_closed() {
+                match wake_rx.recv_timeout(poll) {
+                    // Let a burst of events (a save writing many files) settle.
+                    Ok(()) => {
+                        std::thread::sleep(Duration::from_millis(50));
+                        while wake_rx.try_recv().is_ok() {}
+                    }
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(_) => std::thread::sleep(poll),
+                }
+                let mut found = scan(&dir, &re);
+                found.sort_by_key(|(_, s)| *s);
+                for (path, step) in found {
+                    if seen.insert(path) {
+                        tx.send(Event {
+                            at: Instant::now(),
+                            source: Source::CheckpointDir,
+                            kind: Kind::CheckpointDone { step },
+                        });
+                    }
+                }
+            }
+        })?;
+    Ok(DirWatch {
+        stop,
+        _watcher: watcher,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_complete_checkpoints_match_and_give_their_step() {
+        let d = tempfile::tempdir().unwrap();
+        let re = Regex::new(crate::config::DEFAULT_CHECKPOINT_WATCH_REGEX).unwrap();
+        for p in [
+            "checkpoint-100/model.safetensors",
+            "checkpoint-100/trainer_state.json",
+            "step_200.tmp/.metadata",
+            "global_step300/COMPLETE",
+            "checkpoint-400/optimizer.pt",
+        ] {
+            let f = d.path().join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, b"x").unwrap();
+        }
+        let mut got = scan(d.path(), &re);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("checkpoint-100/trainer_state.json".to_string(), Some(100)),
+                ("global_step300/COMPLETE".to_string(), Some(300)),
+            ]
+        );
+    }
+}
