@@ -239,19 +239,7 @@ pub fn load_job(
     state_dir: &std::path::Path,
     job: Option<&str>,
 ) -> Result<(String, journal::JobJournal)> {
-    let job = match job {
-        Some(j) => {
-            journal::validate_job_id(j).map_err(Error::Usage)?;
-            j.to_string()
-        }
-        None => journal::list_jobs(state_dir)
-            .pop()
-            .map(|(j, _)| j)
-            .ok_or_else(|| Error::NoJob {
-                job: "(latest)".into(),
-                dir: state_dir.join("jobs"),
-            })?,
-    };
+    let job = crate::status::resolve_job(state_dir, job)?;
     let dir = journal::job_dir(state_dir, &job);
     let j = journal::read_job(&dir).map_err(|_| Error::NoJob {
         job: job.clone(),

@@ -8,7 +8,8 @@ use crate::journal;
 use std::path::Path;
 use std::time::Duration;
 
-fn resolve_job(state_dir: &Path, job: Option<&str>) -> Result<String> {
+/// The job asked for (validated), or the most recently written one.
+pub fn resolve_job(state_dir: &Path, job: Option<&str>) -> Result<String> {
     match job {
         Some(j) => {
             journal::validate_job_id(j).map_err(Error::Usage)?;
