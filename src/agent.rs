@@ -58,11 +58,15 @@ enum StopReason {
 /// Supervise one rank. Returns the exit code for resilio; an `Err` only
 /// when the trainer could not be started.
 pub fn run(opts: RunOptions) -> Result<i32> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+    runtime()?.block_on(run_async(opts))
+}
+
+/// The current-thread runtime every resilio command runs its loop on.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
-    rt.block_on(run_async(opts))
+        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))
 }
 
 /// The local directory for the progress socket (short paths: sun_path is 108 bytes).

@@ -38,11 +38,7 @@ pub struct LocalOptions {
 }
 
 pub fn run(opts: LocalOptions) -> Result<i32> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
-    rt.block_on(run_async(opts))
+    crate::agent::runtime()?.block_on(run_async(opts))
 }
 
 /// A port free right now on loopback (the kernel's pick), for MASTER_PORT.

@@ -42,11 +42,7 @@ fn request(
     token: &str,
     body: Option<String>,
 ) -> Result<String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))?;
-    rt.block_on(async {
+    crate::agent::runtime()?.block_on(async {
         let client = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(5))
