@@ -57,8 +57,31 @@ enum StopReason {
 
 /// Supervise one rank. Returns the exit code for resilio; an `Err` only
 /// when the trainer could not be started.
+use crate::supervisor::Next;
+
 pub fn run(opts: RunOptions) -> Result<i32> {
-    runtime()?.block_on(run_async(opts))
+    let next = runtime()?.block_on(run_async(opts))?;
+    match next {
+        Next::Exit(code) => Ok(code),
+        Next::Relaunch(r) => Ok(relaunch(&r)),
+    }
+}
+
+/// The job-level supervisor relaunches the step inside the allocation by
+/// starting over as itself (same pid, same arguments: Slurm still sees the
+/// batch script's process) with the hand-over in `RESILIO_RELAUNCH`. Runs
+/// once the runtime, the coordinator and every file of this attempt are gone.
+fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let err = match std::env::current_exe() {
+        Ok(exe) => std::process::Command::new(exe)
+            .args(std::env::args_os().skip(1))
+            .env(crate::slurm::step::ENV_RELAUNCH, r.encode())
+            .exec(),
+        Err(e) => e,
+    };
+    eprintln!("resilio: cannot relaunch the step inside the allocation: {err}");
+    1
 }
 
 /// The current-thread runtime every resilio command runs its loop on.
@@ -165,9 +188,9 @@ impl ProgressLog {
     }
 }
 
-async fn run_async(opts: RunOptions) -> Result<i32> {
+async fn run_async(opts: RunOptions) -> Result<Next> {
     let cfg = opts.config;
-    let id = Identity::from_env(opts.job_id.as_deref()).map_err(Error::Usage)?;
+    let mut id = Identity::from_env(opts.job_id.as_deref()).map_err(Error::Usage)?;
     // A malformed SLURM_* environment is Slurm's problem, not a reason to
     // refuse to run the trainer: warn and go on without the Slurm context.
     let slurm = crate::slurm::SlurmContext::from_env().unwrap_or_else(|e| {
@@ -182,6 +205,25 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     // In a batch script (in the job, not a task of a step), resilio is the
     // job-level supervisor: it wraps the steps, and decides after them.
     let batch_level = slurm.in_batch_script();
+    // Attempts count steps: a relaunch inside the allocation hands its
+    // attempt over; a fresh allocation continues after the journal's.
+    let mut relaunched: Option<crate::slurm::step::Relaunch> = None;
+    let mut earlier: Vec<journal::Record> = Vec::new();
+    if batch_level {
+        earlier = journal::read_job(&job_dir)
+            .map(|j| j.records)
+            .unwrap_or_default();
+        if let Ok(text) = std::env::var(crate::slurm::step::ENV_RELAUNCH) {
+            match crate::slurm::step::Relaunch::parse(&text) {
+                Ok(r) => relaunched = Some(r),
+                Err(e) => eprintln!("resilio: ignoring {e}"),
+            }
+        }
+        id.attempt = match &relaunched {
+            Some(r) => r.attempt,
+            None => crate::supervisor::first_attempt_of_allocation(&earlier, slurm.restart_count),
+        };
+    }
     let mut journal = if batch_level {
         Writer::open(
             &job_dir,
@@ -230,13 +272,21 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             } else {
                 id.world_size
             };
-            let view = crate::coordinator::state::JobView::new(
+            let mut view = crate::coordinator::state::JobView::new(
                 &id.job,
                 world,
                 id.attempt,
                 cfg.coordinator.policy.clone(),
                 Instant::now(),
             );
+            if let Some(r) = &relaunched {
+                let ago = (Utc::now().timestamp_micros() - r.failed_at_us).max(0) as u64;
+                let at = Instant::now()
+                    .checked_sub(Duration::from_micros(ago))
+                    .unwrap_or_else(Instant::now);
+                let restarts = earlier.iter().filter(|r| r.kind == "restart").count() as u32;
+                view.resume_after_failure(at, restarts);
+            }
             let started = crate::coordinator::bind_address(&cfg.coordinator.bind, slurm.in_job())
                 .map_err(std::io::Error::other)
                 .and_then(|bind| {
@@ -359,21 +409,26 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     if single_rank_job {
-        journal.record(
-            "job_start",
-            json!({ "world_size": id.world_size, "mode": if batch_level { "batch" } else { "single" } }),
-            false,
-        );
+        let mut data = json!({ "world_size": id.world_size, "mode": if batch_level { "batch" } else { "single" } });
+        if batch_level {
+            data["allocation"] = json!(slurm.restart_count);
+            if let Some(r) = &relaunched {
+                data["relaunch_in_allocation"] = json!({ "exclude": r.exclude, "nodes": r.nodes });
+            }
+        }
+        // Durable at batch level: it maps the allocation to its attempts.
+        journal.record("job_start", data, batch_level);
     }
-    if batch_level {
+    if batch_level && relaunched.is_none() {
         crate::supervisor::reconcile_previous(
-            &cfg.state_dir,
+            &earlier,
             &id.job,
-            id.attempt,
+            slurm.restart_count,
             &crate::slurm::SlurmCli::default(),
             &mut journal,
         );
     }
+    drop(earlier);
     // The site health check, once per node (local rank 0), before the trainer.
     let checks_node = !batch_level && slurm.localid.unwrap_or(0) == 0;
     if checks_node {
@@ -409,11 +464,25 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
                 if single_rank_job {
                     journal.record("job_end", json!({ "exit_code": code }), true);
                 }
-                return Ok(code);
+                return Ok(Next::Exit(code));
             }
         }
     }
-    let spawned = match process::spawn(&opts.argv, &env) {
+    // A relaunch inside the allocation leaves the blamed nodes out of srun.
+    let argv = match &relaunched {
+        Some(r) => {
+            crate::slurm::step::leave_out(&opts.argv, &r.exclude, r.nodes).unwrap_or_else(|| {
+                journal.record(
+                "monitor_error",
+                json!({ "error": "the step command cannot leave nodes out; relaunched as it was" }),
+                false,
+            );
+                opts.argv.clone()
+            })
+        }
+        None => opts.argv.clone(),
+    };
+    let spawned = match process::spawn(&argv, &env) {
         Ok(s) => s,
         Err(e) => {
             let code = e.exit_code();
@@ -1107,12 +1176,25 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
             pre_timeout: pre_timeout.is_some(),
         };
         let cli = crate::slurm::SlurmCli::default();
+        // The step can run again inside the allocation (see docs/slurm.md).
+        let alloc = (cfg.restart_in_allocation && !slurm.job_nodes.is_empty()).then(|| {
+            crate::policy::restart::Allocation {
+                nodes: slurm.job_nodes.clone(),
+                excluded: relaunched
+                    .as_ref()
+                    .map(|r| r.exclude.clone())
+                    .unwrap_or_default(),
+                step_nodes: 0,
+                can_exclude: crate::slurm::step::can_leave_out(&opts.argv),
+            }
+        });
         return Ok(crate::supervisor::after_attempt(
             &cfg.state_dir,
             &id.job,
             id.attempt,
             &step,
             cfg.max_restarts,
+            alloc,
             &cli,
             &mut journal,
         ));
@@ -1120,7 +1202,7 @@ async fn run_async(opts: RunOptions) -> Result<i32> {
     if single_rank_job {
         journal.record("job_end", json!({ "exit_code": code }), true);
     }
-    Ok(code)
+    Ok(Next::Exit(code))
 }
 
 /// SIGUSR1/SIGUSR2. In a batch script, Slurm's pre-timeout signal becomes a

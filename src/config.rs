@@ -155,6 +155,9 @@ pub struct Config {
     pub kill_grace: Duration,
     /// Requeues allowed after failures (time-limit requeues do not count).
     pub max_restarts: u32,
+    /// In a batch script, relaunch a failed step inside the allocation
+    /// (leaving blamed nodes out when spare nodes exist) before requeueing.
+    pub restart_in_allocation: bool,
     /// Progress sources.
     pub progress: ProgressConfig,
     /// Stall policy parameters.
@@ -212,6 +215,7 @@ impl Default for Config {
             state_dir: default_state_dir(),
             kill_grace: Duration::from_secs(30),
             max_restarts: 3,
+            restart_in_allocation: true,
             progress: ProgressConfig {
                 regex: Regex::new(DEFAULT_PROGRESS_REGEX).expect("default regex"),
                 checkpoint_regex: Some(
@@ -349,6 +353,7 @@ struct RunSection {
     #[serde(default, with = "serde_text::option")]
     kill_grace: Option<Duration>,
     max_restarts: Option<u32>,
+    restart_in_allocation: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -466,6 +471,9 @@ impl Config {
         }
         if let Some(n) = file.run.max_restarts {
             self.max_restarts = n;
+        }
+        if let Some(b) = file.run.restart_in_allocation {
+            self.restart_in_allocation = b;
         }
 
         let p = file.progress;

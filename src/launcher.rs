@@ -344,6 +344,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             attempt,
             &step,
             cfg.max_restarts,
+            None,
             || true,
             &mut log,
         );
@@ -361,7 +362,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             .as_ref()
             .map(|d| format!("{} ({})", d.outcome.class.name(), d.outcome.signature));
         match decided.map(|d| d.action) {
-            Some(Action::Requeue { .. }) => {
+            Some(Action::Requeue { .. } | Action::RestartInAllocation { .. }) => {
                 // One machine: nothing to exclude; the restart is in place.
                 let reason = what.unwrap_or_default();
                 attempt += 1;

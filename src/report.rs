@@ -523,7 +523,24 @@ pub fn render_text(r: &Report) -> String {
 fn describe(r: &Record) -> Option<String> {
     let step = |k: &str| r.u64(k).map_or("-".to_string(), |v| v.to_string());
     Some(match r.kind.as_str() {
-        "job_start" => "job started".into(),
+        "job_start" => match r.get("relaunch_in_allocation") {
+            Some(x) => {
+                let out: Vec<&str> = x
+                    .get("exclude")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                if out.is_empty() {
+                    "step relaunched inside the allocation".into()
+                } else {
+                    format!(
+                        "step relaunched inside the allocation, leaving out {}",
+                        out.join(",")
+                    )
+                }
+            }
+            None => "job started".into(),
+        },
         "rank_start" => format!(
             "launched pid {} ({} stall timeout): {}",
             r.u64("pid").unwrap_or(0),
@@ -674,7 +691,12 @@ fn describe(r: &Record) -> Option<String> {
                 .unwrap_or("?")
         ),
         "restart" => format!(
-            "RESTART in place as attempt {}: {}",
+            "RESTART {} as attempt {}: {}",
+            if r.get("in_allocation").and_then(Value::as_bool) == Some(true) {
+                "inside the allocation"
+            } else {
+                "in place"
+            },
             step("next_attempt"),
             r.str("reason").unwrap_or("?")
         ),

@@ -6,14 +6,21 @@
 //! verdict (`rank_exit.class`). This module reads them from the shared
 //! journal (plus srun's own error lines, for ranks whose agents died with
 //! their node), judges which failure was primary, decides with the restart
-//! policy, journals the decision, and acts through the [`Slurm`] trait:
-//! `scontrol requeue`, then `ExcNodeList` while Slurm is still tearing the
-//! job down (a running job's exclusion list cannot be changed; see
-//! SLURM-FACTS).
+//! policy, journals the decision, and acts. Inside the allocation first:
+//! the step is relaunched on the nodes that remain once the blamed ones are
+//! left out (`srun --exclude`), when enough remain. Otherwise through the
+//! [`Slurm`] trait: `scontrol requeue`, then `ExcNodeList` while Slurm is
+//! still tearing the job down (a running job's exclusion list cannot be
+//! changed; see SLURM-FACTS).
+//!
+//! Attempts count steps, not allocations: an allocation runs one attempt,
+//! plus one per relaunch inside it. Each allocation's `job_start` record
+//! names it (`allocation`, Slurm's requeue count), which maps Slurm's
+//! records of an allocation to the attempts that ran in it.
 
 use crate::journal::{self, Record, Writer};
 use crate::policy::failure::{self, Class, Judgment, RankFailure, Verdict};
-use crate::policy::restart::{self, Action, AttemptOutcome};
+use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
 use crate::slurm::Slurm;
 use serde_json::json;
 use std::path::Path;
@@ -276,25 +283,52 @@ fn schedulable_exclusion(
     kept
 }
 
-/// At the start of a later attempt, every earlier attempt is recorded as
+/// The allocation a batch-level `job_start` record was written in.
+fn allocation_of(r: &Record) -> Option<u32> {
+    (r.kind == "job_start")
+        .then(|| r.u64("allocation").map(|a| a as u32))
+        .flatten()
+}
+
+/// The attempt a fresh allocation (Slurm's requeue count `allocation`)
+/// starts with: the one after every attempt of the earlier allocations.
+pub fn first_attempt_of_allocation(records: &[Record], allocation: u32) -> u32 {
+    records
+        .iter()
+        .filter(|r| allocation_of(r).is_some_and(|a| a < allocation))
+        .map(|r| r.attempt + 1)
+        .max()
+        .unwrap_or(0)
+        .max(allocation)
+}
+
+/// The last attempt that ran in `allocation`.
+fn last_attempt_in(records: &[Record], allocation: u32) -> u32 {
+    records
+        .iter()
+        .filter(|r| allocation_of(r) == Some(allocation))
+        .map(|r| r.attempt)
+        .max()
+        .unwrap_or_else(|| first_attempt_of_allocation(records, allocation))
+}
+
+/// At the start of a later allocation, every earlier one is recorded as
 /// Slurm saw it (`sacct -D`, and the current state of its nodes) in a
-/// `previous_attempt` record. Attempts that ended with no decision in the
-/// journal (the node holding the batch script crashed, or Slurm requeued the
-/// job itself after a node failure) also get a `failure` and a `decision`, so
-/// that reports, blame and the crash-loop guard see them.
+/// `previous_attempt` record about its last attempt. Attempts that ended
+/// with no decision in the journal (the node holding the batch script
+/// crashed, or Slurm requeued the job itself after a node failure) also get
+/// a `failure` and a `decision`, so that reports, blame and the crash-loop
+/// guard see them.
 pub fn reconcile_previous(
-    state_dir: &Path,
+    records: &[Record],
     job: &str,
-    attempt: u32,
+    allocation: u32,
     slurm: &dyn Slurm,
     journal: &mut Writer,
 ) {
-    if attempt == 0 {
+    if allocation == 0 {
         return;
     }
-    let records = journal::read_job(&journal::job_dir(state_dir, job))
-        .map(|j| j.records)
-        .unwrap_or_default();
     let decided: Vec<u32> = records
         .iter()
         .filter(|r| r.kind == "decision")
@@ -303,11 +337,11 @@ pub fn reconcile_previous(
     let seen: Vec<u32> = records
         .iter()
         .filter(|r| r.kind == "previous_attempt")
-        .map(about)
+        .filter_map(|r| r.u64("about_allocation").map(|a| a as u32))
         .collect();
-    // Every earlier attempt is recorded as Slurm saw it; those nobody decided
-    // on (the supervisor died with its node) also get a failure and decision.
-    let missing: Vec<u32> = (0..attempt).filter(|a| !seen.contains(a)).collect();
+    // Every earlier allocation is recorded as Slurm saw it; those nobody
+    // decided on (the supervisor died with its node) also get a failure and decision.
+    let missing: Vec<u32> = (0..allocation).filter(|a| !seen.contains(a)).collect();
     if missing.is_empty() {
         return;
     }
@@ -325,10 +359,11 @@ pub fn reconcile_previous(
     // One allocation row per attempt, oldest first.
     rows.retain(|r| !r.start.is_empty() && r.start != "Unknown" && r.start != "None");
     rows.sort_by(|a, b| a.start.cmp(&b.start));
-    for a in missing {
-        let Some(row) = rows.get(a as usize) else {
+    for alloc in missing {
+        let Some(row) = rows.get(alloc as usize) else {
             continue;
         };
+        let a = last_attempt_in(records, alloc);
         let failed: Vec<crate::slurm::NodeInfo> = slurm
             .node_states(&row.nodes)
             .map(|v| v.into_iter().filter(|n| n.is_failed()).collect())
@@ -345,7 +380,7 @@ pub fn reconcile_previous(
             Class::Infrastructure
         };
         let evidence = format!(
-            "sacct: attempt {a} {} on {}{}",
+            "sacct: allocation {alloc} (attempt {a}) {} on {}{}",
             row.state,
             crate::slurm::hostlist::compress(&row.nodes),
             failed
@@ -357,6 +392,7 @@ pub fn reconcile_previous(
             "previous_attempt",
             json!({
                 "about_attempt": a,
+                "about_allocation": alloc,
                 "state": row.state,
                 "exit_code": row.exit_code,
                 "nodes": crate::slurm::hostlist::compress(&row.nodes),
@@ -459,11 +495,14 @@ pub struct Decided {
 
 /// Judge the attempt from the journal, decide with the restart policy, and
 /// journal both (`judgment`, `decision`). `None` when nothing failed.
+/// With `alloc` (a job-level supervisor holding the allocation), a restart
+/// happens inside it when it can take the step again.
 pub fn decide_attempt(
     records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
     max_restarts: u32,
+    alloc: Option<&Allocation>,
     requeue_allowed: impl FnOnce() -> bool,
     journal: &mut Writer,
 ) -> Option<Decided> {
@@ -518,6 +557,29 @@ pub fn decide_attempt(
         Action::Stop {
             reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
         }
+    } else if let Some(alloc) = alloc {
+        match restart::decide(&outcome, &earlier, max_restarts, true) {
+            Action::Requeue { reason, .. } => {
+                match restart::relaunch_where(alloc, &outcome.blamed_nodes, outcome.class) {
+                    Relaunch::InAllocation { exclude, nodes } => Action::RestartInAllocation {
+                        reason: format!("{reason}: relaunched inside the allocation"),
+                        exclude,
+                        nodes,
+                    },
+                    Relaunch::Requeue { why, .. } if !requeue_allowed() => Action::Stop {
+                        reason: format!(
+                            "{}; and not inside the allocation: {why}",
+                            restart::NOT_REQUEUEABLE
+                        ),
+                    },
+                    Relaunch::Requeue { exclude, why } => Action::Requeue {
+                        reason: format!("{reason}; not inside the allocation: {why}"),
+                        exclude,
+                    },
+                }
+            }
+            a => a,
+        }
     } else {
         restart::decide(&outcome, &earlier, max_restarts, requeue_allowed())
     };
@@ -535,16 +597,41 @@ pub fn decide_attempt(
     })
 }
 
-/// Judge, decide, journal, act. Returns the exit code resilio should exit with.
+/// What the job-level supervisor does once it has decided.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Exit with this code (finished, stopped, or requeued: Slurm starts the next attempt).
+    Exit(i32),
+    /// Relaunch the step inside the allocation.
+    Relaunch(crate::slurm::step::Relaunch),
+}
+
+/// The nodes the ranks of `attempt` ran on.
+fn step_nodes(records: &[Record], attempt: u32) -> u32 {
+    let mut nodes: Vec<&str> = records
+        .iter()
+        .filter(|r| r.kind == "rank_start" && r.attempt == attempt && r.rank.is_some())
+        .filter_map(|r| r.node.as_deref())
+        .collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    nodes.len() as u32
+}
+
+/// Judge, decide, journal, act. `alloc` is the allocation the step can be
+/// relaunched in (`None`: only requeues); its `step_nodes` is filled in
+/// from the journal.
+#[allow(clippy::too_many_arguments)]
 pub fn after_attempt(
     state_dir: &Path,
     job: &str,
     attempt: u32,
     step: &StepEnd<'_>,
     max_restarts: u32,
+    alloc: Option<Allocation>,
     slurm: &dyn Slurm,
     journal: &mut Writer,
-) -> i32 {
+) -> Next {
     let records = journal::read_job(&journal::job_dir(state_dir, job))
         .map(|j| j.records)
         .unwrap_or_default();
@@ -555,11 +642,16 @@ pub fn after_attempt(
             false
         }
     };
+    let alloc = alloc.map(|a| Allocation {
+        step_nodes: step_nodes(&records, attempt),
+        ..a
+    });
     let Some(d) = decide_attempt(
         &records,
         attempt,
         step,
         max_restarts,
+        alloc.as_ref(),
         requeue_allowed,
         journal,
     ) else {
@@ -568,7 +660,7 @@ pub fn after_attempt(
             json!({ "exit_code": step.exit_code, "reason": "completed" }),
             true,
         );
-        return step.exit_code;
+        return Next::Exit(step.exit_code);
     };
     let (j, evidence, action) = (d.judgment, d.evidence, d.action);
     match action {
@@ -587,9 +679,47 @@ pub fn after_attempt(
                 true,
             );
         }
+        Action::RestartInAllocation {
+            exclude,
+            nodes,
+            reason,
+        } => {
+            let before = alloc
+                .as_ref()
+                .map(|a| a.excluded.clone())
+                .unwrap_or_default();
+            for node in exclude.iter().filter(|n| !before.contains(n)) {
+                journal.record(
+                    "node_excluded",
+                    json!({ "excluded_node": node, "reason": j.class, "evidence": evidence, "scope": "step" }),
+                    true,
+                );
+            }
+            let next = crate::slurm::step::Relaunch {
+                attempt: attempt + 1,
+                failed_at_us: (d.primary.at * 1e6) as i64,
+                nodes,
+                exclude,
+            };
+            journal.record(
+                "restart",
+                json!({ "next_attempt": next.attempt, "reason": reason, "in_allocation": true,
+                        "exclude": next.exclude, "nodes": nodes }),
+                true,
+            );
+            eprintln!(
+                "resilio: relaunching the step of job {job} inside the allocation (attempt {}): {reason}",
+                next.attempt
+            );
+            return Next::Relaunch(next);
+        }
         Action::Requeue { exclude, reason } => {
             let exclude = schedulable_exclusion(slurm, job, exclude, journal);
-            for node in &exclude {
+            let before = alloc
+                .as_ref()
+                .map(|a| a.excluded.clone())
+                .unwrap_or_default();
+            for node in exclude.iter().filter(|n| !before.contains(n)) {
                 journal.record(
                     "node_excluded",
                     json!({ "excluded_node": node, "reason": j.class, "evidence": evidence }),
@@ -602,70 +732,69 @@ pub fn after_attempt(
                 true,
             );
             eprintln!("resilio: requeueing job {job}: {reason}");
-            let requeued = match slurm.requeue(job) {
-                Ok(()) => Ok(()),
-                // Slurm may have requeued the job itself (a node failure):
-                // the exclusion still applies to the next attempt.
-                Err(e) => match slurm.show_job(job) {
-                    Ok(info)
-                        if info.state.starts_with("PENDING")
-                            || info.state.starts_with("REQUEUE") =>
-                    {
-                        journal.record(
-                            "requeue",
-                            json!({ "by": "slurm", "state": info.state }),
-                            true,
-                        );
-                        Ok(())
-                    }
-                    _ => Err(e),
-                },
-            };
-            match requeued {
-                Err(e) => {
-                    eprintln!("resilio: requeue of job {job} failed: {e}");
-                    journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
-                    journal.record(
-                        "job_end",
-                        json!({ "exit_code": step.exit_code, "reason": "requeue failed" }),
-                        true,
-                    );
-                }
-                Ok(()) => {
-                    // The exclusion can only be set once the job is no longer
-                    // running: right after the requeue, while Slurm tears it down.
-                    if !exclude.is_empty() {
-                        let mut last_err = None;
-                        for _ in 0..20 {
-                            match slurm.exclude_more(job, &exclude) {
-                                Ok(all) => {
-                                    journal.record("exclusion_set", json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }), true);
-                                    last_err = None;
-                                    break;
-                                }
-                                Err(e) => {
-                                    last_err = Some(e);
-                                    std::thread::sleep(std::time::Duration::from_millis(100));
-                                }
-                            }
-                        }
-                        if let Some(e) = last_err {
-                            eprintln!(
-                                "resilio: could not exclude {} from job {job}: {e}",
-                                exclude.join(",")
-                            );
-                            journal.record(
-                                "exclusion_failed",
-                                json!({ "error": e.to_string() }),
-                                true,
-                            );
-                        }
-                    }
-                }
+            requeue(slurm, job, &exclude, step.exit_code, journal);
+        }
+    }
+    Next::Exit(step.exit_code)
+}
+
+/// `scontrol requeue`, then the exclusion while Slurm tears the job down.
+fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, journal: &mut Writer) {
+    let requeued = match slurm.requeue(job) {
+        Ok(()) => Ok(()),
+        // Slurm may have requeued the job itself (a node failure):
+        // the exclusion still applies to the next attempt.
+        Err(e) => match slurm.show_job(job) {
+            Ok(info) if info.state.starts_with("PENDING") || info.state.starts_with("REQUEUE") => {
+                journal.record(
+                    "requeue",
+                    json!({ "by": "slurm", "state": info.state }),
+                    true,
+                );
+                Ok(())
+            }
+            _ => Err(e),
+        },
+    };
+    if let Err(e) = requeued {
+        eprintln!("resilio: requeue of job {job} failed: {e}");
+        journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
+        journal.record(
+            "job_end",
+            json!({ "exit_code": exit_code, "reason": "requeue failed" }),
+            true,
+        );
+        return;
+    }
+    // The exclusion can only be set once the job is no longer running:
+    // right after the requeue, while Slurm tears it down.
+    if exclude.is_empty() {
+        return;
+    }
+    let mut last_err = None;
+    for _ in 0..20 {
+        match slurm.exclude_more(job, exclude) {
+            Ok(all) => {
+                journal.record(
+                    "exclusion_set",
+                    json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }),
+                    true,
+                );
+                return;
+            }
+            Err(e) => {
+                last_err = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(100));
             }
         }
     }
-    step.exit_code
+    if let Some(e) = last_err {
+        eprintln!(
+            "resilio: could not exclude {} from job {job}: {e}",
+            exclude.join(",")
+        );
+        journal.record("exclusion_failed", json!({ "error": e.to_string() }), true);
+    }
 }
 
 #[cfg(test)]
@@ -705,6 +834,12 @@ mod tests {
         }
     }
 
+    fn read(state: &Path) -> Vec<Record> {
+        journal::read_job(&journal::job_dir(state, "77"))
+            .map(|j| j.records)
+            .unwrap_or_default()
+    }
+
     fn fake(requeue: bool) -> FakeSlurm {
         FakeSlurm::with_job(JobInfo {
             job_id: "77".into(),
@@ -712,6 +847,196 @@ mod tests {
             excluded: vec!["n9".into()],
             ..JobInfo::default()
         })
+    }
+
+    /// Three ranks on n1..n3 started attempt `attempt`; rank 1 on n2 was killed.
+    fn killed_on_n2(dir: &Path, attempt: u32) {
+        for (rank, node) in [(0, "n1"), (1, "n2"), (2, "n3")] {
+            let mut w = Writer::open(
+                dir,
+                &format!("rank-{rank}.jsonl"),
+                attempt,
+                Some(rank),
+                Some(node.into()),
+            );
+            w.record("rank_start", json!({ "pid": 1 }), true);
+        }
+        rank_exit(
+            dir,
+            1,
+            "n2",
+            attempt,
+            "infrastructure",
+            Some("killed by SIGKILL"),
+            40 + attempt as u64,
+        );
+        rank_exit(
+            dir,
+            0,
+            "n1",
+            attempt,
+            "secondary",
+            Some("Connection reset by peer"),
+            40 + attempt as u64,
+        );
+    }
+
+    fn four_nodes(excluded: &[&str]) -> Allocation {
+        Allocation {
+            nodes: ["n1", "n2", "n3", "n4"].map(String::from).to_vec(),
+            excluded: excluded.iter().map(|s| s.to_string()).collect(),
+            step_nodes: 0,
+            can_exclude: true,
+        }
+    }
+
+    #[test]
+    fn a_spare_node_keeps_the_restart_inside_the_allocation() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        killed_on_n2(&dir, 0);
+        let mut w = Writer::open(&dir, "batch.jsonl", 0, None, Some("n1".into()));
+        let v = verdict(Class::Unknown, "exit 137");
+        // Even a job that cannot be requeued restarts inside its allocation.
+        let f = fake(false);
+        let step = StepEnd {
+            exit_code: 137,
+            verdict: &v,
+            tail: &[],
+            node: "n1",
+            pre_timeout: false,
+        };
+        let next = after_attempt(
+            state.path(),
+            "77",
+            0,
+            &step,
+            3,
+            Some(four_nodes(&[])),
+            &f,
+            &mut w,
+        );
+        let Next::Relaunch(r) = next else {
+            panic!("{next:?}")
+        };
+        assert_eq!(
+            (r.attempt, r.nodes, r.exclude.clone()),
+            (1, 3, vec!["n2".to_string()])
+        );
+        let now_us = chrono::Utc::now().timestamp_micros();
+        assert!(r.failed_at_us <= now_us && r.failed_at_us > now_us - 60_000_000);
+        assert!(!f
+            .calls()
+            .iter()
+            .any(|c| c.starts_with("requeue") || c.starts_with("set_excluded")));
+        let recs = read(state.path());
+        let ex: Vec<&Record> = recs.iter().filter(|r| r.kind == "node_excluded").collect();
+        assert_eq!(ex.len(), 1);
+        assert_eq!(
+            (ex[0].str("excluded_node"), ex[0].str("scope")),
+            (Some("n2"), Some("step"))
+        );
+        let d = recs.iter().find(|r| r.kind == "decision").unwrap();
+        assert_eq!(
+            d.get("decision").unwrap()["action"],
+            "restart_in_allocation"
+        );
+        assert!(recs
+            .iter()
+            .any(|r| r.kind == "restart" && r.u64("next_attempt") == Some(1)));
+
+        // The relaunch on n1,n3,n4 loses n4 too: no spare node is left, so
+        // the job is requeued with both nodes excluded.
+        let mut w = Writer::open(&dir, "batch.jsonl", 1, None, Some("n1".into()));
+        for (rank, node) in [(0, "n1"), (1, "n3"), (2, "n4")] {
+            let mut rw = Writer::open(
+                &dir,
+                &format!("rank-{rank}.jsonl"),
+                1,
+                Some(rank),
+                Some(node.into()),
+            );
+            rw.record("rank_start", json!({ "pid": 1 }), true);
+        }
+        rank_exit(
+            &dir,
+            2,
+            "n4",
+            1,
+            "infrastructure",
+            Some("killed by SIGKILL"),
+            60,
+        );
+        let f = fake(true);
+        let next = after_attempt(
+            state.path(),
+            "77",
+            1,
+            &step,
+            3,
+            Some(four_nodes(&["n2"])),
+            &f,
+            &mut w,
+        );
+        assert_eq!(next, Next::Exit(137));
+        assert!(
+            f.calls().iter().any(|c| c == "set_excluded 77 n9,n2,n4"),
+            "{:?}",
+            f.calls()
+        );
+        let recs = read(state.path());
+        let req = recs.iter().find(|r| r.kind == "requeue").unwrap();
+        assert!(
+            req.str("reason").unwrap().contains("no spare node"),
+            "{req:?}"
+        );
+        // n2 was excluded from the step before; only n4 is new.
+        assert_eq!(recs.iter().filter(|r| r.kind == "node_excluded").count(), 2);
+    }
+
+    #[test]
+    fn attempts_continue_across_allocations() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        // Allocation 0 ran attempts 0 and 1 (a relaunch inside it).
+        for a in 0..2 {
+            let mut w = Writer::open(&dir, "batch.jsonl", a, None, Some("n1".into()));
+            w.record("job_start", json!({ "allocation": 0 }), true);
+        }
+        let recs = read(state.path());
+        assert_eq!(first_attempt_of_allocation(&recs, 0), 0);
+        assert_eq!(first_attempt_of_allocation(&recs, 1), 2);
+        assert_eq!(last_attempt_in(&recs, 0), 1);
+        // A journal with no allocation records (the supervisor never ran at
+        // batch level): attempts are Slurm's requeue count.
+        assert_eq!(first_attempt_of_allocation(&[], 3), 3);
+        // Slurm requeued allocation 0 itself (node failure): reconciled about attempt 1.
+        killed_on_n2(&dir, 1);
+        let f = fake(true);
+        f.acct.lock().unwrap().insert(
+            "77".into(),
+            vec![crate::slurm::AcctRecord {
+                job_id: "77".into(),
+                state: "NODE_FAIL".into(),
+                nodes: vec!["n1".into(), "n2".into(), "n3".into()],
+                start: "2026-11-22T01:00:00".into(),
+                ..Default::default()
+            }],
+        );
+        let mut w = Writer::open(&dir, "batch.jsonl", 2, None, None);
+        reconcile_previous(&read(state.path()), "77", 1, &f, &mut w);
+        let recs = read(state.path());
+        let prev = recs.iter().find(|r| r.kind == "previous_attempt").unwrap();
+        assert_eq!(
+            (prev.u64("about_attempt"), prev.u64("about_allocation")),
+            (Some(1), Some(0))
+        );
+        let d = recs.iter().find(|r| r.kind == "decision").unwrap();
+        assert_eq!(d.u64("about_attempt"), Some(1));
+        // Seen once, not again.
+        let n = recs.len();
+        reconcile_previous(&recs, "77", 1, &f, &mut w);
+        assert_eq!(read(state.path()).len(), n);
     }
 
     #[test]
@@ -757,8 +1082,8 @@ mod tests {
             node: "n1",
             pre_timeout: false,
         };
-        let code = after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
-        assert_eq!(code, 137);
+        let code = after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
+        assert_eq!(code, Next::Exit(137));
         assert_eq!(
             f.calls(),
             [
@@ -807,8 +1132,8 @@ mod tests {
             pre_timeout: false,
         };
         assert_eq!(
-            after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w),
-            1
+            after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w),
+            Next::Exit(1)
         );
         assert!(!f.calls().iter().any(|c| c.starts_with("requeue")));
 
@@ -834,7 +1159,7 @@ mod tests {
                 node: "n1",
                 pre_timeout: false,
             };
-            after_attempt(state.path(), "77", attempt, &step, 3, &f, &mut w);
+            after_attempt(state.path(), "77", attempt, &step, 3, None, &f, &mut w);
         }
         assert_eq!(
             f.calls()
@@ -868,7 +1193,7 @@ mod tests {
             node: "n1",
             pre_timeout: false,
         };
-        after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
+        after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
         let end = recs.iter().find(|r| r.kind == "job_end").unwrap();
         assert!(end.str("reason").unwrap().contains("--requeue"));
@@ -890,7 +1215,7 @@ mod tests {
                 node: "n1",
                 pre_timeout,
             };
-            after_attempt(state.path(), "77", 0, &step, 3, &f, &mut w);
+            after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
             assert_eq!(
                 f.calls().iter().any(|c| c.starts_with("requeue")),
                 requeued,
@@ -941,7 +1266,7 @@ mod tests {
             12,
         );
         let mut w = Writer::open(&dir, "batch.jsonl", 1, None, None);
-        reconcile_previous(state.path(), "77", 1, &f, &mut w);
+        reconcile_previous(&read(state.path()), "77", 1, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
         let prev = recs.iter().find(|r| r.kind == "previous_attempt").unwrap();
         assert_eq!(prev.str("state"), Some("NODE_FAIL"));
@@ -965,7 +1290,7 @@ mod tests {
             true,
         );
         let mut w1 = Writer::open(&dir2, "batch.jsonl", 1, None, None);
-        reconcile_previous(state2.path(), "77", 1, &f, &mut w1);
+        reconcile_previous(&read(state2.path()), "77", 1, &f, &mut w1);
         let recs2 = journal::read_job(&dir2).unwrap().records;
         let fail2 = recs2
             .iter()
@@ -975,7 +1300,7 @@ mod tests {
         assert_eq!(recs2.iter().filter(|r| r.kind == "decision").count(), 1);
         // Done once: a second call adds nothing.
         let n = recs.len();
-        reconcile_previous(state.path(), "77", 1, &f, &mut w);
+        reconcile_previous(&read(state.path()), "77", 1, &f, &mut w);
         assert_eq!(journal::read_job(&dir).unwrap().records.len(), n);
         // The report shows the failure on the node that failed, in attempt 0.
         let r = crate::report::build("77", &recs, 0);

@@ -126,6 +126,17 @@ fn submit(resilio_opts: &str, trainer_args: &str) -> Job {
 
 /// The same with other sbatch options (`-t 2 --signal=B:USR1@100`).
 fn submit_with(sbatch_opts: &str, resilio_opts: &str, trainer_args: &str) -> Job {
+    submit_nodes(3, "", sbatch_opts, resilio_opts, trainer_args)
+}
+
+/// A job of `nodes` nodes whose step is `srun <srun_opts> ...`.
+fn submit_nodes(
+    nodes: u32,
+    srun_opts: &str,
+    sbatch_opts: &str,
+    resilio_opts: &str,
+    trainer_args: &str,
+) -> Job {
     testbed();
     let dir = tempfile::Builder::new()
         .prefix("resilio-e2e-")
@@ -136,10 +147,10 @@ fn submit_with(sbatch_opts: &str, resilio_opts: &str, trainer_args: &str) -> Job
     let d = dir.path().display();
     let script = format!(
         "#!/bin/bash\n\
-         #SBATCH -N 3\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
+         #SBATCH -N {nodes}\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
          #SBATCH -o {d}/job-%j.out\n#SBATCH {sbatch_opts}\n\
          export RESILIO_STATE_DIR={d}/state\n\
-         exec {bin} run {resilio_opts} -- srun --kill-on-bad-exit=1 {bin} run --stall-timeout 4s --kill-grace 2s -- \
+         exec {bin} run {resilio_opts} -- srun {srun_opts} --kill-on-bad-exit=1 {bin} run --stall-timeout 4s --kill-grace 2s -- \
          python3 {} --ckpt-dir {d}/ckpt {trainer_args}\n",
         trainer.display()
     );
@@ -236,6 +247,77 @@ fn node_failure_excludes_the_node_requeues_and_resumes() {
         .as_array()
         .unwrap()
         .is_empty());
+}
+
+#[test]
+fn a_crash_restarts_inside_the_allocation_on_the_remaining_nodes() {
+    let _g = lock();
+    // Four nodes for a three-node step: one spare.
+    let job = submit_nodes(
+        4,
+        "-N 3 -n 3",
+        "-t 10",
+        "",
+        "--total 20 --step-time 0.2 --fault kill --fault-rank 2 --fault-step 8 --fault-attempts 0",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "output:\n{}\njournal: {recs:#?}",
+        job.output()
+    );
+    // Never back to the queue.
+    assert_eq!(job.show().restarts, 0);
+    assert!(job.kinds("requeue").is_empty(), "{recs:#?}");
+    let first = rank_nodes(&recs, 0);
+    assert_eq!(first.len(), 3, "{first:?}");
+    let bad = first.iter().find(|(r, _)| *r == 2).unwrap().1.clone();
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    let excluded = job.kinds("node_excluded");
+    assert_eq!(excluded.len(), 1, "{excluded:?}");
+    assert_eq!(excluded[0].str("excluded_node"), Some(bad.as_str()));
+    assert_eq!(excluded[0].str("scope"), Some("step"));
+    // Attempt 1 ran in the same allocation, on three nodes, none of them the bad one.
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(
+        second.iter().all(|(_, n)| *n != bad),
+        "attempt 1 ran on the excluded node {bad}: {second:?}"
+    );
+    // The relaunch was timed from the failure to the first new step.
+    let relaunched = job.kinds("relaunched");
+    assert_eq!(relaunched.len(), 1, "{recs:#?}");
+    assert_eq!(relaunched[0].attempt, 1);
+    let s = relaunched[0].f64("failure_to_first_step_s").unwrap();
+    assert!(s > 0.0, "{s}");
+    assert!(
+        job.output().contains("resumed from checkpoint at step 5"),
+        "{}",
+        job.output()
+    );
+    let end = job.kinds("job_end");
+    assert_eq!(
+        end.last()
+            .unwrap()
+            .get("exit_code")
+            .and_then(|v| v.as_i64()),
+        Some(0)
+    );
+    // The report sees two attempts in one allocation.
+    let out = Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["timeline", &job.id])
+        .env("RESILIO_STATE_DIR", job.state_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("inside the allocation"), "{text}");
 }
 
 #[test]

@@ -196,6 +196,14 @@ impl JobView {
         });
     }
 
+    /// This view starts a relaunch of a step that failed at `failed_at` (the
+    /// previous attempt's supervisor is gone): the first step is timed from it.
+    pub fn resume_after_failure(&mut self, failed_at: Instant, restarts: u32) {
+        self.failed_at = Some(failed_at);
+        self.relaunch_measured = false;
+        self.restarts = restarts;
+    }
+
     /// The host relaunched the step: a new attempt starts.
     pub fn new_attempt(&mut self, attempt: u32, now: Instant) -> Vec<Effect> {
         self.attempt = attempt;
@@ -252,7 +260,7 @@ impl JobView {
             if let Some(f) = self.failed_at {
                 out.push(journal(
                     "relaunched",
-                    json!({ "failure_to_first_step_s": now.duration_since(f).as_secs_f64(), "first_rank": r.rank }),
+                    json!({ "failure_to_first_step_s": last_step_at.unwrap_or(now).saturating_duration_since(f).as_secs_f64(), "first_rank": r.rank }),
                     true,
                 ));
             }
@@ -790,14 +798,16 @@ mod tests {
         assert!(kinds(&v.on_report(echo, t + Duration::from_millis(20))).is_empty());
         // The relaunch is timed from the failure to the first new step.
         v.new_attempt(1, t + Duration::from_secs(1));
+        // (at the step's own time: reported 0.5 s after it was made)
         let mut first = report(0, 11, RankState::Running);
         first.attempt = 1;
+        first.progress_age_s = Some(0.5);
         let e = v.on_report(first, t + Duration::from_secs(3));
         match &e[0] {
             Effect::Journal { kind, data, .. } => {
                 assert_eq!(*kind, "relaunched");
                 let s = data["failure_to_first_step_s"].as_f64().unwrap();
-                assert!((s - 2.99).abs() < 1e-6, "{s}");
+                assert!((s - 2.49).abs() < 1e-6, "{s}");
             }
             other => panic!("{other:?}"),
         }

@@ -42,9 +42,100 @@ pub enum Action {
         exclude: Vec<String>,
         reason: String,
     },
+    /// Relaunch the step inside the job's allocation (the job-level
+    /// supervisor holds it), leaving out `exclude` and running on `nodes` nodes.
+    RestartInAllocation {
+        exclude: Vec<String>,
+        nodes: u32,
+        reason: String,
+    },
     /// Do not requeue; the failure stands.
     Stop { reason: String },
 }
+
+/// The allocation a job-level supervisor holds, as far as relaunching the
+/// step inside it is concerned.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Allocation {
+    /// Every node of the allocation.
+    pub nodes: Vec<String>,
+    /// Nodes already left out of the step by earlier relaunches in it.
+    pub excluded: Vec<String>,
+    /// Nodes the step ran on (0: unknown, taken as every node not excluded).
+    pub step_nodes: u32,
+    /// Whether the step command can be told to leave nodes out (`srun`
+    /// without a fixed node list).
+    pub can_exclude: bool,
+}
+
+/// Where a failed step runs again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Relaunch {
+    /// In the allocation, on `nodes` nodes, leaving out `exclude` (which
+    /// includes the nodes excluded by earlier relaunches).
+    InAllocation { exclude: Vec<String>, nodes: u32 },
+    /// Back to the queue: `why` the allocation cannot take the step again.
+    Requeue { exclude: Vec<String>, why: String },
+}
+
+/// Decide where a failed step runs again, given the nodes blamed for the
+/// failure. A time limit or preemption ends the allocation, so the job
+/// goes back to the queue; otherwise the step is relaunched inside the
+/// allocation when enough nodes remain once the blamed ones are left out.
+pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Relaunch {
+    let mut exclude: Vec<String> = alloc.excluded.clone();
+    for n in blamed {
+        if !exclude.contains(n) {
+            exclude.push(n.clone());
+        }
+    }
+    let requeue = |why: String| Relaunch::Requeue {
+        exclude: exclude.clone(),
+        why,
+    };
+    if class == Class::Preempted {
+        return requeue("a time limit or preemption ends the allocation".into());
+    }
+    let newly: Vec<&String> = blamed
+        .iter()
+        .filter(|n| !alloc.excluded.contains(n))
+        .collect();
+    if !newly.is_empty() && !alloc.can_exclude {
+        return requeue(
+            "the step command is not `srun` without a fixed node list, so it cannot leave the blamed node out"
+                .into(),
+        );
+    }
+    let inside: Vec<&String> = alloc
+        .nodes
+        .iter()
+        .filter(|n| !exclude.contains(n))
+        .collect();
+    let needed = if alloc.step_nodes == 0 {
+        alloc
+            .nodes
+            .iter()
+            .filter(|n| !alloc.excluded.contains(n))
+            .count() as u32
+    } else {
+        alloc.step_nodes
+    };
+    if needed == 0 || (inside.len() as u32) < needed {
+        return requeue(format!(
+            "no spare node: the allocation has {} node(s), the step needs {needed}, {} left out",
+            alloc.nodes.len(),
+            exclude.len()
+        ));
+    }
+    Relaunch::InAllocation {
+        exclude,
+        nodes: needed,
+    }
+}
+
+/// Why a job cannot go back to the queue.
+pub const NOT_REQUEUEABLE: &str =
+    "the job cannot be requeued (submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
 
 /// Decide after `current`, given the earlier attempts (oldest first).
 pub fn decide(
@@ -65,10 +156,7 @@ pub fn decide(
         _ => {}
     }
     if !requeue_allowed {
-        return stop(
-            "the job cannot be requeued (submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`"
-                .into(),
-        );
+        return stop(NOT_REQUEUEABLE.into());
     }
     if current.class == Class::Preempted {
         // A time limit or preemption is not a failure: it costs no budget.
@@ -133,6 +221,75 @@ pub fn decide(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn alloc(nodes: &[&str], excluded: &[&str], step_nodes: u32, can_exclude: bool) -> Allocation {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect();
+        Allocation {
+            nodes: v(nodes),
+            excluded: v(excluded),
+            step_nodes,
+            can_exclude,
+        }
+    }
+
+    #[test]
+    fn a_spare_node_takes_the_blamed_nodes_place() {
+        let n2 = vec!["n2".to_string()];
+        let a = alloc(&["n1", "n2", "n3", "n4"], &[], 3, true);
+        assert_eq!(
+            relaunch_where(&a, &n2, Class::Infrastructure),
+            Relaunch::InAllocation {
+                exclude: n2.clone(),
+                nodes: 3
+            }
+        );
+        // Nobody blamed: the same nodes again, even without a spare.
+        let full = alloc(&["n1", "n2", "n3"], &[], 3, false);
+        assert_eq!(
+            relaunch_where(&full, &[], Class::Unknown),
+            Relaunch::InAllocation {
+                exclude: vec![],
+                nodes: 3
+            }
+        );
+        // No spare: back to the queue, excluding the node there.
+        assert!(matches!(
+            relaunch_where(&alloc(&["n1", "n2", "n3"], &[], 3, true), &n2, Class::Hang),
+            Relaunch::Requeue { exclude, why } if exclude == n2 && why.starts_with("no spare node")
+        ));
+        // Earlier exclusions in this allocation count, and carry over to a requeue.
+        let used = alloc(&["n1", "n2", "n3", "n4"], &["n4"], 3, true);
+        assert!(matches!(
+            relaunch_where(&used, &n2, Class::Infrastructure),
+            Relaunch::Requeue { exclude, .. } if exclude == ["n4", "n2"]
+        ));
+        assert_eq!(
+            relaunch_where(&used, &[], Class::Unknown),
+            Relaunch::InAllocation {
+                exclude: vec!["n4".into()],
+                nodes: 3
+            }
+        );
+        // A step the supervisor cannot steer away from a node.
+        assert!(matches!(
+            relaunch_where(&alloc(&["n1", "n2", "n3", "n4"], &[], 3, false), &n2, Class::Infrastructure),
+            Relaunch::Requeue { why, .. } if why.contains("not `srun`")
+        ));
+        // A time limit ends the allocation.
+        assert!(matches!(
+            relaunch_where(&a, &[], Class::Preempted),
+            Relaunch::Requeue { .. }
+        ));
+        // Unknown step size: every node not excluded, so no spare.
+        assert!(matches!(
+            relaunch_where(
+                &alloc(&["n1", "n2", "n3", "n4"], &[], 0, true),
+                &n2,
+                Class::Infrastructure
+            ),
+            Relaunch::Requeue { .. }
+        ));
+    }
 
     fn out(
         attempt: u32,

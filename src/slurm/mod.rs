@@ -7,6 +7,7 @@ pub mod commands;
 pub mod env;
 pub mod fake;
 pub mod hostlist;
+pub mod step;
 
 pub use commands::SlurmCli;
 pub use env::SlurmContext;
