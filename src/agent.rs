@@ -279,6 +279,14 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 cfg.coordinator.policy.clone(),
                 Instant::now(),
             );
+            // Stragglers flagged before this attempt: confirmation across restarts.
+            if batch_level {
+                view.seed_from_journal(&earlier);
+            } else if id.attempt > 0 {
+                if let Ok(j) = journal::read_job(&job_dir) {
+                    view.seed_from_journal(&j.records);
+                }
+            }
             if let Some(r) = &relaunched {
                 let ago = (Utc::now().timestamp_micros() - r.failed_at_us).max(0) as u64;
                 let at = Instant::now()

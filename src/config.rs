@@ -307,6 +307,7 @@ struct StragglerSection {
     windows: Option<Spanned<u32>>,
     min_samples: Option<u64>,
     checkpoint: Option<bool>,
+    exclude: Option<bool>,
 }
 
 #[derive(Deserialize, Default)]
@@ -693,6 +694,9 @@ impl Config {
         }
         if let Some(b) = st.checkpoint {
             cs.policy.checkpoint_on_straggler = b;
+        }
+        if let Some(b) = st.exclude {
+            cs.policy.exclude_confirmed_stragglers = b;
         }
         let f = file.failure;
         let lists = [

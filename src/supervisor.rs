@@ -179,6 +179,36 @@ pub fn judge_attempt(
             }
         }
     }
+    // The coordinator stopped the step to leave a confirmed straggler node
+    // out: that node is the cause, every rank stopped with it an echo.
+    if let Some(x) = records
+        .iter()
+        .rev()
+        .find(|r| r.kind == "straggler_exclusion" && r.attempt == attempt)
+    {
+        let node = x.str("straggler_node").unwrap_or("").to_string();
+        let rank = x.u64("about_rank").map_or(u32::MAX, |r| r as u32);
+        failures.retain(|f| f.rank != rank);
+        for f in failures.iter_mut() {
+            if !matches!(f.verdict.class, Class::Clean | Class::UserError) {
+                f.verdict = Verdict {
+                    class: Class::Secondary,
+                    reason: "stopped to leave a straggling node out".into(),
+                    evidence: f.verdict.evidence.clone(),
+                };
+            }
+        }
+        failures.push(RankFailure {
+            rank,
+            node,
+            at: secs(x),
+            verdict: Verdict {
+                class: Class::Infrastructure,
+                reason: "confirmed straggler node (the coordinator's judgment)".into(),
+                evidence: x.str("evidence").map(|e| format!("straggler: {e}")),
+            },
+        });
+    }
     // Ranks journaled by their agents are known; srun adds the silent ones
     // (unless the supervisor stopped the step itself: then srun's lines are
     // the teardown it asked for).

@@ -321,6 +321,80 @@ fn a_crash_restarts_inside_the_allocation_on_the_remaining_nodes() {
 }
 
 #[test]
+fn a_straggling_node_confirmed_after_a_restart_is_left_out() {
+    let _g = lock();
+    // n2 computes 2.5x longer in every attempt. Attempt 0 flags it (record and
+    // checkpoint only) and then crashes on an unrelated, unexplained error
+    // (nobody blamed: relaunched on the same nodes). Attempt 1 flags n2 again:
+    // confirmed, so after a checkpoint the step is stopped and relaunched
+    // without n2, on the spare node.
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        conf.path(),
+        "[straggler]\nwindow = \"1s\"\nwindows = 2\nmin_samples = 2\nexclude = true\n",
+    )
+    .unwrap();
+    let job = submit_nodes(
+        4,
+        "-N 3 -n 3",
+        "-t 10",
+        &format!("--config {}", conf.path().display()),
+        "--total 60 --step-time 0.2 --slow-node n2 --slow-factor 2.5 \
+         --fault exit --fault-rank 0 --fault-step 15 --fault-attempts 0",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "output:\n{}\njournal: {recs:#?}",
+        job.output()
+    );
+    assert_eq!(job.show().restarts, 0);
+    let flagged = |attempt: u32| {
+        recs.iter()
+            .filter(|r| r.kind == "straggler" && r.attempt == attempt)
+            .filter(|r| {
+                r.str("scope") == Some("node")
+                    && r.get("flagged").and_then(|f| f.as_bool()) == Some(true)
+            })
+            .map(|r| {
+                (
+                    r.str("straggler_node").unwrap_or("").to_string(),
+                    r.get("confirmed_across_restart").and_then(|c| c.as_bool()),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(flagged(0), [("n2".to_string(), Some(false))], "{recs:#?}");
+    assert_eq!(flagged(1), [("n2".to_string(), Some(true))], "{recs:#?}");
+    // Attempt 0 ended on the crash, not on the straggler: nobody blamed.
+    let d = job.kinds("decision");
+    assert_eq!(d.len(), 2, "{d:?}");
+    assert_eq!(d[0].get("outcome").unwrap()["class"], "unknown");
+    // Attempt 1: checkpoint first, then the exclusion.
+    let excl: Vec<&Record> = recs
+        .iter()
+        .filter(|r| r.kind == "straggler_exclusion")
+        .collect();
+    assert_eq!(excl.len(), 1, "{recs:#?}");
+    assert_eq!(excl[0].attempt, 1);
+    assert_eq!(excl[0].str("straggler_node"), Some("n2"));
+    assert!(excl[0].u64("checkpoint_step").is_some(), "{:?}", excl[0]);
+    let j = job.kinds("judgment");
+    assert_eq!(j[1].str("class"), Some("infrastructure"), "{j:?}");
+    assert_eq!(j[1].str("primary_node"), Some("n2"), "{j:?}");
+    assert_eq!(
+        d[1].get("decision").unwrap()["action"],
+        "restart_in_allocation"
+    );
+    let third = rank_nodes(&recs, 2);
+    assert_eq!(third.len(), 3, "{third:?}");
+    assert!(third.iter().all(|(_, n)| n != "n2"), "{third:?}");
+    assert!(flagged(2).is_empty(), "{recs:#?}");
+}
+
+#[test]
 fn user_code_error_is_not_requeued() {
     let _g = lock();
     let job = submit(

@@ -17,6 +17,10 @@ pub struct CoordinatorConfig {
     pub straggler: StragglerConfig,
     /// Ask for a checkpoint when a straggler is flagged (before any exclusion).
     pub checkpoint_on_straggler: bool,
+    /// Exclude a straggling node once confirmed (flagged again after a
+    /// restart): checkpoint, then stop the step so that the job-level
+    /// supervisor relaunches it without the node. Off: record and report.
+    pub exclude_confirmed_stragglers: bool,
     /// After the first stall, how long to wait for the other ranks' probes.
     pub hang_wait: Duration,
     /// How far ahead of the fastest rank a coordinated checkpoint is placed.
@@ -34,6 +38,7 @@ impl Default for CoordinatorConfig {
         CoordinatorConfig {
             straggler: StragglerConfig::default(),
             checkpoint_on_straggler: true,
+            exclude_confirmed_stragglers: false,
             hang_wait: Duration::from_secs(15),
             checkpoint_lead: Duration::from_secs(2),
             checkpoint_wait: Duration::from_secs(120),
@@ -115,6 +120,8 @@ pub struct JobView {
     failing: Option<Failing>,
     failed_at: Option<Instant>,
     relaunch_measured: bool,
+    /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
+    excluding: Option<(String, String)>,
     pub restarts: u32,
     pub stalls: u64,
     pub checkpoints: u64,
@@ -158,6 +165,7 @@ impl JobView {
             failing: None,
             failed_at: None,
             relaunch_measured: true,
+            excluding: None,
             restarts: 0,
             stalls: 0,
             checkpoints: 0,
@@ -196,6 +204,25 @@ impl JobView {
         });
     }
 
+    /// Nodes flagged as stragglers in earlier attempts, from the journal
+    /// (this view's host did not see them: a relaunch, a requeue).
+    pub fn seed_from_journal(&mut self, records: &[crate::journal::Record]) {
+        for r in records.iter().filter(|r| {
+            r.kind == "straggler"
+                && r.attempt < self.attempt
+                && r.str("scope") == Some("node")
+                && r.get("flagged").and_then(Value::as_bool) == Some(true)
+        }) {
+            let Some(node) = r.str("straggler_node") else {
+                continue;
+            };
+            let e = self.slow_nodes_by_attempt.entry(r.attempt).or_default();
+            if !e.iter().any(|n| n == node) {
+                e.push(node.to_string());
+            }
+        }
+    }
+
     /// This view starts a relaunch of a step that failed at `failed_at` (the
     /// previous attempt's supervisor is gone): the first step is timed from it.
     pub fn resume_after_failure(&mut self, failed_at: Instant, restarts: u32) {
@@ -210,6 +237,7 @@ impl JobView {
         self.ranks.clear();
         self.failing = None;
         self.pending = None;
+        self.excluding = None;
         self.restarts += 1;
         self.relaunch_measured = false;
         self.straggler.reset_totals();
@@ -551,6 +579,39 @@ impl JobView {
             step: p.step,
             complete,
         });
+        if self.excluding.is_some() {
+            self.exclude_straggler(Some(p.step).filter(|_| complete), now, out);
+        }
+    }
+
+    /// Stop the step to leave a confirmed straggler node out of the next
+    /// attempt (after the checkpoint, if one could be had).
+    fn exclude_straggler(&mut self, saved_step: Option<u64>, now: Instant, out: &mut Vec<Effect>) {
+        let Some((node, evidence)) = self.excluding.take() else {
+            return;
+        };
+        if self.failing.is_some() {
+            return;
+        }
+        let rank = self
+            .ranks
+            .iter()
+            .find(|(_, e)| e.report.node == node)
+            .map_or(u32::MAX, |(r, _)| *r);
+        out.push(journal(
+            "straggler_exclusion",
+            json!({ "straggler_node": node, "about_rank": (rank != u32::MAX).then_some(rank),
+                    "evidence": evidence, "checkpoint_step": saved_step }),
+            true,
+        ));
+        self.fail(
+            rank,
+            &node,
+            format!("confirmed straggler node {node} left out: {evidence}"),
+            None,
+            now,
+            out,
+        );
     }
 
     /// Time-driven decisions: straggler windows, hang judgment, checkpoint
@@ -590,6 +651,7 @@ impl JobView {
                 })
                 .collect();
             let mut ask = false;
+            let mut exclude_now = false;
             for c in self.straggler.on_window(&totals) {
                 let confirmed = c.scope == "node"
                     && c.flagged
@@ -604,6 +666,25 @@ impl JobView {
                         .push(c.node.clone());
                 }
                 ask |= c.flagged;
+                if confirmed
+                    && self.cfg.exclude_confirmed_stragglers
+                    && self.excluding.is_none()
+                    && self.failing.is_none()
+                {
+                    let evidence = format!(
+                        "{:.3}s per step against a median of {:.3}s ({}) for {} windows, in attempt {} and an earlier one",
+                        c.value_s,
+                        c.median_s,
+                        match c.basis {
+                            crate::policy::straggler::Basis::ComputeTime => "compute time",
+                            crate::policy::straggler::Basis::StepInterval => "step interval",
+                        },
+                        c.windows,
+                        self.attempt
+                    );
+                    self.excluding = Some((c.node.clone(), evidence));
+                    exclude_now = true;
+                }
                 out.push(journal(
                     "straggler",
                     json!({
@@ -617,9 +698,14 @@ impl JobView {
                 ));
             }
             if ask && self.cfg.checkpoint_on_straggler && self.failing.is_none() {
+                // (When one is under way already, the exclusion waits for it.)
                 if let Ok((_, _, e)) = self.request_checkpoint("straggler", now) {
                     out.extend(e);
                 }
+            }
+            // Without a checkpoint to wait for, the node is left out at once.
+            if exclude_now && self.pending.is_none() {
+                self.exclude_straggler(None, now, &mut out);
             }
         }
         if let Some(t) = self.next_periodic {
@@ -931,5 +1017,123 @@ mod tests {
         assert!(flagged.contains(&("straggler", json!("1"))), "{flagged:?}");
         assert!(flagged.iter().any(|(k, _)| *k == "checkpoint_requested"));
         assert_eq!(v.status(t, 0).straggler_ranks, vec!["1".to_string()]);
+    }
+}
+
+#[cfg(test)]
+mod straggler_exclusion_tests {
+    use super::*;
+    use crate::journal::{self, Writer};
+
+    fn report(rank: u32, step: u64, compute_per_step: f64) -> Report {
+        Report {
+            v: VERSION,
+            rank,
+            node: format!("n{}", rank / 2),
+            state: RankState::Running,
+            step: Some(step),
+            progress_age_s: Some(0.0),
+            intervals: (step, step as f64 * 0.5),
+            compute: (step, step as f64 * compute_per_step),
+            attempt: 1,
+            phase: "train".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Attempt 1 of a 6-rank job on n0..n2 where rank 2 (on n1) computes
+    /// twice as long; `flagged_before` says whether n1 was flagged in attempt 0.
+    fn run(exclude: bool, flagged_before: bool) -> (JobView, Vec<Effect>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "coordinator.jsonl", 0, None, None);
+        w.record(
+            "straggler",
+            json!({ "scope": "node", "who": if flagged_before { "n1" } else { "n0" }, "straggler_node": if flagged_before { "n1" } else { "n0" }, "flagged": true }),
+            true,
+        );
+        let records = journal::read_job(dir.path()).unwrap().records;
+        let t = Instant::now();
+        let mut cfg = CoordinatorConfig::default();
+        cfg.straggler.window = Duration::from_secs(5);
+        cfg.straggler.windows = 2;
+        cfg.exclude_confirmed_stragglers = exclude;
+        let mut v = JobView::new("j", 6, 1, cfg, t);
+        v.seed_from_journal(&records);
+        let mut all = Vec::new();
+        for k in 1..=4u64 {
+            let now = t + Duration::from_secs(5 * k);
+            for r in 0..6u32 {
+                let mut x = report(r, 10 * k, if r == 2 { 0.8 } else { 0.4 });
+                // Every rank saves the requested checkpoint once asked.
+                if let Some(p) = &v.pending {
+                    if 10 * k >= p.step {
+                        x.checkpoints = vec![p.step];
+                    }
+                }
+                all.extend(v.on_report(x, now));
+            }
+            all.extend(v.tick(now));
+        }
+        (v, all)
+    }
+
+    fn names(e: &[Effect]) -> Vec<&'static str> {
+        e.iter()
+            .map(|e| match e {
+                Effect::Journal { kind, .. } => *kind,
+                Effect::Failed { .. } => "<failed>",
+                Effect::CheckpointSettled { .. } => "<settled>",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_confirmed_straggler_node_is_left_out_after_the_checkpoint() {
+        let (v, e) = run(true, true);
+        let k = names(&e);
+        let settled = k
+            .iter()
+            .position(|x| *x == "checkpoint_complete")
+            .expect("checkpoint");
+        let excl = k
+            .iter()
+            .position(|x| *x == "straggler_exclusion")
+            .expect("exclusion");
+        assert!(settled < excl, "{k:?}");
+        assert!(k.contains(&"<failed>"), "{k:?}");
+        let data = e
+            .iter()
+            .find_map(|e| match e {
+                Effect::Journal {
+                    kind: "straggler_exclusion",
+                    data,
+                    ..
+                } => Some(data.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(data["straggler_node"], "n1");
+        assert_eq!(data["about_rank"], 2);
+        assert!(data["checkpoint_step"].as_u64().is_some(), "{data}");
+        assert!(data["evidence"].as_str().unwrap().contains("compute time"));
+        assert!(v
+            .commands_for(0, 1, 0)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::Stop { .. })));
+    }
+
+    #[test]
+    fn an_unconfirmed_or_unconfigured_straggler_is_only_recorded() {
+        for (exclude, before) in [(false, true), (true, false)] {
+            let (v, e) = run(exclude, before);
+            let k = names(&e);
+            assert!(k.contains(&"straggler"), "{k:?}");
+            assert!(!k.contains(&"straggler_exclusion"), "{k:?}");
+            assert!(!k.contains(&"<failed>"), "{k:?}");
+            assert!(!v
+                .commands_for(0, 1, 0)
+                .iter()
+                .any(|c| matches!(c.kind, CommandKind::Stop { .. })));
+        }
     }
 }
