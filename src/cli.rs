@@ -265,7 +265,8 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
             print!("{}", report::render_timeline(&job, &j.records));
         }
     } else {
-        let r = report::build(&job, &j.records, j.bad_lines);
+        let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
+        let r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
         if a.json {
             let out = serde_json::to_string_pretty(&r).map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");

@@ -208,7 +208,7 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
     let dir = journal::job_dir(&state_dir, &job);
     let j = journal::read_job(&dir)
         .map_err(|e| Error::Other(format!("cannot read the demo's journal: {e}")))?;
-    let r = report::build(&job, &j.records, j.bad_lines);
+    let r = report::build(&job, &j.records, j.bad_lines, None);
     println!("== resilio report {job}\n");
     print!("{}", report::render_text(&r));
     println!("\n== resilio timeline {job}\n");

@@ -28,6 +28,7 @@
 //! `docs/architecture.md` follows one event from a trainer's output line to
 //! a journal record.
 
+pub mod accounting;
 pub mod agent;
 pub mod cli;
 pub mod config;

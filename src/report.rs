@@ -2,19 +2,7 @@
 //! `resilio report` (attempts, steps, stalls, exits, time accounting) and
 //! `resilio timeline` (one line per event that matters, by attempt).
 //!
-//! Time accounting, per attempt, from the attempt's first `rank_start` to
-//! its last `rank_exit` (or its last record, when resilio itself was killed):
-//!
-//! - `startup`: launch to the first step;
-//! - progressing (the productive time, for now): first step to last step;
-//! - `stalled`: last step to the stall being declared;
-//! - `teardown`: stall declared to the rank's exit (diagnostics, stop);
-//! - `after_last_step`: last step to exit when there was no stall (final
-//!   save, shutdown, or work lost to a crash);
-//! - `between_attempts`: end of one attempt to the start of the next.
-//!
-//! The buckets and the productive time add up to the wall time exactly;
-//! whatever the records cannot place is reported as `unexplained`.
+//! Time accounting (ETTR and where the rest went) is [`crate::accounting`]'s.
 
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
@@ -85,6 +73,8 @@ pub struct Report {
     pub exit_code: Option<i64>,
     /// Where the times came from.
     pub time_source: String,
+    /// The job's wall time, stretch by stretch, each in one bucket.
+    pub segments: Vec<crate::accounting::Segment>,
     /// Journal lines that did not parse (torn by a crash, or foreign).
     pub bad_journal_lines: usize,
     /// Checkpoints the trainer confirmed.
@@ -143,15 +133,6 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     }
 }
 
-const BUCKETS: [&str; 6] = [
-    "startup",
-    "stalled",
-    "teardown",
-    "after_last_step",
-    "between_attempts",
-    "unexplained",
-];
-
 fn secs(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     ((b - a).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
 }
@@ -194,38 +175,6 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
             _ => None,
         })
         .max();
-    let stall_at = records
-        .iter()
-        .filter(|r| r.kind == "stall")
-        .map(|r| r.ts)
-        .min();
-
-    let mut lost: BTreeMap<String, f64> = BUCKETS.iter().map(|b| (b.to_string(), 0.0)).collect();
-    let mut productive = 0.0;
-    match first_step_at {
-        None => {
-            let until = stall_at.unwrap_or(end);
-            lost.insert("startup".into(), secs(start, until));
-            lost.insert("teardown".into(), secs(until, end));
-        }
-        Some(first) => {
-            let last = last_progress_at.unwrap_or(first).max(first);
-            lost.insert("startup".into(), secs(start, first));
-            productive = secs(first, last.min(end));
-            match stall_at {
-                Some(s) => {
-                    lost.insert("stalled".into(), secs(last, s));
-                    lost.insert("teardown".into(), secs(s.max(last), end));
-                }
-                None => {
-                    lost.insert("after_last_step".into(), secs(last, end));
-                }
-            }
-        }
-    }
-    let wall = secs(start, end);
-    let explained: f64 = productive + lost.values().sum::<f64>();
-    lost.insert("unexplained".into(), (wall - explained).max(0.0));
 
     let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
     let nodes: BTreeSet<String> = records.iter().filter_map(|r| r.node.clone()).collect();
@@ -250,55 +199,42 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
                 status: r.str("status").map(str::to_string),
             })
             .collect(),
-        wall_s: wall,
-        productive_s: productive,
-        lost_s: lost,
+        wall_s: secs(start, end),
+        productive_s: 0.0,
+        lost_s: BTreeMap::new(),
     }
 }
 
-/// Build the report from a job's merged records (ordered by time).
-pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
+/// Build the report from a job's merged records (ordered by time), with
+/// Slurm's allocation times when the job ran under Slurm.
+pub fn build(
+    job: &str,
+    records: &[Record],
+    bad_lines: usize,
+    slurm: Option<&crate::accounting::SlurmTimes>,
+) -> Report {
     let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in records {
         by_attempt.entry(r.attempt).or_default().push(r);
     }
-    let attempts: Vec<Attempt> = by_attempt
+    let acc = crate::accounting::account(records, slurm);
+    let mut attempts: Vec<Attempt> = by_attempt
         .iter()
         .map(|(a, recs)| attempt_of(recs, *a))
         .collect();
-    let start = attempts.iter().map(|a| a.start).min();
-    let end = attempts.iter().map(|a| a.end).max();
-    let wall = match (start, end) {
-        (Some(s), Some(e)) => secs(s, e),
-        _ => 0.0,
-    };
-    let mut lost: BTreeMap<String, f64> = BUCKETS.iter().map(|b| (b.to_string(), 0.0)).collect();
-    let mut productive = 0.0;
-    for a in &attempts {
-        productive += a.productive_s;
-        for (k, v) in &a.lost_s {
-            *lost.entry(k.clone()).or_default() += v;
+    for a in attempts.iter_mut() {
+        if let Some(b) = acc.by_attempt.get(&a.attempt) {
+            a.productive_s = b.get("productive").copied().unwrap_or(0.0);
+            a.lost_s = b
+                .iter()
+                .filter(|(k, _)| k.as_str() != "productive")
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
         }
     }
-    let between: f64 = attempts
-        .windows(2)
-        .map(|w| secs(w[0].end, w[1].start))
-        .fold(0.0, |a, b| a + b);
-    lost.insert("between_attempts".into(), between);
-    // Whatever is left (overlaps, clock steps) is reported, never hidden,
-    // and the buckets add up to the wall time exactly.
-    let placed: f64 = productive
-        + lost
-            .iter()
-            .filter(|(k, _)| k.as_str() != "unexplained")
-            .map(|(_, v)| v)
-            .sum::<f64>();
-    let rest = wall - placed;
-    lost.insert(
-        "unexplained".into(),
-        if rest.abs() < 1e-6 { 0.0 } else { rest },
-    );
-
+    let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
+    let productive = acc.productive_s;
+    let lost = acc.lost_s.clone();
     let failures: Vec<Failure> = records
         .iter()
         .filter(|r| r.kind == "failure")
@@ -328,8 +264,13 @@ pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
         .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
         .count();
     let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);
-    let restart_s = if attempts.len() > 1 {
-        between / (attempts.len() - 1) as f64
+    // What one failure costs besides the lost work: noticing it, stopping,
+    // relaunching (or the queue), starting again.
+    let restart_s = if failed_attempts > 0 {
+        let b = |k: &str| lost.get(k).copied().unwrap_or(0.0);
+        (b("stalled") + b("detection") + b("teardown") + b("restart") + b("queue_wait"))
+            / failed_attempts as f64
+            + b("startup") / attempts.len().max(1) as f64
     } else {
         0.0
     };
@@ -356,7 +297,8 @@ pub fn build(job: &str, records: &[Record], bad_lines: usize) -> Report {
         last_step: attempts.iter().filter_map(|a| a.last_step).max(),
         exit_code,
         attempts,
-        time_source: "journal".into(),
+        time_source: acc.time_source,
+        segments: acc.segments,
         bad_journal_lines: bad_lines,
     }
 }
@@ -427,8 +369,8 @@ pub fn render_text(r: &Report) -> String {
         r.productive_s,
         pct(r.productive_s, r.wall_s)
     );
-    for k in BUCKETS {
-        let v = r.lost_s.get(k).copied().unwrap_or(0.0);
+    for k in &crate::accounting::BUCKETS[1..] {
+        let v = r.lost_s.get(*k).copied().unwrap_or(0.0);
         let _ = writeln!(s, "  {:<18} {:>10.1}s {:>6.1}%", k, v, pct(v, r.wall_s));
     }
     let _ = writeln!(s, "\nattempts:");
@@ -863,22 +805,39 @@ mod tests {
                 json!({"exit_code": 0, "cause": "completed"}),
             ),
         ];
-        let r = build("j", &recs, 0);
+        let r = build("j", &recs, 0, None);
         assert_eq!(r.wall_s, 201.0);
         assert_eq!(r.attempts.len(), 2);
-        assert_eq!(r.productive_s, 42.0 + 95.0);
-        assert_eq!(r.lost_s["startup"], 15.0);
-        assert_eq!(r.lost_s["stalled"], 8.0);
-        assert_eq!(r.lost_s["teardown"], 5.0);
-        assert_eq!(r.lost_s["between_attempts"], 35.0);
-        assert_eq!(r.lost_s["after_last_step"], 1.0);
+        // Step 1 began one mean step time (42 s / 39 steps) before it was
+        // reported; step 40 survived (attempt 1 resumed at 41); the hang
+        // began at the last step (52 s) and was declared at 60 s.
+        let step0 = 42.0 / 39.0;
+        let step1 = 95.0 / 59.0;
+        let near = |a: f64, b: f64| (a - b).abs() < 1e-3;
+        assert!(
+            near(
+                r.productive_s,
+                (50.0 - (10.0 - step0)) + (200.0 - (105.0 - step1))
+            ),
+            "{r:#?}"
+        );
+        assert!(near(r.lost_s["startup"], 10.0 - step0 + 5.0 - step1));
+        assert!(near(r.lost_s["rework"], 2.0));
+        assert!(near(r.lost_s["stalled"], 8.0));
+        assert!(near(r.lost_s["teardown"], 5.0));
+        assert!(near(r.lost_s["queue_wait"], 35.0));
+        assert!(near(r.lost_s["after_last_step"], 1.0));
         let total: f64 = r.productive_s + r.lost_s.values().sum::<f64>();
         assert!((total - r.wall_s).abs() < 1e-9);
         assert_eq!(r.lost_s["unexplained"], 0.0);
         assert_eq!(r.failures.len(), 1);
         assert_eq!(r.last_step, Some(100));
         assert_eq!(r.exit_code, Some(0));
-        assert!(summary_line(&r).starts_with("ETTR 68.2% after 1 failure: 17.4% between attempts"));
+        let line = summary_line(&r);
+        assert!(
+            line.starts_with("ETTR 68.5% after 1 failure: 17.4% queue wait"),
+            "{line}"
+        );
         assert_eq!(r.mttf_s, Some(201.0));
         assert!(r.checkpoint_advice.is_none(), "no checkpoint cost measured");
     }
@@ -910,7 +869,7 @@ mod tests {
                 json!({"failure_kind": "crash", "cause": "x"}),
             ),
         ];
-        let r = build("j", &recs, 0);
+        let r = build("j", &recs, 0, None);
         assert_eq!(r.checkpoints.count, 2);
         assert_eq!(r.checkpoints.mean_duration_s, Some(10.0));
         assert_eq!(r.checkpoints.mean_interval_s, Some(200.0));
@@ -926,10 +885,12 @@ mod tests {
             rec(2.0, "progress", 0, json!({"step": 1, "first": true})),
             rec(9.0, "progress", 0, json!({"step": 8})),
         ];
-        let r = build("j", &recs, 1);
+        let r = build("j", &recs, 1, None);
         assert!(!r.attempts[0].ended_cleanly);
         assert_eq!(r.wall_s, 9.0);
-        assert_eq!(r.productive_s, 7.0);
+        // Steps 1..8 at 1 s each from 1.0; the end is not recorded but
+        // nothing followed: the run's steps stand.
+        assert!((r.productive_s - 8.0).abs() < 1e-9, "{r:#?}");
         assert!(render_text(&r).contains("no exit recorded"));
         assert!(render_timeline("j", &recs).contains("last recorded step 8"));
     }

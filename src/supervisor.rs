@@ -1333,7 +1333,7 @@ mod tests {
         reconcile_previous(&read(state.path()), "77", 1, &f, &mut w);
         assert_eq!(journal::read_job(&dir).unwrap().records.len(), n);
         // The report shows the failure on the node that failed, in attempt 0.
-        let r = crate::report::build("77", &recs, 0);
+        let r = crate::report::build("77", &recs, 0, None);
         assert_eq!(r.failures[0].node.as_deref(), Some("n2"));
         assert_eq!(r.failures[0].attempt, 0);
     }

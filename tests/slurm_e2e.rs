@@ -228,7 +228,7 @@ fn node_failure_excludes_the_node_requeues_and_resumes() {
         "{order:?}"
     );
     assert!(
-        job.output().contains("resumed from checkpoint at step 5"),
+        job.output().contains("resumed from checkpoint #5"),
         "{}",
         job.output()
     );
@@ -298,7 +298,7 @@ fn a_crash_restarts_inside_the_allocation_on_the_remaining_nodes() {
     let s = relaunched[0].f64("failure_to_first_step_s").unwrap();
     assert!(s > 0.0, "{s}");
     assert!(
-        job.output().contains("resumed from checkpoint at step 5"),
+        job.output().contains("resumed from checkpoint #5"),
         "{}",
         job.output()
     );
@@ -532,7 +532,7 @@ fn time_limit_checkpoints_then_requeues() {
     assert!(job
         .output()
         .contains("checkpoint requested: saving at step"));
-    assert!(job.output().contains("resumed from checkpoint at step"));
+    assert!(job.output().contains("resumed from checkpoint #"));
 }
 
 fn testbed_cmd(args: &[&str]) {
@@ -595,7 +595,7 @@ fn a_node_crash_is_recorded_from_slurms_own_records() {
     assert_eq!(failed, [victim.as_str()], "{:?}", prev[0]);
     assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
     // And the report blames it.
-    let r = resilio::report::build(&job.id, &recs, 0);
+    let r = resilio::report::build(&job.id, &recs, 0, None);
     assert!(
         r.failures
             .iter()

@@ -11,3 +11,5 @@ mod progress_sources;
 mod reports;
 mod signals;
 mod stall;
+#[path = "../support/timing.rs"]
+mod timing;

@@ -1,0 +1,791 @@
+//! Where a job's wall time went: ETTR and its badput, as contiguous
+//! segments from the job's first start to its end, each in one bucket, so
+//! that the buckets add up to the wall time exactly.
+//!
+//! Pure: the journal's records (and, when the job ran under Slurm, the
+//! start and end of each allocation as Slurm recorded them) in, segments
+//! out. Per attempt, on the job's own clock (the earliest or latest of its
+//! ranks):
+//!
+//! ```text
+//! start ─startup─ first step begins ─productive─ last surviving step ─rework─ failure
+//!   ─(stalled: a hang, until declared)─ ─detection─ resilio acts ─teardown─ attempt end
+//!   ─restart─ next attempt (same allocation)
+//!   ─restart─ allocation end ─queue_wait─ next allocation ─startup─ next attempt (requeue)
+//! ```
+//!
+//! - A step survived when a later checkpoint saved it or the run finished
+//!   with it. Which step a failed attempt's successor resumed after is read
+//!   from the successor's first step (and the checkpoints journaled before
+//!   it); without a successor, from the attempt's last checkpoint.
+//! - The first step's own compute time counts as productive: its start is
+//!   the first step's completion minus the attempt's mean step time.
+//! - Checkpoints that blocked training (`checkpoint_done.blocked_training`,
+//!   or a `phase=checkpoint` without it) are carved out of productive and
+//!   rework time into `checkpoint`.
+//! - Time the records cannot place (an attempt whose supervisor was killed
+//!   with no end recorded) is `unexplained`.
+
+use crate::journal::Record;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The buckets, in the order of a failure's story. `productive` is first.
+pub const BUCKETS: [&str; 11] = [
+    "productive",
+    "startup",
+    "checkpoint",
+    "rework",
+    "stalled",
+    "detection",
+    "teardown",
+    "restart",
+    "queue_wait",
+    "after_last_step",
+    "unexplained",
+];
+
+/// One allocation of the job as Slurm recorded it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Allocation {
+    pub start: DateTime<Utc>,
+    /// `None` while it runs.
+    pub end: Option<DateTime<Utc>>,
+}
+
+/// Slurm's record of the job's allocations, by index (Slurm's requeue
+/// count: 0 for the first). `scontrol` knows only the current one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlurmTimes {
+    /// `sacct` or `scontrol`.
+    pub source: String,
+    pub allocations: BTreeMap<u32, Allocation>,
+}
+
+/// One stretch of wall time in one bucket.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Segment {
+    pub start: DateTime<Utc>,
+    pub end: DateTime<Utc>,
+    pub bucket: &'static str,
+    /// The attempt it belongs to (`None`: between allocations).
+    pub attempt: Option<u32>,
+}
+
+/// The result.
+#[derive(Clone, Debug, Serialize)]
+pub struct Accounting {
+    pub start: Option<DateTime<Utc>>,
+    pub end: Option<DateTime<Utc>>,
+    pub wall_s: f64,
+    pub productive_s: f64,
+    /// Every bucket but `productive`, in seconds.
+    pub lost_s: BTreeMap<String, f64>,
+    /// Per attempt: every bucket including `productive`.
+    pub by_attempt: BTreeMap<u32, BTreeMap<String, f64>>,
+    pub segments: Vec<Segment>,
+    /// Where the times came from: `journal`, or `sacct`/`scontrol` (allocation bounds) + journal.
+    pub time_source: String,
+}
+
+/// Nanoseconds from `a` to `b` (journal times carry nanoseconds: summing
+/// truncated microseconds would not add up to the wall time exactly).
+fn ns(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
+    (b - a).num_nanoseconds().unwrap_or(0)
+}
+
+/// What one attempt's records say, on the job's clock.
+#[derive(Debug)]
+struct Marks {
+    attempt: u32,
+    allocation: Option<u32>,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    /// (time, step) of every progress sample, in time order.
+    samples: Vec<(DateTime<Utc>, u64)>,
+    /// Checkpoints confirmed: (step, save began, save done, blocked training).
+    checkpoints: Vec<(u64, DateTime<Utc>, DateTime<Utc>, bool)>,
+    failed: bool,
+    /// A stall was declared (a hang): when.
+    stall_declared: Option<DateTime<Utc>>,
+    /// The first real failure (a rank's crash), when known.
+    crashed_at: Option<DateTime<Utc>>,
+    /// resilio's first action on the failure (a teardown order).
+    acted_at: Option<DateTime<Utc>>,
+    /// The attempt's end was recorded (a rank's or the job's end).
+    end_recorded: bool,
+    /// The job went back to Slurm's queue after this attempt.
+    requeued: bool,
+    /// The step was relaunched in place (local mode, or inside the allocation).
+    relaunched: bool,
+}
+
+fn ts_field(r: &Record, key: &str) -> Option<DateTime<Utc>> {
+    r.str(key).and_then(|s| s.parse().ok())
+}
+
+fn marks(attempt: u32, recs: &[&Record]) -> Marks {
+    let starts = recs
+        .iter()
+        .filter(|r| r.kind == "rank_start" || r.kind == "job_start" || r.kind == "launch");
+    let start = starts
+        .map(|r| r.ts)
+        .min()
+        .unwrap_or_else(|| recs.iter().map(|r| r.ts).min().expect("non-empty"));
+    let end = recs.iter().map(|r| r.ts).max().expect("non-empty");
+    let allocation = recs
+        .iter()
+        .filter(|r| r.kind == "job_start")
+        .find_map(|r| r.u64("allocation"))
+        .map(|a| a as u32);
+    // Progress samples, and a stall's own account of the last step.
+    let mut samples: Vec<(DateTime<Utc>, u64)> = recs
+        .iter()
+        .filter_map(|r| match r.kind.as_str() {
+            "progress" => Some((r.ts, r.u64("step")?)),
+            "stall" => Some((ts_field(r, "last_progress")?, r.u64("last_step")?)),
+            _ => None,
+        })
+        .collect();
+    samples.sort();
+    let mut checkpoints = Vec::new();
+    for r in recs.iter().filter(|r| r.kind == "checkpoint_done") {
+        let Some(step) = r.u64("step") else { continue };
+        let dur = r.f64("duration_s").unwrap_or(0.0).max(0.0);
+        let began = r.ts - chrono::Duration::microseconds((dur * 1e6) as i64);
+        let blocked = r
+            .get("blocked_training")
+            .and_then(|b| b.as_bool())
+            .unwrap_or(dur > 0.0);
+        checkpoints.push((step, began, r.ts, blocked));
+    }
+    let exits: Vec<&&Record> = recs.iter().filter(|r| r.kind == "rank_exit").collect();
+    let bad_exit = |r: &Record| {
+        r.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(0) != 0
+            && r.str("class") != Some("clean")
+    };
+    let failed = recs.iter().any(|r| r.kind == "failure")
+        || recs.iter().any(|r| {
+            r.kind == "decision"
+                && r.get("decision")
+                    .and_then(|d| d.get("action"))
+                    .and_then(|a| a.as_str())
+                    != Some("finish")
+        })
+        || exits.iter().any(|r| bad_exit(r));
+    let stall_declared = recs
+        .iter()
+        .filter(|r| r.kind == "stall")
+        .map(|r| r.ts)
+        .min();
+    // The first failure that is not a peer's echo nor a requested stop.
+    let crashed_at = exits
+        .iter()
+        .filter(|r| bad_exit(r))
+        .filter(|r| !matches!(r.str("class"), Some("secondary" | "preempted" | "hang")))
+        .map(|r| ts_field(r, "failed_at").unwrap_or(r.ts))
+        .min()
+        .or_else(|| {
+            exits
+                .iter()
+                .filter(|r| bad_exit(r))
+                .map(|r| ts_field(r, "failed_at").unwrap_or(r.ts))
+                .min()
+        });
+    let acted_at = recs
+        .iter()
+        .filter(|r| r.kind == "teardown" || r.kind == "straggler_exclusion")
+        .map(|r| r.ts)
+        .min();
+    let end_recorded = !exits.is_empty()
+        || recs
+            .iter()
+            .any(|r| matches!(r.kind.as_str(), "job_end" | "decision" | "attempt_end"));
+    let requeued = recs.iter().any(|r| r.kind == "requeue");
+    let relaunched = recs.iter().any(|r| r.kind == "restart");
+    Marks {
+        attempt,
+        allocation,
+        start,
+        end,
+        samples,
+        checkpoints,
+        failed,
+        stall_declared,
+        crashed_at,
+        acted_at,
+        end_recorded,
+        requeued,
+        relaunched,
+    }
+}
+
+impl Marks {
+    fn first_step(&self) -> Option<(DateTime<Utc>, u64)> {
+        self.samples.first().copied()
+    }
+
+    fn last_progress(&self) -> Option<DateTime<Utc>> {
+        self.samples.iter().map(|s| s.0).max()
+    }
+
+    /// Mean time per step over the attempt's samples.
+    fn step_time_ns(&self) -> Option<i64> {
+        let (t0, s0) = *self.samples.first()?;
+        let (t1, s1) = self.samples.iter().copied().max_by_key(|(t, s)| (*s, *t))?;
+        (s1 > s0).then(|| ns(t0, t1) / (s1 - s0) as i64)
+    }
+
+    /// When the attempt completed `step`: the start of a checkpoint of that
+    /// step, else interpolated between progress samples.
+    fn completed(&self, step: u64) -> Option<DateTime<Utc>> {
+        if let Some(c) = self.checkpoints.iter().find(|c| c.0 == step) {
+            return Some(c.1);
+        }
+        let mut before: Option<(DateTime<Utc>, u64)> = None;
+        for &(t, s) in &self.samples {
+            if s == step {
+                return Some(t);
+            }
+            if s > step {
+                return match before {
+                    Some((tb, sb)) if s > sb => {
+                        let f = (step - sb) as f64 / (s - sb) as f64;
+                        Some(tb + chrono::Duration::nanoseconds((ns(tb, t) as f64 * f) as i64))
+                    }
+                    _ => Some(t),
+                };
+            }
+            before = Some((t, s));
+        }
+        before.map(|b| b.0)
+    }
+}
+
+/// Adds segments with a cursor that never goes back: every boundary is
+/// clamped to the previous one, so segments are contiguous.
+struct Track {
+    cursor: DateTime<Utc>,
+    segments: Vec<Segment>,
+    /// Blocking checkpoint intervals (carved out of productive and rework).
+    checkpoints: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+}
+
+impl Track {
+    fn to(&mut self, until: DateTime<Utc>, bucket: &'static str, attempt: Option<u32>) {
+        if until <= self.cursor {
+            return;
+        }
+        let (from, carve) = (self.cursor, matches!(bucket, "productive" | "rework"));
+        let mut at = from;
+        if carve {
+            let overlapping: Vec<(DateTime<Utc>, DateTime<Utc>)> = self
+                .checkpoints
+                .iter()
+                .filter(|(a, b)| *b > from && *a < until)
+                .copied()
+                .collect();
+            for (a, b) in overlapping {
+                let (a, b) = (a.max(at), b.min(until));
+                if a >= b {
+                    continue;
+                }
+                self.push(at, a, bucket, attempt);
+                self.push(a, b, "checkpoint", attempt);
+                at = b;
+            }
+        }
+        self.push(at, until, bucket, attempt);
+        self.cursor = until;
+    }
+
+    fn push(
+        &mut self,
+        a: DateTime<Utc>,
+        b: DateTime<Utc>,
+        bucket: &'static str,
+        attempt: Option<u32>,
+    ) {
+        if b <= a {
+            return;
+        }
+        match self.segments.last_mut() {
+            Some(l) if l.bucket == bucket && l.attempt == attempt && l.end == a => l.end = b,
+            _ => self.segments.push(Segment {
+                start: a,
+                end: b,
+                bucket,
+                attempt,
+            }),
+        }
+    }
+}
+
+/// Account for a job from its merged records (any order).
+pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
+    let mut by: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by.entry(r.attempt).or_default().push(r);
+    }
+    let attempts: Vec<Marks> = by.iter().map(|(a, rs)| marks(*a, rs)).collect();
+    let no_allocs = BTreeMap::new();
+    let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
+    let time_source = match slurm {
+        Some(s) if !s.allocations.is_empty() => {
+            format!("{} (allocations) and the journal", s.source)
+        }
+        _ => "journal".to_string(),
+    };
+    let empty = Accounting {
+        start: None,
+        end: None,
+        wall_s: 0.0,
+        productive_s: 0.0,
+        lost_s: BUCKETS[1..].iter().map(|b| (b.to_string(), 0.0)).collect(),
+        by_attempt: BTreeMap::new(),
+        segments: Vec::new(),
+        time_source: time_source.clone(),
+    };
+    let (Some(first), Some(last)) = (attempts.first(), attempts.last()) else {
+        return empty;
+    };
+    // An attempt's allocation: recorded by the batch-level supervisor, else
+    // Slurm's requeue count, which was the attempt number.
+    let alloc_of = |m: &Marks| m.allocation.unwrap_or(m.attempt);
+    let alloc_start = |m: &Marks| allocs.get(&alloc_of(m)).map(|a| a.start);
+    let alloc_end = |m: &Marks| allocs.get(&alloc_of(m)).and_then(|a| a.end);
+    let start = alloc_start(first).map_or(first.start, |s| s.min(first.start));
+    let end = alloc_end(last).map_or(last.end, |e| e.max(last.end));
+    let checkpoints: Vec<(DateTime<Utc>, DateTime<Utc>)> = {
+        let mut v: Vec<_> = attempts
+            .iter()
+            .flat_map(|m| m.checkpoints.iter().filter(|c| c.3).map(|c| (c.1, c.2)))
+            .collect();
+        v.sort();
+        // Ranks confirm the same checkpoint: merge overlaps.
+        let mut merged: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
+        for (a, b) in v {
+            match merged.last_mut() {
+                Some(l) if a <= l.1 => l.1 = l.1.max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        merged
+    };
+    let mut t = Track {
+        cursor: start,
+        segments: Vec::new(),
+        checkpoints,
+    };
+    for (i, m) in attempts.iter().enumerate() {
+        let a = Some(m.attempt);
+        let next = attempts.get(i + 1);
+        t.to(m.start, "startup", a);
+        let first_step = m.first_step();
+        let last_progress = m.last_progress();
+        match first_step {
+            None => {
+                // Never stepped: startup until the failure was acted on.
+                let stop = m.stall_declared.or(m.crashed_at).unwrap_or(m.end);
+                t.to(stop, "startup", a);
+                if let Some(acted) = m.acted_at.filter(|_| m.failed) {
+                    t.to(acted, "detection", a);
+                }
+                t.to(
+                    m.end,
+                    if m.failed {
+                        "teardown"
+                    } else {
+                        "after_last_step"
+                    },
+                    a,
+                );
+            }
+            Some((first_at, first_no)) => {
+                let began = m
+                    .step_time_ns()
+                    .map_or(first_at, |st| first_at - chrono::Duration::nanoseconds(st));
+                t.to(began, "startup", a);
+                let last = last_progress.unwrap_or(first_at);
+                // An attempt with no recorded end that was followed by
+                // another was ended by something: judged like a failure.
+                let failed = m.failed || (!m.end_recorded && next.is_some());
+                if !failed {
+                    t.to(last, "productive", a);
+                    let tail = if m.end_recorded {
+                        "after_last_step"
+                    } else {
+                        "unexplained"
+                    };
+                    t.to(m.end, tail, a);
+                } else {
+                    // The last step whose result survived.
+                    let saved = |upto: Option<u64>| {
+                        m.checkpoints
+                            .iter()
+                            .map(|c| c.0)
+                            .filter(|s| upto.is_none_or(|u| *s <= u))
+                            .max()
+                    };
+                    let survived = match next.and_then(|n| n.first_step()) {
+                        Some((_, resumed)) => saved(Some(resumed)).or(resumed.checked_sub(1)),
+                        None => saved(None),
+                    };
+                    let survived_at = survived
+                        .filter(|s| *s >= first_no)
+                        .and_then(|s| m.completed(s));
+                    if let Some(at) = survived_at {
+                        t.to(at.min(last), "productive", a);
+                    }
+                    // A hang begins at the last step; a crash when it happened.
+                    let hung = m.stall_declared.is_some()
+                        && m.crashed_at.is_none_or(|c| Some(c) >= m.stall_declared);
+                    if hung {
+                        t.to(last, "rework", a);
+                        let declared = m.stall_declared.expect("hung");
+                        t.to(declared, "stalled", a);
+                        t.to(m.acted_at.unwrap_or(declared), "detection", a);
+                    } else {
+                        let failed_at = m.crashed_at.unwrap_or(last).max(last);
+                        t.to(failed_at, "rework", a);
+                        if let Some(acted) = m.acted_at {
+                            t.to(acted, "detection", a);
+                        }
+                    }
+                    let tail = if m.end_recorded {
+                        "teardown"
+                    } else {
+                        "unexplained"
+                    };
+                    t.to(m.end, tail, a);
+                }
+            }
+        }
+        if let Some(n) = next {
+            let same_allocation = m.relaunched
+                || (!m.requeued && m.allocation.is_some() && m.allocation == n.allocation);
+            if same_allocation {
+                let gap = if m.end_recorded {
+                    "restart"
+                } else {
+                    "unexplained"
+                };
+                t.to(n.start, gap, Some(n.attempt));
+            } else {
+                match (alloc_end(m), alloc_start(n)) {
+                    (Some(e), Some(s)) => {
+                        t.to(e, "restart", a);
+                        t.to(s, "queue_wait", None);
+                    }
+                    // Without Slurm's times the gap is the queue's, with
+                    // Slurm's teardown and the batch script's start in it.
+                    _ => t.to(n.start, "queue_wait", None),
+                }
+            }
+        }
+    }
+    t.to(end, "after_last_step", Some(last.attempt));
+
+    let mut total: BTreeMap<String, i64> = BUCKETS.iter().map(|b| (b.to_string(), 0)).collect();
+    let mut by_attempt: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
+    for s in &t.segments {
+        let d = ns(s.start, s.end);
+        *total.entry(s.bucket.to_string()).or_default() += d;
+        if let Some(a) = s.attempt {
+            *by_attempt
+                .entry(a)
+                .or_default()
+                .entry(s.bucket.to_string())
+                .or_default() += d as f64 / 1e9;
+        }
+    }
+    let wall_ns = ns(start, end);
+    debug_assert_eq!(
+        total.values().sum::<i64>(),
+        wall_ns,
+        "segments tile the wall time"
+    );
+    let productive = total.remove("productive").unwrap_or(0);
+    Accounting {
+        start: Some(start),
+        end: Some(end),
+        wall_s: wall_ns as f64 / 1e9,
+        productive_s: productive as f64 / 1e9,
+        lost_s: total
+            .into_iter()
+            .map(|(k, v)| (k, v as f64 / 1e9))
+            .collect(),
+        by_attempt,
+        segments: t.segments,
+        time_source,
+    }
+}
+
+/// Slurm's times from `sacct -D` rows (one per allocation), in the local
+/// time zone Slurm prints.
+pub fn from_sacct(rows: &[crate::slurm::AcctRecord]) -> Option<SlurmTimes> {
+    let mut allocations: Vec<Allocation> = rows
+        .iter()
+        .filter_map(|r| {
+            Some(Allocation {
+                start: slurm_time(&r.start)?,
+                end: slurm_time(&r.end),
+            })
+        })
+        .collect();
+    allocations.sort_by_key(|a| a.start);
+    (!allocations.is_empty()).then(|| SlurmTimes {
+        source: "sacct".into(),
+        allocations: (0..).zip(allocations).collect(),
+    })
+}
+
+/// Slurm's times from `scontrol show job`: the current allocation only.
+pub fn from_show_job(info: &crate::slurm::JobInfo) -> Option<SlurmTimes> {
+    let start = slurm_time(&info.start_time)?;
+    let mut allocations = BTreeMap::new();
+    allocations.insert(
+        info.restarts,
+        Allocation {
+            start,
+            end: slurm_time(&info.end_time).filter(|e| *e >= start),
+        },
+    );
+    Some(SlurmTimes {
+        source: "scontrol".into(),
+        allocations,
+    })
+}
+
+/// Slurm's times for a job that ran under Slurm: `sacct -D` where
+/// accounting exists, else `scontrol show job`; `None` for local jobs or
+/// when neither answers.
+pub fn slurm_times(job: &str, slurm: &dyn crate::slurm::Slurm) -> Option<SlurmTimes> {
+    if job.is_empty() || !job.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    slurm
+        .accounting(job)
+        .ok()
+        .and_then(|rows| from_sacct(&rows))
+        .or_else(|| slurm.show_job(job).ok().and_then(|i| from_show_job(&i)))
+}
+
+/// A time as Slurm prints it (`2026-11-22T07:25:21`, local time); `None`
+/// for `Unknown`, `None`, or anything else.
+pub fn slurm_time(text: &str) -> Option<DateTime<Utc>> {
+    use chrono::TimeZone;
+    let naive = chrono::NaiveDateTime::parse_from_str(text.trim(), "%Y-%m-%dT%H:%M:%S").ok()?;
+    chrono::Local
+        .from_local_datetime(&naive)
+        .earliest()
+        .map(|t| t.with_timezone(&Utc))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// A record at `t` seconds after a fixed origin.
+    fn rec(t: f64, attempt: u32, kind: &str, data: Value) -> Record {
+        let origin: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+        Record {
+            v: 1,
+            ts: origin + chrono::Duration::microseconds((t * 1e6) as i64),
+            kind: kind.into(),
+            attempt,
+            rank: Some(0),
+            node: Some("n1".into()),
+            data: data.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    fn steps(a: u32, from: u64, to: u64, t0: f64, dt: f64) -> Vec<Record> {
+        (from..=to)
+            .map(|s| {
+                rec(
+                    t0 + (s - from + 1) as f64 * dt,
+                    a,
+                    "progress",
+                    json!({ "step": s }),
+                )
+            })
+            .collect()
+    }
+
+    fn sum(acc: &Accounting) -> f64 {
+        acc.productive_s + acc.lost_s.values().sum::<f64>()
+    }
+
+    #[test]
+    fn a_clean_run_is_startup_productive_and_shutdown() {
+        let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+        r.extend(steps(0, 1, 10, 2.0, 1.0)); // step 1 done at 3.0, step 10 at 12.0
+        r.push(rec(
+            13.0,
+            0,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        assert!((acc.wall_s - 13.0).abs() < 1e-9);
+        // Step 1 began at 2.0 (done at 3.0, 1 s per step): 10 s productive.
+        assert!((acc.productive_s - 10.0).abs() < 1e-6, "{acc:#?}");
+        assert!((acc.lost_s["startup"] - 2.0).abs() < 1e-6);
+        assert!((acc.lost_s["after_last_step"] - 1.0).abs() < 1e-6);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_crash_loses_the_steps_after_the_checkpoint_and_a_requeue_waits_in_the_queue() {
+        // Attempt 0 (allocation 0): steps 1..8 at 1 s, checkpoint of step 5
+        // (save 5.0..5.5 s after... blocking 0.5 s), crash at 10.5, teardown
+        // order at 10.7, end at 11.0. Allocation 0 ends at 12, allocation 1
+        // starts at 20; attempt 1 resumes at step 6 and finishes at step 10.
+        let mut r = vec![
+            rec(0.5, 0, "job_start", json!({ "allocation": 0 })),
+            rec(1.0, 0, "rank_start", json!({})),
+        ];
+        r.extend(steps(0, 1, 8, 1.0, 1.0)); // step s done at 1+s
+        r.push(rec(
+            6.5,
+            0,
+            "checkpoint_done",
+            json!({ "step": 5, "duration_s": 0.5, "blocked_training": true }),
+        ));
+        r.push(rec(
+            10.8,
+            0,
+            "rank_exit",
+            json!({ "exit_code": 137, "class": "infrastructure", "failed_at": "2026-11-22T00:00:10.500Z" }),
+        ));
+        r.push(rec(10.7, 0, "teardown", json!({})));
+        r.push(rec(11.0, 0, "requeue", json!({})));
+        r.push(rec(21.0, 1, "job_start", json!({ "allocation": 1 })));
+        r.push(rec(21.0, 1, "rank_start", json!({})));
+        r.extend(steps(1, 6, 10, 22.0, 1.0)); // step 6 done at 23, 10 at 27
+        r.push(rec(
+            27.5,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        r.push(rec(27.6, 1, "job_end", json!({ "exit_code": 0 })));
+        let slurm = SlurmTimes {
+            source: "sacct".into(),
+            allocations: [
+                Allocation {
+                    start: "2026-11-22T00:00:00Z".parse().unwrap(),
+                    end: Some("2026-11-22T00:00:12Z".parse().unwrap()),
+                },
+                Allocation {
+                    start: "2026-11-22T00:00:20Z".parse().unwrap(),
+                    end: Some("2026-11-22T00:00:28Z".parse().unwrap()),
+                },
+            ]
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| (i as u32, a))
+            .collect(),
+        };
+        let acc = account(&r, Some(&slurm));
+        let b = |k: &str| acc.lost_s[k];
+        assert!((acc.wall_s - 28.0).abs() < 1e-9);
+        // Attempt 0: step 1 began at 1.0; step 5 done at 6.0 (the save began
+        // then): 5 s survived, the save blocked 0.5 s; steps 6..8 and the
+        // crash until 10.5 are rework (4.0 s).
+        // Attempt 1: step 6 began at 22.0, step 10 done at 27.0: 5 s.
+        assert!(
+            (acc.productive_s - 10.0).abs() < 1e-6,
+            "{:#?}",
+            acc.segments
+        );
+        assert!((b("checkpoint") - 0.5).abs() < 1e-6);
+        assert!((b("rework") - 4.0).abs() < 1e-6, "{:#?}", acc.segments);
+        assert!((b("detection") - 0.2).abs() < 1e-6);
+        assert!((b("teardown") - 0.3).abs() < 1e-6);
+        assert!((b("restart") - 1.0).abs() < 1e-6); // 11.0 .. allocation end 12.0
+        assert!((b("queue_wait") - 8.0).abs() < 1e-6);
+        // 0..1 before attempt 0, 20..22 before attempt 1.
+        assert!((b("startup") - 3.0).abs() < 1e-6);
+        assert!((b("after_last_step") - 1.0).abs() < 1e-6);
+        assert_eq!(b("unexplained"), 0.0);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+        assert_eq!(acc.time_source, "sacct (allocations) and the journal");
+    }
+
+    #[test]
+    fn a_hang_is_stalled_until_declared_and_a_relaunch_restarts_in_place() {
+        let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+        r.extend(steps(0, 1, 4, 0.0, 1.0)); // last step at 4.0
+        r.push(rec(10.0, 0, "stall", json!({ "last_step": 4 })));
+        r.push(rec(12.0, 0, "teardown", json!({})));
+        r.push(rec(
+            13.0,
+            0,
+            "rank_exit",
+            json!({ "exit_code": 124, "class": "hang" }),
+        ));
+        r.push(rec(13.0, 0, "restart", json!({ "next_attempt": 1 })));
+        r.push(rec(13.5, 1, "rank_start", json!({})));
+        r.extend(steps(1, 1, 3, 14.0, 1.0)); // no checkpoint: restarted from step 1
+        r.push(rec(
+            17.5,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        let b = |k: &str| acc.lost_s[k];
+        // Nothing of attempt 0 survived: all of its steps are rework.
+        assert!((b("rework") - 4.0).abs() < 1e-6, "{:#?}", acc.segments);
+        assert!((b("stalled") - 6.0).abs() < 1e-6);
+        assert!((b("detection") - 2.0).abs() < 1e-6);
+        assert!((b("teardown") - 1.0).abs() < 1e-6);
+        assert!((b("restart") - 0.5).abs() < 1e-6, "{:#?}", acc.segments);
+        assert!((acc.productive_s - 3.0).abs() < 1e-6);
+        assert_eq!(b("queue_wait"), 0.0);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_killed_supervisor_leaves_unexplained_time() {
+        let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+        r.extend(steps(0, 1, 4, 0.0, 1.0));
+        r.push(rec(6.0, 0, "probe", json!({})));
+        r.push(rec(8.0, 1, "rank_start", json!({})));
+        r.extend(steps(1, 5, 6, 8.0, 1.0));
+        r.push(rec(
+            10.5,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        // Attempt 0 has no end: 4.0..6.0 is unexplained; with nothing
+        // recorded about a relaunch, the gap to attempt 1 is taken for a
+        // requeue's (Slurm requeued the job after a node failure).
+        assert!(
+            (acc.lost_s["unexplained"] - 2.0).abs() < 1e-6,
+            "{:#?}",
+            acc.segments
+        );
+        assert!((acc.lost_s["queue_wait"] - 2.0).abs() < 1e-6);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn slurm_times_parse_in_local_time() {
+        assert!(slurm_time("Unknown").is_none());
+        assert!(slurm_time("None").is_none());
+        let t = slurm_time("2026-11-22T07:25:21").unwrap();
+        assert_eq!(
+            t.with_timezone(&chrono::Local)
+                .format("%H:%M:%S")
+                .to_string(),
+            "07:25:21"
+        );
+    }
+}
