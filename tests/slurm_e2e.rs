@@ -4,6 +4,9 @@
 //! `resilio run -- srun resilio run -- python3 trainer.py`, with faults
 //! injected by rank, step and attempt.
 
+#[path = "support/timing.rs"]
+mod timing;
+
 use resilio::journal::{self, Record};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -392,6 +395,113 @@ fn a_straggling_node_confirmed_after_a_restart_is_left_out() {
     assert_eq!(third.len(), 3, "{third:?}");
     assert!(third.iter().all(|(_, n)| n != "n2"), "{third:?}");
     assert!(flagged(2).is_empty(), "{recs:#?}");
+}
+
+/// ETTR against an independent account on the real cluster: two failures
+/// (an unexplained exit, relaunched inside the allocation; then a SIGKILL
+/// on a full allocation, requeued excluding the node) and a queue wait.
+/// The trainer's own step times (a side file resilio never reads) give the
+/// productive time; Slurm's own records give the wall time.
+#[test]
+fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
+    let _g = lock();
+    let side = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
+    let job = submit(
+        "",
+        &format!(
+            "--total 160 --step-time 0.25 --ckpt-every 10 \
+             --fault-plan 0:exit:1:25,1:kill:2:47 --timing-file {}",
+            side.path().display()
+        ),
+    );
+    let state = job.wait_final(Duration::from_secs(300));
+    let recs = job.records();
+    assert_eq!(
+        state,
+        "COMPLETED",
+        "output:\n{}\njournal: {recs:#?}",
+        job.output()
+    );
+    assert_eq!(job.show().restarts, 1, "one requeue");
+    assert_eq!(timing::attempts(side.path()), [0, 1, 2]);
+    // Slurm's record of the job, from outside: first start to last end.
+    let rows = resilio::slurm::commands::parse_sacct(&run(
+        "sacct",
+        &[
+            "-D",
+            "-X",
+            "-n",
+            "-P",
+            "-j",
+            &job.id,
+            "-o",
+            "JobID,State,ExitCode,NodeList,Submit,Start,End",
+        ],
+    ));
+    let times: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = rows
+        .iter()
+        .filter_map(|r| {
+            Some((
+                resilio::accounting::slurm_time(&r.start)?,
+                resilio::accounting::slurm_time(&r.end)?,
+            ))
+        })
+        .collect();
+    assert_eq!(times.len(), 2, "{rows:?}");
+    let outside_wall = (times.iter().map(|t| t.1).max().unwrap()
+        - times.iter().map(|t| t.0).min().unwrap())
+    .num_milliseconds() as f64
+        / 1e3;
+    let expected = timing::productive_s(side.path());
+
+    let o = Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["report", &job.id, "--json"])
+        .env("RESILIO_STATE_DIR", job.state_dir())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let wall = r["wall_s"].as_f64().unwrap();
+    let productive = r["productive_s"].as_f64().unwrap();
+    eprintln!(
+        "wall: resilio {wall:.3}s, sacct {outside_wall:.3}s; productive: resilio {productive:.3}s, trainer {expected:.3}s; {}",
+        r["lost_s"]
+    );
+    assert!(
+        r["time_source"].as_str().unwrap().starts_with("sacct"),
+        "{}",
+        r["time_source"]
+    );
+    // Slurm prints whole seconds: its end may lie up to 1 s before the
+    // journal's last record, which resilio then takes.
+    assert!(
+        (wall - outside_wall).abs() <= 0.01 * outside_wall + 1.0,
+        "wall: resilio {wall:.3}s, sacct {outside_wall:.3}s"
+    );
+    assert!(
+        (productive - expected).abs() <= 0.01 * outside_wall,
+        "productive: resilio {productive:.3}s, trainer's own {expected:.3}s, wall {outside_wall:.3}s\n{}",
+        r["lost_s"]
+    );
+    assert_eq!(r["failed_attempts"], 2);
+    let lost = |k: &str| r["lost_s"][k].as_f64().unwrap();
+    // The requeue waited in the queue (the testbed's hold-off is ~11 s).
+    assert!(lost("queue_wait") > 5.0, "{}", r["lost_s"]);
+    assert!(lost("rework") > 1.0);
+    assert!(lost("restart") > 0.0);
+    let text = String::from_utf8_lossy(
+        &Command::new(env!("CARGO_BIN_EXE_resilio"))
+            .args(["report", &job.id])
+            .env("RESILIO_STATE_DIR", job.state_dir())
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    assert!(
+        text.contains("queue wait") && text.contains("after 2 failures"),
+        "{text}"
+    );
 }
 
 #[test]
