@@ -333,7 +333,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
     let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
     let time_source = match slurm {
         Some(s) if !s.allocations.is_empty() => {
-            format!("{} (allocations) and the journal", s.source)
+            format!("{} (allocation start and end) and the journal", s.source)
         }
         _ => "journal".to_string(),
     };
@@ -713,7 +713,10 @@ mod tests {
         assert!((b("after_last_step") - 1.0).abs() < 1e-6);
         assert_eq!(b("unexplained"), 0.0);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
-        assert_eq!(acc.time_source, "sacct (allocations) and the journal");
+        assert_eq!(
+            acc.time_source,
+            "sacct (allocation start and end) and the journal"
+        );
     }
 
     #[test]

@@ -29,7 +29,7 @@ enum Command {
     /// ETTR and where the time went, from the job's journal
     Report(ReportArgs),
     /// One line per event that mattered, by attempt
-    Timeline(ReportArgs),
+    Timeline(TimelineArgs),
     /// Failure history of nodes across all jobs, for admins
     Nodes(NodesArgs),
     /// The live job: ranks, steps, stragglers, checkpoints (asks its coordinator)
@@ -131,6 +131,15 @@ struct ReportArgs {
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct TimelineArgs {
+    #[command(flatten)]
+    common: ReportArgs,
+    /// Also write a self-contained HTML timeline (inline SVG) to FILE ("-": standard output)
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -277,6 +286,31 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
     Ok(0)
 }
 
+/// `resilio timeline JOB --html FILE`.
+fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
+    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+    let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
+    let r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
+    let page = crate::report_html::render(&job, &j.records, &r);
+    if file == std::path::Path::new("-") {
+        print!("{page}");
+        return Ok(0);
+    }
+    // Whole or absent: written aside, then renamed over.
+    let tmp = file.with_extension("html.tmp");
+    std::fs::write(&tmp, page)
+        .and_then(|_| std::fs::rename(&tmp, file))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            Error::Other(format!("cannot write {}: {e}", file.display()))
+        })?;
+    eprintln!(
+        "resilio: timeline of job {job} written to {}",
+        file.display()
+    );
+    Ok(0)
+}
+
 fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     use crate::node_history;
     use crate::slurm::{NodeState, Slurm, SlurmCli};
@@ -371,7 +405,10 @@ fn dispatch(cli: Cli) -> Result<i32> {
             })
         }
         Command::Report(a) => report_cmd(&a, false),
-        Command::Timeline(a) => report_cmd(&a, true),
+        Command::Timeline(a) => match &a.html {
+            Some(file) => html_cmd(&a.common, file),
+            None => report_cmd(&a.common, true),
+        },
         Command::Nodes(a) => nodes_cmd(&a),
         Command::Status(a) => {
             crate::status::status_cmd(&state_dir_of(&a.state_dir), a.job.as_deref(), a.json)

@@ -46,6 +46,7 @@ pub mod policy;
 pub mod process;
 pub mod progress;
 pub mod report;
+pub mod report_html;
 pub mod slurm;
 pub mod status;
 pub mod supervisor;

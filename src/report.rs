@@ -344,7 +344,7 @@ pub fn render_text(r: &Report) -> String {
     if let (Some(a), Some(b)) = (r.start, r.end) {
         let _ = writeln!(
             s,
-            "wall {:.1}s  productive {:.1}s  from {} to {}  (times from the {})",
+            "wall {:.1}s  productive {:.1}s  from {} to {}  (times: {})",
             r.wall_s,
             r.productive_s,
             a.format("%Y-%m-%d %H:%M:%S%.3fZ"),

@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+# The HTML timeline is rendered in headless Chromium by a test.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "tests/run.sh: installing ${need_apt[*]}" >&2
   if [ "$(id -u)" -ne 0 ]; then

@@ -243,3 +243,103 @@ fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
             .sum::<f64>();
     assert!((sum - wall).abs() < 1e-6, "buckets {sum} != wall {wall}");
 }
+
+/// Pixels of exactly this colour in an RGB(A) PNG.
+fn count_colour(png_path: &std::path::Path, rgb: [u8; 3]) -> usize {
+    let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let step = match info.color_type {
+        png::ColorType::Rgba => 4,
+        png::ColorType::Rgb => 3,
+        other => panic!("unexpected PNG colour type {other:?}"),
+    };
+    buf[..info.buffer_size()]
+        .chunks(step)
+        .filter(|p| p[..3] == rgb)
+        .count()
+}
+
+/// `resilio timeline --html` of a run with a crash and a restart, rendered
+/// by headless Chromium (Debian's `chromium`, installed by tests/run.sh):
+/// the bars and the failure marker must be on the screenshot.
+#[test]
+fn the_html_timeline_renders_in_headless_chromium() {
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect(
+            "headless Chromium is needed for this test (tests/run.sh installs Debian's `chromium`)",
+        );
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let (out, _) = output_within(
+        run_local(
+            tmp.path(),
+            "html",
+            2,
+            &["--kill-grace", "3s"],
+            &[
+                "--total",
+                "30",
+                "--step-time",
+                "0.1",
+                "--ckpt-every",
+                "5",
+                "--ckpt-dir",
+                ck.to_str().unwrap(),
+                "--fault",
+                "kill",
+                "--fault-rank",
+                "1",
+                "--fault-step",
+                "12",
+            ],
+        )
+        .current_dir(tmp.path()),
+        Duration::from_secs(90),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let page = tmp.path().join("timeline.html");
+    let o = cmd(
+        tmp.path(),
+        &["timeline", "html", "--html", page.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<svg") && !html.contains("<script"),
+        "self-contained, no script"
+    );
+    assert!(html.contains("ETTR"));
+    let shot = tmp.path().join("timeline.png");
+    let mut c = std::process::Command::new(chromium);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1250,600",
+    ])
+    .arg(format!(
+        "--user-data-dir={}",
+        tmp.path().join("profile").display()
+    ))
+    .arg(format!("--screenshot={}", shot.display()))
+    .arg(format!("file://{}", page.display()))
+    .env("HOME", tmp.path());
+    let (o, _) = output_within(&mut c, Duration::from_secs(120));
+    assert!(shot.exists(), "no screenshot: {}", stderr_of(&o));
+    // Solid fills come out exactly: the productive green of the job bar and
+    // the progressing rows, and the red marker of rank 1's failure.
+    let green = count_colour(&shot, [0x2e, 0x9d, 0x4f]);
+    let red = count_colour(&shot, [0xc0, 0x15, 0x1b]);
+    assert!(green > 5000, "green pixels: {green}");
+    assert!(red > 20, "red pixels: {red}");
+}
