@@ -54,6 +54,9 @@ fn esc(s: &str) -> String {
     o
 }
 
+/// From, to.
+type Interval = (DateTime<Utc>, DateTime<Utc>);
+
 /// One painted stretch of a row.
 struct Span {
     start: DateTime<Utc>,
@@ -230,13 +233,13 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
     // first in the next (or the job's end, when it never came back).
     for list in spans.values_mut() {
         list.sort_by_key(|s| s.start);
-        let mut ends: BTreeMap<u32, (DateTime<Utc>, DateTime<Utc>)> = BTreeMap::new();
+        let mut ends: BTreeMap<u32, Interval> = BTreeMap::new();
         for s in list.iter() {
             let e = ends.entry(s.attempt).or_insert((s.start, s.end));
             e.0 = e.0.min(s.start);
             e.1 = e.1.max(s.end);
         }
-        let v: Vec<(u32, (DateTime<Utc>, DateTime<Utc>))> = ends.into_iter().collect();
+        let v: Vec<(u32, Interval)> = ends.into_iter().collect();
         for (i, (a, (_, end))) in v.iter().enumerate() {
             let until = v.get(i + 1).map_or(t1, |n| n.1 .0);
             let last_attempt = report.attempts.last().map(|x| x.attempt);
