@@ -476,18 +476,49 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             }
         }
     }
-    // A relaunch inside the allocation leaves the blamed nodes out of srun.
-    let argv = match &relaunched {
-        Some(r) => {
-            crate::slurm::step::leave_out(&opts.argv, &r.exclude, r.nodes).unwrap_or_else(|| {
-                journal.record(
-                "monitor_error",
-                json!({ "error": "the step command cannot leave nodes out; relaunched as it was" }),
-                false,
-            );
-                opts.argv.clone()
-            })
+    // Nodes left out of the step: by a relaunch inside the allocation (the
+    // blamed ones), or at the start from the node history (`[nodes]`).
+    let mut step_out: Option<(Vec<String>, u32)> =
+        relaunched.as_ref().map(|r| (r.exclude.clone(), r.nodes));
+    if batch_level && relaunched.is_none() && cfg.nodes.exclude_at_start {
+        let cli = crate::slurm::SlurmCli::default();
+        let (history, _) =
+            crate::node_history::build(&cfg.state_dir, Utc::now(), cfg.nodes.half_life, Some(&cli));
+        let earlier = journal::read_job(&job_dir)
+            .map(|j| j.records)
+            .unwrap_or_default();
+        match crate::supervisor::history_at_start(
+            &history,
+            cfg.nodes.threshold,
+            &id.job,
+            &slurm.job_nodes,
+            &opts.argv,
+            &earlier,
+            &cli,
+            &mut journal,
+        ) {
+            crate::supervisor::AtStart::Run => {}
+            crate::supervisor::AtStart::LeaveOut { exclude, nodes } => {
+                step_out = Some((exclude, nodes));
+            }
+            crate::supervisor::AtStart::Requeued => {
+                if socket_ok {
+                    let _ = std::fs::remove_file(&sock_path);
+                }
+                return Ok(Next::Exit(0));
+            }
         }
+    }
+    let argv = match &step_out {
+        Some((exclude, nodes)) => crate::slurm::step::leave_out(&opts.argv, exclude, *nodes)
+            .unwrap_or_else(|| {
+                journal.record(
+                    "monitor_error",
+                    json!({ "error": "the step command cannot leave nodes out; run as it was" }),
+                    false,
+                );
+                opts.argv.clone()
+            }),
         None => opts.argv.clone(),
     };
     let spawned = match process::spawn(&argv, &env) {
@@ -1188,10 +1219,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         let alloc = (cfg.restart_in_allocation && !slurm.job_nodes.is_empty()).then(|| {
             crate::policy::restart::Allocation {
                 nodes: slurm.job_nodes.clone(),
-                excluded: relaunched
-                    .as_ref()
-                    .map(|r| r.exclude.clone())
-                    .unwrap_or_default(),
+                excluded: step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default(),
                 step_nodes: 0,
                 can_exclude: crate::slurm::step::can_leave_out(&opts.argv),
             }

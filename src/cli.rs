@@ -318,7 +318,13 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     if !(a.threshold.is_finite() && a.threshold > 0.0) {
         return Err(usage("--threshold must be a positive number"));
     }
-    let history = node_history::build(&state_dir_of(&a.state_dir), chrono::Utc::now(), half_life);
+    let cli = SlurmCli::default();
+    let (history, sources) = node_history::build(
+        &state_dir_of(&a.state_dir),
+        chrono::Utc::now(),
+        half_life,
+        Some(&cli),
+    );
     if a.json {
         let out =
             serde_json::to_string_pretty(&history).map_err(|e| Error::Other(e.to_string()))?;
@@ -331,9 +337,17 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     }
     if !a.drain {
         print!("{}", node_history::render(&history, a.threshold));
+        println!(
+            "sources: {} job journal(s); {}",
+            sources.journals,
+            match (&sources.sacct_node_failures, &sources.sacct_error) {
+                (Some(n), _) => format!("sacct: {n} NODE_FAIL allocation(s)"),
+                (None, Some(e)) => format!("sacct not used ({e})"),
+                (None, None) => "sacct not asked".into(),
+            }
+        );
         return Ok(0);
     }
-    let cli = SlurmCli::default();
     let mut failed = 0;
     for h in history.iter().filter(|h| h.score >= a.threshold) {
         let last = h.events.last().map(|e| e.evidence.as_str()).unwrap_or("");

@@ -191,6 +191,28 @@ pub struct Config {
     pub health: HealthConfig,
     /// The coordinator and its cross-rank policies.
     pub coordinator: CoordinatorSettings,
+    /// Node history at job start (`[nodes]`).
+    pub nodes: NodesConfig,
+}
+
+/// `[nodes]`: a job may leave out nodes the node history lists.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodesConfig {
+    /// At the start of a batch job, leave out (or requeue away from) nodes
+    /// whose score is at or above `threshold`.
+    pub exclude_at_start: bool,
+    pub threshold: f64,
+    pub half_life: Duration,
+}
+
+impl Default for NodesConfig {
+    fn default() -> Self {
+        NodesConfig {
+            exclude_at_start: false,
+            threshold: 0.9,
+            half_life: Duration::from_secs(7 * 86400),
+        }
+    }
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
@@ -247,6 +269,7 @@ impl Default for Config {
             slurm_forward_signals: false,
             health: HealthConfig::default(),
             coordinator: CoordinatorSettings::default(),
+            nodes: NodesConfig::default(),
         }
     }
 }
@@ -278,6 +301,17 @@ struct FileConfig {
     coordinator: CoordinatorSection,
     #[serde(default)]
     straggler: StragglerSection,
+    #[serde(default)]
+    nodes: NodesSection,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct NodesSection {
+    exclude_at_start: Option<bool>,
+    threshold: Option<Spanned<f64>>,
+    #[serde(default, with = "serde_text::option")]
+    half_life: Option<Duration>,
 }
 
 #[derive(Deserialize, Default)]
@@ -697,6 +731,22 @@ impl Config {
         }
         if let Some(b) = st.exclude {
             cs.policy.exclude_confirmed_stragglers = b;
+        }
+        let n = file.nodes;
+        if let Some(b) = n.exclude_at_start {
+            self.nodes.exclude_at_start = b;
+        }
+        if let Some(t) = n.threshold {
+            if !(*t.get_ref() > 0.0 && t.get_ref().is_finite()) {
+                return Err(err_at(
+                    t.span().start,
+                    "nodes.threshold must be a positive number".into(),
+                ));
+            }
+            self.nodes.threshold = *t.get_ref();
+        }
+        if let Some(d) = n.half_life {
+            self.nodes.half_life = d.max(Duration::from_secs(1));
         }
         let f = file.failure;
         let lists = [

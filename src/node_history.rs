@@ -4,8 +4,13 @@
 //!
 //! What counts against a node: a `failure` that names it (`blamed_node`, or
 //! a rank's own infrastructure failure with evidence from its output), a
-//! job-level `judgment` that blamed it, and a failed `health_check` on it.
-//! Peers' echoes (`secondary`), user errors and preemptions never count.
+//! job-level `judgment` that blamed it, a failed `health_check` on it, a
+//! flagged straggler, and, from Slurm's accounting (`sacct`, where it
+//! exists), every job of any user that ended in NODE_FAIL on it. Slurm does
+//! not say which node of a multi-node allocation failed, so such a failure
+//! is shared among its nodes (`share` 1/N); jobs with a journal here are
+//! counted from the journal alone. Peers' echoes (`secondary`), user errors
+//! and preemptions never count.
 
 use crate::journal::{self, Record};
 use chrono::{DateTime, Utc};
@@ -20,6 +25,11 @@ pub struct NodeEvent {
     pub job: String,
     pub class: String,
     pub evidence: String,
+    /// The node's share of the blame (1/N for a NODE_FAIL of an N-node
+    /// allocation Slurm recorded without naming the node).
+    pub share: f64,
+    /// `journal` or `sacct`.
+    pub source: &'static str,
 }
 
 /// A node's history.
@@ -55,6 +65,8 @@ pub fn events_of(job: &str, records: &[Record]) -> Vec<(String, NodeEvent)> {
                     job: job.to_string(),
                     class: class.to_string(),
                     evidence,
+                    share: 1.0,
+                    source: "journal",
                 },
             ));
         }
@@ -118,7 +130,7 @@ pub fn events_of(job: &str, records: &[Record]) -> Vec<(String, NodeEvent)> {
                     }
                 }
             }
-            "straggler" => {
+            "straggler" if r.get("flagged").and_then(|f| f.as_bool()) != Some(false) => {
                 if let Some(node) = r.str("straggler_node").or(r.node.as_deref()) {
                     push(
                         node,
@@ -142,23 +154,94 @@ pub fn events_of(job: &str, records: &[Record]) -> Vec<(String, NodeEvent)> {
     out
 }
 
-/// Build every node's history from all journals under `state_dir`, scores
-/// decayed to `now` with `half_life`.
+/// Events from Slurm's accounting: allocations that ended in NODE_FAIL,
+/// except those of `known` jobs (their journals say more).
+pub fn events_from_sacct(
+    rows: &[crate::slurm::AcctRecord],
+    known: &[String],
+) -> Vec<(String, NodeEvent)> {
+    let mut out = Vec::new();
+    for r in rows.iter().filter(|r| r.state.starts_with("NODE_FAIL")) {
+        let base = r.job_id.split(['.', '_', '+']).next().unwrap_or("");
+        if known.iter().any(|k| k == base) || r.nodes.is_empty() {
+            continue;
+        }
+        let Some(ts) = crate::accounting::slurm_time(&r.end)
+            .or_else(|| crate::accounting::slurm_time(&r.start))
+        else {
+            continue;
+        };
+        let share = 1.0 / r.nodes.len() as f64;
+        for node in r
+            .nodes
+            .iter()
+            .filter(|n| crate::slurm::hostlist::valid_node_name(n))
+        {
+            out.push((
+                node.clone(),
+                NodeEvent {
+                    ts,
+                    job: r.job_id.clone(),
+                    class: "node_failure".into(),
+                    evidence: format!(
+                        "sacct: job {} NODE_FAIL on {}",
+                        r.job_id,
+                        crate::slurm::hostlist::compress(&r.nodes)
+                    ),
+                    share,
+                    source: "sacct",
+                },
+            ));
+        }
+    }
+    out
+}
+
+/// Where a history came from.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Sources {
+    pub journals: usize,
+    /// NODE_FAIL allocations from sacct (`None`: sacct not asked or not available).
+    pub sacct_node_failures: Option<usize>,
+    pub sacct_error: Option<String>,
+}
+
+/// Build every node's history from all journals under `state_dir` (and
+/// Slurm's NODE_FAIL records since a window of eight half-lives, when
+/// `slurm` is given), scores decayed to `now` with `half_life`.
 pub fn build(
     state_dir: &Path,
     now: DateTime<Utc>,
     half_life: std::time::Duration,
-) -> Vec<NodeHistory> {
+    slurm: Option<&dyn crate::slurm::Slurm>,
+) -> (Vec<NodeHistory>, Sources) {
     let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
+    let mut sources = Sources::default();
+    let mut known = Vec::new();
     for (job, _) in journal::list_jobs(state_dir) {
         let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
             continue;
         };
+        sources.journals += 1;
         for (node, ev) in events_of(&job, &j.records) {
             by_node.entry(node).or_default().push(ev);
         }
+        known.push(job);
     }
-    from_events(by_node, now, half_life)
+    if let Some(s) = slurm {
+        let window =
+            chrono::Duration::from_std(half_life * 8).unwrap_or(chrono::Duration::days(56));
+        match s.node_failures(now - window) {
+            Ok(rows) => {
+                sources.sacct_node_failures = Some(rows.len());
+                for (node, ev) in events_from_sacct(&rows, &known) {
+                    by_node.entry(node).or_default().push(ev);
+                }
+            }
+            Err(e) => sources.sacct_error = Some(e.to_string()),
+        }
+    }
+    (from_events(by_node, now, half_life), sources)
 }
 
 /// Score and summarise events per node.
@@ -176,7 +259,7 @@ pub fn from_events(
                 .iter()
                 .map(|e| {
                     let age = ((now - e.ts).num_milliseconds() as f64 / 1000.0).max(0.0);
-                    weight(&e.class) * 0.5f64.powf(age / hl)
+                    weight(&e.class) * e.share * 0.5f64.powf(age / hl)
                 })
                 .sum();
             let mut failures_by_class = BTreeMap::new();
@@ -324,5 +407,78 @@ mod tests {
         );
         assert_eq!(exclude_list(&later, 0.9), "");
         assert!(render(&later, 0.9).contains("node_failure=1"));
+    }
+}
+
+#[cfg(test)]
+mod sacct_tests {
+    use super::*;
+    use crate::slurm::AcctRecord;
+
+    fn row(job: &str, state: &str, nodes: &[&str], end: &str) -> AcctRecord {
+        AcctRecord {
+            job_id: job.into(),
+            state: state.into(),
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            start: end.into(),
+            end: end.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn node_failures_from_sacct_are_shared_and_journaled_jobs_not_counted_twice() {
+        let rows = vec![
+            row("100", "NODE_FAIL", &["n3"], "2026-11-20T10:00:00"),
+            row("101", "NODE_FAIL", &["n3", "n4"], "2026-11-21T10:00:00"),
+            row("102", "NODE_FAIL", &["n5"], "2026-11-21T11:00:00"),
+            row("103", "COMPLETED", &["n6"], "2026-11-21T11:00:00"),
+        ];
+        let ev = events_from_sacct(&rows, &["102".to_string()]);
+        let of = |n: &str| {
+            ev.iter()
+                .filter(|(x, _)| x == n)
+                .map(|(_, e)| e.share)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of("n3"), [1.0, 0.5]);
+        assert_eq!(of("n4"), [0.5]);
+        assert!(of("n5").is_empty(), "job 102 has a journal");
+        assert!(of("n6").is_empty());
+        assert!(ev
+            .iter()
+            .all(|(_, e)| e.source == "sacct" && e.class == "node_failure"));
+
+        // Through build(): a fake Slurm's answer joins the journals'.
+        let state = tempfile::tempdir().unwrap();
+        let f = crate::slurm::fake::FakeSlurm::default();
+        *f.node_fail_rows.lock().unwrap() = rows;
+        let now: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+        let (h, src) = build(
+            state.path(),
+            now,
+            std::time::Duration::from_secs(7 * 86400),
+            Some(&f),
+        );
+        assert_eq!(src.sacct_node_failures, Some(4));
+        let n3 = h.iter().find(|x| x.node == "n3").unwrap();
+        let n4 = h.iter().find(|x| x.node == "n4").unwrap();
+        assert!(n3.score > n4.score && n4.score > 0.0);
+        assert!(
+            f.calls()
+                .iter()
+                .any(|c| c.starts_with("node_failures 2026-09-27")),
+            "{:?}",
+            f.calls()
+        );
+        // Without sacct: said so, nothing invented.
+        f.fail("node_failures", "sacct: command not found");
+        let (h, src) = build(
+            state.path(),
+            now,
+            std::time::Duration::from_secs(7 * 86400),
+            Some(&f),
+        );
+        assert!(h.is_empty() && src.sacct_error.is_some());
     }
 }

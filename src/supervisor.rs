@@ -768,6 +768,124 @@ pub fn after_attempt(
     Next::Exit(step.exit_code)
 }
 
+/// What the node history asks of a job at its start.
+#[derive(Debug, PartialEq, Eq)]
+pub enum AtStart {
+    /// Nothing listed in the allocation (or nothing to be done about it).
+    Run,
+    /// Run the step on `nodes` nodes, leaving `exclude` out.
+    LeaveOut { exclude: Vec<String>, nodes: u32 },
+    /// The job went back to the queue, excluding the listed nodes.
+    Requeued,
+}
+
+/// `[nodes] exclude_at_start`: before the first step of an allocation,
+/// leave out the nodes the node history lists (score at or above the
+/// threshold): inside the allocation when spare nodes remain for the step,
+/// else by one requeue with `ExcNodeList` (never twice for this reason).
+#[allow(clippy::too_many_arguments)]
+pub fn history_at_start(
+    history: &[crate::node_history::NodeHistory],
+    threshold: f64,
+    job: &str,
+    alloc_nodes: &[String],
+    argv: &[std::ffi::OsString],
+    records: &[Record],
+    slurm: &dyn Slurm,
+    journal: &mut Writer,
+) -> AtStart {
+    let listed: Vec<&crate::node_history::NodeHistory> =
+        history.iter().filter(|h| h.score >= threshold).collect();
+    let here: Vec<&&crate::node_history::NodeHistory> = listed
+        .iter()
+        .filter(|h| alloc_nodes.contains(&h.node))
+        .collect();
+    if here.is_empty() {
+        journal.record(
+            "node_history_checked",
+            json!({ "listed": listed.iter().map(|h| h.node.as_str()).collect::<Vec<_>>(), "in_allocation": [] }),
+            false,
+        );
+        return AtStart::Run;
+    }
+    let names: Vec<String> = here.iter().map(|h| h.node.clone()).collect();
+    let evidence = |h: &crate::node_history::NodeHistory| {
+        format!(
+            "node history score {:.2} (threshold {threshold}): {}",
+            h.score,
+            h.events.last().map(|e| e.evidence.as_str()).unwrap_or("")
+        )
+    };
+    let requested = crate::slurm::step::requested_nodes(argv);
+    if let Some(k) = requested.filter(|_| crate::slurm::step::can_leave_out(argv)) {
+        if alloc_nodes.len() as u32 - names.len() as u32 >= k {
+            for h in &here {
+                journal.record(
+                    "node_excluded",
+                    json!({ "excluded_node": h.node, "reason": "node_history", "evidence": evidence(h), "scope": "step" }),
+                    true,
+                );
+            }
+            return AtStart::LeaveOut {
+                exclude: names,
+                nodes: k,
+            };
+        }
+    }
+    let requeued_before = records
+        .iter()
+        .any(|r| r.kind == "requeue" && r.str("by") == Some("node_history"));
+    let requeueable = slurm.show_job(job).is_ok_and(|i| i.requeue);
+    if requeued_before || !requeueable {
+        journal.record(
+            "node_history_warning",
+            json!({
+                "nodes": names,
+                "reason": if requeued_before { "requeued once for the node history already" }
+                          else { "no spare node for the step and the job cannot be requeued" },
+            }),
+            true,
+        );
+        eprintln!(
+            "resilio: the allocation holds node(s) the history lists ({}); running anyway",
+            names.join(",")
+        );
+        return AtStart::Run;
+    }
+    let exclude = schedulable_exclusion(slurm, job, names, journal);
+    if exclude.is_empty() {
+        return AtStart::Run;
+    }
+    for h in here.iter().filter(|h| exclude.contains(&h.node)) {
+        journal.record(
+            "node_excluded",
+            json!({ "excluded_node": h.node, "reason": "node_history", "evidence": evidence(h) }),
+            true,
+        );
+    }
+    let reason = format!(
+        "node history lists {} in this allocation and no spare node remains for the step",
+        exclude.join(",")
+    );
+    // Not a failure: a decision that costs no restart budget.
+    journal.record(
+        "decision",
+        json!({
+            "outcome": { "class": "clean", "signature": "node history", "last_step": null, "blamed_nodes": exclude },
+            "decision": { "action": "requeue", "reason": reason },
+        }),
+        true,
+    );
+    journal.record(
+        "requeue",
+        json!({ "reason": reason, "exclude": exclude, "by": "node_history" }),
+        true,
+    );
+    eprintln!("resilio: requeueing job {job}: {reason}");
+    requeue(slurm, job, &exclude, 0, journal);
+    AtStart::Requeued
+}
+
 /// `scontrol requeue`, then the exclusion while Slurm tears the job down.
 fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, journal: &mut Writer) {
     let requeued = match slurm.requeue(job) {

@@ -140,11 +140,45 @@ fn submit_nodes(
     resilio_opts: &str,
     trainer_args: &str,
 ) -> Job {
+    submit_seeded(
+        nodes,
+        srun_opts,
+        sbatch_opts,
+        resilio_opts,
+        trainer_args,
+        &[],
+    )
+}
+
+/// The same, with an earlier job in the state dir whose journal blamed
+/// each node of `blamed` for two infrastructure failures, one and two hours ago.
+fn submit_seeded(
+    nodes: u32,
+    srun_opts: &str,
+    sbatch_opts: &str,
+    resilio_opts: &str,
+    trainer_args: &str,
+    blamed: &[&str],
+) -> Job {
     testbed();
     let dir = tempfile::Builder::new()
         .prefix("resilio-e2e-")
         .tempdir_in("/var/tmp")
         .unwrap();
+    if !blamed.is_empty() {
+        let jd = journal::job_dir(&dir.path().join("state"), "earlier-1");
+        std::fs::create_dir_all(&jd).unwrap();
+        let mut lines = String::new();
+        for node in blamed {
+            for k in 0..2 {
+                let ts = (chrono::Utc::now() - chrono::Duration::hours(1 + k)).to_rfc3339();
+                lines += &format!(
+                    "{{\"v\":1,\"ts\":\"{ts}\",\"kind\":\"failure\",\"attempt\":{k},\"class\":\"infrastructure\",\"blamed_node\":\"{node}\",\"cause\":\"XID 79\",\"evidence\":\"NVRM: Xid 79: GPU has fallen off the bus (recorded sample)\"}}\n"
+                );
+            }
+        }
+        std::fs::write(jd.join("batch.jsonl"), lines).unwrap();
+    }
     let bin = env!("CARGO_BIN_EXE_resilio");
     let trainer = root().join("tests/fixtures/lockstep_trainer.py");
     let d = dir.path().display();
@@ -502,6 +536,72 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         text.contains("queue wait") && text.contains("after 2 failures"),
         "{text}"
     );
+}
+
+#[test]
+fn nodes_the_history_lists_are_left_out_at_start() {
+    let _g = lock();
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    // (Above what one NODE_FAIL in Slurm's own records, from the node-crash
+    // test, can score: only the seeded history lists a node.)
+    std::fs::write(
+        conf.path(),
+        "[nodes]\nexclude_at_start = true\nthreshold = 1.5\n",
+    )
+    .unwrap();
+    let opts = format!("--config {}", conf.path().display());
+    // A spare node: the step runs on three of four, without n2.
+    let job = submit_seeded(
+        4,
+        "-N 3 -n 3",
+        "-t 10",
+        &opts,
+        "--total 10 --step-time 0.1",
+        &["n2"],
+    );
+    let state = job.wait_final(Duration::from_secs(120));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    assert_eq!(job.show().restarts, 0);
+    let ex = job.kinds("node_excluded");
+    assert_eq!(ex.len(), 1, "{recs:#?}");
+    assert_eq!(
+        (ex[0].str("excluded_node"), ex[0].str("reason")),
+        (Some("n2"), Some("node_history"))
+    );
+    assert!(ex[0]
+        .str("evidence")
+        .unwrap()
+        .starts_with("node history score"));
+    let first = rank_nodes(&recs, 0);
+    assert_eq!(first.len(), 3, "{first:?}");
+    assert!(first.iter().all(|(_, n)| n != "n2"), "{first:?}");
+    drop(job);
+
+    // No spare node: one requeue with ExcNodeList, then the job runs elsewhere.
+    let job = submit_seeded(3, "", "-t 10", &opts, "--total 10 --step-time 0.1", &["n1"]);
+    let state = job.wait_final(Duration::from_secs(180));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    assert_eq!(job.show().restarts, 1);
+    assert!(job.show().excluded.contains(&"n1".to_string()));
+    let rq = job.kinds("requeue");
+    assert_eq!(rq[0].str("by"), Some("node_history"), "{rq:?}");
+    assert!(
+        rank_nodes(&recs, 0).is_empty(),
+        "no step ran on the listed node"
+    );
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{recs:#?}");
+    assert!(second.iter().all(|(_, n)| n != "n1"), "{second:?}");
+    // Not a failure: no budget spent, nothing blamed on the job.
+    let o = Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["report", &job.id, "--json"])
+        .env("RESILIO_STATE_DIR", job.state_dir())
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed_attempts"], 0, "{r}");
 }
 
 #[test]

@@ -305,6 +305,35 @@ impl Slurm for SlurmCli {
         ))
     }
 
+    fn node_failures(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<AcctRecord>, SlurmError> {
+        // sacct reads and prints local time.
+        let since = since
+            .with_timezone(&chrono::Local)
+            .format("%Y-%m-%dT%H:%M:%S")
+            .to_string();
+        Ok(parse_sacct(&self.run(
+            "sacct",
+            &[
+                "-a",
+                "-D",
+                "-X",
+                "-n",
+                "-P",
+                "-S",
+                &since,
+                "-E",
+                "now",
+                "-s",
+                "NODE_FAIL",
+                "-o",
+                "JobID,State,ExitCode,NodeList,Submit,Start,End",
+            ],
+        )?))
+    }
+
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         check_job(job)?;
         Ok(parse_sacct(&self.run(

@@ -11,6 +11,8 @@ pub struct FakeSlurm {
     pub jobs: Mutex<BTreeMap<String, JobInfo>>,
     pub nodes: Mutex<BTreeMap<String, NodeState>>,
     pub acct: Mutex<BTreeMap<String, Vec<AcctRecord>>>,
+    /// `sacct -s NODE_FAIL` answers, any job.
+    pub node_fail_rows: Mutex<Vec<AcctRecord>>,
     /// `sinfo -N` answers (nodes not listed are idle).
     pub node_info: Mutex<BTreeMap<String, NodeInfo>>,
     pub calls: Mutex<Vec<String>>,
@@ -140,6 +142,14 @@ impl Slurm for FakeSlurm {
     fn all_nodes(&self) -> Result<Vec<NodeInfo>, SlurmError> {
         self.call("all_nodes", String::new())?;
         Ok(self.node_info.lock().unwrap().values().cloned().collect())
+    }
+
+    fn node_failures(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<AcctRecord>, SlurmError> {
+        self.call("node_failures", since.to_rfc3339())?;
+        Ok(self.node_fail_rows.lock().unwrap().clone())
     }
 
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {

@@ -120,6 +120,12 @@ pub trait Slurm {
     fn node_states(&self, nodes: &[String]) -> Result<Vec<NodeInfo>, SlurmError>;
     /// Every node of the cluster (`sinfo -N`).
     fn all_nodes(&self) -> Result<Vec<NodeInfo>, SlurmError>;
+    /// Every job allocation of any user that ended in NODE_FAIL since `since`
+    /// (`sacct -a -D -X -s NODE_FAIL`).
+    fn node_failures(
+        &self,
+        since: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<AcctRecord>, SlurmError>;
 
     /// Add `nodes` to what the job already excludes; returns the new list.
     fn exclude_more(&self, job: &str, nodes: &[String]) -> Result<Vec<String>, SlurmError> {

@@ -80,6 +80,35 @@ fn pins_nodes(arg: &OsStr) -> bool {
         || (a.starts_with("-w") && !a.starts_with("--"))
 }
 
+/// The node count an `srun` line asks for (`-N K`, `-NK`, `--nodes=K`,
+/// `--nodes K`); `None` when it gives none or a range. srun's own options
+/// come before the command it runs: the scan stops at `--` or at the first
+/// argument naming `resilio` or a Python interpreter.
+pub fn requested_nodes(argv: &[OsString]) -> Option<u32> {
+    if !is_srun(argv) {
+        return None;
+    }
+    let mut it = argv[1..].iter().map(|a| a.to_string_lossy());
+    let mut found = None;
+    while let Some(a) = it.next() {
+        let base = a.rsplit('/').next().unwrap_or(&a).to_string();
+        if a == "--" || base == "resilio" || base.starts_with("python") {
+            break;
+        }
+        let value = if a == "-N" || a == "--nodes" {
+            it.next().map(|v| v.to_string())
+        } else if let Some(v) = a.strip_prefix("--nodes=") {
+            Some(v.to_string())
+        } else if let Some(v) = a.strip_prefix("-N").filter(|_| !a.starts_with("--")) {
+            Some(v.to_string())
+        } else {
+            continue;
+        };
+        found = value.and_then(|v| v.parse().ok());
+    }
+    found
+}
+
 /// Whether the step command can be told to leave nodes out.
 pub fn can_leave_out(argv: &[OsString]) -> bool {
     is_srun(argv) && !argv[1..].iter().any(|a| pins_nodes(a))
@@ -146,6 +175,25 @@ mod tests {
             assert!(leave_out(&v(pinned), &["n2".into()], 2).is_none());
         }
         assert!(!can_leave_out(&v(&["bash", "train.sh"])));
+    }
+
+    #[test]
+    fn the_step_size_srun_asks_for() {
+        assert_eq!(
+            requested_nodes(&v(&[
+                "srun", "-N", "3", "resilio", "run", "--", "python3", "-N", "9"
+            ])),
+            Some(3)
+        );
+        assert_eq!(requested_nodes(&v(&["srun", "-N4", "python3"])), Some(4));
+        assert_eq!(
+            requested_nodes(&v(&["/usr/bin/srun", "--nodes=2", "--ntasks=8", "x"])),
+            Some(2)
+        );
+        assert_eq!(requested_nodes(&v(&["srun", "--nodes", "5", "x"])), Some(5));
+        assert_eq!(requested_nodes(&v(&["srun", "-N", "2-4", "x"])), None);
+        assert_eq!(requested_nodes(&v(&["srun", "-n", "8", "x"])), None);
+        assert_eq!(requested_nodes(&v(&["bash", "-N", "3"])), None);
     }
 
     #[test]
