@@ -309,6 +309,15 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 });
             match started {
                 Ok(c) => {
+                    // `checkpoint_every = "advised"`: from the journal so far.
+                    if cfg.coordinator.policy.checkpoint_advised {
+                        let (every, why) = crate::report::advised_interval(&cfg.state_dir, &id.job);
+                        c.with_view(|v| {
+                            v.set_checkpoint_every(every, Instant::now());
+                            ((), Vec::new())
+                        });
+                        c.record("checkpoint_interval_advised", why, false);
+                    }
                     if !batch_level {
                         target = Some(Target::Known {
                             url: c.url.clone(),

@@ -275,7 +275,17 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
         }
     } else {
         let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
-        let r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
+        let mut r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
+        let state_dir = state_dir_of(&a.state_dir);
+        report::apply_fleet(
+            &mut r,
+            crate::node_history::fleet_rate(
+                &state_dir,
+                &job,
+                chrono::Utc::now(),
+                std::time::Duration::from_secs(56 * 86400),
+            ),
+        );
         if a.json {
             let out = serde_json::to_string_pretty(&r).map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");

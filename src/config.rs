@@ -687,7 +687,8 @@ impl Config {
         }
         if let Some(e) = c.checkpoint_every {
             let v = e.get_ref().trim();
-            cs.policy.checkpoint_every = if v == "none" || v.is_empty() {
+            cs.policy.checkpoint_advised = v == "advised";
+            cs.policy.checkpoint_every = if v == "none" || v.is_empty() || v == "advised" {
                 None
             } else {
                 Some(crate::duration::parse(v).map_err(|m| {

@@ -134,6 +134,21 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     let mut ints = 0u32;
     let final_code;
     loop {
+        // `checkpoint_every = "advised"`: Daly's interval from what this job
+        // (and the node history) measured so far, re-evaluated per attempt.
+        if let Some(c) = coordinator
+            .as_ref()
+            .filter(|_| cfg.coordinator.policy.checkpoint_advised)
+        {
+            let (every, why) = crate::report::advised_interval(&cfg.state_dir, &job);
+            c.with_view(|v| {
+                ((), {
+                    v.set_checkpoint_every(every, Instant::now());
+                    Vec::new()
+                })
+            });
+            c.record("checkpoint_interval_advised", why, false);
+        }
         let port = free_port();
         let started = Instant::now();
         let mut ranks: Vec<Rank> = Vec::new();

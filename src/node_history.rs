@@ -197,6 +197,62 @@ pub fn events_from_sacct(
     out
 }
 
+/// The failure rate of nodes across the other jobs under the state dir:
+/// failures held against nodes, over node-seconds those jobs ran.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct FleetRate {
+    pub failures: f64,
+    pub node_seconds: f64,
+    pub jobs: usize,
+}
+
+/// [`FleetRate`] from every job but `except` whose journal was written
+/// within `window` of `now`.
+pub fn fleet_rate(
+    state_dir: &Path,
+    except: &str,
+    now: DateTime<Utc>,
+    window: std::time::Duration,
+) -> FleetRate {
+    let mut rate = FleetRate::default();
+    let since = std::time::SystemTime::now()
+        .checked_sub(window)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    for (job, modified) in journal::list_jobs(state_dir) {
+        if job == except || modified < since {
+            continue;
+        }
+        let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
+            continue;
+        };
+        let (Some(a), Some(b)) = (
+            j.records.iter().map(|r| r.ts).min(),
+            j.records.iter().map(|r| r.ts).max(),
+        ) else {
+            continue;
+        };
+        let mut nodes: Vec<&str> = j
+            .records
+            .iter()
+            .filter(|r| r.rank.is_some())
+            .filter_map(|r| r.node.as_deref())
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let secs = ((b.min(now) - a).num_milliseconds() as f64 / 1e3).max(0.0);
+        if nodes.is_empty() || secs <= 0.0 {
+            continue;
+        }
+        rate.jobs += 1;
+        rate.node_seconds += secs * nodes.len() as f64;
+        rate.failures += events_of(&job, &j.records)
+            .iter()
+            .filter(|(_, e)| e.class != "straggler" && weight(&e.class) > 0.0)
+            .count() as f64;
+    }
+    rate
+}
+
 /// Where a history came from.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Sources {

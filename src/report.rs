@@ -81,6 +81,10 @@ pub struct Report {
     pub checkpoints: Checkpoints,
     /// Mean time to failure observed in this job (wall time per failed attempt).
     pub mttf_s: Option<f64>,
+    /// Mean time to failure for a job of this size, pooling this job's
+    /// failures with the node history's (other jobs under the state dir).
+    pub mttf_pooled_s: Option<f64>,
+    pub fleet: Option<crate::node_history::FleetRate>,
     /// Attempts that ended in a failure (echoes of one failure count once).
     pub failed_attempts: usize,
     /// The checkpoint interval that would maximise ETTR, from this job's
@@ -264,28 +268,13 @@ pub fn build(
         .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
         .count();
     let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);
-    // What one failure costs besides the lost work: noticing it, stopping,
-    // relaunching (or the queue), starting again.
-    let restart_s = if failed_attempts > 0 {
-        let b = |k: &str| lost.get(k).copied().unwrap_or(0.0);
-        (b("stalled") + b("detection") + b("teardown") + b("restart") + b("queue_wait"))
-            / failed_attempts as f64
-            + b("startup") / attempts.len().max(1) as f64
-    } else {
-        0.0
-    };
-    let checkpoint_advice = match (checkpoints.mean_duration_s, mttf_s) {
-        (Some(d), Some(m)) => {
-            crate::policy::checkpoint_interval::advise(d, m, restart_s, checkpoints.mean_interval_s)
-        }
-        _ => None,
-    };
-    Report {
+    let mut report = Report {
         job: job.to_string(),
         checkpoints,
         mttf_s,
+        mttf_pooled_s: None,
+        fleet: None,
         failed_attempts,
-        checkpoint_advice,
         start,
         end,
         wall_s: wall,
@@ -299,8 +288,19 @@ pub fn build(
         attempts,
         time_source: acc.time_source,
         segments: acc.segments,
+        checkpoint_advice: None,
         bad_journal_lines: bad_lines,
+    };
+    // The advice from this job alone (apply_fleet pools it with the history).
+    if let (Some(d), Some(m)) = (report.checkpoints.mean_duration_s, report.mttf_s) {
+        report.checkpoint_advice = crate::policy::checkpoint_interval::advise(
+            d,
+            m,
+            restart_cost(&report),
+            report.checkpoints.mean_interval_s,
+        );
     }
+    report
 }
 
 fn pct(part: f64, whole: f64) -> f64 {
@@ -308,6 +308,94 @@ fn pct(part: f64, whole: f64) -> f64 {
         100.0 * part / whole
     } else {
         0.0
+    }
+}
+
+/// What a restart costs besides the lost work (for the interval advice).
+fn restart_cost(r: &Report) -> f64 {
+    if r.failed_attempts == 0 {
+        return 0.0;
+    }
+    let b = |k: &str| r.lost_s.get(k).copied().unwrap_or(0.0);
+    (b("stalled") + b("detection") + b("teardown") + b("restart") + b("queue_wait"))
+        / r.failed_attempts as f64
+        + b("startup") / r.attempts.len().max(1) as f64
+}
+
+/// Pool this job's failure rate with the fleet's (the node history of the
+/// other jobs) for a job of this job's size, and advise on that.
+pub fn apply_fleet(r: &mut Report, fleet: crate::node_history::FleetRate) {
+    let nodes = r
+        .attempts
+        .iter()
+        .map(|a| a.nodes.len())
+        .max()
+        .unwrap_or(0)
+        .max(1) as f64;
+    let failures = r.failed_attempts as f64 + fleet.failures;
+    let exposure = nodes * r.wall_s + fleet.node_seconds;
+    if failures > 0.0 && exposure > 0.0 {
+        // Failures per node-second, for `nodes` nodes.
+        let mttf = exposure / failures / nodes;
+        r.mttf_pooled_s = Some(mttf);
+        if let Some(d) = r.checkpoints.mean_duration_s {
+            r.checkpoint_advice = crate::policy::checkpoint_interval::advise(
+                d,
+                mttf,
+                restart_cost(r),
+                r.checkpoints.mean_interval_s,
+            );
+        }
+    }
+    r.fleet = Some(fleet);
+}
+
+/// The periodic checkpoint interval to use now (`[coordinator]
+/// checkpoint_every = "advised"`): Daly's interval from the job's journal so
+/// far and the node history, with the journal record's data saying why.
+pub fn advised_interval(
+    state_dir: &std::path::Path,
+    job: &str,
+) -> (Option<std::time::Duration>, Value) {
+    let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
+        .map(|j| j.records)
+        .unwrap_or_default();
+    if records.is_empty() {
+        return (
+            None,
+            serde_json::json!({ "reason": "nothing measured yet" }),
+        );
+    }
+    let mut r = build(job, &records, 0, None);
+    apply_fleet(
+        &mut r,
+        crate::node_history::fleet_rate(
+            state_dir,
+            job,
+            chrono::Utc::now(),
+            std::time::Duration::from_secs(56 * 86400),
+        ),
+    );
+    match &r.checkpoint_advice {
+        Some(a) => (
+            Some(std::time::Duration::from_secs_f64(a.optimal_s.max(1.0))),
+            serde_json::json!({
+                "interval_s": a.optimal_s, "checkpoint_cost_s": a.checkpoint_cost_s,
+                "mttf_s": a.mtbf_s, "expected_ettr": a.ettr_at_optimal,
+                "pooled_with_node_history": r.mttf_pooled_s.is_some(),
+            }),
+        ),
+        None => (
+            None,
+            serde_json::json!({
+                "interval_s": null,
+                "reason": if r.checkpoints.mean_duration_s.is_none() {
+                    "no checkpoint cost measured yet (phase=checkpoint then checkpoint_done)"
+                } else {
+                    "no failure rate known yet"
+                },
+            }),
+        ),
     }
 }
 
@@ -421,10 +509,19 @@ pub fn render_text(r: &Report) -> String {
     if let Some(a) = &r.checkpoint_advice {
         let _ = writeln!(
             s,
-            "checkpoint interval advice: every {:.0}s (Daly; Young {:.0}s) for MTTF {:.0}s and cost {:.1}s: expected ETTR {:.1}%{}",
+            "checkpoint interval advice: every {:.0}s (Daly; Young {:.0}s) for MTTF {:.0}s{} and cost {:.1}s: expected ETTR {:.1}%{}",
             a.optimal_s,
             a.young_s,
             a.mtbf_s,
+            match &r.fleet {
+                Some(f) if r.mttf_pooled_s.is_some() && f.jobs > 0 => format!(
+                    " (this job with the node history of {} other job(s): {:.0} failure(s) in {:.0} node-hours)",
+                    f.jobs,
+                    f.failures,
+                    f.node_seconds / 3600.0
+                ),
+                _ => " (this job)".into(),
+            },
             a.checkpoint_cost_s,
             100.0 * a.ettr_at_optimal,
             match (a.current_s, a.ettr_at_current) {
@@ -876,6 +973,60 @@ mod tests {
         let a = r.checkpoint_advice.clone().unwrap();
         assert_eq!((a.checkpoint_cost_s, a.mtbf_s), (10.0, 400.0));
         assert!(render_text(&r).contains("checkpoint interval advice"));
+    }
+
+    #[test]
+    fn the_failure_rate_pools_this_job_with_the_node_history() {
+        let mut recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            rec(1.0, "progress", 0, json!({"step": 1, "first": true})),
+            rec(10.0, "phase", 0, json!({"phase": "checkpoint", "step": 10})),
+            rec(12.0, "checkpoint_done", 0, json!({"step": 10})),
+            rec(50.0, "rank_exit", 0, json!({"exit_code": 137})),
+            rec(
+                50.0,
+                "failure",
+                0,
+                json!({"failure_kind": "crash", "cause": "x"}),
+            ),
+            rec(60.0, "rank_start", 1, json!({})),
+            rec(100.0, "rank_exit", 1, json!({"exit_code": 0})),
+        ];
+        // A second rank on another node: a 2-node job.
+        let mut other = rec(0.0, "rank_start", 0, json!({}));
+        other.rank = Some(1);
+        other.node = Some("n2".into());
+        recs.push(other);
+        recs.sort_by_key(|r| r.ts);
+        let mut r = build("j", &recs, 0, None);
+        assert_eq!(r.mttf_s, Some(100.0));
+        let alone = r.checkpoint_advice.clone().unwrap();
+        // 9 failures in 1,800 node-seconds elsewhere: with this job's 1 in
+        // 2 x 100, 10 in 2,000 node-seconds, so 100 s for 2 nodes.
+        apply_fleet(
+            &mut r,
+            crate::node_history::FleetRate {
+                failures: 9.0,
+                node_seconds: 1800.0,
+                jobs: 4,
+            },
+        );
+        assert!((r.mttf_pooled_s.unwrap() - 100.0).abs() < 1e-9);
+        let pooled = r.checkpoint_advice.clone().unwrap();
+        assert_eq!(pooled.mtbf_s, 100.0);
+        assert_eq!(pooled.checkpoint_cost_s, alone.checkpoint_cost_s);
+        // A healthier fleet lengthens the advised interval.
+        apply_fleet(
+            &mut r,
+            crate::node_history::FleetRate {
+                failures: 0.0,
+                node_seconds: 99_800.0,
+                jobs: 40,
+            },
+        );
+        let healthy = r.checkpoint_advice.clone().unwrap();
+        assert!(healthy.mtbf_s > 10_000.0 && healthy.optimal_s > pooled.optimal_s);
+        assert!(render_text(&r).contains("node history of 40 other job(s)"));
     }
 
     #[test]

@@ -29,6 +29,10 @@ pub struct CoordinatorConfig {
     pub checkpoint_wait: Duration,
     /// Periodic coordinated checkpoints (`None`: off).
     pub checkpoint_every: Option<Duration>,
+    /// Periodic checkpoints at the interval the accounting advises (Daly,
+    /// from the measured checkpoint cost and failure rate), set by the host
+    /// with [`JobView::set_checkpoint_every`] as soon as both are known.
+    pub checkpoint_advised: bool,
     /// A rank not heard from for this long is reported lost.
     pub lost_after: Duration,
 }
@@ -43,6 +47,7 @@ impl Default for CoordinatorConfig {
             checkpoint_lead: Duration::from_secs(2),
             checkpoint_wait: Duration::from_secs(120),
             checkpoint_every: None,
+            checkpoint_advised: false,
             lost_after: Duration::from_secs(30),
         }
     }
@@ -117,6 +122,8 @@ pub struct JobView {
     last_checkpoint: Option<CheckpointStatus>,
     next_id: u64,
     next_periodic: Option<Instant>,
+    /// The periodic interval in force (configured, or advised).
+    periodic_every: Option<Duration>,
     failing: Option<Failing>,
     failed_at: Option<Instant>,
     relaunch_measured: bool,
@@ -162,6 +169,7 @@ impl JobView {
             last_checkpoint: None,
             next_id: 1,
             next_periodic: cfg.checkpoint_every.map(|d| now + d),
+            periodic_every: cfg.checkpoint_every,
             failing: None,
             failed_at: None,
             relaunch_measured: true,
@@ -202,6 +210,13 @@ impl JobView {
             ranks,
             kind,
         });
+    }
+
+    /// Set (or clear) the periodic checkpoint interval: the next periodic
+    /// checkpoint comes `every` from now.
+    pub fn set_checkpoint_every(&mut self, every: Option<Duration>, now: Instant) {
+        self.periodic_every = every;
+        self.next_periodic = every.map(|d| now + d);
     }
 
     /// Nodes flagged as stragglers in earlier attempts, from the journal
@@ -708,12 +723,8 @@ impl JobView {
                 self.exclude_straggler(None, now, &mut out);
             }
         }
-        if let Some(t) = self.next_periodic {
+        if let (Some(t), Some(every)) = (self.next_periodic, self.periodic_every) {
             if now >= t {
-                let every = self
-                    .cfg
-                    .checkpoint_every
-                    .unwrap_or(Duration::from_secs(3600));
                 self.next_periodic = Some(now + every);
                 if self.failing.is_none() {
                     if let Ok((_, _, e)) = self.request_checkpoint("periodic", now) {
@@ -1017,6 +1028,61 @@ mod tests {
         assert!(flagged.contains(&("straggler", json!("1"))), "{flagged:?}");
         assert!(flagged.iter().any(|(k, _)| *k == "checkpoint_requested"));
         assert_eq!(v.status(t, 0).straggler_ranks, vec!["1".to_string()]);
+    }
+}
+
+#[cfg(test)]
+mod periodic_tests {
+    use super::*;
+
+    #[test]
+    fn an_advised_interval_drives_periodic_checkpoints() {
+        let t = Instant::now();
+        let cfg = CoordinatorConfig {
+            checkpoint_advised: true,
+            ..Default::default()
+        };
+        let mut v = JobView::new("j", 1, 0, cfg, t);
+        let mut r = Report {
+            v: VERSION,
+            rank: 0,
+            node: "n1".into(),
+            state: RankState::Running,
+            step: Some(10),
+            progress_age_s: Some(0.0),
+            phase: "train".into(),
+            ..Default::default()
+        };
+        // The rank reports before each tick (else it would be lost).
+        let mut at = |v: &mut JobView, secs: u64, step: u64, saved: Option<u64>| {
+            r.step = Some(step);
+            r.checkpoints = saved.into_iter().collect();
+            let now = t + Duration::from_secs(secs);
+            v.on_report(r.clone(), now);
+            v.tick(now).iter().any(|e| {
+                matches!(
+                    e,
+                    Effect::Journal {
+                        kind: "checkpoint_requested",
+                        ..
+                    }
+                )
+            })
+        };
+        // Nothing advised yet: no periodic checkpoint, however long.
+        assert!(!at(&mut v, 7200, 10, None));
+        v.set_checkpoint_every(
+            Some(Duration::from_secs(300)),
+            t + Duration::from_secs(7200),
+        );
+        assert!(!at(&mut v, 7499, 11, None));
+        assert!(at(&mut v, 7501, 12, None));
+        // Saved; the next one is an interval later.
+        let s = v.pending.as_ref().unwrap().step;
+        assert!(!at(&mut v, 7502, s, Some(s)));
+        assert!(v.pending.is_none());
+        assert!(!at(&mut v, 7700, s + 1, Some(s)));
+        assert!(at(&mut v, 7802, s + 2, Some(s)));
     }
 }
 

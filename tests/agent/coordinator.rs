@@ -482,3 +482,65 @@ fn local_ranks_lines_do_not_cut_into_each_other() {
         );
     }
 }
+
+/// `checkpoint_every = "advised"`: nothing is known in attempt 0; once a
+/// checkpoint's cost and a failure were measured, attempt 1 checkpoints
+/// periodically at Daly's interval.
+#[test]
+fn the_advised_interval_drives_periodic_checkpoints_after_a_failure() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let conf = write_config(
+        tmp.path(),
+        "[coordinator]\ncheckpoint_every = \"advised\"\n",
+    );
+    let (out, _) = output_within(
+        run_local(
+            tmp.path(),
+            "advised",
+            2,
+            &["--config", conf.to_str().unwrap(), "--kill-grace", "3s"],
+            &[
+                "--total",
+                "60",
+                "--step-time",
+                "0.1",
+                "--ckpt-every",
+                "5",
+                "--ckpt-dir",
+                ck.to_str().unwrap(),
+                "--fault",
+                "kill",
+                "--fault-rank",
+                "1",
+                "--fault-step",
+                "12",
+            ],
+        )
+        .current_dir(tmp.path()),
+        Duration::from_secs(90),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "advised");
+    let advised: Vec<&Record> = kinds(&recs, "checkpoint_interval_advised");
+    assert_eq!(advised.len(), 2, "{advised:?}");
+    assert_eq!(advised[0].attempt, 0);
+    assert!(
+        advised[0].get("interval_s").unwrap().is_null(),
+        "{:?}",
+        advised[0]
+    );
+    assert!(advised[0].str("reason").is_some());
+    assert_eq!(advised[1].attempt, 1);
+    let every = advised[1].f64("interval_s").unwrap();
+    assert!(every > 0.0, "{:?}", advised[1]);
+    assert!(advised[1].f64("checkpoint_cost_s").unwrap() > 0.0);
+    let periodic = |a: u32| {
+        recs.iter()
+            .filter(|r| r.kind == "checkpoint_requested" && r.attempt == a)
+            .filter(|r| r.str("reason") == Some("periodic"))
+            .count()
+    };
+    assert_eq!(periodic(0), 0);
+    assert!(periodic(1) >= 1, "{recs:#?}");
+}
