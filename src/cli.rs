@@ -271,7 +271,11 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                 .map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
         } else {
-            print!("{}", report::render_timeline(&job, &j.records));
+            let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
+            print!(
+                "{}",
+                report::render_timeline(&job, &j.records, slurm.as_ref())
+            );
         }
     } else {
         let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());

@@ -783,7 +783,66 @@ fn describe(r: &Record) -> Option<String> {
             r.f64("gap_s").unwrap_or(0.0)
         ),
         "coordinator_start" => format!("coordinator listening on {}", r.str("url").unwrap_or("?")),
-        "coordinator_attempt" | "coordinator_reachable_again" => return None,
+        "node_excluded" => format!(
+            "EXCLUDED {}{} ({}): {}",
+            r.str("excluded_node").unwrap_or("?"),
+            match r.str("scope") {
+                Some("step") => " from the step",
+                _ => " from the job",
+            },
+            r.get("reason").map_or("?".into(), |v| match v {
+                Value::String(s) => s.clone(),
+                o => o.to_string(),
+            }),
+            r.str("evidence").unwrap_or("")
+        ),
+        "requeue" if r.str("by") == Some("slurm") => {
+            format!(
+                "requeued by Slurm itself ({})",
+                r.str("state").unwrap_or("?")
+            )
+        }
+        "requeue" => format!(
+            "REQUEUE{}: {}",
+            r.get("exclude")
+                .and_then(Value::as_array)
+                .filter(|a| !a.is_empty())
+                .map(|a| format!(
+                    " excluding {}",
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ))
+                .unwrap_or_default(),
+            r.str("reason").unwrap_or("?")
+        ),
+        "exclusion_set" => format!(
+            "Slurm now keeps the job off {}",
+            r.str("exc_node_list").unwrap_or("?")
+        ),
+        "stop_judged" => "stopping after the coordinator's judgment".into(),
+        "straggler_exclusion" => format!(
+            "STRAGGLER node {} left out after the checkpoint at step {}: {}",
+            r.str("straggler_node").unwrap_or("?"),
+            step("checkpoint_step"),
+            r.str("evidence").unwrap_or("?")
+        ),
+        "checkpoint_interval_advised" => match r.f64("interval_s") {
+            Some(i) => format!(
+                "periodic checkpoints every {:.0}s (advised: cost {:.1}s, MTTF {:.0}s)",
+                i,
+                r.f64("checkpoint_cost_s").unwrap_or(0.0),
+                r.f64("mttf_s").unwrap_or(0.0)
+            ),
+            None => format!(
+                "no periodic checkpoint advised yet: {}",
+                r.str("reason").unwrap_or("?")
+            ),
+        },
+        "coordinator_attempt" | "coordinator_reachable_again" | "node_history_checked" => {
+            return None
+        }
         "progress" => return None,
         other => other.to_string(),
     })
@@ -791,11 +850,55 @@ fn describe(r: &Record) -> Option<String> {
 
 /// Render the timeline: one line per event that matters, grouped by attempt,
 /// with time relative to the job's start and absolute UTC time.
-pub fn render_timeline(job: &str, records: &[Record]) -> String {
+pub fn render_timeline(
+    job: &str,
+    records: &[Record],
+    slurm: Option<&crate::accounting::SlurmTimes>,
+) -> String {
     let mut s = String::new();
     let Some(t0) = records.iter().map(|r| r.ts).min() else {
         return format!("job {job}: no records\n");
     };
+    // Slurm's own view of each allocation's end and the next one's start
+    // (the queue wait), shown before the attempt that followed.
+    let mut queued: BTreeMap<u32, Vec<(DateTime<Utc>, String)>> = BTreeMap::new();
+    if let Some(st) = slurm {
+        let alloc_of = |a: u32| {
+            records
+                .iter()
+                .filter(|r| r.kind == "job_start" && r.attempt == a)
+                .find_map(|r| r.u64("allocation"))
+                .map_or(a, |x| x as u32)
+        };
+        let attempts: BTreeSet<u32> = records.iter().map(|r| r.attempt).collect();
+        let mut seen = BTreeSet::new();
+        for a in attempts {
+            let k = alloc_of(a);
+            if k == 0 || !seen.insert(k) {
+                continue;
+            }
+            if let (Some(prev), Some(next)) = (st.allocations.get(&(k - 1)), st.allocations.get(&k))
+            {
+                let v = queued.entry(a).or_default();
+                if let Some(e) = prev.end {
+                    v.push((e, format!("allocation {} ended ({})", k - 1, st.source)));
+                    v.push((
+                        next.start,
+                        format!(
+                            "allocation {k} started after {:.1}s in the queue ({})",
+                            secs(e, next.start),
+                            st.source
+                        ),
+                    ));
+                } else {
+                    v.push((
+                        next.start,
+                        format!("allocation {k} started ({})", st.source),
+                    ));
+                }
+            }
+        }
+    }
     let _ = writeln!(
         s,
         "job {job}, times relative to {}",
@@ -807,6 +910,16 @@ pub fn render_timeline(job: &str, records: &[Record]) -> String {
     }
     for (attempt, recs) in by_attempt {
         let _ = writeln!(s, "attempt {attempt}:");
+        for (at, text) in queued.get(&attempt).into_iter().flatten() {
+            let _ = writeln!(
+                s,
+                "  {:>+10.3}s  {}  {:<10} {}",
+                (*at - t0).num_milliseconds() as f64 / 1e3,
+                at.format("%H:%M:%S%.3fZ"),
+                "slurm",
+                text
+            );
+        }
         // The last progress of each rank, shown once, just before what followed it.
         let mut last_progress: BTreeMap<Option<u32>, &Record> = BTreeMap::new();
         for r in &recs {
@@ -1043,6 +1156,6 @@ mod tests {
         // nothing followed: the run's steps stand.
         assert!((r.productive_s - 8.0).abs() < 1e-9, "{r:#?}");
         assert!(render_text(&r).contains("no exit recorded"));
-        assert!(render_timeline("j", &recs).contains("last recorded step 8"));
+        assert!(render_timeline("j", &recs, None).contains("last recorded step 8"));
     }
 }

@@ -459,19 +459,31 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
     assert_eq!(job.show().restarts, 1, "one requeue");
     assert_eq!(timing::attempts(side.path()), [0, 1, 2]);
     // Slurm's record of the job, from outside: first start to last end.
-    let rows = resilio::slurm::commands::parse_sacct(&run(
-        "sacct",
-        &[
-            "-D",
-            "-X",
-            "-n",
-            "-P",
-            "-j",
-            &job.id,
-            "-o",
-            "JobID,State,ExitCode,NodeList,Submit,Start,End",
-        ],
-    ));
+    // Slurm's database catches up with the controller a little later.
+    let mut rows = Vec::new();
+    for _ in 0..60 {
+        rows = resilio::slurm::commands::parse_sacct(&run(
+            "sacct",
+            &[
+                "-D",
+                "-X",
+                "-n",
+                "-P",
+                "-j",
+                &job.id,
+                "-o",
+                "JobID,State,ExitCode,NodeList,Submit,Start,End",
+            ],
+        ));
+        if rows.len() == 2
+            && rows
+                .iter()
+                .all(|r| resilio::accounting::slurm_time(&r.end).is_some())
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
     let times: Vec<(chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>)> = rows
         .iter()
         .filter_map(|r| {
@@ -536,6 +548,36 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         text.contains("queue wait") && text.contains("after 2 failures"),
         "{text}"
     );
+    // The timeline tells the story, Slurm's queue included.
+    let text = String::from_utf8_lossy(
+        &Command::new(env!("CARGO_BIN_EXE_resilio"))
+            .args(["timeline", &job.id])
+            .env("RESILIO_STATE_DIR", job.state_dir())
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .into_owned();
+    let order = [
+        "FAILURE",
+        "RESTART inside the allocation as attempt 1",
+        "step relaunched inside the allocation",
+        "FAILURE signal",
+        "judgment: infrastructure",
+        "EXCLUDED",
+        "REQUEUE excluding",
+        "Slurm now keeps the job off",
+        "allocation 0 ended (sacct)",
+        "in the queue (sacct)",
+        "first step",
+    ];
+    let mut at = 0;
+    for want in order {
+        let found = text[at..]
+            .find(want)
+            .unwrap_or_else(|| panic!("{want:?} missing after offset {at}:\n{text}"));
+        at += found + want.len();
+    }
 }
 
 #[test]

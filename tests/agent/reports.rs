@@ -343,3 +343,79 @@ fn the_html_timeline_renders_in_headless_chromium() {
     assert!(green > 5000, "green pixels: {green}");
     assert!(red > 20, "red pixels: {red}");
 }
+
+/// Every process of a job killed by SIGKILL (launcher, agents, trainers: as
+/// when a node dies): the journal alone still gives a report, a timeline
+/// and an HTML page, with the time it cannot explain reported as such.
+#[test]
+fn reports_survive_a_job_killed_outright() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let marker = ck.to_str().unwrap().to_string();
+    let mut c = run_local(
+        tmp.path(),
+        "killed",
+        2,
+        &[],
+        &[
+            "--total",
+            "1000",
+            "--step-time",
+            "0.1",
+            "--ckpt-every",
+            "5",
+            "--ckpt-dir",
+            &marker,
+        ],
+    );
+    c.current_dir(tmp.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = c.spawn().unwrap();
+    assert!(wait_for(Duration::from_secs(30), || {
+        records(tmp.path(), "killed")
+            .iter()
+            .any(|r| r.kind == "checkpoint_done")
+    }));
+    // SIGKILL to every process whose command line names this job's files.
+    let kill_all = || {
+        let mut n = 0;
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&marker)
+                && pid != std::process::id() as i32
+            {
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                n += 1;
+            }
+        }
+        n
+    };
+    assert!(kill_all() >= 3, "launcher, agents and trainers");
+    let _ = child.wait();
+    while kill_all() > 0 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = cmd(tmp.path(), &["report", "killed", "--json"]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["wall_s"].as_f64().unwrap() > 0.5);
+    assert_eq!(r["attempts"][0]["ended_cleanly"], false);
+    // The run's steps up to its checkpoint stand; nothing ended it on record.
+    assert!(r["productive_s"].as_f64().unwrap() > 0.0);
+    let text = String::from_utf8_lossy(&cmd(tmp.path(), &["report", "killed"]).stdout).into_owned();
+    assert!(text.contains("no exit recorded"), "{text}");
+    let o = cmd(tmp.path(), &["timeline", "killed"]);
+    assert!(o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("first step"));
+    let page = tmp.path().join("t.html");
+    let o = cmd(
+        tmp.path(),
+        &["timeline", "killed", "--html", page.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    assert!(std::fs::read_to_string(&page).unwrap().contains("<svg"));
+}
