@@ -164,6 +164,9 @@ struct NodesArgs {
     /// Time for a failure's weight to halve (e.g. 7d, 72h)
     #[arg(long, default_value = "7d")]
     half_life: String,
+    /// Journals only: do not ask sacct for NODE_FAIL records
+    #[arg(long)]
+    no_sacct: bool,
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
@@ -337,7 +340,7 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
         &state_dir_of(&a.state_dir),
         chrono::Utc::now(),
         half_life,
-        Some(&cli),
+        (!a.no_sacct).then_some(&cli as &dyn crate::slurm::Slurm),
     );
     if a.json {
         let out =

@@ -887,6 +887,7 @@ fn nodes_drain_on_the_real_cluster() {
             bin,
             "nodes",
             "--exclude-list",
+            "--no-sacct",
             "--state-dir",
             state,
         ])
@@ -906,6 +907,7 @@ fn nodes_drain_on_the_real_cluster() {
             bin,
             "nodes",
             "--drain",
+            "--no-sacct",
             "--state-dir",
             state,
         ])
@@ -920,7 +922,7 @@ fn nodes_drain_on_the_real_cluster() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("cannot drain n4"));
     // As root it drains, with the evidence as the reason.
     let o = Command::new(bin)
-        .args(["nodes", "--drain", "--state-dir", state])
+        .args(["nodes", "--drain", "--no-sacct", "--state-dir", state])
         .output()
         .unwrap();
     assert_eq!(

@@ -141,7 +141,8 @@ fn node_history_lists_and_excludes_bad_nodes() {
         );
         w.record("failure", json!({ "class": class, "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }), true);
     }
-    let o = cmd(dir.path(), &["nodes", "--json"]);
+    // (--no-sacct: only the journals here, whatever a Slurm on this machine recorded.)
+    let o = cmd(dir.path(), &["nodes", "--json", "--no-sacct"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let nodes: Vec<&str> = v
@@ -155,17 +156,28 @@ fn node_history_lists_and_excludes_bad_nodes() {
     assert_eq!(v[0]["jobs"], json!(["101", "102"]));
     let o = cmd(
         dir.path(),
-        &["nodes", "--exclude-list", "--threshold", "1.5"],
+        &[
+            "nodes",
+            "--exclude-list",
+            "--threshold",
+            "1.5",
+            "--no-sacct",
+        ],
     );
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "gpu007");
-    let o = cmd(dir.path(), &["nodes", "--drain", "--dry-run"]);
+    let o = cmd(dir.path(), &["nodes", "--drain", "--dry-run", "--no-sacct"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         out.starts_with("scontrol update NodeName=gpu007 State=DRAIN Reason=\"resilio: score"),
         "{out}"
     );
-    let o = cmd(dir.path(), &["nodes"]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("infrastructure=2"));
+    let o = cmd(dir.path(), &["nodes", "--no-sacct"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(text.contains("infrastructure=2"), "{text}");
+    assert!(
+        text.contains("sources: 3 job journal(s); sacct not asked"),
+        "{text}"
+    );
     assert_eq!(
         cmd(dir.path(), &["nodes", "--half-life", "soon"])
             .status
