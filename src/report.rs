@@ -87,6 +87,10 @@ pub struct Report {
     pub fleet: Option<crate::node_history::FleetRate>,
     /// Attempts that ended in a failure (echoes of one failure count once).
     pub failed_attempts: usize,
+    /// Relaunches without the queue (in place, or inside the allocation).
+    pub restarts: usize,
+    /// Trips back to Slurm's queue (by resilio, or by Slurm itself).
+    pub requeues: usize,
     /// The checkpoint interval that would maximise ETTR, from this job's
     /// checkpoint cost and failure rate (Daly), when both are known.
     pub checkpoint_advice: Option<crate::policy::checkpoint_interval::Advice>,
@@ -275,6 +279,23 @@ pub fn build(
         mttf_pooled_s: None,
         fleet: None,
         failed_attempts,
+        restarts: records.iter().filter(|r| r.kind == "restart").count(),
+        requeues: {
+            let mut a: Vec<u32> = records
+                .iter()
+                .filter(|r| {
+                    r.kind == "requeue"
+                        || (r.kind == "decision"
+                            && r.str("source") == Some("sacct")
+                            && r.get("decision").and_then(|d| d.get("action"))
+                                == Some(&Value::from("requeue")))
+                })
+                .map(|r| r.u64("about_attempt").map_or(r.attempt, |x| x as u32))
+                .collect();
+            a.sort_unstable();
+            a.dedup();
+            a.len()
+        },
         start,
         end,
         wall_s: wall,
@@ -442,8 +463,11 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "attempts {}  stalls {}  failures {}  last step {}  exit code {}",
+        "attempts {} ({} failed; {} restart(s) without the queue, {} requeue(s))  stalls {}  failure records {}  last step {}  exit code {}",
         r.attempts.len(),
+        r.failed_attempts,
+        r.restarts,
+        r.requeues,
         r.stalls,
         r.failures.len(),
         r.last_step.map_or("-".into(), |v| v.to_string()),

@@ -548,6 +548,10 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         text.contains("queue wait") && text.contains("after 2 failures"),
         "{text}"
     );
+    assert!(
+        text.contains("(2 failed; 1 restart(s) without the queue, 1 requeue(s))"),
+        "{text}"
+    );
     // The timeline tells the story, Slurm's queue included.
     let text = String::from_utf8_lossy(
         &Command::new(env!("CARGO_BIN_EXE_resilio"))
