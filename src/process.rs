@@ -199,8 +199,41 @@ pub fn all_processes() -> Vec<ProcInfo> {
         .collect()
 }
 
+/// The direct children of `pid`, from `/proc/PID/task/*/children` (a few
+/// small reads instead of a walk of every process on the machine); `None`
+/// where the kernel does not provide those files.
+pub fn children_of(pid: i32) -> Option<Vec<i32>> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut out = Vec::new();
+    let mut any = false;
+    for t in tasks.flatten() {
+        let Ok(text) = std::fs::read_to_string(t.path().join("children")) else {
+            continue;
+        };
+        any = true;
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|x| x.parse::<i32>().ok()),
+        );
+    }
+    any.then_some(out)
+}
+
 /// All descendants of `root` (not `root` itself), parents before children.
 pub fn descendants(root: i32) -> Vec<ProcInfo> {
+    if children_of(root).is_some() {
+        let mut out = Vec::new();
+        let mut frontier = vec![root];
+        while let Some(parent) = frontier.pop() {
+            for c in children_of(parent).unwrap_or_default() {
+                if let Some(p) = read_stat(c) {
+                    frontier.push(p.pid);
+                    out.push(p);
+                }
+            }
+        }
+        return out;
+    }
     let procs = all_processes();
     let mut out: Vec<ProcInfo> = Vec::new();
     let mut frontier = vec![root];
@@ -218,6 +251,18 @@ pub fn descendants(root: i32) -> Vec<ProcInfo> {
 pub fn reap_orphans(main: Pid, skip: &[i32]) -> usize {
     let me = std::process::id() as i32;
     let mut n = 0;
+    if let Some(kids) = children_of(me) {
+        for pid in kids {
+            if pid != main.as_raw() && !skip.contains(&pid) {
+                if let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
+                    waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG))
+                {
+                    n += 1;
+                }
+            }
+        }
+        return n;
+    }
     for p in all_processes() {
         if p.ppid == me && p.state == 'Z' && p.pid != main.as_raw() && !skip.contains(&p.pid) {
             if let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
@@ -234,6 +279,13 @@ pub fn reap_orphans(main: Pid, skip: &[i32]) -> usize {
 /// once reaped; call [`reap_orphans`] first).
 pub fn live_children(skip: &[i32]) -> Vec<ProcInfo> {
     let me = std::process::id() as i32;
+    if let Some(kids) = children_of(me) {
+        return kids
+            .into_iter()
+            .filter(|pid| !skip.contains(pid))
+            .filter_map(read_stat)
+            .collect();
+    }
     all_processes()
         .into_iter()
         .filter(|p| p.ppid == me && !skip.contains(&p.pid))

@@ -128,6 +128,8 @@ pub struct StallPolicy {
     steps_seen: u64,
     /// The adaptive timeout, recomputed when an interval is learnt.
     adaptive: Option<Duration>,
+    /// Scratch space for the percentile (no allocation per step).
+    scratch: Vec<f64>,
 }
 
 impl StallPolicy {
@@ -145,6 +147,7 @@ impl StallPolicy {
             longest: 0.0,
             steps_seen: 0,
             adaptive: None,
+            scratch: Vec::new(),
         }
     }
 
@@ -234,14 +237,19 @@ impl StallPolicy {
         self.adaptive
     }
 
-    fn compute_adaptive(&self) -> Option<Duration> {
+    fn compute_adaptive(&mut self) -> Option<Duration> {
         if self.intervals.is_empty() {
             return None;
         }
-        let mut sorted: Vec<f64> = self.intervals.iter().copied().collect();
-        sorted.sort_by(|a, b| a.total_cmp(b));
-        let rank = ((sorted.len() as f64) * self.cfg.adaptive_percentile).ceil() as usize;
-        let pct = sorted[rank.clamp(1, sorted.len()) - 1];
+        // The percentile by selection, not a sort: this runs on every step.
+        self.scratch.clear();
+        self.scratch.extend(self.intervals.iter().copied());
+        let n = self.scratch.len();
+        let rank = ((n as f64) * self.cfg.adaptive_percentile).ceil() as usize;
+        let (_, pct, _) = self
+            .scratch
+            .select_nth_unstable_by(rank.clamp(1, n) - 1, |a, b| a.total_cmp(b));
+        let pct = *pct;
         let secs = (self.cfg.adaptive_factor * pct)
             .max(2.0 * self.longest)
             .max(self.cfg.adaptive_floor.as_secs_f64());
