@@ -818,7 +818,7 @@ pub fn history_at_start(
     };
     let requested = crate::slurm::step::requested_nodes(argv);
     if let Some(k) = requested.filter(|_| crate::slurm::step::can_leave_out(argv)) {
-        if alloc_nodes.len() as u32 - names.len() as u32 >= k {
+        if (alloc_nodes.len() as u32).saturating_sub(names.len() as u32) >= k {
             for h in &here {
                 journal.record(
                     "node_excluded",
