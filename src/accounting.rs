@@ -165,9 +165,13 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         r.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(0) != 0
             && r.str("class") != Some("clean")
     };
+    // A requeue that Slurm refused leaves the attempt running: its
+    // decision did not end the attempt.
+    let requeue_refused = recs.iter().any(|r| r.kind == "requeue_failed");
     let failed = recs.iter().any(|r| r.kind == "failure")
         || recs.iter().any(|r| {
             r.kind == "decision"
+                && !requeue_refused
                 && r.get("decision")
                     .and_then(|d| d.get("action"))
                     .and_then(|a| a.as_str())
@@ -202,7 +206,7 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         || recs
             .iter()
             .any(|r| matches!(r.kind.as_str(), "job_end" | "decision" | "attempt_end"));
-    let requeued = recs.iter().any(|r| r.kind == "requeue");
+    let requeued = !requeue_refused && recs.iter().any(|r| r.kind == "requeue");
     let relaunched = recs.iter().any(|r| r.kind == "restart");
     Marks {
         attempt,
@@ -324,11 +328,35 @@ impl Track {
 
 /// Account for a job from its merged records (any order).
 pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
+    // Verdicts written later about an earlier attempt (the next start's
+    // reconciliation with Slurm) judge that attempt; their times do not
+    // belong to it.
     let mut by: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    let mut judged_later: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in records {
-        by.entry(r.attempt).or_default().push(r);
+        match r.u64("about_attempt").map(|a| a as u32) {
+            Some(about) if about != r.attempt => {
+                judged_later.entry(about).or_default().push(r);
+            }
+            _ => by.entry(r.attempt).or_default().push(r),
+        }
     }
-    let attempts: Vec<Marks> = by.iter().map(|(a, rs)| marks(*a, rs)).collect();
+    let attempts: Vec<Marks> = by
+        .iter()
+        .map(|(a, rs)| {
+            let mut m = marks(*a, rs);
+            let later = judged_later.get(a).map_or(&[][..], |v| v.as_slice());
+            m.failed |= later.iter().any(|r| {
+                r.kind == "failure"
+                    || (r.kind == "decision"
+                        && r.get("decision")
+                            .and_then(|d| d.get("action"))
+                            .and_then(|x| x.as_str())
+                            != Some("finish"))
+            });
+            m
+        })
+        .collect();
     let no_allocs = BTreeMap::new();
     let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
     let time_source = match slurm {
@@ -636,6 +664,84 @@ mod tests {
         assert!((acc.lost_s["startup"] - 2.0).abs() < 1e-6);
         assert!((acc.lost_s["after_last_step"] - 1.0).abs() < 1e-6);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_verdict_written_at_the_next_start_judges_the_attempt_it_is_about() {
+        // Attempt 0 dies with its node (no end recorded); attempt 1's start
+        // reconciles with Slurm and journals the failure and decision about
+        // attempt 0, then runs cleanly from step 1.
+        let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+        r.extend(steps(0, 1, 5, 1.0, 1.0)); // step 5 done at 6
+        r.push(rec(20.0, 1, "job_start", json!({})));
+        r.push(rec(
+            20.1,
+            1,
+            "failure",
+            json!({ "about_attempt": 0, "class": "infrastructure", "cause": "node failure" }),
+        ));
+        r.push(rec(
+            20.2,
+            1,
+            "decision",
+            json!({ "about_attempt": 0, "decision": { "action": "requeue" } }),
+        ));
+        r.push(rec(20.5, 1, "rank_start", json!({})));
+        r.extend(steps(1, 1, 5, 21.0, 1.0)); // step 5 done at 26
+        r.push(rec(
+            27.0,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        let a0 = &acc.by_attempt[&0];
+        let a1 = &acc.by_attempt[&1];
+        // Attempt 0 saved nothing: its steps are rework, not productive.
+        assert_eq!(
+            a0.get("productive").copied().unwrap_or(0.0),
+            0.0,
+            "{acc:#?}"
+        );
+        assert!((a0["rework"] - 5.0).abs() < 1e-6, "{acc:#?}");
+        // Attempt 1 is a clean run: five productive seconds, no rework.
+        assert!((a1["productive"] - 5.0).abs() < 1e-6, "{acc:#?}");
+        assert_eq!(a1.get("rework").copied().unwrap_or(0.0), 0.0, "{acc:#?}");
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_requeue_slurm_refused_does_not_end_the_attempt() {
+        // The node history asked for a requeue at start; Slurm refused it and
+        // the run went ahead in the same attempt.
+        let mut r = vec![
+            rec(0.0, 0, "job_start", json!({})),
+            rec(
+                0.1,
+                0,
+                "decision",
+                json!({ "decision": { "action": "requeue" }, "outcome": { "class": "clean" } }),
+            ),
+            rec(0.2, 0, "requeue", json!({ "by": "node_history" })),
+            rec(
+                0.3,
+                0,
+                "requeue_failed",
+                json!({ "error": "not permitted" }),
+            ),
+            rec(0.5, 0, "rank_start", json!({})),
+        ];
+        r.extend(steps(0, 1, 10, 1.0, 1.0));
+        r.push(rec(
+            12.0,
+            0,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        assert!((acc.productive_s - 10.0).abs() < 1e-6, "{acc:#?}");
+        assert_eq!(acc.lost_s["rework"], 0.0);
+        assert_eq!(acc.lost_s["teardown"], 0.0);
     }
 
     #[test]

@@ -762,7 +762,13 @@ pub fn after_attempt(
                 true,
             );
             eprintln!("resilio: requeueing job {job}: {reason}");
-            requeue(slurm, job, &exclude, step.exit_code, journal);
+            if !requeue(slurm, job, &exclude, journal) {
+                journal.record(
+                    "job_end",
+                    json!({ "exit_code": step.exit_code, "reason": "requeue failed" }),
+                    true,
+                );
+            }
         }
     }
     Next::Exit(step.exit_code)
@@ -882,12 +888,17 @@ pub fn history_at_start(
         true,
     );
     eprintln!("resilio: requeueing job {job}: {reason}");
-    requeue(slurm, job, &exclude, 0, journal);
-    AtStart::Requeued
+    if requeue(slurm, job, &exclude, journal) {
+        return AtStart::Requeued;
+    }
+    // The requeue was refused: the job runs where it is rather than not at all.
+    eprintln!("resilio: running job {job} on its allocation anyway");
+    AtStart::Run
 }
 
 /// `scontrol requeue`, then the exclusion while Slurm tears the job down.
-fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, journal: &mut Writer) {
+/// False when the job could not be requeued (said on stderr and journaled).
+fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], journal: &mut Writer) -> bool {
     let requeued = match slurm.requeue(job) {
         Ok(()) => Ok(()),
         // Slurm may have requeued the job itself (a node failure):
@@ -907,17 +918,12 @@ fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, jou
     if let Err(e) = requeued {
         eprintln!("resilio: requeue of job {job} failed: {e}");
         journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
-        journal.record(
-            "job_end",
-            json!({ "exit_code": exit_code, "reason": "requeue failed" }),
-            true,
-        );
-        return;
+        return false;
     }
     // The exclusion can only be set once the job is no longer running:
     // right after the requeue, while Slurm tears it down.
     if exclude.is_empty() {
-        return;
+        return true;
     }
     let mut last_err = None;
     for _ in 0..20 {
@@ -928,7 +934,7 @@ fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, jou
                     json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }),
                     true,
                 );
-                return;
+                return true;
             }
             Err(e) => {
                 last_err = Some(e);
@@ -943,6 +949,9 @@ fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], exit_code: i32, jou
         );
         journal.record("exclusion_failed", json!({ "error": e.to_string() }), true);
     }
+    // Requeued: the next attempt may land on the node again, which the
+    // journal says.
+    true
 }
 
 #[cfg(test)]
@@ -1185,6 +1194,45 @@ mod tests {
         let n = recs.len();
         reconcile_previous(&recs, "77", 1, &f, &mut w);
         assert_eq!(read(state.path()).len(), n);
+    }
+
+    #[test]
+    fn a_refused_requeue_for_the_node_history_runs_the_job_where_it_is() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        let mut w = Writer::open(&dir, "batch.jsonl", 0, None, Some("n1".into()));
+        let history = vec![crate::node_history::NodeHistory {
+            node: "n2".into(),
+            score: 3.0,
+            failures_by_class: Default::default(),
+            jobs: vec!["70".into()],
+            last_seen: chrono::Utc::now(),
+            events: Vec::new(),
+        }];
+        let nodes: Vec<String> = vec!["n1".into(), "n2".into()];
+        let argv: Vec<std::ffi::OsString> = vec!["python".into(), "train.py".into()];
+        // Requeueable, but Slurm refuses the requeue.
+        let f = fake(true);
+        f.fail("requeue", "Access/permission denied");
+        let at = history_at_start(&history, 1.0, "77", &nodes, &argv, &[], &f, &mut w);
+        assert_eq!(at, AtStart::Run);
+        assert!(
+            f.calls().iter().any(|c| c == "requeue 77"),
+            "{:?}",
+            f.calls()
+        );
+        let kinds: Vec<String> = journal::read_job(&dir)
+            .unwrap()
+            .records
+            .into_iter()
+            .map(|r| r.kind)
+            .collect();
+        assert!(kinds.contains(&"requeue_failed".to_string()), "{kinds:?}");
+        assert!(!kinds.contains(&"job_end".to_string()), "{kinds:?}");
+        // Granted, the job goes back to the queue and does not run here.
+        let f = fake(true);
+        let at = history_at_start(&history, 1.0, "77", &nodes, &argv, &[], &f, &mut w);
+        assert_eq!(at, AtStart::Requeued);
     }
 
     #[test]
