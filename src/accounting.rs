@@ -577,13 +577,30 @@ pub fn from_show_job(info: &crate::slurm::JobInfo) -> Option<SlurmTimes> {
         info.restarts,
         Allocation {
             start,
-            end: slurm_time(&info.end_time).filter(|e| *e >= start),
+            // A live job's EndTime is its time limit, a projection.
+            end: slurm_time(&info.end_time)
+                .filter(|e| *e >= start && *e <= Utc::now())
+                .filter(|_| !still_running(&info.state)),
         },
     );
     Some(SlurmTimes {
         source: "scontrol".into(),
         allocations,
     })
+}
+
+/// A job state whose EndTime is not yet an end.
+fn still_running(state: &str) -> bool {
+    [
+        "RUNNING",
+        "PENDING",
+        "SUSPENDED",
+        "CONFIGURING",
+        "REQUEUE",
+        "RESIZING",
+    ]
+    .iter()
+    .any(|s| state.starts_with(s))
 }
 
 /// Slurm's times for a job that ran under Slurm: `sacct -D` where
@@ -883,6 +900,29 @@ mod tests {
         );
         assert!((acc.lost_s["queue_wait"] - 2.0).abs() < 1e-6);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_running_jobs_projected_end_is_not_its_end() {
+        let fmt = |t: DateTime<Utc>| {
+            t.with_timezone(&chrono::Local)
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string()
+        };
+        let now = Utc::now();
+        let mut info = crate::slurm::JobInfo {
+            state: "RUNNING".into(),
+            start_time: fmt(now - chrono::Duration::seconds(60)),
+            end_time: fmt(now + chrono::Duration::seconds(3600)),
+            ..Default::default()
+        };
+        let t = from_show_job(&info).unwrap();
+        assert_eq!(t.allocations[&0].end, None);
+        // Even a past EndTime is not an end while the job runs.
+        info.end_time = fmt(now - chrono::Duration::seconds(10));
+        assert_eq!(from_show_job(&info).unwrap().allocations[&0].end, None);
+        info.state = "COMPLETED".into();
+        assert!(from_show_job(&info).unwrap().allocations[&0].end.is_some());
     }
 
     #[test]
