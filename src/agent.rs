@@ -55,10 +55,10 @@ enum StopReason {
     Coordinator,
 }
 
-/// Supervise one rank. Returns the exit code for resilio; an `Err` only
-/// when the trainer could not be started.
 use crate::supervisor::Next;
 
+/// Supervise one rank. Returns the exit code for resilio; an `Err` only
+/// when the trainer could not be started.
 pub fn run(opts: RunOptions) -> Result<i32> {
     let next = runtime()?.block_on(run_async(opts))?;
     match next {
@@ -1229,7 +1229,14 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             crate::policy::restart::Allocation {
                 nodes: slurm.job_nodes.clone(),
                 excluded: step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default(),
-                step_nodes: 0,
+                // The step's size as launched (the journal's count of nodes
+                // that started a rank can miss a node that died early).
+                step_nodes: step_out
+                    .as_ref()
+                    .map(|o| o.1)
+                    .filter(|n| *n > 0)
+                    .or_else(|| crate::slurm::step::requested_nodes(&opts.argv))
+                    .unwrap_or(0),
                 can_exclude: crate::slurm::step::can_leave_out(&opts.argv),
             }
         });

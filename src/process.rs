@@ -221,11 +221,13 @@ pub fn children_of(pid: i32) -> Option<Vec<i32>> {
 
 /// All descendants of `root` (not `root` itself), parents before children.
 pub fn descendants(root: i32) -> Vec<ProcInfo> {
-    if children_of(root).is_some() {
+    if let Some(first) = children_of(root) {
         let mut out = Vec::new();
         let mut frontier = vec![root];
+        let mut known = Some(first);
         while let Some(parent) = frontier.pop() {
-            for c in children_of(parent).unwrap_or_default() {
+            let kids = known.take().or_else(|| children_of(parent));
+            for c in kids.unwrap_or_default() {
                 if let Some(p) = read_stat(c) {
                     frontier.push(p.pid);
                     out.push(p);

@@ -649,8 +649,8 @@ fn step_nodes(records: &[Record], attempt: u32) -> u32 {
 }
 
 /// Judge, decide, journal, act. `alloc` is the allocation the step can be
-/// relaunched in (`None`: only requeues); its `step_nodes` is filled in
-/// from the journal.
+/// relaunched in (`None`: only requeues); its `step_nodes`, when not known
+/// from the command line, is counted from the journal.
 #[allow(clippy::too_many_arguments)]
 pub fn after_attempt(
     state_dir: &Path,
@@ -673,7 +673,11 @@ pub fn after_attempt(
         }
     };
     let alloc = alloc.map(|a| Allocation {
-        step_nodes: step_nodes(&records, attempt),
+        step_nodes: if a.step_nodes > 0 {
+            a.step_nodes
+        } else {
+            step_nodes(&records, attempt)
+        },
         ..a
     });
     let Some(d) = decide_attempt(

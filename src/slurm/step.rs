@@ -76,8 +76,57 @@ fn pins_nodes(arg: &OsStr) -> bool {
         || a.starts_with("--nodefile=")
         || a == "--nodelist"
         || a.starts_with("--nodelist=")
-        || a == "-w"
         || (a.starts_with("-w") && !a.starts_with("--"))
+}
+
+/// Where srun's own options end: at `--`, or at the first argument naming
+/// `resilio` or a Python interpreter (the command srun runs).
+fn srun_options(argv: &[OsString]) -> std::ops::Range<usize> {
+    let end = argv
+        .iter()
+        .enumerate()
+        .skip(1)
+        .find(|(_, a)| {
+            let a = a.to_string_lossy();
+            let base = a.rsplit('/').next().unwrap_or(&a).to_string();
+            a == "--" || base == "resilio" || base.starts_with("python")
+        })
+        .map_or(argv.len(), |(i, _)| i);
+    1..end.max(1)
+}
+
+/// The user's own `-x/--exclude` on the srun line: the argument indices it
+/// takes and the nodes it names (`Err` when it names a file, which cannot
+/// be merged with ours).
+fn user_exclude(argv: &[OsString]) -> Result<(Vec<usize>, Vec<String>), String> {
+    let mut at = Vec::new();
+    let mut nodes = Vec::new();
+    let range = srun_options(argv);
+    let mut i = range.start;
+    while i < range.end {
+        let a = argv[i].to_string_lossy();
+        let value = if a == "-x" || a == "--exclude" {
+            at.extend([i, i + 1]);
+            i += 1;
+            argv.get(i).map(|v| v.to_string_lossy().to_string())
+        } else if let Some(v) = a.strip_prefix("--exclude=") {
+            at.push(i);
+            Some(v.to_string())
+        } else if let Some(v) = a.strip_prefix("-x").filter(|_| !a.starts_with("--")) {
+            at.push(i);
+            Some(v.to_string())
+        } else {
+            None
+        };
+        if let Some(v) = value {
+            if v.contains('/') {
+                return Err(format!("srun --exclude names a file ({v})"));
+            }
+            nodes.extend(super::hostlist::expand(&v)?);
+        }
+        i += 1;
+    }
+    Ok((at, nodes))
 }
 
 /// The node count an `srun` line asks for (`-N K`, `-NK`, `--nodes=K`,
@@ -88,13 +137,9 @@ pub fn requested_nodes(argv: &[OsString]) -> Option<u32> {
     if !is_srun(argv) {
         return None;
     }
-    let mut it = argv[1..].iter().map(|a| a.to_string_lossy());
+    let mut it = argv[srun_options(argv)].iter().map(|a| a.to_string_lossy());
     let mut found = None;
     while let Some(a) = it.next() {
-        let base = a.rsplit('/').next().unwrap_or(&a).to_string();
-        if a == "--" || base == "resilio" || base.starts_with("python") {
-            break;
-        }
         let value = if a == "-N" || a == "--nodes" {
             it.next().map(|v| v.to_string())
         } else if let Some(v) = a.strip_prefix("--nodes=") {
@@ -111,27 +156,43 @@ pub fn requested_nodes(argv: &[OsString]) -> Option<u32> {
 
 /// Whether the step command can be told to leave nodes out.
 pub fn can_leave_out(argv: &[OsString]) -> bool {
-    is_srun(argv) && !argv[1..].iter().any(|a| pins_nodes(a))
+    is_srun(argv) && !argv[1..].iter().any(|a| pins_nodes(a)) && user_exclude(argv).is_ok()
 }
 
-/// `srun --exclude=... --nodes=K <the user's options and command>`; the
-/// user's own later options still win where they repeat ours. `None` when
+/// `srun --exclude=... --nodes=K <the user's options and command>`. The
+/// user's own `--exclude` is merged into ours (srun keeps only the last);
+/// other options of theirs still win where they repeat ours. With nothing
+/// to leave out, the command is run as it is (a node count means nothing
+/// to a command that is not srun). `None` when nodes must be left out and
 /// the command is not such an srun.
 pub fn leave_out(argv: &[OsString], exclude: &[String], nodes: u32) -> Option<Vec<OsString>> {
-    if exclude.is_empty() && nodes == 0 {
+    if exclude.is_empty() && (nodes == 0 || !can_leave_out(argv)) {
         return Some(argv.to_vec());
     }
     if !can_leave_out(argv) {
         return None;
     }
+    let (theirs_at, theirs) = user_exclude(argv).ok()?;
+    let mut all: Vec<String> = theirs;
+    for n in exclude {
+        if !all.contains(n) {
+            all.push(n.clone());
+        }
+    }
     let mut out = vec![argv[0].clone()];
-    if !exclude.is_empty() {
-        out.push(format!("--exclude={}", super::hostlist::compress(exclude)).into());
+    if !all.is_empty() {
+        out.push(format!("--exclude={}", super::hostlist::compress(&all)).into());
     }
     if nodes > 0 {
         out.push(format!("--nodes={nodes}").into());
     }
-    out.extend(argv[1..].iter().cloned());
+    out.extend(
+        argv.iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(i, _)| !theirs_at.contains(i))
+            .map(|(_, a)| a.clone()),
+    );
     Some(out)
 }
 
@@ -175,6 +236,73 @@ mod tests {
             assert!(leave_out(&v(pinned), &["n2".into()], 2).is_none());
         }
         assert!(!can_leave_out(&v(&["bash", "train.sh"])));
+        // Nothing to leave out: a command that is not srun runs as it is.
+        let plain = v(&["bash", "train.sh"]);
+        assert_eq!(leave_out(&plain, &[], 3).unwrap(), plain);
+    }
+
+    #[test]
+    fn the_users_own_exclusion_is_kept() {
+        for theirs in [
+            &[
+                "srun", "-x", "n[7-8]", "-N", "2", "resilio", "run", "--", "x",
+            ][..],
+            &[
+                "srun",
+                "--exclude=n[7-8]",
+                "-N",
+                "2",
+                "resilio",
+                "run",
+                "--",
+                "x",
+            ],
+            &[
+                "srun",
+                "--exclude",
+                "n7,n8",
+                "-N",
+                "2",
+                "resilio",
+                "run",
+                "--",
+                "x",
+            ],
+            &["srun", "-xn[7-8]", "-N", "2", "resilio", "run", "--", "x"],
+        ] {
+            let out = leave_out(&v(theirs), &["n2".into(), "n7".into()], 2).unwrap();
+            assert_eq!(
+                out,
+                v(&[
+                    "srun",
+                    "--exclude=n[2,7-8]",
+                    "--nodes=2",
+                    "-N",
+                    "2",
+                    "resilio",
+                    "run",
+                    "--",
+                    "x"
+                ]),
+                "{theirs:?}"
+            );
+        }
+        // The trainer's own `-x` is not srun's.
+        let argv = v(&["srun", "resilio", "run", "--", "python3", "t.py", "-x", "3"]);
+        let out = leave_out(&argv, &["n2".into()], 0).unwrap();
+        assert_eq!(out[1], "--exclude=n2");
+        assert_eq!(&out[2..], &argv[1..]);
+        // A file of excluded nodes cannot be merged: no leaving out.
+        let file = v(&[
+            "srun",
+            "--exclude=/etc/bad-nodes",
+            "resilio",
+            "run",
+            "--",
+            "x",
+        ]);
+        assert!(!can_leave_out(&file));
+        assert!(leave_out(&file, &["n2".into()], 0).is_none());
     }
 
     #[test]
