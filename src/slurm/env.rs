@@ -149,14 +149,23 @@ impl SlurmContext {
     /// The rendezvous port for an attempt: derived from the job id so that
     /// every task of a step agrees without talking, and different for each
     /// attempt so a restart never reuses a port a dying attempt may hold.
+    ///
+    /// The range 20000..32000 stays below Linux's default ephemeral range
+    /// (32768-60999, `net.ipv4.ip_local_port_range`): a port in that range
+    /// may be held at any moment by some outgoing connection (an RPC to
+    /// slurmctld, an agent's heartbeat), and the trainer's `bind` would fail
+    /// with EADDRINUSE. Seen on the testbed before this was narrowed.
     pub fn master_port(job_id: &str, attempt: u32) -> u16 {
-        // FNV-1a over the job id and attempt, folded into 20000..=59999.
+        // FNV-1a over the job id picks the job's place in 20000..=31999;
+        // each attempt steps by a prime coprime with the range's width, so
+        // the attempts of one job never reuse a port before 12,000 restarts.
+        const WIDTH: u64 = 12_000;
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in job_id.bytes().chain(attempt.to_le_bytes()) {
+        for b in job_id.bytes() {
             h ^= b as u64;
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
-        (20000 + h % 40000) as u16
+        (20000 + (h % WIDTH + u64::from(attempt) * 7919) % WIDTH) as u16
     }
 
     /// The torchrun-compatible variables for the trainer, computed from the
@@ -275,7 +284,7 @@ mod tests {
         assert_eq!(env["NODE_RANK"], "2");
         assert_eq!(env["MASTER_ADDR"], "gpu001");
         let port: u16 = env["MASTER_PORT"].parse().unwrap();
-        assert!((20000..60000).contains(&port));
+        assert!((20000..32000).contains(&port));
         assert_ne!(
             c.torchrun_env(2)["MASTER_PORT"],
             env["MASTER_PORT"],
@@ -286,6 +295,23 @@ mod tests {
             env["MASTER_PORT"],
             "all tasks agree"
         );
+    }
+
+    #[test]
+    fn the_rendezvous_port_stays_out_of_the_ephemeral_range() {
+        for job in 1..2000u32 {
+            for attempt in 0..4 {
+                let p = SlurmContext::master_port(&job.to_string(), attempt);
+                assert!(
+                    (20000..32768).contains(&p),
+                    "job {job} attempt {attempt}: {p}"
+                );
+            }
+            let ports: std::collections::BTreeSet<u16> = (0..50)
+                .map(|a| SlurmContext::master_port(&job.to_string(), a))
+                .collect();
+            assert_eq!(ports.len(), 50, "job {job}: an attempt reused a port");
+        }
     }
 
     #[test]
