@@ -420,15 +420,14 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
                 if let Some(acted) = m.acted_at.filter(|_| m.failed) {
                     t.to(acted, "detection", a);
                 }
-                t.to(
-                    m.end,
-                    if m.failed {
-                        "teardown"
-                    } else {
-                        "after_last_step"
-                    },
-                    a,
-                );
+                let tail = if !m.end_recorded {
+                    "unexplained"
+                } else if m.failed {
+                    "teardown"
+                } else {
+                    "after_last_step"
+                };
+                t.to(m.end, tail, a);
             }
             Some((first_at, first_no)) => {
                 let began = m
@@ -899,6 +898,34 @@ mod tests {
             acc.segments
         );
         assert!((acc.lost_s["queue_wait"] - 2.0).abs() < 1e-6);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_attempt_killed_before_its_first_step_leaves_unexplained_time() {
+        // Attempt 0 hangs in startup: declared at 5.0, diagnostics until
+        // 7.0, then its supervisor is killed (no exit, no end recorded).
+        let mut r = vec![
+            rec(0.0, 0, "rank_start", json!({})),
+            rec(5.0, 0, "stall", json!({})),
+            rec(7.0, 0, "probe", json!({})),
+            rec(9.0, 1, "rank_start", json!({})),
+        ];
+        r.extend(steps(1, 1, 3, 9.0, 1.0));
+        r.push(rec(
+            12.5,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let acc = account(&r, None);
+        let b = |k: &str| acc.lost_s[k];
+        assert!((b("startup") - 5.0).abs() < 1e-6, "{:#?}", acc.segments);
+        assert!((b("unexplained") - 2.0).abs() < 1e-6, "{:#?}", acc.segments);
+        // Nothing recorded about a relaunch: the gap is taken for a requeue's.
+        assert!((b("queue_wait") - 2.0).abs() < 1e-6);
+        assert_eq!(b("teardown"), 0.0);
+        assert!((acc.productive_s - 3.0).abs() < 1e-6);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
     }
 
