@@ -245,12 +245,30 @@ pub fn fleet_rate(
         }
         rate.jobs += 1;
         rate.node_seconds += secs * nodes.len() as f64;
-        rate.failures += events_of(&job, &j.records)
-            .iter()
-            .filter(|(_, e)| e.class != "straggler" && weight(&e.class) > 0.0)
-            .count() as f64;
+        rate.failures += interruptions(&job, &j.records) as f64;
     }
     rate
+}
+
+/// How many attempts of a job a node fault ended: one per attempt however
+/// many nodes were blamed or records say so (the rank's failure, the
+/// job-wide judgment), so that the fleet's count is in the unit of the job's
+/// own failed attempts that it is pooled with. A verdict written at a later
+/// start (`about_attempt`) counts for the attempt it is about.
+pub fn interruptions(job: &str, records: &[Record]) -> usize {
+    let mut by_attempt: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
+    for r in records {
+        let about = r.u64("about_attempt").unwrap_or(u64::from(r.attempt));
+        by_attempt.entry(about).or_default().push(r.clone());
+    }
+    by_attempt
+        .values()
+        .filter(|recs| {
+            events_of(job, recs)
+                .iter()
+                .any(|(_, e)| e.class != "straggler" && weight(&e.class) > 0.0)
+        })
+        .count()
 }
 
 /// Where a history came from.
@@ -402,6 +420,62 @@ mod tests {
             node: Some(node.into()),
             data: data.as_object().cloned().unwrap(),
         }
+    }
+
+    #[test]
+    fn an_attempt_is_one_interruption_however_many_nodes_it_blames() {
+        let at = |attempt: u32, mut r: Record| {
+            r.attempt = attempt;
+            r
+        };
+        let recs = vec![
+            // Attempt 0: a hang judged on two nodes, and one node's own
+            // infrastructure failure: one interruption.
+            at(
+                0,
+                rec(
+                    "2026-11-01T00:00:00Z",
+                    "judgment",
+                    None,
+                    "n1",
+                    json!({"class": "hang", "blamed_nodes": ["n2", "n3"]}),
+                ),
+            ),
+            at(
+                0,
+                rec(
+                    "2026-11-01T00:00:01Z",
+                    "failure",
+                    Some(1),
+                    "n2",
+                    json!({"class": "infrastructure", "evidence": "Xid 79"}),
+                ),
+            ),
+            // Attempt 1: the user's own bug: no node fault.
+            at(
+                1,
+                rec(
+                    "2026-11-01T01:00:00Z",
+                    "failure",
+                    Some(0),
+                    "n1",
+                    json!({"class": "user_code", "evidence": "KeyError"}),
+                ),
+            ),
+            // Written at attempt 3's start about attempt 2: a node failure.
+            at(
+                3,
+                rec(
+                    "2026-11-01T02:00:00Z",
+                    "failure",
+                    None,
+                    "n1",
+                    json!({"class": "infrastructure", "failure_kind": "node_failure",
+                           "blamed_node": "n4", "about_attempt": 2}),
+                ),
+            ),
+        ];
+        assert_eq!(interruptions("7", &recs), 2);
     }
 
     #[test]
