@@ -257,6 +257,11 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     // batch-level one's), hosted here (batch level; rank 0 of a step nobody
     // else coordinates), or found from the job's files (the other ranks).
     let mut hosted: Option<Coordinator> = None;
+    let mut advice = cfg
+        .coordinator
+        .policy
+        .checkpoint_advised
+        .then(|| crate::coordinator::Advice::new(&cfg.state_dir, &id.job));
     let mut target: Option<Target> = None;
     if cfg.coordinator.enabled {
         let from_env = std::env::var(crate::coordinator::ENV_URL)
@@ -309,14 +314,10 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 });
             match started {
                 Ok(c) => {
-                    // `checkpoint_every = "advised"`: from the journal so far.
-                    if cfg.coordinator.policy.checkpoint_advised {
-                        let (every, why) = crate::report::advised_interval(&cfg.state_dir, &id.job);
-                        c.with_view(|v| {
-                            v.set_checkpoint_every(every, Instant::now());
-                            ((), Vec::new())
-                        });
-                        c.record("checkpoint_interval_advised", why, false);
+                    // `checkpoint_every = "advised"`: from the journal so
+                    // far, and again every few minutes (see the loop).
+                    if let Some(a) = advice.as_mut() {
+                        a.poll(&c, Instant::now());
                     }
                     if !batch_level {
                         target = Some(Target::Known {
@@ -903,6 +904,9 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             // Effects for a host: this agent tears nothing down itself (the
             // coordinator's stop reaches every rank), so they are only drained.
             while c.effects.try_recv().is_ok() {}
+            if let Some(a) = advice.as_mut() {
+                a.poll(c, Instant::now());
+            }
         }
         let now = Instant::now();
         // Woken long after the planned time: resilio itself was stopped

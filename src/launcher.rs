@@ -133,21 +133,17 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     let mut stopped_from_outside: Option<&'static str> = None;
     let mut ints = 0u32;
     let final_code;
+    let mut advice = cfg
+        .coordinator
+        .policy
+        .checkpoint_advised
+        .then(|| crate::coordinator::Advice::new(&cfg.state_dir, &job));
     loop {
-        // `checkpoint_every = "advised"`: Daly's interval from what this job
-        // (and the node history) measured so far, re-evaluated per attempt.
-        if let Some(c) = coordinator
-            .as_ref()
-            .filter(|_| cfg.coordinator.policy.checkpoint_advised)
-        {
-            let (every, why) = crate::report::advised_interval(&cfg.state_dir, &job);
-            c.with_view(|v| {
-                ((), {
-                    v.set_checkpoint_every(every, Instant::now());
-                    Vec::new()
-                })
-            });
-            c.record("checkpoint_interval_advised", why, false);
+        // `checkpoint_every = "advised"`: evaluated at each attempt's start
+        // and every few minutes while it runs.
+        if let (Some(c), Some(a)) = (&coordinator, advice.as_mut()) {
+            a.now();
+            a.poll(c, Instant::now());
         }
         let port = free_port();
         let started = Instant::now();
@@ -239,6 +235,9 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                         }
                     }
                 }
+            }
+            if let (Some(c), Some(a)) = (&coordinator, advice.as_mut()) {
+                a.poll(c, Instant::now());
             }
             if let Some(c) = &coordinator {
                 while let Ok(e) = c.effects.try_recv() {

@@ -188,6 +188,82 @@ impl Coordinator {
     }
 }
 
+/// `[coordinator] checkpoint_every = "advised"`: Daly's interval from what
+/// this job (and the node history) measured so far. Evaluated when the host
+/// starts an attempt and again every [`Advice::EVERY`] while it runs, so that
+/// a first attempt picks up advice once its first checkpoint has been timed
+/// rather than only after a restart. A revision is applied (and journaled as
+/// `checkpoint_interval_advised`) only when it differs by more than 5%.
+pub struct Advice {
+    state_dir: PathBuf,
+    job: String,
+    due: Option<Instant>,
+    /// What is in force: `None` before the first evaluation.
+    current: Option<Option<std::time::Duration>>,
+}
+
+impl Advice {
+    /// How often the journal is read again while an attempt runs.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+    pub fn new(state_dir: &Path, job: &str) -> Advice {
+        Advice {
+            state_dir: state_dir.to_path_buf(),
+            job: job.to_string(),
+            due: None,
+            current: None,
+        }
+    }
+
+    /// Evaluate at the next [`Advice::poll`] whatever the time (a new attempt).
+    pub fn now(&mut self) {
+        self.due = None;
+    }
+
+    /// Evaluate if due and apply the interval to the coordinator: at a new
+    /// attempt always (its schedule starts with the attempt), otherwise only
+    /// when the advice changed.
+    pub fn poll(&mut self, c: &Coordinator, now: Instant) {
+        let fresh = self.due.is_none();
+        if self.due.is_some_and(|t| now < t) {
+            return;
+        }
+        self.due = Some(now + Self::EVERY);
+        let (advised, why) = crate::report::advised_interval(&self.state_dir, &self.job);
+        let changed = self.current.is_none_or(|cur| revised(cur, advised));
+        let every = match self.current {
+            Some(cur) if !changed => cur,
+            _ => advised,
+        };
+        if !fresh && !changed {
+            return;
+        }
+        self.current = Some(every);
+        c.with_view(|v| {
+            if fresh {
+                v.set_checkpoint_every(None, now);
+            }
+            v.set_checkpoint_every(every, now);
+            ((), Vec::new())
+        });
+        if changed {
+            c.record("checkpoint_interval_advised", why, false);
+        }
+    }
+}
+
+/// Whether advice `new` differs enough from `old` to be applied.
+fn revised(old: Option<std::time::Duration>, new: Option<std::time::Duration>) -> bool {
+    match (old, new) {
+        (Some(a), Some(b)) => {
+            let (a, b) = (a.as_secs_f64(), b.as_secs_f64());
+            (a - b).abs() > 0.05 * a.max(b)
+        }
+        (None, None) => false,
+        _ => true,
+    }
+}
+
 impl Drop for Coordinator {
     fn drop(&mut self) {
         if let Some(s) = self.stop.take() {
@@ -253,4 +329,22 @@ pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
         .trim()
         .to_string();
     (!token.is_empty()).then_some((url, token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::revised;
+    use std::time::Duration;
+
+    #[test]
+    fn advice_is_revised_only_when_it_moves_by_more_than_five_percent() {
+        let s = |x: u64| Some(Duration::from_secs(x));
+        assert!(!revised(s(1000), s(1040)));
+        assert!(!revised(s(1040), s(1000)));
+        assert!(revised(s(1000), s(1100)));
+        assert!(revised(s(1100), s(1000)));
+        assert!(revised(None, s(600)));
+        assert!(revised(s(600), None));
+        assert!(!revised(None, None));
+    }
 }

@@ -212,11 +212,21 @@ impl JobView {
         });
     }
 
-    /// Set (or clear) the periodic checkpoint interval: the next periodic
-    /// checkpoint comes `every` from now.
+    /// Set (or clear) the periodic checkpoint interval. The first one comes
+    /// `every` from now; a changed interval keeps the schedule's anchor (the
+    /// last periodic checkpoint, or when the interval was first set), so a
+    /// revised advice does not postpone a checkpoint that is already due.
     pub fn set_checkpoint_every(&mut self, every: Option<Duration>, now: Instant) {
+        self.next_periodic = match (every, self.periodic_every, self.next_periodic) {
+            (Some(new), Some(old), Some(next)) => Some(
+                next.checked_sub(old)
+                    .map_or(now, |anchor| anchor + new)
+                    .max(now),
+            ),
+            (Some(new), ..) => Some(now + new),
+            (None, ..) => None,
+        };
         self.periodic_every = every;
-        self.next_periodic = every.map(|d| now + d);
     }
 
     /// Nodes flagged as stragglers in earlier attempts, from the journal
@@ -1083,6 +1093,28 @@ mod periodic_tests {
         assert!(v.pending.is_none());
         assert!(!at(&mut v, 7700, s + 1, Some(s)));
         assert!(at(&mut v, 7802, s + 2, Some(s)));
+        let s = v.pending.as_ref().unwrap().step;
+        assert!(!at(&mut v, 7803, s, Some(s)));
+        // Revised advice keeps the anchor (7802): 7802 + 600, not 7900 + 600.
+        v.set_checkpoint_every(
+            Some(Duration::from_secs(600)),
+            t + Duration::from_secs(7900),
+        );
+        assert!(!at(&mut v, 8401, s + 1, Some(s)));
+        assert!(at(&mut v, 8403, s + 2, Some(s)));
+        let s = v.pending.as_ref().unwrap().step;
+        assert!(!at(&mut v, 8404, s, Some(s)));
+        // A shorter interval that is already overdue fires at once.
+        v.set_checkpoint_every(
+            Some(Duration::from_secs(100)),
+            t + Duration::from_secs(8600),
+        );
+        assert!(at(&mut v, 8600, s + 1, Some(s)));
+        // Cleared: none any more.
+        let s = v.pending.as_ref().unwrap().step;
+        assert!(!at(&mut v, 8601, s, Some(s)));
+        v.set_checkpoint_every(None, t + Duration::from_secs(8602));
+        assert!(!at(&mut v, 20000, s + 1, Some(s)));
     }
 }
 
