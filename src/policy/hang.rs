@@ -4,6 +4,8 @@
 //! passes each rank's last progress and the evidence its agent gathered.
 //!
 //! Rules, in order:
+//! 0. *Alone*: the only rank left to judge (the others finished cleanly, or
+//!    the job has one rank) is blamed.
 //! 1. *Behind*: ranks whose last step is lower than the others' are blamed.
 //! 2. *Stopped first*: at the same step, ranks whose last progress is
 //!    earlier than every other rank's by more than the tolerance.
@@ -36,7 +38,7 @@ pub struct RankView {
 /// The judgment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HangVerdict {
-    /// behind | stopped_first | not_waiting | undetermined
+    /// alone | behind | stopped_first | not_waiting | undetermined
     pub rule: &'static str,
     pub blamed_ranks: Vec<u32>,
     pub blamed_nodes: Vec<String>,
@@ -63,6 +65,15 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64) -> HangVerdict {
     };
     if ranks.is_empty() {
         return verdict("undetermined", vec![], "no ranks reported".into());
+    }
+    if let [only] = ranks {
+        let reason = format!(
+            "rank {} stopped at step {} with no other rank still running to compare it with",
+            only.rank,
+            only.last_step
+                .map_or("none (never stepped)".into(), |s| s.to_string()),
+        );
+        return verdict("alone", vec![only], reason);
     }
     // A rank that never stepped is "behind" everyone that did.
     let key = |r: &RankView| r.last_step.map_or(0, |s| s + 1);
@@ -157,6 +168,15 @@ mod tests {
             exited: false,
             waiting_on_peer: waiting,
         }
+    }
+
+    #[test]
+    fn the_only_rank_left_is_blamed() {
+        let v = judge(&[view(3, Some(18), 5.0, None)], 0.5);
+        assert_eq!(v.rule, "alone");
+        assert_eq!(v.blamed_ranks, vec![3]);
+        assert_eq!(v.blamed_nodes, vec!["n1".to_string()]);
+        assert!(v.reason.contains("step 18"), "{}", v.reason);
     }
 
     #[test]
