@@ -24,8 +24,10 @@ pub const SYSTEM_CONFIG: &str = "/etc/resilio/resilio.toml";
 /// `global_step=120`, `global step 120`, `"step": 120` (torchtitan, nanoGPT,
 /// DeepSpeed, Lightning, HF), Megatron-LM/NeMo `iteration      120/  10000`,
 /// nanoGPT `iter 120:`, DeepSpeed pipeline `steps: 120`, fairseq
-/// `num_updates=120`, Composer `[batch=120/1000]`, and the unlabelled tqdm bar
-/// of the HF Trainer (`  5%|▌   | 120/2400 [`). Words glued to other
+/// `num_updates=120`, Composer `[batch=120/1000]`, the unlabelled tqdm bar
+/// of the HF Trainer (`  5%|▌   | 120/2400 [`), and PyTorch Lightning's
+/// training bar (`Epoch 2:  14%|█▍  | 100/704 [`, read as epoch × batches per
+/// epoch + batch, so it keeps growing across epochs). Words glued to other
 /// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
 /// prose and totals (`Total optimization steps = 1000`), and labelled bars
 /// (dataset preprocessing, checkpoint shard loading) do not match.
@@ -37,6 +39,7 @@ pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
     r#"|num_updates["']?[=\s:"']+(\d+)"#,
     r#"|\[batch=(\d+)/\d+\]"#,
     r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/\d+\s*\["#,
+    r#"|^epoch\s+(?P<epoch>\d+):\s+\d+%\|[^|\n]*\|\s*(?P<batch>\d+)/(?P<per_epoch>\d+)\s*\["#,
 );
 
 /// Default regex marking the start of a checkpoint save in plain output.

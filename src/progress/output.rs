@@ -90,10 +90,23 @@ impl Parser {
         }
     }
 
-    /// The step named by one match: group `step`, else the first group that
-    /// took part in the match, else the first run of digits in the whole match.
-    /// Returns the step and the offset of its digits.
+    /// The step named by one match: `epoch` × `per_epoch` + `batch` when
+    /// those three groups took part (a per-epoch counter made global), else
+    /// group `step`, else the first group that took part in the match, else
+    /// the first run of digits in the whole match. Returns the step and the
+    /// offset of its digits.
     fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize)> {
+        if let (Some(e), Some(b), Some(t)) = (
+            caps.name("epoch"),
+            caps.name("batch"),
+            caps.name("per_epoch"),
+        ) {
+            let num = |m: regex::bytes::Match<'_>| -> Option<u64> {
+                std::str::from_utf8(m.as_bytes()).ok()?.trim().parse().ok()
+            };
+            let step = num(e)?.checked_mul(num(t)?)?.checked_add(num(b)?)?;
+            return Some((step, e.start()));
+        }
         let m = caps
             .name("step")
             .or_else(|| caps.iter().skip(1).flatten().next())
