@@ -18,10 +18,11 @@ use std::time::Instant;
 
 /// Longest partial line carried between reads; longer lines are not scanned.
 const MAX_CARRY: usize = 16 * 1024;
-/// Read size.
+/// Read size, and the most passed on at a time.
 const CHUNK: usize = 256 * 1024;
-/// Pipe buffer asked for (fewer context switches under heavy output).
-const PIPE_SIZE: libc::c_int = 1024 * 1024;
+/// Pipe buffer asked for (fewer context switches under heavy output). As
+/// large as a chunk: larger measured slower (cache), see `benches/agent.rs`.
+const PIPE_SIZE: libc::c_int = CHUNK as libc::c_int;
 
 /// Pulls steps and phase markers out of output text.
 ///
@@ -409,6 +410,136 @@ pub fn write_all_fd(fd: RawFd, mut bytes: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
+fn is_fifo(fd: RawFd) -> bool {
+    // SAFETY: fstat into a zeroed stat buffer we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    (unsafe { libc::fstat(fd, &mut st) }) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
+}
+
+/// Retry a raw call on EINTR; `Err` carries the errno's error.
+fn retry(mut f: impl FnMut() -> isize) -> std::io::Result<usize> {
+    loop {
+        let n = f();
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// The zero-copy pass-through used when both ends are pipes: `tee(2)`
+/// duplicates what the trainer wrote into a private scan pipe (page
+/// references, no copy), the scan pipe's copy is read for the parser and the
+/// tail, and `splice(2)` moves the original on to our output. One copy
+/// through user space instead of two (read, then write), which is what keeps
+/// a heavy stream within reach of `cat`.
+struct ZeroCopy {
+    scan_r: std::os::fd::OwnedFd,
+    scan_w: std::os::fd::OwnedFd,
+    /// Bytes dropped once our output is gone, or copied when splice is refused.
+    scratch: Vec<u8>,
+    splice_ok: bool,
+}
+
+impl ZeroCopy {
+    /// Only between two pipes, with a scan pipe that holds a whole chunk.
+    fn new(src: RawFd, dst: RawFd) -> Option<ZeroCopy> {
+        if !is_fifo(src) || !is_fifo(dst) {
+            return None;
+        }
+        let (scan_r, scan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
+        // SAFETY: fcntl on a pipe we own.
+        let size = unsafe { libc::fcntl(scan_w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+        (size >= CHUNK as libc::c_int).then(|| ZeroCopy {
+            scan_r,
+            scan_w,
+            scratch: Vec::new(),
+            splice_ok: true,
+        })
+    }
+
+    /// One round: wait for output, hand its bytes to `scan`, pass them on.
+    /// `Ok(false)` at end of stream; `out_ok` turns false once our output is
+    /// gone (the rest is drained so the trainer never blocks).
+    fn round(
+        &mut self,
+        src: RawFd,
+        dst: RawFd,
+        buf: &mut [u8],
+        out_ok: &mut bool,
+        scan: &mut dyn FnMut(&[u8]),
+    ) -> std::io::Result<bool> {
+        let scan_w = self.scan_w.as_raw_fd();
+        let scan_r = self.scan_r.as_raw_fd();
+        // SAFETY (all calls below): tee/splice/read/write on fds we hold,
+        // with lengths within `buf` and `scratch`.
+        let n = retry(|| unsafe { libc::tee(src, scan_w, buf.len(), 0) })?;
+        if n == 0 {
+            return Ok(false);
+        }
+        // Progress first: a slow reader of our output must not delay it.
+        let mut got = 0;
+        while got < n {
+            let m =
+                retry(|| unsafe { libc::read(scan_r, buf[got..n].as_mut_ptr().cast(), n - got) })?;
+            if m == 0 {
+                break;
+            }
+            got += m;
+        }
+        scan(&buf[..got]);
+        let mut left = n;
+        while left > 0 {
+            if *out_ok && self.splice_ok {
+                let r = retry(|| unsafe {
+                    libc::splice(
+                        src,
+                        std::ptr::null_mut(),
+                        dst,
+                        std::ptr::null_mut(),
+                        left,
+                        libc::SPLICE_F_MOVE,
+                    )
+                });
+                match r {
+                    Ok(m) => left -= m,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        // A non-blocking output inherited from a parent.
+                        let mut pfd = libc::pollfd {
+                            fd: dst,
+                            events: libc::POLLOUT,
+                            revents: 0,
+                        };
+                        unsafe { libc::poll(&mut pfd, 1, 1000) };
+                    }
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
+                        self.splice_ok = false;
+                    }
+                    Err(_) => *out_ok = false,
+                }
+                continue;
+            }
+            // Take the bytes out of the trainer's pipe; write them ourselves
+            // when splice was refused and our output is still there.
+            self.scratch.resize(left.min(CHUNK), 0);
+            let m = retry(|| unsafe {
+                libc::read(src, self.scratch.as_mut_ptr().cast(), self.scratch.len())
+            })?;
+            if m == 0 {
+                return Ok(false);
+            }
+            if *out_ok && write_all_fd(dst, &self.scratch[..m]).is_err() {
+                *out_ok = false;
+            }
+            left -= m;
+        }
+        Ok(true)
+    }
+}
+
 /// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
 /// keep the tail, report marks on `tx`. The thread ends at end of stream.
 pub fn spawn_pump(
@@ -445,6 +576,34 @@ pub fn spawn_pump(
             // mode): write whole lines only, so that ranks' lines do not cut
             // into each other; a partial line waits at most 100 ms.
             let mut carry: Vec<u8> = Vec::new();
+            if let Some(mut zc) = (!line_atomic)
+                .then(|| ZeroCopy::new(pipe.as_raw_fd(), dst_fd))
+                .flatten()
+            {
+                let mut scan = |bytes: &[u8]| {
+                    let marks = scanner.feed(&parser, bytes);
+                    if !marks.is_empty() {
+                        send(marks);
+                    }
+                    tail.push(bytes);
+                };
+                // An error (none expected) falls back to plain reads and
+                // writes below: the trainer's output must keep flowing.
+                let ended = loop {
+                    match zc.round(pipe.as_raw_fd(), dst_fd, &mut buf, &mut out_ok, &mut scan) {
+                        Ok(true) => {}
+                        Ok(false) => break true,
+                        Err(_) => break false,
+                    }
+                };
+                if ended {
+                    let marks = scanner.finish(&parser);
+                    if !marks.is_empty() {
+                        send(marks);
+                    }
+                    return;
+                }
+            }
             loop {
                 if line_atomic && !carry.is_empty() {
                     let mut pfd = libc::pollfd {

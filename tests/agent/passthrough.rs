@@ -45,6 +45,84 @@ fn binary_output_passes_through_byte_for_byte_on_both_streams() {
     assert_eq!(o.stdout, b"out\n");
 }
 
+/// Slurm opens the output file with O_APPEND (`--open-mode=append`): the
+/// pass-through cannot splice into it and must copy, exactly, after what
+/// the file already held.
+#[test]
+fn binary_output_appended_to_a_file_is_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random_bytes(2 * 1024 * 1024 + 123);
+    let src = dir.path().join("blob");
+    std::fs::write(&src, &data).unwrap();
+    let out = dir.path().join("job.out");
+    std::fs::write(&out, b"earlier attempt\n").unwrap();
+    let file = std::fs::OpenOptions::new().append(true).open(&out).unwrap();
+    let status = resilio_run(dir.path(), "append")
+        .args(["--", "cat", src.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let got = std::fs::read(&out).unwrap();
+    let mut want = b"earlier attempt\n".to_vec();
+    want.extend_from_slice(&data);
+    assert!(
+        got == want,
+        "file differs ({} vs {} bytes)",
+        got.len(),
+        want.len()
+    );
+}
+
+/// An output pipe left non-blocking by a parent: a slow reader is waited
+/// for (EAGAIN), nothing is lost or duplicated.
+#[test]
+fn a_non_blocking_output_pipe_with_a_slow_reader_loses_nothing() {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let dir = tempfile::tempdir().unwrap();
+    let data = pseudo_random_bytes(3 * 1024 * 1024);
+    let src = dir.path().join("blob");
+    std::fs::write(&src, &data).unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    fcntl(&w, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).unwrap();
+    let mut child = resilio_run(dir.path(), "nonblock")
+        .args(["--", "cat", src.to_str().unwrap()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(w))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut f = std::fs::File::from(r);
+        // Let resilio fill the pipe and meet EAGAIN first.
+        std::thread::sleep(Duration::from_millis(500));
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        got
+    });
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let got = reader.join().unwrap();
+    assert!(
+        got == data,
+        "output differs ({} vs {} bytes)",
+        got.len(),
+        data.len()
+    );
+}
+
 #[test]
 fn a_partial_line_is_not_held_back() {
     let dir = tempfile::tempdir().unwrap();
