@@ -72,7 +72,7 @@ struct RunArgs {
     /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
     #[arg(long, value_name = "SIG")]
     dump_signal: Option<String>,
-    /// Requeues allowed after failures, in a batch script (default 3)
+    /// Restarts allowed after failures: in place (--ntasks), inside the allocation, or by requeue (default 3)
     #[arg(long, value_name = "N")]
     max_restarts: Option<u32>,
     /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)

@@ -156,7 +156,8 @@ pub struct Config {
     pub state_dir: PathBuf,
     /// Time between SIGTERM and SIGKILL when stopping the trainer.
     pub kill_grace: Duration,
-    /// Requeues allowed after failures (time-limit requeues do not count).
+    /// Restarts allowed after failures, in place, inside the allocation or by
+    /// requeue (time-limit requeues do not count).
     pub max_restarts: u32,
     /// In a batch script, relaunch a failed step inside the allocation
     /// (leaving blamed nodes out when spare nodes exist) before requeueing.
