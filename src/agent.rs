@@ -681,6 +681,9 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     // process of the step, the trainer included: forwarding would double them.
     let slurm_delivers = slurm.in_step() && !cfg.slurm_forward_signals;
     let mut pre_timeout_done = false;
+    // The journal is read for the ranks' checkpoint_done at most once a
+    // second (the loop may wake far more often, on every output line).
+    let mut next_done_check = Instant::now();
     let mut pre_timeout_coordinated = false;
     let child_is_srun = opts
         .argv
@@ -978,7 +981,10 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             }
         }
         if batch_level && main_exit.is_none() && !pre_timeout_done {
-            if let Some((_, asked_wall, deadline)) = pre_timeout {
+            if let Some((_, asked_wall, deadline)) =
+                pre_timeout.filter(|p| now >= next_done_check || now >= p.2)
+            {
+                next_done_check = now + Duration::from_secs(1);
                 let done = journal::read_job(&job_dir).ok().and_then(|j| {
                     j.records
                         .iter()
