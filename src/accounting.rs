@@ -46,6 +46,42 @@ pub const BUCKETS: [&str; 11] = [
     "unexplained",
 ];
 
+/// How far the journal may reach outside Slurm's allocation times (their
+/// one-second resolution, clocks of the nodes against the controller's).
+const SLURM_SLACK_S: i64 = 120;
+
+/// The first allocation Slurm's records place where the journal says the
+/// job was not: the journal's attempts in it begin before it started or end
+/// after it ended, by more than [`SLURM_SLACK_S`].
+fn mismatched_allocation(attempts: &[Marks], allocs: &BTreeMap<u32, Allocation>) -> Option<String> {
+    let slack = chrono::Duration::seconds(SLURM_SLACK_S);
+    for m in attempts {
+        let Some(a) = allocs.get(&m.allocation.unwrap_or(m.attempt)) else {
+            continue;
+        };
+        let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
+        if m.start + slack < a.start {
+            return Some(format!(
+                "attempt {} began at {} before its allocation started at {}; job id reused?",
+                m.attempt,
+                fmt(m.start),
+                fmt(a.start)
+            ));
+        }
+        if let Some(e) = a.end {
+            if m.end > e + slack {
+                return Some(format!(
+                    "attempt {} ran until {} after its allocation ended at {}; job id reused?",
+                    m.attempt,
+                    fmt(m.end),
+                    fmt(e)
+                ));
+            }
+        }
+    }
+    None
+}
+
 /// One allocation of the job as Slurm recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Allocation {
@@ -358,11 +394,16 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
         })
         .collect();
     let no_allocs = BTreeMap::new();
+    // Slurm's records must agree with the journal: a job id reused (a
+    // controller whose state was reset) names somebody else's allocation.
+    let mismatch = slurm.and_then(|s| mismatched_allocation(&attempts, &s.allocations));
+    let slurm = slurm.filter(|_| mismatch.is_none());
     let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
-    let time_source = match slurm {
-        Some(s) if !s.allocations.is_empty() => {
+    let time_source = match (slurm, &mismatch) {
+        (Some(s), _) if !s.allocations.is_empty() => {
             format!("{} (allocation start and end) and the journal", s.source)
         }
+        (_, Some(why)) => format!("journal (Slurm's records were not used: {why})"),
         _ => "journal".to_string(),
     };
     let empty = Accounting {
@@ -927,6 +968,54 @@ mod tests {
         assert_eq!(b("teardown"), 0.0);
         assert!((acc.productive_s - 3.0).abs() < 1e-6);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn slurm_records_of_a_reused_job_id_are_not_used() {
+        let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+        r.extend(steps(0, 1, 4, 0.0, 1.0));
+        r.push(rec(
+            4.5,
+            0,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        // The allocation Slurm now has under this id began two hours later.
+        let later = SlurmTimes {
+            source: "sacct".into(),
+            allocations: [(
+                0,
+                Allocation {
+                    start: "2026-11-22T02:00:00Z".parse().unwrap(),
+                    end: Some("2026-11-22T02:00:30Z".parse().unwrap()),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let acc = account(&r, Some(&later));
+        assert!((acc.wall_s - 4.5).abs() < 1e-6, "{}", acc.wall_s);
+        assert!(
+            acc.time_source.contains("job id reused"),
+            "{}",
+            acc.time_source
+        );
+        // An allocation that holds the journal (within the slack) is used.
+        let own = SlurmTimes {
+            source: "sacct".into(),
+            allocations: [(
+                0,
+                Allocation {
+                    start: "2026-11-21T23:59:59Z".parse().unwrap(),
+                    end: Some("2026-11-22T00:00:06Z".parse().unwrap()),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let acc = account(&r, Some(&own));
+        assert!((acc.wall_s - 7.0).abs() < 1e-6, "{}", acc.wall_s);
+        assert!(acc.time_source.starts_with("sacct"), "{}", acc.time_source);
     }
 
     #[test]
