@@ -156,7 +156,9 @@ pub fn requested_nodes(argv: &[OsString]) -> Option<u32> {
 
 /// Whether the step command can be told to leave nodes out.
 pub fn can_leave_out(argv: &[OsString]) -> bool {
-    is_srun(argv) && !argv[1..].iter().any(|a| pins_nodes(a)) && user_exclude(argv).is_ok()
+    is_srun(argv)
+        && !argv[srun_options(argv)].iter().any(|a| pins_nodes(a))
+        && user_exclude(argv).is_ok()
 }
 
 /// `srun --exclude=... --nodes=K <the user's options and command>`. The
@@ -287,6 +289,11 @@ mod tests {
                 "{theirs:?}"
             );
         }
+        // The trainer's own `-w`/`--nodelist` do not pin srun's nodes.
+        let argv = v(&[
+            "srun", "resilio", "run", "--", "python3", "t.py", "-warmup", "5",
+        ]);
+        assert!(can_leave_out(&argv));
         // The trainer's own `-x` is not srun's.
         let argv = v(&["srun", "resilio", "run", "--", "python3", "t.py", "-x", "3"]);
         let out = leave_out(&argv, &["n2".into()], 0).unwrap();
