@@ -446,7 +446,6 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             &mut journal,
         );
     }
-    drop(earlier);
     // The site health check, once per node (local rank 0), before the trainer.
     let checks_node = !batch_level && slurm.localid.unwrap_or(0) == 0;
     if checks_node {
@@ -494,9 +493,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         let cli = crate::slurm::SlurmCli::default();
         let (history, _) =
             crate::node_history::build(&cfg.state_dir, Utc::now(), cfg.nodes.half_life, Some(&cli));
-        let earlier = journal::read_job(&job_dir)
-            .map(|j| j.records)
-            .unwrap_or_default();
+        // `earlier`: the journal as this allocation found it (read once above).
         match crate::supervisor::history_at_start(
             &history,
             cfg.nodes.threshold,
@@ -519,6 +516,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             }
         }
     }
+    drop(earlier);
     let argv = match &step_out {
         Some((exclude, nodes)) => crate::slurm::step::leave_out(&opts.argv, exclude, *nodes)
             .unwrap_or_else(|| {
