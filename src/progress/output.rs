@@ -22,7 +22,7 @@ const MAX_CARRY: usize = 16 * 1024;
 const CHUNK: usize = 256 * 1024;
 /// Pipe buffer asked for (fewer context switches under heavy output). As
 /// large as a chunk: larger measured slower (cache), see `benches/agent.rs`.
-const PIPE_SIZE: libc::c_int = CHUNK as libc::c_int;
+const PIPE_SIZE: usize = CHUNK;
 
 /// Pulls steps and phase markers out of output text.
 ///
@@ -430,18 +430,39 @@ fn retry(mut f: impl FnMut() -> isize) -> std::io::Result<usize> {
     }
 }
 
+/// Grow a pipe's buffer to at least `size` bytes (never shrink it: on
+/// 64 KiB-page kernels the default is already larger). Returns the size.
+fn grow_pipe(fd: RawFd, size: usize) -> usize {
+    // SAFETY: fcntl on a pipe the caller holds.
+    let now = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
+    if now >= 0 && now as usize >= size {
+        return now as usize;
+    }
+    let got = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size as libc::c_int) };
+    if got >= 0 {
+        got as usize
+    } else {
+        now.max(0) as usize
+    }
+}
+
+/// Rounds smaller than this are written from the scan copy instead of
+/// spliced: a spliced buffer takes a whole slot of the output pipe however
+/// few bytes it holds, so a trainer printing a line at a time would fill a
+/// lagging reader's pipe after 16 lines (and stop progress scanning), where
+/// written lines share pages as before.
+const SPLICE_MIN: usize = 16 * 1024;
+
 /// The zero-copy pass-through used when both ends are pipes: `tee(2)`
 /// duplicates what the trainer wrote into a private scan pipe (page
 /// references, no copy), the scan pipe's copy is read for the parser and the
 /// tail, and `splice(2)` moves the original on to our output. One copy
 /// through user space instead of two (read, then write), which is what keeps
-/// a heavy stream within reach of `cat`.
+/// a heavy stream within reach of `cat`. Small rounds are written from the
+/// scan copy (see [`SPLICE_MIN`]).
 struct ZeroCopy {
     scan_r: std::os::fd::OwnedFd,
     scan_w: std::os::fd::OwnedFd,
-    /// Bytes dropped once our output is gone, or copied when splice is refused.
-    scratch: Vec<u8>,
-    splice_ok: bool,
 }
 
 impl ZeroCopy {
@@ -451,21 +472,17 @@ impl ZeroCopy {
             return None;
         }
         let (scan_r, scan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
-        // SAFETY: fcntl on a pipe we own.
-        let size = unsafe { libc::fcntl(scan_w.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
-        (size >= CHUNK as libc::c_int).then(|| ZeroCopy {
-            scan_r,
-            scan_w,
-            scratch: Vec::new(),
-            splice_ok: true,
-        })
+        (grow_pipe(scan_w.as_raw_fd(), CHUNK) >= CHUNK).then_some(ZeroCopy { scan_r, scan_w })
     }
 
     /// One round: wait for output, hand its bytes to `scan`, pass them on.
-    /// `Ok(false)` at end of stream; `out_ok` turns false once our output is
-    /// gone (the rest is drained so the trainer never blocks).
+    /// `Ok(true)` to go on; `Ok(false)` or an error hands the rest of the
+    /// stream to the plain read/write loop, which also tells a real end of
+    /// stream from an empty buffer (`tee` returns 0 for both) and drains
+    /// once our output is gone. Nothing is lost or passed on twice either way:
+    /// the trainer's pipe is only read after its bytes went out.
     fn round(
-        &mut self,
+        &self,
         src: RawFd,
         dst: RawFd,
         buf: &mut [u8],
@@ -474,8 +491,8 @@ impl ZeroCopy {
     ) -> std::io::Result<bool> {
         let scan_w = self.scan_w.as_raw_fd();
         let scan_r = self.scan_r.as_raw_fd();
-        // SAFETY (all calls below): tee/splice/read/write on fds we hold,
-        // with lengths within `buf` and `scratch`.
+        // SAFETY (every call below): tee/splice/read/poll on fds we hold,
+        // with lengths within `buf`.
         let n = retry(|| unsafe { libc::tee(src, scan_w, buf.len(), 0) })?;
         if n == 0 {
             return Ok(false);
@@ -486,14 +503,17 @@ impl ZeroCopy {
             let m =
                 retry(|| unsafe { libc::read(scan_r, buf[got..n].as_mut_ptr().cast(), n - got) })?;
             if m == 0 {
-                break;
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
             got += m;
         }
-        scan(&buf[..got]);
+        scan(&buf[..n]);
+        if !*out_ok {
+            return Ok(false);
+        }
         let mut left = n;
-        while left > 0 {
-            if *out_ok && self.splice_ok {
+        if n >= SPLICE_MIN {
+            while left > 0 {
                 let r = retry(|| unsafe {
                     libc::splice(
                         src,
@@ -501,7 +521,7 @@ impl ZeroCopy {
                         dst,
                         std::ptr::null_mut(),
                         left,
-                        libc::SPLICE_F_MOVE,
+                        0,
                     )
                 });
                 match r {
@@ -515,28 +535,34 @@ impl ZeroCopy {
                         };
                         unsafe { libc::poll(&mut pfd, 1, 1000) };
                     }
+                    // Refused (EINVAL, ENOSYS): the rest is written below.
                     Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
-                        self.splice_ok = false;
+                        break;
                     }
-                    Err(_) => *out_ok = false,
+                    Err(_) => {
+                        *out_ok = false;
+                        break;
+                    }
                 }
-                continue;
             }
-            // Take the bytes out of the trainer's pipe; write them ourselves
-            // when splice was refused and our output is still there.
-            self.scratch.resize(left.min(CHUNK), 0);
-            let m = retry(|| unsafe {
-                libc::read(src, self.scratch.as_mut_ptr().cast(), self.scratch.len())
-            })?;
-            if m == 0 {
-                return Ok(false);
-            }
-            if *out_ok && write_all_fd(dst, &self.scratch[..m]).is_err() {
+        }
+        if left > 0 {
+            // Small rounds, or what splice would not take: written from the
+            // scan copy, then taken out of the trainer's pipe.
+            if *out_ok && write_all_fd(dst, &buf[n - left..n]).is_err() {
                 *out_ok = false;
             }
-            left -= m;
+            let mut dropped = 0;
+            while dropped < left {
+                let m =
+                    retry(|| unsafe { libc::read(src, buf.as_mut_ptr().cast(), left - dropped) })?;
+                if m == 0 {
+                    return Ok(false);
+                }
+                dropped += m;
+            }
         }
-        Ok(true)
+        Ok(*out_ok)
     }
 }
 
@@ -554,8 +580,8 @@ pub fn spawn_pump(
     std::thread::Builder::new()
         .name(format!("pump-{}", source.name()))
         .spawn(move || {
-            // SAFETY: fcntl on an fd we own; failure just keeps the default size.
-            unsafe { libc::fcntl(pipe.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_SIZE) };
+            // Failure just keeps the default size.
+            grow_pipe(pipe.as_raw_fd(), PIPE_SIZE);
             let mut buf = vec![0u8; CHUNK];
             let mut scanner = LineScanner::default();
             let mut out_ok = true;
@@ -576,7 +602,7 @@ pub fn spawn_pump(
             // mode): write whole lines only, so that ranks' lines do not cut
             // into each other; a partial line waits at most 100 ms.
             let mut carry: Vec<u8> = Vec::new();
-            if let Some(mut zc) = (!line_atomic)
+            if let Some(zc) = (!line_atomic)
                 .then(|| ZeroCopy::new(pipe.as_raw_fd(), dst_fd))
                 .flatten()
             {
@@ -587,21 +613,11 @@ pub fn spawn_pump(
                     }
                     tail.push(bytes);
                 };
-                // An error (none expected) falls back to plain reads and
-                // writes below: the trainer's output must keep flowing.
-                let ended = loop {
-                    match zc.round(pipe.as_raw_fd(), dst_fd, &mut buf, &mut out_ok, &mut scan) {
-                        Ok(true) => {}
-                        Ok(false) => break true,
-                        Err(_) => break false,
-                    }
-                };
-                if ended {
-                    let marks = scanner.finish(&parser);
-                    if !marks.is_empty() {
-                        send(marks);
-                    }
-                    return;
+                // Until the end of the stream, an error, or our output gone:
+                // then the plain loop below takes over.
+                while let Ok(true) =
+                    zc.round(pipe.as_raw_fd(), dst_fd, &mut buf, &mut out_ok, &mut scan)
+                {
                 }
             }
             loop {

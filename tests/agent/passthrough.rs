@@ -123,6 +123,42 @@ fn a_non_blocking_output_pipe_with_a_slow_reader_loses_nothing() {
     );
 }
 
+/// A reader of resilio's output that lags (a slow filesystem behind
+/// slurmstepd, a paused pager) must not stop progress from being seen while
+/// the pipe still has room: a trainer printing a line at a time is not
+/// taken for stalled.
+#[test]
+fn a_lagging_reader_of_line_by_line_output_is_no_stall() {
+    let dir = tempfile::tempdir().unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let child = resilio_run(dir.path(), "lag")
+        .args([
+            "--stall-timeout",
+            "1s",
+            "--",
+            "python3",
+            "-c",
+            "import os, time\nfor i in range(1, 41):\n    os.write(1, b'step %d\\n' % i); time.sleep(0.1)\n",
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(w))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 40 lines over 4 s; nobody reads the first 3 s (the pipe holds them all).
+    std::thread::sleep(Duration::from_secs(3));
+    let mut out = Vec::new();
+    std::fs::File::from(r).read_to_end(&mut out).unwrap();
+    let (o, _) = wait_output(child, Duration::from_secs(30));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(out.iter().filter(|b| **b == b'\n').count(), 40);
+}
+
 #[test]
 fn a_partial_line_is_not_held_back() {
     let dir = tempfile::tempdir().unwrap();
