@@ -456,7 +456,13 @@ impl JobView {
             .map(|e| e.report.intervals.1 / e.report.intervals.0 as f64)
             .collect();
         let tolerance = median(intervals).map_or(0.5, |m| (0.5 * m).max(0.25));
-        let v = hang::judge(&views, tolerance);
+        let finished = self
+            .ranks
+            .values()
+            .filter(|e| e.report.exit.as_ref().is_some_and(|x| x.code == 0))
+            .count();
+        let unseen = (self.world_size as usize).saturating_sub(views.len() + finished) as u32;
+        let v = hang::judge(&views, tolerance, unseen);
         out.push(journal(
             "hang",
             json!({

@@ -4,8 +4,9 @@
 //! passes each rank's last progress and the evidence its agent gathered.
 //!
 //! Rules, in order:
-//! 0. *Alone*: the only rank left to judge (the others finished cleanly, or
-//!    the job has one rank) is blamed.
+//! 0. *Alone*: the only rank left to judge, when every other rank of the
+//!    job finished cleanly (or the job has one rank), is blamed. A rank the
+//!    coordinator never heard from keeps this rule from applying.
 //! 1. *Behind*: ranks whose last step is lower than the others' are blamed.
 //! 2. *Stopped first*: at the same step, ranks whose last progress is
 //!    earlier than every other rank's by more than the tolerance.
@@ -49,7 +50,9 @@ pub struct HangVerdict {
 
 /// Judge. `tolerance_s`: how much earlier a last step must be to count as
 /// "first" (the coordinator passes about one typical step interval).
-pub fn judge(ranks: &[RankView], tolerance_s: f64) -> HangVerdict {
+/// `unseen`: ranks of the job neither in `ranks` nor finished cleanly (the
+/// coordinator never heard from them).
+pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
     let stalled_ranks: Vec<u32> = ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect();
     let verdict = |rule, blamed: Vec<&RankView>, reason: String| {
         let mut nodes: Vec<String> = blamed.iter().map(|r| r.node.clone()).collect();
@@ -67,6 +70,13 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64) -> HangVerdict {
         return verdict("undetermined", vec![], "no ranks reported".into());
     }
     if let [only] = ranks {
+        if unseen > 0 {
+            let reason = format!(
+                "rank {} is the only rank the coordinator heard from ({unseen} other rank(s) never reported): nobody blamed",
+                only.rank
+            );
+            return verdict("undetermined", vec![], reason);
+        }
         let reason = format!(
             "rank {} stopped at step {} with no other rank still running to compare it with",
             only.rank,
@@ -172,11 +182,15 @@ mod tests {
 
     #[test]
     fn the_only_rank_left_is_blamed() {
-        let v = judge(&[view(3, Some(18), 5.0, None)], 0.5);
+        let v = judge(&[view(3, Some(18), 5.0, None)], 0.5, 0);
         assert_eq!(v.rule, "alone");
         assert_eq!(v.blamed_ranks, vec![3]);
         assert_eq!(v.blamed_nodes, vec!["n1".to_string()]);
         assert!(v.reason.contains("step 18"), "{}", v.reason);
+        // A rank that never reported may be the one that hung: nobody blamed.
+        let v = judge(&[view(3, Some(18), 5.0, None)], 0.5, 1);
+        assert_eq!(v.rule, "undetermined");
+        assert!(v.blamed_ranks.is_empty());
     }
 
     #[test]
@@ -188,6 +202,7 @@ mod tests {
                 view(2, Some(10), 100.0, None),
             ],
             0.5,
+            0,
         );
         assert_eq!(v.rule, "behind");
         assert_eq!(v.blamed_ranks, vec![1]);
@@ -197,6 +212,7 @@ mod tests {
         let v = judge(
             &[view(0, Some(1), 1.0, None), view(1, None, 0.0, None)],
             0.5,
+            0,
         );
         assert_eq!(v.blamed_ranks, vec![1]);
     }
@@ -210,6 +226,7 @@ mod tests {
                 view(2, Some(10), 100.1, None),
             ],
             0.5,
+            0,
         );
         assert_eq!(v.rule, "stopped_first");
         assert_eq!(v.blamed_ranks, vec![1]);
@@ -220,7 +237,7 @@ mod tests {
         let ranks: Vec<RankView> = (0..4)
             .map(|r| view(r, Some(10), 100.0 + r as f64 * 0.01, Some(r != 1)))
             .collect();
-        let v = judge(&ranks, 0.5);
+        let v = judge(&ranks, 0.5, 0);
         assert_eq!(v.rule, "not_waiting");
         assert_eq!(v.blamed_ranks, vec![1]);
         assert_eq!(v.blamed_nodes, vec!["n0".to_string()]);
@@ -232,7 +249,7 @@ mod tests {
         let ranks: Vec<RankView> = (0..4)
             .map(|r| view(r, Some(10), 100.0, Some(false)))
             .collect();
-        let v = judge(&ranks, 0.5);
+        let v = judge(&ranks, 0.5, 0);
         assert_eq!(v.rule, "undetermined");
         assert!(v.blamed_ranks.is_empty() && v.blamed_nodes.is_empty());
         assert_eq!(v.stalled_ranks.len(), 4);
@@ -241,12 +258,12 @@ mod tests {
             .map(|r| view(r, Some(10), 100.0, Some(r != 2)))
             .collect();
         ranks[2].exited = true;
-        assert_eq!(judge(&ranks, 0.5).blamed_ranks, vec![2]);
+        assert_eq!(judge(&ranks, 0.5, 0).blamed_ranks, vec![2]);
         // A missing probe: undetermined as well.
         let mut ranks: Vec<RankView> = (0..3)
             .map(|r| view(r, Some(10), 100.0, Some(true)))
             .collect();
         ranks[1].waiting_on_peer = None;
-        assert_eq!(judge(&ranks, 0.5).rule, "undetermined");
+        assert_eq!(judge(&ranks, 0.5, 0).rule, "undetermined");
     }
 }
