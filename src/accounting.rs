@@ -47,39 +47,48 @@ pub const BUCKETS: [&str; 11] = [
 ];
 
 /// How far the journal may reach outside Slurm's allocation times (their
-/// one-second resolution, clocks of the nodes against the controller's).
-const SLURM_SLACK_S: i64 = 120;
+/// one-second resolution, the clocks of the nodes against the controller's,
+/// a long KillWait). A reused job id is hours or days away.
+const SLURM_SLACK_S: i64 = 600;
 
-/// The first allocation Slurm's records place where the journal says the
-/// job was not: the journal's attempts in it begin before it started or end
-/// after it ended, by more than [`SLURM_SLACK_S`].
-fn mismatched_allocation(attempts: &[Marks], allocs: &BTreeMap<u32, Allocation>) -> Option<String> {
+/// The allocations Slurm's records place where the journal says the job was
+/// not: the journal's attempts in one begin before it started or end after
+/// it ended, by more than [`SLURM_SLACK_S`]. By allocation index, with why.
+fn mismatched_allocations(
+    attempts: &[Marks],
+    allocs: &BTreeMap<u32, Allocation>,
+) -> Vec<(u32, String)> {
     let slack = chrono::Duration::seconds(SLURM_SLACK_S);
+    let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
+    let mut out: Vec<(u32, String)> = Vec::new();
     for m in attempts {
-        let Some(a) = allocs.get(&m.allocation.unwrap_or(m.attempt)) else {
+        let index = m.allocation.unwrap_or(m.attempt);
+        let Some(a) = allocs.get(&index) else {
             continue;
         };
-        let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
-        if m.start + slack < a.start {
-            return Some(format!(
-                "attempt {} began at {} before its allocation started at {}; job id reused?",
+        if out.iter().any(|(i, _)| *i == index) {
+            continue;
+        }
+        let why = if m.start + slack < a.start {
+            format!(
+                "attempt {} began at {} before allocation {index} started at {}; job id reused?",
                 m.attempt,
                 fmt(m.start),
                 fmt(a.start)
-            ));
-        }
-        if let Some(e) = a.end {
-            if m.end > e + slack {
-                return Some(format!(
-                    "attempt {} ran until {} after its allocation ended at {}; job id reused?",
-                    m.attempt,
-                    fmt(m.end),
-                    fmt(e)
-                ));
-            }
-        }
+            )
+        } else if let Some(e) = a.end.filter(|e| m.end > *e + slack) {
+            format!(
+                "attempt {} ran until {} after allocation {index} ended at {}; job id reused?",
+                m.attempt,
+                fmt(m.end),
+                fmt(e)
+            )
+        } else {
+            continue;
+        };
+        out.push((index, why));
     }
-    None
+    out
 }
 
 /// One allocation of the job as Slurm recorded it.
@@ -362,8 +371,8 @@ impl Track {
     }
 }
 
-/// Account for a job from its merged records (any order).
-pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
+/// Each attempt's marks, from the job's merged records.
+fn attempt_marks(records: &[Record]) -> Vec<Marks> {
     // Verdicts written later about an earlier attempt (the next start's
     // reconciliation with Slurm) judge that attempt; their times do not
     // belong to it.
@@ -377,8 +386,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
             _ => by.entry(r.attempt).or_default().push(r),
         }
     }
-    let attempts: Vec<Marks> = by
-        .iter()
+    by.iter()
         .map(|(a, rs)| {
             let mut m = marks(*a, rs);
             let later = judged_later.get(a).map_or(&[][..], |v| v.as_slice());
@@ -392,17 +400,47 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
             });
             m
         })
-        .collect();
+        .collect()
+}
+
+/// Slurm's records of the job, less the allocations that contradict the
+/// journal (a job id reused after a controller's state was reset names
+/// somebody else's allocation), with a note saying which were set aside.
+/// Used by the report and the timeline alike.
+pub fn consistent_slurm_times(
+    records: &[Record],
+    slurm: &SlurmTimes,
+) -> (SlurmTimes, Option<String>) {
+    consistent(&attempt_marks(records), slurm)
+}
+
+fn consistent(attempts: &[Marks], slurm: &SlurmTimes) -> (SlurmTimes, Option<String>) {
+    let mut kept = slurm.clone();
+    let mut notes = Vec::new();
+    for (index, why) in mismatched_allocations(attempts, &slurm.allocations) {
+        kept.allocations.remove(&index);
+        notes.push(why);
+    }
+    let note = (!notes.is_empty()).then(|| notes.join("; "));
+    (kept, note)
+}
+
+/// Account for a job from its merged records (any order).
+pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
+    let attempts = attempt_marks(records);
     let no_allocs = BTreeMap::new();
-    // Slurm's records must agree with the journal: a job id reused (a
-    // controller whose state was reset) names somebody else's allocation.
-    let mismatch = slurm.and_then(|s| mismatched_allocation(&attempts, &s.allocations));
-    let slurm = slurm.filter(|_| mismatch.is_none());
+    let checked = slurm.map(|s| consistent(&attempts, s));
+    let slurm = checked.as_ref().map(|c| &c.0);
+    let mismatch = checked.as_ref().and_then(|c| c.1.clone());
     let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
     let time_source = match (slurm, &mismatch) {
-        (Some(s), _) if !s.allocations.is_empty() => {
+        (Some(s), None) if !s.allocations.is_empty() => {
             format!("{} (allocation start and end) and the journal", s.source)
         }
+        (Some(s), Some(why)) if !s.allocations.is_empty() => format!(
+            "{} (allocation start and end) and the journal; not used: {why}",
+            s.source
+        ),
         (_, Some(why)) => format!("journal (Slurm's records were not used: {why})"),
         _ => "journal".to_string(),
     };
@@ -1016,6 +1054,28 @@ mod tests {
         let acc = account(&r, Some(&own));
         assert!((acc.wall_s - 7.0).abs() < 1e-6, "{}", acc.wall_s);
         assert!(acc.time_source.starts_with("sacct"), "{}", acc.time_source);
+        // Judged allocation by allocation: the one that holds the journal is
+        // kept, the one that does not is set aside (the timeline uses the same).
+        let mixed = SlurmTimes {
+            source: "sacct".into(),
+            allocations: [
+                (0, own.allocations[&0].clone()),
+                (1, later.allocations[&0].clone()),
+            ]
+            .into_iter()
+            .collect(),
+        };
+        let mut r2 = r.clone();
+        r2.push(rec(5.0, 1, "rank_start", json!({})));
+        r2.push(rec(
+            5.5,
+            1,
+            "rank_exit",
+            json!({ "exit_code": 0, "class": "clean" }),
+        ));
+        let (kept, note) = consistent_slurm_times(&r2, &mixed);
+        assert_eq!(kept.allocations.keys().copied().collect::<Vec<_>>(), [0]);
+        assert!(note.unwrap().contains("allocation 1"));
     }
 
     #[test]

@@ -274,7 +274,9 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                 .map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
         } else {
-            let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
+            // Only the allocations that agree with the journal (as the report).
+            let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default())
+                .map(|s| crate::accounting::consistent_slurm_times(&j.records, &s).0);
             print!(
                 "{}",
                 report::render_timeline(&job, &j.records, slurm.as_ref())
