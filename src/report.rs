@@ -373,10 +373,13 @@ pub fn apply_fleet(r: &mut Report, fleet: crate::node_history::FleetRate) {
 
 /// The periodic checkpoint interval to use now (`[coordinator]
 /// checkpoint_every = "advised"`): Daly's interval from the job's journal so
-/// far and the node history, with the journal record's data saying why.
+/// far and `fleet` (the node history's failure rate, see
+/// [`crate::node_history::fleet_rate`]), with the journal record's data
+/// saying why.
 pub fn advised_interval(
     state_dir: &std::path::Path,
     job: &str,
+    fleet: crate::node_history::FleetRate,
 ) -> (Option<std::time::Duration>, Value) {
     let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
         .map(|j| j.records)
@@ -388,15 +391,7 @@ pub fn advised_interval(
         );
     }
     let mut r = build(job, &records, 0, None);
-    apply_fleet(
-        &mut r,
-        crate::node_history::fleet_rate(
-            state_dir,
-            job,
-            chrono::Utc::now(),
-            std::time::Duration::from_secs(56 * 86400),
-        ),
-    );
+    apply_fleet(&mut r, fleet);
     match &r.checkpoint_advice {
         Some(a) => (
             Some(std::time::Duration::from_secs_f64(a.optimal_s.max(1.0))),

@@ -192,15 +192,23 @@ impl Coordinator {
 /// this job (and the node history) measured so far. Evaluated when the host
 /// starts an attempt and again every [`Advice::EVERY`] while it runs, so that
 /// a first attempt picks up advice once its first checkpoint has been timed
-/// rather than only after a restart. A revision is applied (and journaled as
-/// `checkpoint_interval_advised`) only when it differs by more than 5%.
+/// rather than only after a restart. The re-evaluations run on a thread of
+/// their own (they read the whole journal: the host's loop must not wait on
+/// that), and the node history's failure rate, which reads every job's
+/// journal, is taken once per attempt. A revision is applied (and journaled
+/// as `checkpoint_interval_advised`) only when it differs by more than 5%;
+/// an interval in force is never withdrawn in the middle of an attempt.
 pub struct Advice {
     state_dir: PathBuf,
     job: String,
     due: Option<Instant>,
     /// What is in force: `None` before the first evaluation.
     current: Option<Option<std::time::Duration>>,
+    fleet: crate::node_history::FleetRate,
+    running: Option<mpsc::Receiver<Evaluation>>,
 }
+
+type Evaluation = (Option<std::time::Duration>, serde_json::Value);
 
 impl Advice {
     /// How often the journal is read again while an attempt runs.
@@ -212,6 +220,8 @@ impl Advice {
             job: job.to_string(),
             due: None,
             current: None,
+            fleet: Default::default(),
+            running: None,
         }
     }
 
@@ -221,15 +231,61 @@ impl Advice {
     }
 
     /// Evaluate if due and apply the interval to the coordinator: at a new
-    /// attempt always (its schedule starts with the attempt), otherwise only
-    /// when the advice changed.
+    /// attempt at once and always (its schedule starts with the attempt),
+    /// otherwise in the background and only when the advice changed.
     pub fn poll(&mut self, c: &Coordinator, now: Instant) {
+        if let Some(rx) = &self.running {
+            match rx.try_recv() {
+                Ok(e) => {
+                    self.running = None;
+                    self.apply(c, now, e, false);
+                }
+                Err(mpsc::TryRecvError::Empty) => {}
+                Err(mpsc::TryRecvError::Disconnected) => self.running = None,
+            }
+        }
         let fresh = self.due.is_none();
         if self.due.is_some_and(|t| now < t) {
             return;
         }
         self.due = Some(now + Self::EVERY);
-        let (advised, why) = crate::report::advised_interval(&self.state_dir, &self.job);
+        if fresh {
+            self.fleet = crate::node_history::fleet_rate(
+                &self.state_dir,
+                &self.job,
+                chrono::Utc::now(),
+                std::time::Duration::from_secs(56 * 86400),
+            );
+            let e = crate::report::advised_interval(&self.state_dir, &self.job, self.fleet.clone());
+            self.apply(c, now, e, true);
+        } else if self.running.is_none() {
+            let (tx, rx) = mpsc::channel();
+            let (dir, job, fleet) = (self.state_dir.clone(), self.job.clone(), self.fleet.clone());
+            let spawned = std::thread::Builder::new()
+                .name("advice".into())
+                .spawn(move || {
+                    let _ = tx.send(crate::report::advised_interval(&dir, &job, fleet));
+                });
+            if spawned.is_ok() {
+                self.running = Some(rx);
+            }
+        }
+    }
+
+    /// Wait for a background evaluation and apply it (tests).
+    #[cfg(test)]
+    fn settle(&mut self, c: &Coordinator, now: Instant) {
+        if let Some(e) = self.running.take().and_then(|rx| rx.recv().ok()) {
+            self.apply(c, now, e, false);
+        }
+    }
+
+    fn apply(&mut self, c: &Coordinator, now: Instant, (advised, why): Evaluation, fresh: bool) {
+        // Nothing known any more (a journal that could not be read): keep
+        // what is in force rather than stop checkpointing.
+        if !fresh && advised.is_none() && self.current.is_some_and(|cur| cur.is_some()) {
+            return;
+        }
         let changed = self.current.is_none_or(|cur| revised(cur, advised));
         let every = match self.current {
             Some(cur) if !changed => cur,
@@ -333,8 +389,79 @@ pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests {
-    use super::revised;
+    use super::*;
     use std::time::Duration;
+
+    /// A first attempt with nothing measured gets no periodic checkpoints;
+    /// once a checkpoint was timed and a failure seen, the next background
+    /// re-evaluation sets the interval, without the host's loop waiting.
+    #[test]
+    fn advice_comes_during_the_attempt_once_there_is_something_to_go_on() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = crate::journal::job_dir(state.path(), "j");
+        std::fs::create_dir_all(&dir).unwrap();
+        let t0 = Instant::now();
+        let view = JobView::new("j", 1, 0, Default::default(), t0);
+        let w = Writer::open(&dir, "coordinator.jsonl", 0, None, Some("n1".into()));
+        let c = Coordinator::start(view, "127.0.0.1:0".parse().unwrap(), w, None).unwrap();
+        let mut advice = Advice::new(state.path(), "j");
+        advice.poll(&c, t0);
+        assert_eq!(c.with_view(|v| (v.checkpoint_every(), Vec::new())), None);
+
+        // What the rank journaled meanwhile: a 10 s checkpoint, a crash.
+        let mut rank = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), Some("n1".into()));
+        let at = |s: i64| chrono::Utc::now() - chrono::Duration::seconds(1000 - s);
+        rank.record_at(at(0), "rank_start", serde_json::json!({}), true);
+        rank.record_at(
+            at(5),
+            "progress",
+            serde_json::json!({"step": 1, "first": true}),
+            true,
+        );
+        rank.record_at(
+            at(100),
+            "phase",
+            serde_json::json!({"phase": "checkpoint", "step": 100}),
+            true,
+        );
+        rank.record_at(
+            at(110),
+            "checkpoint_done",
+            serde_json::json!({"step": 100, "duration_s": 10.0}),
+            true,
+        );
+        rank.record_at(
+            at(900),
+            "rank_exit",
+            serde_json::json!({"exit_code": 137}),
+            true,
+        );
+        rank.record_at(
+            at(900),
+            "failure",
+            serde_json::json!({"failure_kind": "crash", "cause": "x"}),
+            true,
+        );
+
+        // Not due yet: nothing read.
+        advice.poll(&c, t0 + Duration::from_secs(10));
+        assert!(advice.running.is_none());
+        let due = t0 + Advice::EVERY + Duration::from_secs(1);
+        advice.poll(&c, due);
+        assert!(advice.running.is_some(), "evaluated on a thread");
+        advice.settle(&c, due);
+        let every = c.with_view(|v| (v.checkpoint_every(), Vec::new()));
+        assert!(every.is_some_and(|d| d > Duration::ZERO), "{every:?}");
+        drop(c);
+        let recs = crate::journal::read_job(&dir).unwrap().records;
+        let advised: Vec<_> = recs
+            .iter()
+            .filter(|r| r.kind == "checkpoint_interval_advised")
+            .collect();
+        assert_eq!(advised.len(), 2, "{advised:?}");
+        assert!(advised[0].get("interval_s").is_none_or(|v| v.is_null()));
+        assert!(advised[1].f64("interval_s").is_some());
+    }
 
     #[test]
     fn advice_is_revised_only_when_it_moves_by_more_than_five_percent() {

@@ -212,6 +212,11 @@ impl JobView {
         });
     }
 
+    /// The periodic checkpoint interval in force.
+    pub fn checkpoint_every(&self) -> Option<Duration> {
+        self.periodic_every
+    }
+
     /// Set (or clear) the periodic checkpoint interval. The first one comes
     /// `every` from now; a changed interval keeps the schedule's anchor (the
     /// last periodic checkpoint, or when the interval was first set), so a
