@@ -1237,6 +1237,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             crate::policy::restart::Allocation {
                 nodes: slurm.job_nodes.clone(),
                 excluded: step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default(),
+                withheld: crate::slurm::step::user_excluded_nodes(&opts.argv),
                 // The step's size as launched (the journal's count of nodes
                 // that started a rank can miss a node that died early).
                 step_nodes: step_out

@@ -828,7 +828,13 @@ pub fn history_at_start(
     };
     let requested = crate::slurm::step::requested_nodes(argv);
     if let Some(k) = requested.filter(|_| crate::slurm::step::can_leave_out(argv)) {
-        if (alloc_nodes.len() as u32).saturating_sub(names.len() as u32) >= k {
+        // The user's own `srun --exclude` leaves nodes out too.
+        let theirs = crate::slurm::step::user_excluded_nodes(argv);
+        let left = alloc_nodes
+            .iter()
+            .filter(|n| !names.contains(n) && !theirs.contains(n))
+            .count() as u32;
+        if left >= k {
             for h in &here {
                 journal.record(
                     "node_excluded",
@@ -1046,6 +1052,7 @@ mod tests {
         Allocation {
             nodes: ["n1", "n2", "n3", "n4"].map(String::from).to_vec(),
             excluded: excluded.iter().map(|s| s.to_string()).collect(),
+            withheld: Vec::new(),
             step_nodes: 0,
             can_exclude: true,
         }

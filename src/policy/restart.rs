@@ -61,6 +61,9 @@ pub struct Allocation {
     pub nodes: Vec<String>,
     /// Nodes already left out of the step by earlier relaunches in it.
     pub excluded: Vec<String>,
+    /// Nodes the step command leaves out itself (the user's own `srun
+    /// --exclude`): never spare, but not excluded from the job by a requeue.
+    pub withheld: Vec<String>,
     /// Nodes the step ran on (0: unknown, taken as every node not excluded).
     pub step_nodes: u32,
     /// Whether the step command can be told to leave nodes out (`srun`
@@ -109,13 +112,13 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
     let inside: Vec<&String> = alloc
         .nodes
         .iter()
-        .filter(|n| !exclude.contains(n))
+        .filter(|n| !exclude.contains(n) && !alloc.withheld.contains(n))
         .collect();
     let needed = if alloc.step_nodes == 0 {
         alloc
             .nodes
             .iter()
-            .filter(|n| !alloc.excluded.contains(n))
+            .filter(|n| !alloc.excluded.contains(n) && !alloc.withheld.contains(n))
             .count() as u32
     } else {
         alloc.step_nodes
@@ -227,6 +230,7 @@ mod tests {
         Allocation {
             nodes: v(nodes),
             excluded: v(excluded),
+            withheld: Vec::new(),
             step_nodes,
             can_exclude,
         }
@@ -279,6 +283,22 @@ mod tests {
         assert!(matches!(
             relaunch_where(&a, &[], Class::Preempted),
             Relaunch::Requeue { .. }
+        ));
+        // Nodes the user's own srun --exclude withholds are no spare, and a
+        // requeue does not exclude them from the job.
+        let mut held = alloc(&["n1", "n2", "n3", "n4", "n5"], &[], 3, true);
+        held.withheld = vec!["n1".into()];
+        assert_eq!(
+            relaunch_where(&held, &n2, Class::Infrastructure),
+            Relaunch::InAllocation {
+                exclude: n2.clone(),
+                nodes: 3
+            }
+        );
+        held.withheld = vec!["n1".into(), "n5".into()];
+        assert!(matches!(
+            relaunch_where(&held, &n2, Class::Infrastructure),
+            Relaunch::Requeue { exclude, .. } if exclude == n2
         ));
         // Unknown step size: every node not excluded, so no spare.
         assert!(matches!(

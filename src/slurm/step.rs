@@ -2,7 +2,7 @@
 //! with nodes left out, and the hand-over from one attempt's job-level
 //! supervisor to the next (`RESILIO_RELAUNCH`).
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsString;
 use std::path::Path;
 
 /// Set by the job-level supervisor for its own next attempt in the same
@@ -66,99 +66,233 @@ fn is_srun(argv: &[OsString]) -> bool {
         .is_some_and(|n| n == "srun")
 }
 
-/// Options that pin the step to named nodes: leaving one out would
-/// contradict them. Everything on the line is checked, the trainer's own
-/// arguments included: a false alarm only means a requeue instead.
-fn pins_nodes(arg: &OsStr) -> bool {
-    let a = arg.to_string_lossy();
-    a == "-F"
-        || a == "--nodefile"
-        || a.starts_with("--nodefile=")
-        || a == "--nodelist"
-        || a.starts_with("--nodelist=")
-        || (a.starts_with("-w") && !a.starts_with("--"))
+/// srun's short options that take a value.
+const SRUN_SHORT_WITH_VALUE: &[u8] = b"ABbcCDdeFGiJLmMnNopqrSTtWwx";
+
+/// srun's long options that take a required value (`--name value` as well
+/// as `--name=value`).
+const SRUN_LONG_WITH_VALUE: &[&str] = &[
+    "account",
+    "acctg-freq",
+    "bb",
+    "bbf",
+    "begin",
+    "chdir",
+    "clusters",
+    "comment",
+    "constraint",
+    "container",
+    "container-id",
+    "core-spec",
+    "cores-per-socket",
+    "cpu-bind",
+    "cpu-freq",
+    "cpus-per-gpu",
+    "cpus-per-task",
+    "deadline",
+    "delay-boot",
+    "dependency",
+    "distribution",
+    "epilog",
+    "error",
+    "exclude",
+    "export",
+    "extra-node-info",
+    "gid",
+    "gpu-bind",
+    "gpu-freq",
+    "gpus",
+    "gpus-per-node",
+    "gpus-per-socket",
+    "gpus-per-task",
+    "gres",
+    "gres-flags",
+    "het-group",
+    "hint",
+    "input",
+    "job-name",
+    "jobid",
+    "licenses",
+    "mail-type",
+    "mail-user",
+    "mcs-label",
+    "mem",
+    "mem-bind",
+    "mem-per-cpu",
+    "mem-per-gpu",
+    "mincpus",
+    "mpi",
+    "network",
+    "nodefile",
+    "nodelist",
+    "nodes",
+    "ntasks",
+    "ntasks-per-core",
+    "ntasks-per-gpu",
+    "ntasks-per-node",
+    "ntasks-per-socket",
+    "open-mode",
+    "output",
+    "partition",
+    "profile",
+    "prolog",
+    "qos",
+    "relative",
+    "reservation",
+    "segment",
+    "signal",
+    "slurmd-debug",
+    "sockets-per-node",
+    "switches",
+    "task-epilog",
+    "task-prolog",
+    "tasks-per-node",
+    "threads",
+    "threads-per-core",
+    "time",
+    "time-min",
+    "tmp",
+    "tres-per-task",
+    "uid",
+    "wait",
+    "wckey",
+];
+
+/// One of srun's own options on the command line.
+#[derive(Debug)]
+struct SrunOpt {
+    /// The short letter as a string (`"N"`) or the long name (`"nodes"`).
+    name: String,
+    value: Option<String>,
+    /// The arguments it occupies.
+    at: Vec<usize>,
+    /// It shares its argument with other short options (`-lx n7`).
+    clustered: bool,
 }
 
-/// Where srun's own options end: at `--`, or at the first argument naming
-/// `resilio` or a Python interpreter (the command srun runs).
-fn srun_options(argv: &[OsString]) -> std::ops::Range<usize> {
-    let end = argv
-        .iter()
-        .enumerate()
-        .skip(1)
-        .find(|(_, a)| {
-            let a = a.to_string_lossy();
-            let base = a.rsplit('/').next().unwrap_or(&a).to_string();
-            a == "--" || base == "resilio" || base.starts_with("python")
-        })
-        .map_or(argv.len(), |(i, _)| i);
-    1..end.max(1)
+/// srun's own options, as its option parser reads them: they end at `--`
+/// or at the first argument that is neither an option nor the value of one
+/// (the command srun runs; its arguments are not srun's). Also returns
+/// where the command starts.
+fn srun_opts(argv: &[OsString]) -> (Vec<SrunOpt>, usize) {
+    let mut opts = Vec::new();
+    let mut i = 1;
+    while i < argv.len() {
+        let a = argv[i].to_string_lossy().to_string();
+        if a == "--" || !a.starts_with('-') || a == "-" {
+            break;
+        }
+        let next = argv.get(i + 1).map(|v| v.to_string_lossy().to_string());
+        if let Some(long) = a.strip_prefix("--") {
+            let separate = !long.contains('=') && SRUN_LONG_WITH_VALUE.contains(&long);
+            let (name, value) = match long.split_once('=') {
+                Some((n, v)) => (n.to_string(), Some(v.to_string())),
+                None if separate => (long.to_string(), next),
+                None => (long.to_string(), None),
+            };
+            let at = if separate { vec![i, i + 1] } else { vec![i] };
+            i += at.len();
+            opts.push(SrunOpt {
+                name,
+                value,
+                at,
+                clustered: false,
+            });
+            continue;
+        }
+        // A cluster of short options: flags, then at most one that takes a
+        // value (the rest of the cluster, or the next argument).
+        let letters = &a.as_bytes()[1..];
+        let clustered = letters.len() > 1;
+        let mut step = 1;
+        for (k, c) in letters.iter().enumerate() {
+            if SRUN_SHORT_WITH_VALUE.contains(c) {
+                let rest = &a[2 + k..];
+                let (value, at) = if rest.is_empty() {
+                    step = 2;
+                    (next.clone(), vec![i, i + 1])
+                } else {
+                    (Some(rest.to_string()), vec![i])
+                };
+                opts.push(SrunOpt {
+                    name: (*c as char).to_string(),
+                    value,
+                    at,
+                    clustered: clustered && k > 0,
+                });
+                break;
+            }
+            opts.push(SrunOpt {
+                name: (*c as char).to_string(),
+                value: None,
+                at: vec![i],
+                clustered,
+            });
+        }
+        i += step;
+    }
+    (opts, i.min(argv.len()))
+}
+
+/// Options that pin the step to named nodes: leaving one out would
+/// contradict them.
+fn pins_nodes(o: &SrunOpt) -> bool {
+    matches!(o.name.as_str(), "w" | "F" | "nodelist" | "nodefile")
 }
 
 /// The user's own `-x/--exclude` on the srun line: the argument indices it
-/// takes and the nodes it names (`Err` when it names a file, which cannot
-/// be merged with ours).
+/// takes and the nodes it names (`Err` when it names a file, or shares its
+/// argument with other options: it cannot be merged with ours then).
 fn user_exclude(argv: &[OsString]) -> Result<(Vec<usize>, Vec<String>), String> {
     let mut at = Vec::new();
     let mut nodes = Vec::new();
-    let range = srun_options(argv);
-    let mut i = range.start;
-    while i < range.end {
-        let a = argv[i].to_string_lossy();
-        let value = if a == "-x" || a == "--exclude" {
-            at.extend([i, i + 1]);
-            i += 1;
-            argv.get(i).map(|v| v.to_string_lossy().to_string())
-        } else if let Some(v) = a.strip_prefix("--exclude=") {
-            at.push(i);
-            Some(v.to_string())
-        } else if let Some(v) = a.strip_prefix("-x").filter(|_| !a.starts_with("--")) {
-            at.push(i);
-            Some(v.to_string())
-        } else {
-            None
-        };
-        if let Some(v) = value {
-            if v.contains('/') {
-                return Err(format!("srun --exclude names a file ({v})"));
-            }
-            nodes.extend(super::hostlist::expand(&v)?);
+    let (opts, _) = srun_opts(argv);
+    for o in opts.iter().filter(|o| o.name == "x" || o.name == "exclude") {
+        let v = o.value.as_deref().unwrap_or_default();
+        if v.contains('/') {
+            return Err(format!("srun --exclude names a file ({v})"));
         }
-        i += 1;
+        if o.clustered {
+            return Err(format!(
+                "srun -x shares an argument with other options ({v})"
+            ));
+        }
+        for n in super::hostlist::expand(v)? {
+            if !super::hostlist::valid_node_name(&n) {
+                return Err(format!("srun --exclude names an invalid node ({n})"));
+            }
+            nodes.push(n);
+        }
+        at.extend(o.at.iter().copied());
     }
     Ok((at, nodes))
 }
 
+/// The nodes the user's own `srun -x/--exclude` leaves out (none when it
+/// cannot be read): they are no spare nodes for a relaunch.
+pub fn user_excluded_nodes(argv: &[OsString]) -> Vec<String> {
+    if !is_srun(argv) {
+        return Vec::new();
+    }
+    user_exclude(argv).map(|(_, n)| n).unwrap_or_default()
+}
+
 /// The node count an `srun` line asks for (`-N K`, `-NK`, `--nodes=K`,
-/// `--nodes K`); `None` when it gives none or a range. srun's own options
-/// come before the command it runs: the scan stops at `--` or at the first
-/// argument naming `resilio` or a Python interpreter.
+/// `--nodes K`); `None` when it gives none or a range.
 pub fn requested_nodes(argv: &[OsString]) -> Option<u32> {
     if !is_srun(argv) {
         return None;
     }
-    let mut it = argv[srun_options(argv)].iter().map(|a| a.to_string_lossy());
-    let mut found = None;
-    while let Some(a) = it.next() {
-        let value = if a == "-N" || a == "--nodes" {
-            it.next().map(|v| v.to_string())
-        } else if let Some(v) = a.strip_prefix("--nodes=") {
-            Some(v.to_string())
-        } else if let Some(v) = a.strip_prefix("-N").filter(|_| !a.starts_with("--")) {
-            Some(v.to_string())
-        } else {
-            continue;
-        };
-        found = value.and_then(|v| v.parse().ok());
-    }
-    found
+    srun_opts(argv)
+        .0
+        .iter()
+        .rfind(|o| o.name == "N" || o.name == "nodes")
+        .and_then(|o| o.value.as_deref()?.parse().ok())
 }
 
 /// Whether the step command can be told to leave nodes out.
 pub fn can_leave_out(argv: &[OsString]) -> bool {
-    is_srun(argv)
-        && !argv[srun_options(argv)].iter().any(|a| pins_nodes(a))
-        && user_exclude(argv).is_ok()
+    is_srun(argv) && !srun_opts(argv).0.iter().any(pins_nodes) && user_exclude(argv).is_ok()
 }
 
 /// `srun --exclude=... --nodes=K <the user's options and command>`. The
@@ -289,6 +423,43 @@ mod tests {
                 "{theirs:?}"
             );
         }
+        // A wrapper's own options are not srun's: its `-x 3` stays its own.
+        let argv = v(&["srun", "-N", "2", "./launch.sh", "-x", "3"]);
+        assert_eq!(srun_opts(&argv).1, 3);
+        let out = leave_out(&argv, &["n2".into()], 2).unwrap();
+        assert_eq!(
+            out,
+            v(&[
+                "srun",
+                "--exclude=n2",
+                "--nodes=2",
+                "-N",
+                "2",
+                "./launch.sh",
+                "-x",
+                "3"
+            ])
+        );
+        // Values of srun's options are not the command: a job name like
+        // `python_job`, `--time 10`, a cluster `-lN 2`.
+        let argv = v(&[
+            "srun",
+            "-J",
+            "python_job",
+            "--time",
+            "10",
+            "-lN",
+            "2",
+            "-x",
+            "n7",
+            "resilio",
+            "run",
+        ]);
+        assert_eq!(srun_opts(&argv).1, 9);
+        assert_eq!(requested_nodes(&argv), Some(2));
+        let out = leave_out(&argv, &["n2".into()], 0).unwrap();
+        assert_eq!(out[1], "--exclude=n[2,7]");
+        assert!(!out.iter().any(|a| a == "-x" || a == "n7"));
         // The trainer's own `-w`/`--nodelist` do not pin srun's nodes.
         let argv = v(&[
             "srun", "resilio", "run", "--", "python3", "t.py", "-warmup", "5",
