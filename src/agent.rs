@@ -145,6 +145,10 @@ struct ProgressLog {
     last_at: Option<Instant>,
     /// A checkpoint phase in progress: when it began, steps seen then.
     checkpoint_began: Option<(Instant, u64)>,
+    /// The trainer reports its steps on the socket: from then on, numbers
+    /// read from its output are not steps (they may count something else:
+    /// Lightning's bar counts batches, `resilio_client` optimizer steps).
+    socket_steps: bool,
 }
 
 impl ProgressLog {
@@ -644,6 +648,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         first_at: None,
         last_at: None,
         checkpoint_began: None,
+        socket_steps: false,
     };
     let mut faults = SourceFaults::default();
 
@@ -1376,6 +1381,23 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
     );
     match ev.kind {
         Kind::Step { step, metrics } => {
+            if ev.source == progress::Source::Socket && step.is_some() && !plog.socket_steps {
+                plog.socket_steps = true;
+                journal.record_at(
+                    clock.wall(ev.at),
+                    "progress_source",
+                    json!({ "steps_from": "socket", "reason": "the trainer reports steps on RESILIO_SOCKET: numbers in its output are no longer read as steps" }),
+                    false,
+                );
+            }
+            if plog.socket_steps
+                && matches!(
+                    ev.source,
+                    progress::Source::Stdout | progress::Source::Stderr
+                )
+            {
+                return;
+            }
             let prev = plog.last_at;
             let counted = policy.on_progress(ev.at, step);
             if let Some(o) = k.outbox {

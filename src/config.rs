@@ -27,7 +27,10 @@ pub const SYSTEM_CONFIG: &str = "/etc/resilio/resilio.toml";
 /// `num_updates=120`, Composer `[batch=120/1000]`, the unlabelled tqdm bar
 /// of the HF Trainer (`  5%|▌   | 120/2400 [`), and PyTorch Lightning's
 /// training bar (`Epoch 2:  14%|█▍  | 100/704 [`, read as epoch × batches per
-/// epoch + batch, so it keeps growing across epochs). Words glued to other
+/// epoch + batch, so it keeps growing across epochs; Lightning 1.x counts
+/// validation batches in that bar only in validation epochs, so the count
+/// may step back after one: `resilio_client.lightning` reports exact steps,
+/// and socket steps take precedence). Words glued to other
 /// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
 /// prose and totals (`Total optimization steps = 1000`), and labelled bars
 /// (dataset preprocessing, checkpoint shard loading) do not match.

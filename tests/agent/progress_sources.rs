@@ -109,6 +109,45 @@ fn datagram_socket_steps_and_malformed_messages() {
     );
 }
 
+/// A trainer that reports steps on the socket and also prints a count in
+/// another unit (Lightning's bar counts batches, `resilio_client` sends
+/// optimizer steps): once the socket has spoken, its steps are the steps.
+#[test]
+fn socket_steps_win_over_numbers_in_the_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "both",
+        &["--stall-timeout", "1s"],
+        &[
+            "--report",
+            "both",
+            "--output-scale",
+            "4",
+            "--steps",
+            "9",
+            "--then",
+            "hang",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(124), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "both");
+    assert_eq!(last_step(&recs), Some(9));
+    let switched = one(&recs, "progress_source");
+    assert_eq!(switched.str("steps_from"), Some("socket"));
+    let after: Vec<_> = kinds(&recs, "progress")
+        .into_iter()
+        .filter(|r| r.ts >= switched.ts)
+        .collect();
+    assert!(!after.is_empty());
+    assert!(
+        after.iter().all(|r| r.str("source") == Some("socket")),
+        "{after:?}"
+    );
+    assert_eq!(one(&recs, "stall").u64("last_step"), Some(9));
+}
+
 #[test]
 fn sending_never_fails_when_resilio_is_gone() {
     // The documented client code, run with no resilio behind the socket.
