@@ -41,12 +41,20 @@ pub fn run(opts: LocalOptions) -> Result<i32> {
     crate::agent::runtime()?.block_on(run_async(opts))
 }
 
-/// A port free right now on loopback (the kernel's pick), for MASTER_PORT.
+/// A port free right now, for MASTER_PORT: from 20000..32000, below Linux's
+/// ephemeral range, so that no outgoing connection can take it between this
+/// check and the trainer's bind (the kernel's own pick, from the ephemeral
+/// range, could be). Starts at a place that differs per process and call.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or(29500)
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let start = (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % 12_000;
+    (0..12_000u64)
+        .map(|k| 20_000 + ((start + k) % 12_000) as u16)
+        .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+        .unwrap_or(29_500)
 }
 
 struct Rank {
