@@ -21,8 +21,9 @@ use crate::diagnostics::{self, Helpers};
 use crate::error::{Error, Result, EXIT_STALLED};
 use crate::journal::{self, Writer};
 use crate::policy::failure;
-use crate::policy::stall::{Stall, StallPolicy};
+use crate::policy::stall::{PhaseClass, Stall, StallPolicy};
 use crate::process::{self, Exit};
+use crate::progress::tracker::{Namer, StepRole, Tracker};
 use crate::progress::{self, output, Event, Kind};
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
@@ -143,12 +144,14 @@ struct ProgressLog {
     pending: Option<Observed>,
     first_at: Option<Instant>,
     last_at: Option<Instant>,
+    /// When the named step last advanced (step intervals for the coordinator).
+    last_named_at: Option<Instant>,
     /// A checkpoint phase in progress: when it began, steps seen then.
     checkpoint_began: Option<(Instant, u64)>,
-    /// The trainer reports its steps on the socket: from then on, numbers
-    /// read from its output are not steps (they may count something else:
-    /// Lightning's bar counts batches, `resilio_client` optimizer steps).
-    socket_steps: bool,
+    /// Liveness and the step's name (`progress::tracker`).
+    tracker: Tracker,
+    /// Phase names not declared anywhere, each warned about once.
+    unknown_phases: Vec<String>,
 }
 
 impl ProgressLog {
@@ -647,8 +650,10 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         pending: None,
         first_at: None,
         last_at: None,
+        last_named_at: None,
         checkpoint_began: None,
-        socket_steps: false,
+        tracker: Tracker::new(),
+        unknown_phases: Vec::new(),
     };
     let mut faults = SourceFaults::default();
 
@@ -670,8 +675,21 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     let mut drain_kill_at: Option<Instant> = None;
     let mut ints = 0u32;
     let (diag_tx, mut diag_rx) = tokio::sync::mpsc::unbounded_channel::<diagnostics::Diagnostics>();
+    // Probes asked by the coordinator: (reason, verdict, py-spy dumps).
+    let (probe_tx, mut probe_rx) = tokio::sync::mpsc::unbounded_channel::<(
+        String,
+        diagnostics::Probe,
+        Vec<diagnostics::PySpyDump>,
+    )>();
+    // The stall's own probe, waiting for the stacks of its diagnostics.
+    let mut stall_probe: Option<diagnostics::Probe> = None;
     let mut diag_pending = false;
     let grace = cfg.kill_grace;
+    // resilio's own stops (a stall, a teardown): a hung trainer rarely
+    // honours SIGTERM, and Lightning catches it and sleeps on.
+    let stall_grace = cfg.stall_kill_grace.min(grace);
+    // The grace of the stop under way, for the SIGKILL record.
+    let mut grace_used = grace;
     let scratch = job_dir.join("diag");
 
     // Reaping scans /proc, so it runs only when a child may have changed
@@ -833,37 +851,81 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                                     stop_asked = true;
                                 } else if main_exit.is_none() && stall.is_some() && !stall_stop_sent {
                                     journal.record("stop_judged", json!({ "detail": reason }), false);
-                                    stop_stalled(&mut journal, pid, &skip, grace);
+                                    stop_stalled(&mut journal, pid, &skip, stall_grace);
                                     stall_stop_sent = true;
-                                    kill_at.get_or_insert(Instant::now() + grace);
+                                    if kill_at.is_none() { grace_used = stall_grace; }
+                                    kill_at.get_or_insert(Instant::now() + stall_grace);
                                 } else if main_exit.is_none() && stop.is_none() {
+                                    // The attempt failed elsewhere: this rank is most
+                                    // likely blocked in a collective with the failed one.
                                     process::signal_group(pid, Signal::SIGTERM);
-                                    journal.record("stop", json!({ "reason": "coordinator", "detail": reason, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
+                                    journal.record("stop", json!({ "reason": "coordinator", "detail": reason, "signal": "SIGTERM", "grace_s": stall_grace.as_secs_f64() }), true);
                                     stop = Some(StopReason::Coordinator);
-                                    kill_at.get_or_insert(Instant::now() + grace);
+                                    if kill_at.is_none() { grace_used = stall_grace; }
+                                    kill_at.get_or_insert(Instant::now() + stall_grace);
                                 }
                             }
                             CommandKind::Diagnose { reason } => {
                                 if main_exit.is_none() {
+                                    // The system calls now, then py-spy stacks,
+                                    // off the loop (py-spy takes a moment).
                                     let p = diagnostics::probe(&skip);
-                                    journal.record("probe", json!({ "reason": reason, "probe": &p }), false);
-                                    outbox.update(|r| {
-                                        r.waiting_on_peer = p.waiting_on_peer;
-                                        r.probe = Some(p.evidence.join("; "));
+                                    let (dcfg, h, ptx, scratch) = (cfg.diagnostics.clone(), helpers.clone(), probe_tx.clone(), scratch.clone());
+                                    let spawned = std::thread::Builder::new().name("probe".into()).spawn(move || {
+                                        let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
+                                        let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
+                                        let _ = ptx.send((reason, p, dumps));
                                     });
-                                    outbox.urgent.notify_one();
+                                    if spawned.is_err() {
+                                        outbox.update(|r| r.probed = true);
+                                        outbox.urgent.notify_one();
+                                    }
                                 }
                             }
                         }
                     }
                     Note::Command(_) => {}
+                    Note::JobProgress { at } => {
+                        // A rank with no progress of its own lives on the job's.
+                        if plog.tracker.alive_count() == 0 && at > launched {
+                            policy.on_peer_progress(at);
+                            outbox.update(|r| {
+                                if r.state == RankState::Starting {
+                                    r.state = RankState::Running;
+                                    r.silent = true;
+                                }
+                            });
+                        }
+                    }
                 }
+            }
+            Some((reason, p, dumps)) = probe_rx.recv() => {
+                journal.record("probe", json!({
+                    "reason": reason, "probe": &p,
+                    "py_spy": dumps.iter().map(|d| json!({"pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500)})).collect::<Vec<_>>(),
+                }), false);
+                outbox.update(|r| {
+                    r.waiting_on_peer = p.waiting_on_peer;
+                    r.probe = Some(p.evidence.join("; "));
+                    r.probed = true;
+                });
+                outbox.urgent.notify_one();
             }
             _ = std::future::ready(()), if early => {}
             Some(d) = diag_rx.recv(), if diag_pending => {
                 diag_pending = false;
                 reap_due = true;
                 let tail_lines = tail.last_lines(cfg.diagnostics.tail_lines);
+                if let Some(p) = stall_probe.take() {
+                    let p = diagnostics::with_stacks(p, &d.py_spy, d.py_spy_skipped.as_deref());
+                    journal.record("probe", json!({ "reason": "stall", "probe": &p }), false);
+                    outbox.update(|r| {
+                        r.waiting_on_peer = p.waiting_on_peer;
+                        r.probe = Some(p.evidence.join("; "));
+                        r.probed = true;
+                    });
+                    outbox.urgent.notify_one();
+                }
                 let file = write_diag_file(&scratch, &id, &tail_lines, &d);
                 journal.record("diagnostics", json!({
                     "tail": truncate_lines(&tail_lines, 3000),
@@ -878,9 +940,10 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                         stall_stop_at = Some(Instant::now() + wait);
                         journal.record("stop_deferred", json!({ "reason": "stall", "until": "the coordinator's judgment", "max_wait_s": wait.as_secs_f64() }), false);
                     } else {
-                        stop_stalled(&mut journal, pid, &skip, grace);
+                        stop_stalled(&mut journal, pid, &skip, stall_grace);
                         stall_stop_sent = true;
-                        kill_at.get_or_insert(Instant::now() + grace);
+                        if kill_at.is_none() { grace_used = stall_grace; }
+                        kill_at.get_or_insert(Instant::now() + stall_grace);
                     }
                 } else {
                     kill_at.get_or_insert(Instant::now() + grace);
@@ -933,14 +996,15 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 on_stall(&s, &policy, &mut plog, &mut journal, &clock, &id, now);
                 if linked {
                     // What the trainer is blocked on, before anything disturbs it.
+                    // (Its verdict goes to the coordinator with the stacks
+                    // the diagnostics take next.)
                     let p = diagnostics::probe(&helpers.with(|h| h.clone()));
-                    journal.record("probe", json!({ "reason": "stall", "probe": &p }), false);
                     outbox.update(|r| {
                         r.state = RankState::Stalled;
-                        r.waiting_on_peer = p.waiting_on_peer;
                         r.probe = Some(p.evidence.join("; "));
                     });
                     outbox.urgent.notify_one();
+                    stall_probe = Some(p);
                 }
                 stop = Some(StopReason::Stall);
                 stall_at = Some(now);
@@ -1031,9 +1095,12 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
         if due(stall_stop_at) && !stall_stop_sent && main_exit.is_none() {
             let skip = helpers.with(|h| h.clone());
-            stop_stalled(&mut journal, pid, &skip, grace);
+            stop_stalled(&mut journal, pid, &skip, stall_grace);
             stall_stop_sent = true;
-            kill_at.get_or_insert(now + grace);
+            if kill_at.is_none() {
+                grace_used = stall_grace;
+            }
+            kill_at.get_or_insert(now + stall_grace);
         }
         if due(kill_at) || due(drain_kill_at) {
             let skip = helpers.with(|h| h.clone());
@@ -1042,7 +1109,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 killed_at = Some(now);
                 journal.record(
                     "stop",
-                    json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }),
+                    json!({ "signal": "SIGKILL", "after_grace_s": grace_used.as_secs_f64() }),
                     false,
                 );
             }
@@ -1380,27 +1447,46 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         &mut *k.faults,
     );
     match ev.kind {
-        Kind::Step { step, metrics } => {
-            if ev.source == progress::Source::Socket && step.is_some() && !plog.socket_steps {
-                plog.socket_steps = true;
+        Kind::Step {
+            step,
+            metrics,
+            with_phase,
+        } => {
+            // A step sent with a long phase names what the phase is about
+            // (`phase=checkpoint step=10`), not the trainer's step.
+            let role = match with_phase.as_deref().map(|p| policy.config().classify(p)) {
+                Some(PhaseClass::Long(_)) => StepRole::Annotation,
+                _ => StepRole::Report,
+            };
+            let o = plog.tracker.on_step(ev.source, step, role);
+            if let Some((from, to)) = o.namer_changed {
                 journal.record_at(
                     clock.wall(ev.at),
                     "progress_source",
-                    json!({ "steps_from": "socket", "reason": "the trainer reports steps on RESILIO_SOCKET: numbers in its output are no longer read as steps" }),
+                    json!({
+                        "steps_from": to.name(),
+                        "before": from.map(|f| f.name()),
+                        "reason": match to {
+                            Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
+                            Namer::Output => "steps read from the trainer's output name the step",
+                            Namer::File => "the progress file names the step until the output or the socket does",
+                        },
+                    }),
                     false,
                 );
             }
-            if plog.socket_steps
-                && matches!(
-                    ev.source,
-                    progress::Source::Stdout | progress::Source::Stderr
-                )
-            {
+            let sent_compute = metrics.iter().any(|(k, _)| k == "compute_s");
+            if sent_compute {
+                plog.tracker.on_compute_metric();
+            }
+            if !o.alive && !sent_compute {
                 return;
             }
-            let prev = plog.last_at;
-            let counted = policy.on_progress(ev.at, step);
-            if let Some(o) = k.outbox {
+            let prev = plog.last_named_at;
+            if o.alive {
+                policy.on_progress(ev.at, o.step, o.named_advanced);
+            }
+            if let Some(out) = k.outbox {
                 // compute_s may come on the socket after the same step was
                 // read from the output: counted once per step either way.
                 let compute = metrics
@@ -1408,14 +1494,18 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                     .find(|(k, _)| k == "compute_s")
                     .map(|(_, v)| *v)
                     .filter(|c| c.is_finite() && *c >= 0.0)
-                    .filter(|_| o.take_compute_step(step));
+                    .filter(|_| out.take_compute_step(step));
                 let last = policy.last_step();
-                o.update(|r| {
-                    if counted {
+                let stepped = o.named_advanced;
+                out.update(|r| {
+                    if o.alive {
                         if r.state == RankState::Starting {
                             r.state = RankState::Running;
                         }
+                        r.silent = false;
                         r.step = last;
+                    }
+                    if stepped {
                         if let Some(p) = prev {
                             r.intervals.0 += 1;
                             r.intervals.1 += ev.at.saturating_duration_since(p).as_secs_f64();
@@ -1426,28 +1516,60 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                         r.compute.1 += c;
                     }
                 });
-                if counted {
-                    *o.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev.at);
+                if o.alive {
+                    *out.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(ev.at);
                 }
             }
-            if counted {
-                plog.observe(journal, clock, (ev.at, step, ev.source.name(), metrics));
+            if o.named_advanced {
+                plog.last_named_at = Some(ev.at);
+            }
+            if o.alive {
+                plog.observe(journal, clock, (ev.at, o.step, ev.source.name(), metrics));
             }
         }
-        Kind::Phase(name) => {
+        Kind::Phase { name, step } => {
             let before = policy.phase().clone();
-            policy.on_phase(ev.at, &name);
+            let class = policy.on_phase(ev.at, &name, step);
+            match class {
+                PhaseClass::InStep { known } => {
+                    if !known && !plog.unknown_phases.contains(&name) {
+                        eprintln!(
+                            "resilio: phase '{name}' is not a known phase: judged by the step limit; declare it in [stall] in_step_phases, or give it a limit of its own in [stall.phase_timeouts]"
+                        );
+                        journal.record_at(
+                            clock.wall(ev.at),
+                            "unknown_phase",
+                            json!({ "phase": name, "judged_as": "inside a step", "config": ["stall.in_step_phases", "stall.phase_timeouts"] }),
+                            false,
+                        );
+                        plog.unknown_phases.push(name.clone());
+                    }
+                    if let Some(c) = plog.tracker.on_in_step_phase(ev.at, &name) {
+                        if let Some(out) = k.outbox {
+                            out.update(|r| {
+                                r.compute.0 += 1;
+                                r.compute.1 += c;
+                            });
+                        }
+                    }
+                }
+                PhaseClass::Train | PhaseClass::Long(_) => plog.tracker.on_other_phase(),
+            }
+            if let Some(out) = k.outbox {
+                let shown = match class {
+                    PhaseClass::InStep { .. } => name.clone(),
+                    _ => policy.phase().name().to_string(),
+                };
+                out.update(|r| r.phase = shown);
+            }
             if policy.phase() != &before {
                 if policy.phase().name() == "checkpoint" {
                     plog.checkpoint_began = Some((ev.at, policy.steps_seen()));
                 }
-                if let Some(o) = k.outbox {
-                    o.update(|r| r.phase = policy.phase().name().to_string());
-                }
                 journal.record_at(
                     clock.wall(ev.at),
                     "phase",
-                    json!({ "phase": policy.phase().name(), "source": ev.source.name(), "step": policy.last_step() }),
+                    json!({ "phase": policy.phase().name(), "source": ev.source.name(), "step": step.max(policy.last_step()) }),
                     false,
                 );
             }
@@ -1467,7 +1589,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                 true,
             );
             if policy.phase().name() == "checkpoint" {
-                policy.on_phase(ev.at, "train");
+                policy.on_phase(ev.at, "train", None);
             }
             if let (Some(o), Some(s)) = (k.outbox, step) {
                 o.update(|r| {

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::policy::stall::StallConfig;
 use regex::bytes::Regex;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml::Spanned;
@@ -169,6 +170,11 @@ pub struct Config {
     pub progress: ProgressConfig,
     /// Stall policy parameters.
     pub stall: StallConfig,
+    /// Time between SIGTERM and SIGKILL when resilio stops a rank itself (a
+    /// stall, or the coordinator's teardown of a failed attempt): a hung
+    /// process rarely honours SIGTERM. Never longer than `kill_grace`, which
+    /// stays for stops asked from outside (scancel, Ctrl-C).
+    pub stall_kill_grace: Duration,
     /// Stall diagnostics.
     pub diagnostics: DiagnosticsConfig,
     /// At most one `progress` journal record per this interval (plus first and last).
@@ -243,6 +249,7 @@ impl Default for Config {
         Config {
             state_dir: default_state_dir(),
             kill_grace: Duration::from_secs(30),
+            stall_kill_grace: Duration::from_secs(5),
             max_restarts: 3,
             restart_in_allocation: true,
             progress: ProgressConfig {
@@ -427,6 +434,10 @@ struct StallSection {
     checkpoint_timeout: Option<Duration>,
     #[serde(default, with = "serde_text::option")]
     eval_timeout: Option<Duration>,
+    #[serde(default, with = "serde_text::option")]
+    kill_grace: Option<Duration>,
+    in_step_phases: Option<Spanned<Vec<String>>>,
+    phase_timeouts: Option<BTreeMap<String, Spanned<String>>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -599,6 +610,43 @@ impl Config {
         }
         if let Some(d) = s.eval_timeout {
             self.stall.eval_timeout = d;
+        }
+        if let Some(d) = s.kill_grace {
+            self.stall_kill_grace = d;
+        }
+        let phase_name = |n: &str| {
+            let n = n.trim().to_ascii_lowercase();
+            (!n.is_empty()
+                && n.len() <= 64
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+            .then_some(n)
+        };
+        if let Some(list) = s.in_step_phases {
+            let mut names = Vec::new();
+            for n in list.get_ref() {
+                names.push(phase_name(n).ok_or_else(|| {
+                    err_at(
+                        list.span().start,
+                        format!("stall.in_step_phases: '{n}' is not a phase name (letters, digits, _ and -)"),
+                    )
+                })?);
+            }
+            self.stall.in_step_phases = names;
+        }
+        if let Some(map) = s.phase_timeouts {
+            for (name, t) in map {
+                let n = phase_name(&name).ok_or_else(|| {
+                    err_at(
+                        t.span().start,
+                        format!("stall.phase_timeouts: '{name}' is not a phase name (letters, digits, _ and -)"),
+                    )
+                })?;
+                let d = crate::duration::parse(t.get_ref().trim()).map_err(|m| {
+                    err_at(t.span().start, format!("stall.phase_timeouts.{name}: {m}"))
+                })?;
+                self.stall.phase_timeouts.insert(n, d);
+            }
         }
 
         let d = file.diagnostics;

@@ -9,7 +9,7 @@
 use crate::config::DiagnosticsConfig;
 use crate::process;
 use nix::unistd::Pid;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -141,29 +141,7 @@ pub fn gather(
     scratch: &Path,
 ) -> Diagnostics {
     let mut d = Diagnostics::default();
-    if cfg.py_spy {
-        match which("py-spy") {
-            Some(py_spy) => {
-                let skip = helpers.with(|h| h.clone());
-                let pids = python_processes(&skip);
-                if pids.is_empty() {
-                    d.py_spy_skipped = Some("no Python process in the rank".into());
-                }
-                for pid in pids {
-                    d.py_spy.push(run_py_spy(
-                        &py_spy,
-                        pid,
-                        cfg.py_spy_timeout,
-                        helpers,
-                        scratch,
-                    ));
-                }
-            }
-            None => d.py_spy_skipped = Some("py-spy not on PATH".into()),
-        }
-    } else {
-        d.py_spy_skipped = Some("disabled in config".into());
-    }
+    (d.py_spy, d.py_spy_skipped) = dump_stacks(cfg, helpers, scratch);
     if let Some(sig) = cfg.dump_signal {
         process::signal_group(pgid, sig);
         d.dump_signal = Some(sig.as_str().to_string());
@@ -179,7 +157,7 @@ pub fn gather(
 /// test trainers) blocks on a socket; a rank hung in its own code does not.
 /// Ranks spinning in NCCL look "running" on every rank: the probe cannot tell
 /// them apart there, and says so by answering "not waiting" for all.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probe {
     /// `Some(true)`: some process of the rank waits on a socket.
     /// `Some(false)`: none does, and at least one is busy or blocked elsewhere.
@@ -187,6 +165,9 @@ pub struct Probe {
     pub waiting_on_peer: Option<bool>,
     /// One line per process: `pid comm: what`.
     pub evidence: Vec<String>,
+    /// The verdict comes from py-spy stacks.
+    #[serde(default)]
+    pub stacks: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -296,6 +277,114 @@ pub fn probe(skip: &[i32]) -> Probe {
     p
 }
 
+/// What one `py-spy dump` says about waiting on peers: the innermost Python
+/// frame of each process's main thread. A frame inside `torch.distributed`
+/// (a collective, a barrier, a rendezvous), DDP's own synchronisation
+/// (`torch/nn/parallel/distributed.py`), DeepSpeed's comm layer, or the
+/// autograd engine (where DDP's gradient all-reduce is waited for, below
+/// Python) is waiting on a peer; any other frame (the trainer's own code,
+/// `time.sleep`, a data loader queue) is not. `None` when the text holds no
+/// stack (py-spy failed).
+pub fn classify_stack(dump: &str) -> Option<(bool, String)> {
+    let mut in_main = false;
+    let mut first_thread = true;
+    for line in dump.lines() {
+        let t = line.trim_start();
+        if t.starts_with("Thread ") {
+            // The main thread (py-spy names it), else the first one listed.
+            in_main =
+                t.contains("\"MainThread\"") || (first_thread && !dump.contains("\"MainThread\""));
+            first_thread = false;
+            continue;
+        }
+        if !in_main || line.len() == t.len() || t.is_empty() {
+            continue;
+        }
+        // `    function (path/file.py:line)`: the first frame is the innermost.
+        let frame = t.to_string();
+        let path = t
+            .rsplit_once(" (")
+            .map(|(_, p)| p.trim_end_matches(')'))
+            .unwrap_or("");
+        let path = path.replace('\\', "/");
+        let waiting = [
+            "torch/distributed/",
+            "torch/nn/parallel/distributed.py",
+            "deepspeed/comm/",
+            "torch/autograd/",
+        ]
+        .iter()
+        .any(|p| path.contains(p));
+        return Some((waiting, frame));
+    }
+    None
+}
+
+/// The verdict of several dumps (one per Python process of the rank): any
+/// process waiting on a peer makes the rank wait; otherwise any readable
+/// stack makes it not wait.
+pub fn classify_dumps(dumps: &[PySpyDump]) -> Option<(bool, Vec<String>)> {
+    let mut verdict: Option<bool> = None;
+    let mut evidence = Vec::new();
+    for d in dumps.iter().filter(|d| d.ok) {
+        if let Some((w, frame)) = classify_stack(&d.output) {
+            evidence.push(format!(
+                "{} stack: {} in {frame}",
+                d.pid,
+                if w {
+                    "waiting on a peer"
+                } else {
+                    "not waiting"
+                }
+            ));
+            verdict = Some(verdict.unwrap_or(false) || w);
+        }
+    }
+    verdict.map(|v| (v, evidence))
+}
+
+/// py-spy dumps of every Python process of the rank, or why there are none.
+pub fn dump_stacks(
+    cfg: &DiagnosticsConfig,
+    helpers: &Helpers,
+    scratch: &Path,
+) -> (Vec<PySpyDump>, Option<String>) {
+    if !cfg.py_spy {
+        return (Vec::new(), Some("disabled in config".into()));
+    }
+    let Some(py_spy) = which("py-spy") else {
+        return (Vec::new(), Some("py-spy not on PATH".into()));
+    };
+    let skip = helpers.with(|h| h.clone());
+    let pids = python_processes(&skip);
+    if pids.is_empty() {
+        return (Vec::new(), Some("no Python process in the rank".into()));
+    }
+    let _ = std::fs::create_dir_all(scratch);
+    let dumps = pids
+        .into_iter()
+        .map(|pid| run_py_spy(&py_spy, pid, cfg.py_spy_timeout, helpers, scratch))
+        .collect();
+    (dumps, None)
+}
+
+/// Combine the system-call probe with the stacks: the stacks decide when
+/// they could be read, the probe otherwise.
+pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> Probe {
+    match classify_dumps(dumps) {
+        Some((w, ev)) => {
+            p.waiting_on_peer = Some(w);
+            p.evidence.extend(ev);
+            p.stacks = true;
+        }
+        None => p.evidence.push(format!(
+            "no stacks: {}",
+            skipped.unwrap_or("py-spy could not read the processes")
+        )),
+    }
+    p
+}
+
 #[cfg(test)]
 mod probe_tests {
     use super::*;
@@ -322,5 +411,49 @@ mod probe_tests {
         let _ = waiter.kill();
         let _ = sleeper.wait();
         let _ = waiter.wait();
+    }
+
+    #[test]
+    fn stacks_inside_a_collective_wait_and_others_do_not() {
+        let waiting = "Process 4242: python3 train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\nThread 4242 (idle): \"MainThread\"\n    all_reduce (torch/distributed/distributed_c10d.py:2501)\n    wrapper (torch/distributed/c10d_logger.py:83)\n    <module> (train.py:20)\nThread 4250 (idle): \"Thread-1\"\n    wait (threading.py:320)\n";
+        let (w, frame) = classify_stack(waiting).unwrap();
+        assert!(w, "{frame}");
+        assert!(frame.starts_with("all_reduce"), "{frame}");
+        let hung = "Process 4243: python3 train.py\nPython v3.11.7 (/usr/bin/python3.11)\n\nThread 4243 (idle): \"MainThread\"\n    step (train.py:31)\n    <module> (train.py:40)\n";
+        assert!(!classify_stack(hung).unwrap().0);
+        let backward = "Thread 7 (active): \"MainThread\"\n    _engine_run_backward (torch/autograd/graph.py:825)\n    backward (torch/autograd/__init__.py:347)\n    <module> (t.py:9)\n";
+        assert!(classify_stack(backward).unwrap().0);
+        assert_eq!(classify_stack("Error: Permission denied"), None);
+        let dumps = [
+            PySpyDump {
+                pid: 1,
+                ok: true,
+                output: hung.into(),
+            },
+            PySpyDump {
+                pid: 2,
+                ok: false,
+                output: "failed".into(),
+            },
+        ];
+        let (v, ev) = classify_dumps(&dumps).unwrap();
+        assert!(!v);
+        assert!(
+            ev[0].contains("not waiting in step (train.py:31)"),
+            "{ev:?}"
+        );
+        let p = with_stacks(
+            Probe {
+                waiting_on_peer: None,
+                ..Default::default()
+            },
+            &dumps,
+            None,
+        );
+        assert_eq!(p.waiting_on_peer, Some(false));
+        assert!(p.stacks);
+        let p = with_stacks(Probe::default(), &[], Some("py-spy not on PATH"));
+        assert_eq!(p.waiting_on_peer, None);
+        assert!(p.evidence[0].contains("py-spy not on PATH"));
     }
 }

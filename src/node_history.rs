@@ -54,7 +54,10 @@ fn weight(class: &str) -> f64 {
 }
 
 /// Events against nodes found in one job's records.
-pub fn events_of(job: &str, records: &[Record]) -> Vec<(String, NodeEvent)> {
+pub fn events_of<'a>(
+    job: &str,
+    records: impl IntoIterator<Item = &'a Record>,
+) -> Vec<(String, NodeEvent)> {
     let mut out = Vec::new();
     let mut push = |node: &str, r: &Record, class: &str, evidence: String| {
         if crate::slurm::hostlist::valid_node_name(node) {
@@ -256,15 +259,15 @@ pub fn fleet_rate(
 /// own failed attempts that it is pooled with. A verdict written at a later
 /// start (`about_attempt`) counts for the attempt it is about.
 pub fn interruptions(job: &str, records: &[Record]) -> usize {
-    let mut by_attempt: BTreeMap<u64, Vec<Record>> = BTreeMap::new();
+    let mut by_attempt: BTreeMap<u64, Vec<&Record>> = BTreeMap::new();
     for r in records {
         let about = r.u64("about_attempt").unwrap_or(u64::from(r.attempt));
-        by_attempt.entry(about).or_default().push(r.clone());
+        by_attempt.entry(about).or_default().push(r);
     }
     by_attempt
         .values()
         .filter(|recs| {
-            events_of(job, recs)
+            events_of(job, recs.iter().copied())
                 .iter()
                 .any(|(_, e)| e.class != "straggler" && weight(&e.class) > 0.0)
         })

@@ -67,8 +67,17 @@ impl Outbox {
 #[derive(Debug)]
 pub enum Note {
     Command(Command),
-    Unreachable { error: String },
-    Reachable { gap_s: f64, failed_requests: u64 },
+    /// The job's freshest progress, as of when the reply arrived.
+    JobProgress {
+        at: Instant,
+    },
+    Unreachable {
+        error: String,
+    },
+    Reachable {
+        gap_s: f64,
+        failed_requests: u64,
+    },
 }
 
 /// The HTTP link.
@@ -117,8 +126,8 @@ impl Link {
         *self.cached.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// Send one report now; the reply's commands.
-    pub async fn send(&self, r: &Report, timeout: Duration) -> Result<Vec<Command>, String> {
+    /// Send one report now; the reply.
+    pub async fn send(&self, r: &Report, timeout: Duration) -> Result<Reply, String> {
         let res = self.send_once(r, timeout).await;
         if res.is_err() {
             self.forget();
@@ -126,7 +135,7 @@ impl Link {
         res
     }
 
-    async fn send_once(&self, r: &Report, timeout: Duration) -> Result<Vec<Command>, String> {
+    async fn send_once(&self, r: &Report, timeout: Duration) -> Result<Reply, String> {
         let (url, token) = self
             .resolve()
             .ok_or_else(|| "coordinator not found yet (no coordinator.json)".to_string())?;
@@ -146,7 +155,7 @@ impl Link {
         }
         let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
         let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        Ok(reply.commands)
+        Ok(reply)
     }
 
     async fn poll(&self, rank: u32, attempt: u32, after: u64) -> Result<Vec<Command>, String> {
@@ -187,7 +196,7 @@ impl Link {
                 }
                 let r = ob.snapshot();
                 match me.send(&r, Duration::from_secs(2)).await {
-                    Ok(cmds) => {
+                    Ok(reply) => {
                         if let Some(t) = down_since.take() {
                             let _ = tx.send(Note::Reachable {
                                 gap_s: t.elapsed().as_secs_f64(),
@@ -196,7 +205,16 @@ impl Link {
                         }
                         failed = 0;
                         backoff = me.period;
-                        for c in cmds {
+                        if let Some(age) = reply
+                            .job_progress_age_s
+                            .filter(|a| a.is_finite() && *a >= 0.0)
+                        {
+                            let at = Instant::now()
+                                .checked_sub(Duration::from_secs_f64(age.min(1e6)))
+                                .unwrap_or_else(Instant::now);
+                            let _ = tx.send(Note::JobProgress { at });
+                        }
+                        for c in reply.commands {
                             let _ = tx.send(Note::Command(c));
                         }
                     }

@@ -73,6 +73,15 @@ pub struct Report {
     /// blocked on a peer (network read or poll)?
     pub waiting_on_peer: Option<bool>,
     pub probe: Option<String>,
+    /// A probe was taken in this attempt and its result is in this report
+    /// (even when it could not tell: `waiting_on_peer` is then `None`).
+    #[serde(default)]
+    pub probed: bool,
+    /// The rank has shown no progress of its own while the job progressed
+    /// (only some ranks print): alive on the job's progress, never judged as
+    /// "behind" for the steps it does not report.
+    #[serde(default)]
+    pub silent: bool,
     /// The highest command sequence number the agent has seen.
     pub commands_seen: u64,
 }
@@ -110,6 +119,10 @@ impl Command {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reply {
     pub commands: Vec<Command>,
+    /// Seconds since any rank of the job last made progress (replies to
+    /// reports only): keeps ranks that report nothing of their own alive.
+    #[serde(default)]
+    pub job_progress_age_s: Option<f64>,
 }
 
 /// One rank in `resilio status`.
@@ -126,6 +139,9 @@ pub struct RankStatus {
     pub progress_age_s: Option<f64>,
     pub last_report_age_s: f64,
     pub straggler: bool,
+    /// Reports no progress of its own; alive while the job progresses.
+    #[serde(default)]
+    pub silent: bool,
 }
 
 /// The live job, for `resilio status` and `GET /v1/status`.

@@ -121,11 +121,18 @@ async fn report(
     }
     let (rank, attempt, seen) = (r.rank, r.attempt, r.commands_seen);
     let now = Instant::now();
-    let commands = s.with_view(|v| {
+    let (commands, job_progress_age_s) = s.with_view(|v| {
         let e = v.on_report(r, now);
-        (v.commands_for(rank, attempt, seen), e)
+        (
+            (v.commands_for(rank, attempt, seen), v.job_progress_age(now)),
+            e,
+        )
     });
-    Json(Reply { commands }).into_response()
+    Json(Reply {
+        commands,
+        job_progress_age_s,
+    })
+    .into_response()
 }
 
 #[derive(serde::Deserialize)]
@@ -151,7 +158,11 @@ async fn commands(
     loop {
         let cmds = s.with_view(|v| (v.commands_for(q.rank, q.attempt, q.after), Vec::new()));
         if !cmds.is_empty() {
-            return Json(Reply { commands: cmds }).into_response();
+            return Json(Reply {
+                commands: cmds,
+                job_progress_age_s: None,
+            })
+            .into_response();
         }
         match tokio::time::timeout_at(deadline, rx.changed()).await {
             Ok(Ok(())) => continue,

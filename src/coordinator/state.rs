@@ -298,11 +298,14 @@ impl JobView {
         }
         let prev = self.ranks.get(&r.rank);
         let stepped = r.step.is_some() && prev.is_none_or(|p| p.report.step != r.step);
-        let last_step_at = if stepped {
-            let age = Duration::from_secs_f64(r.progress_age_s.unwrap_or(0.0).clamp(0.0, 1e6));
-            Some(now.checked_sub(age).unwrap_or(now))
-        } else {
-            prev.and_then(|p| p.last_step_at)
+        // Progress of any source (not only a new step number: Lightning's
+        // bar between two optimizer steps) is when the rank was last alive.
+        let last_step_at = match r.progress_age_s.filter(|a| a.is_finite()) {
+            Some(age) => {
+                let age = Duration::from_secs_f64(age.clamp(0.0, 1e6));
+                Some(now.checked_sub(age).unwrap_or(now))
+            }
+            None => prev.and_then(|p| p.last_step_at),
         };
         let was_lost = prev.is_some_and(|p| p.lost);
         let prev_state = prev.map(|p| p.report.state);
@@ -392,8 +395,19 @@ impl JobView {
         out
     }
 
+    /// Every live rank has answered the probe (a probe that could not tell
+    /// is an answer too: waiting for it longer would tell nothing more).
     fn probes_complete(&self) -> bool {
-        self.live().all(|(_, e)| e.report.waiting_on_peer.is_some())
+        self.live()
+            .all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some())
+    }
+
+    /// Seconds since any live rank last made progress in this attempt.
+    pub fn job_progress_age(&self, now: Instant) -> Option<f64> {
+        self.live()
+            .filter_map(|(_, e)| e.last_step_at)
+            .max()
+            .map(|t| now.saturating_duration_since(t).as_secs_f64())
     }
 
     fn fail(
@@ -452,6 +466,7 @@ impl JobView {
                     || e.report.exit.as_ref().is_some_and(|x| x.class == "hang"),
                 exited: e.report.state == RankState::Exited,
                 waiting_on_peer: e.report.waiting_on_peer,
+                silent: e.report.silent,
             })
             .collect();
         let intervals: Vec<f64> = self
@@ -476,7 +491,7 @@ impl JobView {
                 "ranks": views.iter().map(|w| json!({
                     "rank": w.rank, "node": w.node, "last_step": w.last_step,
                     "last_progress_s": w.last_progress, "stalled": w.stalled,
-                    "exited": w.exited, "waiting_on_peer": w.waiting_on_peer,
+                    "exited": w.exited, "waiting_on_peer": w.waiting_on_peer, "silent": w.silent,
                     "probe": self.ranks.get(&w.rank).and_then(|e| e.report.probe.clone()),
                 })).collect::<Vec<_>>(),
             }),
@@ -819,6 +834,7 @@ impl JobView {
                     progress_age_s: e.last_step_at.map(|t| now.duration_since(t).as_secs_f64()),
                     last_report_age_s: heard,
                     straggler: sr.contains(&r.to_string()),
+                    silent: e.report.silent,
                 }
             })
             .collect();
@@ -940,8 +956,10 @@ mod tests {
         for r in 0..4 {
             v.on_report(report(r, 10, RankState::Running), t);
         }
+        // Reports carry the age of each rank's last progress: all at `t`.
         let mut s0 = report(0, 10, RankState::Stalled);
         s0.waiting_on_peer = Some(true);
+        s0.progress_age_s = Some(30.0);
         let e = v.on_report(s0, t + Duration::from_secs(30));
         assert_eq!(kinds(&e), vec!["stall_reported"]);
         let diag = v.commands_for(1, 0, 0);
@@ -953,10 +971,12 @@ mod tests {
         for (r, waiting) in [(1, false), (2, true)] {
             let mut x = report(r, 10, RankState::Running);
             x.waiting_on_peer = Some(waiting);
+            x.progress_age_s = Some(31.0);
             assert!(!kinds(&v.on_report(x, t + Duration::from_secs(31))).contains(&"hang"));
         }
         let mut x = report(3, 10, RankState::Running);
         x.waiting_on_peer = Some(true);
+        x.progress_age_s = Some(31.0);
         let e = v.on_report(x, t + Duration::from_secs(31));
         assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
         match &e[2] {

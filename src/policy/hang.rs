@@ -3,19 +3,28 @@
 //! (and node) to blame is the one that stopped first. Pure: the coordinator
 //! passes each rank's last progress and the evidence its agent gathered.
 //!
+//! Most ranks of a real job print nothing (only rank 0, or the last rank,
+//! logs iterations). Such a *silent* rank is never judged by steps it does
+//! not report: "never printed" is not evidence. Steps compare only ranks
+//! that report them; everything else comes from the probes.
+//!
 //! Rules, in order:
 //! 0. *Alone*: the only rank left to judge, when every other rank of the
 //!    job finished cleanly (or the job has one rank), is blamed. A rank the
 //!    coordinator never heard from keeps this rule from applying.
-//! 1. *Behind*: ranks whose last step is lower than the others' are blamed.
-//! 2. *Stopped first*: at the same step, ranks whose last progress is
-//!    earlier than every other rank's by more than the tolerance.
-//! 3. *Not waiting*: at the same step and time (lockstep), ranks whose
-//!    processes were not blocked on a peer (a network read or poll) while the
-//!    others were. This comes from the agents' probe of the trainer's threads
-//!    (`/proc/PID/task/*/syscall`); on GPUs, where NCCL spins instead of
-//!    blocking, it says nothing, and rule 4 applies.
-//! 4. *Undetermined*: nobody is blamed; every stalled rank is named.
+//! 1. *Behind*: among ranks that report steps, those whose last step is
+//!    lower than the others' are blamed.
+//! 2. *Stopped first*: among ranks that report steps, at the same step,
+//!    those whose last progress is earlier than every other's by more than
+//!    the tolerance.
+//! 3. *Not waiting*: ranks (silent ones included) whose trainer was not
+//!    waiting on a peer while others were. The agents' probes say which:
+//!    `py-spy dump` stacks (inside a `torch.distributed` collective or not)
+//!    when py-spy is installed, else the system call each process is blocked
+//!    in (`/proc/PID/task/*/syscall`: a socket read or poll is a peer). On
+//!    GPUs, where NCCL spins instead of blocking, only the stacks can tell.
+//! 4. *Undetermined*: nobody is blamed; the reason says what evidence was
+//!    missing.
 
 use serde::Serialize;
 
@@ -34,6 +43,8 @@ pub struct RankView {
     /// From the agent's probe: blocked on a peer (`Some(true)`), busy or
     /// blocked on something else (`Some(false)`), unknown (`None`).
     pub waiting_on_peer: Option<bool>,
+    /// Reports no progress of its own (alive on the job's progress).
+    pub silent: bool,
 }
 
 /// The judgment.
@@ -69,6 +80,10 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
     if ranks.is_empty() {
         return verdict("undetermined", vec![], "no ranks reported".into());
     }
+    let steps_of = |r: &RankView| match (r.silent, r.last_step) {
+        (false, Some(s)) => format!("at step {s}"),
+        _ => "(it reports no steps of its own)".to_string(),
+    };
     if let [only] = ranks {
         if unseen > 0 {
             let reason = format!(
@@ -78,39 +93,50 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             return verdict("undetermined", vec![], reason);
         }
         let reason = format!(
-            "rank {} stopped at step {} with no other rank still running to compare it with",
+            "rank {} stopped {} with no other rank still running to compare it with",
             only.rank,
-            only.last_step
-                .map_or("none (never stepped)".into(), |s| s.to_string()),
+            steps_of(only)
         );
         return verdict("alone", vec![only], reason);
     }
-    // A rank that never stepped is "behind" everyone that did.
-    let key = |r: &RankView| r.last_step.map_or(0, |s| s + 1);
-    let min = ranks.iter().map(key).min().unwrap_or(0);
-    let max = ranks.iter().map(key).max().unwrap_or(0);
-    if min < max {
-        let behind: Vec<&RankView> = ranks.iter().filter(|r| key(r) == min).collect();
-        let best = ranks.iter().filter_map(|r| r.last_step).max();
-        let reason = format!(
-            "rank(s) {} stopped at step {} while others reached step {}",
-            list(&behind),
-            behind[0]
-                .last_step
-                .map_or("none (never stepped)".into(), |s| s.to_string()),
-            best.map_or("-".into(), |s| s.to_string())
-        );
-        return verdict("behind", behind, reason);
+    // Steps compare only the ranks that report them.
+    let stepping: Vec<&RankView> = ranks
+        .iter()
+        .filter(|r| !r.silent && r.last_step.is_some())
+        .collect();
+    let min = stepping.iter().filter_map(|r| r.last_step).min();
+    let max = stepping.iter().filter_map(|r| r.last_step).max();
+    if let (Some(min), Some(max)) = (min, max) {
+        if min < max {
+            let behind: Vec<&RankView> = stepping
+                .iter()
+                .copied()
+                .filter(|r| r.last_step == Some(min))
+                .collect();
+            let reason = format!(
+                "rank(s) {} stopped at step {min} while others reached step {max}",
+                list(&behind),
+            );
+            return verdict("behind", behind, reason);
+        }
     }
-    let times: Vec<f64> = ranks.iter().filter_map(|r| r.last_progress).collect();
-    if times.len() == ranks.len() && ranks.len() > 1 {
-        let earliest = times.iter().copied().fold(f64::INFINITY, f64::min);
-        let first: Vec<&RankView> = ranks
+    let timed: Vec<&RankView> = stepping
+        .iter()
+        .copied()
+        .filter(|r| r.last_progress.is_some())
+        .collect();
+    if timed.len() > 1 {
+        let earliest = timed
             .iter()
+            .filter_map(|r| r.last_progress)
+            .fold(f64::INFINITY, f64::min);
+        let first: Vec<&RankView> = timed
+            .iter()
+            .copied()
             .filter(|r| r.last_progress.is_some_and(|t| t - earliest <= tolerance_s))
             .collect();
-        if first.len() < ranks.len() {
-            let next = ranks
+        if first.len() < timed.len() {
+            let next = timed
                 .iter()
                 .filter_map(|r| r.last_progress)
                 .filter(|t| t - earliest > tolerance_s)
@@ -140,19 +166,39 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         .count();
     if !not_waiting.is_empty() && waiting > 0 && not_waiting.len() < live.len() {
         let reason = format!(
-            "all ranks stopped together; rank(s) {} were not waiting on a peer while {} rank(s) were blocked reading from one",
+            "rank(s) {} were not waiting on a peer while {} rank(s) were (in a collective, or blocked reading from a peer)",
             list(&not_waiting),
             waiting
         );
         return verdict("not_waiting", not_waiting, reason);
     }
+    let unknown: Vec<&RankView> = live
+        .iter()
+        .copied()
+        .filter(|r| r.waiting_on_peer.is_none())
+        .collect();
+    let evidence = if !unknown.is_empty() {
+        format!(
+            "the probes could not tell what rank(s) {} were doing (install py-spy for stacks)",
+            list(&unknown)
+        )
+    } else if waiting == 0 {
+        "no rank was waiting on a peer (all busy or blocked elsewhere, as NCCL ranks spinning on a GPU look without stacks)".to_string()
+    } else {
+        "every rank was waiting on a peer".to_string()
+    };
+    let silent = ranks.iter().filter(|r| r.silent).count();
     verdict(
         "undetermined",
         vec![],
         format!(
-            "all {} ranks stopped at the same step within {:.1}s and the probes cannot tell who waits for whom: nobody blamed",
+            "all {} ranks stopped{} and {evidence}: nobody blamed",
             ranks.len(),
-            tolerance_s
+            if silent > 0 {
+                format!(" ({silent} of them report no steps)")
+            } else {
+                format!(" at the same step within {tolerance_s:.1}s")
+            },
         ),
     )
 }
@@ -177,6 +223,7 @@ mod tests {
             stalled: true,
             exited: false,
             waiting_on_peer: waiting,
+            silent: false,
         }
     }
 
@@ -208,13 +255,63 @@ mod tests {
         assert_eq!(v.blamed_ranks, vec![1]);
         assert_eq!(v.blamed_nodes, vec!["n0".to_string()]);
         assert_eq!(v.stalled_ranks, vec![0, 1, 2]);
-        // Never stepped counts as behind.
+        // Never printing a step is not being behind.
         let v = judge(
-            &[view(0, Some(1), 1.0, None), view(1, None, 0.0, None)],
+            &[view(0, Some(1), 1.0, Some(true)), view(1, None, 0.0, None)],
             0.5,
             0,
         );
+        assert_eq!(v.rule, "undetermined");
+        assert!(
+            v.reason.contains("could not tell what rank(s) 1"),
+            "{}",
+            v.reason
+        );
+    }
+
+    #[test]
+    fn a_silent_rank_is_judged_by_its_probe_not_by_steps_it_never_reported() {
+        // Real DDP, only rank 0 prints: rank 0 waits in all_reduce at step
+        // 11, rank 1 (silent) hangs in its own code.
+        let mut silent = view(1, None, 0.0, Some(false));
+        silent.silent = true;
+        let v = judge(
+            &[view(0, Some(11), 50.0, Some(true)), silent.clone()],
+            0.5,
+            0,
+        );
+        assert_eq!(v.rule, "not_waiting");
         assert_eq!(v.blamed_ranks, vec![1]);
+        assert!(!v.reason.contains("never"), "{}", v.reason);
+        // The printing rank hung; the silent one waits for it.
+        let mut waiting = silent.clone();
+        waiting.waiting_on_peer = Some(true);
+        let v = judge(
+            &[view(0, Some(11), 50.0, Some(false)), waiting.clone()],
+            0.5,
+            0,
+        );
+        assert_eq!(v.blamed_ranks, vec![0]);
+        // Two printers stopped together with a silent culprit: steps do not
+        // decide, the probe does.
+        let ranks = [
+            view(0, Some(11), 50.0, Some(true)),
+            silent.clone(),
+            view(2, Some(11), 50.1, Some(true)),
+            waiting.clone(),
+        ];
+        assert_eq!(judge(&ranks, 0.5, 0).blamed_ranks, vec![1]);
+        // No probe could tell: the verdict says so plainly.
+        let mut unknown = silent;
+        unknown.waiting_on_peer = None;
+        let v = judge(&[view(0, Some(11), 50.0, None), unknown], 0.5, 0);
+        assert_eq!(v.rule, "undetermined");
+        assert!(v.reason.contains("install py-spy"), "{}", v.reason);
+        assert!(
+            v.reason.contains("1 of them report no steps"),
+            "{}",
+            v.reason
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Stall (hang) detection for one rank.
 //!
-//! Before the first step the rank is judged against `startup_timeout`. After
-//! it, against a fixed timeout when configured, otherwise an adaptive one:
+//! Before the first sign of progress the rank is judged against
+//! `startup_timeout`. After it, against a fixed timeout when configured,
+//! otherwise an adaptive one:
 //!
 //! ```text
 //! timeout = max(floor, factor × percentile(recent step intervals), 2 × longest interval seen)
@@ -10,11 +11,24 @@
 //! so that 0.5 s steps are caught within the floor while 5-minute steps are
 //! given most of an hour, and a pause that happened once and recovered (an
 //! epoch boundary, an unannounced evaluation) is not taken for a hang later.
-//! While the trainer is in a named phase (`checkpoint`, `eval`, or any other
-//! it announces) that phase's own timeout applies, measured from the phase's
-//! start; intervals that span a phase are not learnt as step intervals.
+//!
+//! Phases come in two kinds:
+//! - **inside a step** (`compute`, `comm`, `data`, `forward`, `backward`,
+//!   `optimizer`, configured names, and any name not known): judged by the
+//!   step limit, measured from the last progress. Declaring where you are
+//!   never switches hang detection off: a hang inside `comm` is a hang.
+//! - **long** (`checkpoint`, `save`, `eval`, `validation`, and configured
+//!   names with their own timeouts): judged by their own limit, measured
+//!   from the phase's start; intervals that span one are not learnt.
+//!
+//! Progress (any source's own counter advancing) restarts the clock; which
+//! source names the step is decided elsewhere (`progress::tracker`): only
+//! advances of the named step are learnt as step intervals. A rank that
+//! reports nothing of its own (a silent rank: only rank 0 prints, as in
+//! Megatron-LM or torchtitan) is kept alive by the job's progress, which its
+//! agent hears from the coordinator, and keeps the startup allowance.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Parameters of the stall policy.
@@ -34,8 +48,36 @@ pub struct StallConfig {
     pub adaptive_window: usize,
     /// Allowed duration of a `checkpoint` phase.
     pub checkpoint_timeout: Duration,
-    /// Allowed duration of an `eval` phase (and any other named phase).
+    /// Allowed duration of an `eval` phase (and `validation`).
     pub eval_timeout: Duration,
+    /// Further phases inside a step (judged by the step limit), besides
+    /// the built-in ones ([`IN_STEP_PHASES`]).
+    pub in_step_phases: Vec<String>,
+    /// Further long phases, each with its own limit (config
+    /// `[stall.phase_timeouts]`); they also override the built-in ones.
+    pub phase_timeouts: BTreeMap<String, Duration>,
+}
+
+/// Phases inside a step, judged by the step limit.
+pub const IN_STEP_PHASES: &[&str] = &[
+    "compute",
+    "comm",
+    "data",
+    "forward",
+    "backward",
+    "optimizer",
+];
+
+/// How a phase name is judged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PhaseClass {
+    /// `train` (or an empty name): back to stepping.
+    Train,
+    /// A phase inside a step; `known: false` for a name nobody declared
+    /// (judged the same way; the agent warns once).
+    InStep { known: bool },
+    /// A long phase with its own limit.
+    Long(Duration),
 }
 
 impl Default for StallConfig {
@@ -49,6 +91,30 @@ impl Default for StallConfig {
             adaptive_window: 256,
             checkpoint_timeout: Duration::from_secs(30 * 60),
             eval_timeout: Duration::from_secs(30 * 60),
+            in_step_phases: Vec::new(),
+            phase_timeouts: BTreeMap::new(),
+        }
+    }
+}
+
+impl StallConfig {
+    /// How the phase `name` (lower case) is judged.
+    pub fn classify(&self, name: &str) -> PhaseClass {
+        if let Some(t) = self.phase_timeouts.get(name) {
+            return PhaseClass::Long(*t);
+        }
+        match name {
+            "train" | "" => PhaseClass::Train,
+            "checkpoint" | "save" | "checkpointing" | "saving" => {
+                PhaseClass::Long(self.checkpoint_timeout)
+            }
+            "eval" | "evaluation" | "evaluate" | "validation" | "validate" | "val" => {
+                PhaseClass::Long(self.eval_timeout)
+            }
+            n if IN_STEP_PHASES.contains(&n) || self.in_step_phases.iter().any(|p| p == n) => {
+                PhaseClass::InStep { known: true }
+            }
+            _ => PhaseClass::InStep { known: false },
         }
     }
 }
@@ -60,8 +126,9 @@ pub enum Phase {
     Startup,
     /// Stepping.
     Train,
-    /// A named phase announced by the trainer (`checkpoint`, `eval`, ...).
-    Named(String),
+    /// A long phase announced by the trainer (`checkpoint`, `eval`, ...),
+    /// with its own limit.
+    Named(String, Duration),
 }
 
 impl Phase {
@@ -70,7 +137,7 @@ impl Phase {
         match self {
             Phase::Startup => "startup",
             Phase::Train => "train",
-            Phase::Named(n) => n,
+            Phase::Named(n, _) => n,
         }
     }
 }
@@ -117,9 +184,10 @@ pub struct StallPolicy {
     cfg: StallConfig,
     launched: Instant,
     phase: Phase,
-    /// Start of the current wait: last step, or phase start/end.
+    /// Start of the current wait: last progress, or phase start/end.
     anchor: Instant,
     last_step: Option<u64>,
+    /// When the named step last advanced (the start of the next interval).
     last_step_at: Option<Instant>,
     /// True when the gap since `last_step_at` crossed a phase (not learnt).
     gap_crossed_phase: bool,
@@ -130,6 +198,8 @@ pub struct StallPolicy {
     adaptive: Option<Duration>,
     /// Scratch space for the percentile (no allocation per step).
     scratch: Vec<f64>,
+    /// The step a long phase was entered at: only a later step ends it.
+    phase_step: Option<u64>,
 }
 
 impl StallPolicy {
@@ -148,7 +218,13 @@ impl StallPolicy {
             steps_seen: 0,
             adaptive: None,
             scratch: Vec::new(),
+            phase_step: None,
         }
+    }
+
+    /// The parameters in force.
+    pub fn config(&self) -> &StallConfig {
+        &self.cfg
     }
 
     /// The current phase.
@@ -156,12 +232,12 @@ impl StallPolicy {
         &self.phase
     }
 
-    /// The last step seen.
+    /// The last (named) step seen.
     pub fn last_step(&self) -> Option<u64> {
         self.last_step
     }
 
-    /// How many distinct progress events have counted.
+    /// How many progress events have counted.
     pub fn steps_seen(&self) -> u64 {
         self.steps_seen
     }
@@ -171,57 +247,87 @@ impl StallPolicy {
         self.launched
     }
 
-    /// Progress: a step number, or `None` for progress without a number
-    /// (a progress file whose content changed). Returns whether it counted:
-    /// a repeat of the last step number is not progress.
-    pub fn on_progress(&mut self, now: Instant, step: Option<u64>) -> bool {
-        if step.is_some() && step == self.last_step {
-            return false;
-        }
-        if let Some(prev) = self.last_step_at {
-            if !self.gap_crossed_phase && !matches!(self.phase, Phase::Named(_)) {
-                let dt = now.saturating_duration_since(prev).as_secs_f64();
-                if self.intervals.len() == self.cfg.adaptive_window.max(1) {
-                    self.intervals.pop_front();
-                }
-                self.intervals.push_back(dt);
-                self.longest = self.longest.max(dt);
-                self.adaptive = self.compute_adaptive();
-            }
-        }
+    /// Progress: some source's own counter advanced (see
+    /// `progress::tracker`). `step` is the named step after it; `learn`
+    /// says the named step advanced, so the time since the previous advance
+    /// is a step interval (unless a phase or a suspension lay between).
+    ///
+    /// A long phase ends only when the named step moves past the step it
+    /// began at: sources race (the step line that precedes
+    /// `phase=checkpoint step=10` may be read after it), and an output line
+    /// or a batch counter during a save is life, not the save's end.
+    pub fn on_progress(&mut self, now: Instant, step: Option<u64>, learn: bool) {
+        self.steps_seen += 1;
         if step.is_some() {
             self.last_step = step;
         }
-        self.last_step_at = Some(now);
-        self.gap_crossed_phase = false;
-        self.anchor = now;
-        self.phase = Phase::Train;
-        self.steps_seen += 1;
-        true
-    }
-
-    /// The trainer announced a phase (`train` ends any named phase).
-    pub fn on_phase(&mut self, now: Instant, name: &str) {
-        let next = match name {
-            "train" | "" => {
-                if self.steps_seen == 0 {
-                    Phase::Startup
-                } else {
-                    Phase::Train
-                }
+        self.anchor = self.anchor.max(now);
+        if let Phase::Named(..) = self.phase {
+            let past = learn
+                && match (step, self.phase_step) {
+                    (Some(s), Some(p)) => s > p,
+                    _ => true,
+                };
+            if !past {
+                return;
             }
-            other => Phase::Named(other.to_string()),
-        };
-        if next == self.phase {
-            return;
-        }
-        if matches!(self.phase, Phase::Named(_)) || matches!(next, Phase::Named(_)) {
-            // The wait restarts at the phase boundary, and the step gap that
-            // contains a phase says nothing about step time.
-            self.anchor = now;
             self.gap_crossed_phase = true;
         }
-        self.phase = next;
+        if learn {
+            if let Some(prev) = self.last_step_at {
+                if !self.gap_crossed_phase {
+                    let dt = now.saturating_duration_since(prev).as_secs_f64();
+                    if self.intervals.len() == self.cfg.adaptive_window.max(1) {
+                        self.intervals.pop_front();
+                    }
+                    self.intervals.push_back(dt);
+                    self.longest = self.longest.max(dt);
+                    self.adaptive = self.compute_adaptive();
+                }
+            }
+            self.last_step_at = Some(now);
+            self.gap_crossed_phase = false;
+        }
+        self.phase = Phase::Train;
+    }
+
+    /// The job progressed (another rank's progress, heard from the
+    /// coordinator) at `at`. A rank with no progress of its own is alive as
+    /// long as the job is: its wait restarts, under the startup allowance.
+    /// Once the rank has shown progress of its own, this changes nothing.
+    pub fn on_peer_progress(&mut self, at: Instant) {
+        if self.steps_seen == 0 && self.phase == Phase::Startup {
+            self.anchor = self.anchor.max(at);
+        }
+    }
+
+    /// The trainer announced a phase, at `step` when its message named one.
+    /// Returns how the name is judged.
+    pub fn on_phase(&mut self, now: Instant, name: &str, step: Option<u64>) -> PhaseClass {
+        let class = self.cfg.classify(name);
+        let next = match &class {
+            PhaseClass::Long(t) => Phase::Named(name.to_string(), *t),
+            // Inside a step (or back to training): the step clock keeps
+            // running from the last progress, a long phase ends.
+            PhaseClass::Train | PhaseClass::InStep { .. } => match self.phase {
+                Phase::Named(..) if self.steps_seen == 0 => Phase::Startup,
+                Phase::Named(..) => Phase::Train,
+                ref p => p.clone(),
+            },
+        };
+        if let Phase::Named(..) = next {
+            self.phase_step = step.max(self.last_step);
+        }
+        if next != self.phase {
+            if matches!(self.phase, Phase::Named(..)) || matches!(next, Phase::Named(..)) {
+                // The wait restarts at the phase boundary, and the step gap
+                // that contains a long phase says nothing about step time.
+                self.anchor = self.anchor.max(now);
+                self.gap_crossed_phase = true;
+            }
+            self.phase = next;
+        }
+        class
     }
 
     /// The process was stopped and resumed (SIGCONT): the time it spent
@@ -256,34 +362,35 @@ impl StallPolicy {
         Some(Duration::from_secs_f64(secs.min(1e9)))
     }
 
+    /// The step limit in force: fixed, adaptive, or (before an interval is
+    /// learnt) the startup allowance.
+    fn step_limit(&self) -> (Duration, StallKind) {
+        match self.cfg.fixed_timeout {
+            Some(t) => (t, StallKind::Step { adaptive: false }),
+            // One step seen and no interval yet: the second step may still
+            // carry warm-up (compilation, autotuning), so the startup
+            // allowance applies until an interval is learnt.
+            None => match self.adaptive_timeout() {
+                Some(t) => (t, StallKind::Step { adaptive: true }),
+                None => (self.cfg.startup_timeout, StallKind::Step { adaptive: true }),
+            },
+        }
+    }
+
     /// The limit in force now and what breaking it would be called.
     pub fn current_limit(&self) -> (Duration, StallKind) {
         match &self.phase {
             Phase::Startup => (self.cfg.startup_timeout, StallKind::Startup),
-            Phase::Named(name) => {
-                let t = if name == "checkpoint" {
-                    self.cfg.checkpoint_timeout
-                } else {
-                    self.cfg.eval_timeout
-                };
-                // A phase never shortens what a step may take (steps logged
-                // 40 minutes apart outlast a 30-minute phase allowance).
+            Phase::Named(name, t) => {
+                // A long phase never shortens what a step may take (steps
+                // logged 40 minutes apart outlast a 30-minute allowance).
                 let step_limit = match self.cfg.fixed_timeout {
                     Some(f) => f,
                     None => self.adaptive.unwrap_or(Duration::ZERO),
                 };
-                (t.max(step_limit), StallKind::Phase(name.clone()))
+                ((*t).max(step_limit), StallKind::Phase(name.clone()))
             }
-            Phase::Train => match self.cfg.fixed_timeout {
-                Some(t) => (t, StallKind::Step { adaptive: false }),
-                // One step seen and no interval yet: the second step may
-                // still carry warm-up (compilation, autotuning), so the
-                // startup allowance applies until an interval is learnt.
-                None => match self.adaptive_timeout() {
-                    Some(t) => (t, StallKind::Step { adaptive: true }),
-                    None => (self.cfg.startup_timeout, StallKind::Step { adaptive: true }),
-                },
-            },
+            Phase::Train => self.step_limit(),
         }
     }
 
@@ -346,7 +453,7 @@ mod tests {
         for i in 0..n {
             t = t0 + secs(dt * i as f64);
             assert!(p.check(t).is_none(), "false stall at step {}", start + i);
-            p.on_progress(t, Some(start + i));
+            p.on_progress(t, Some(start + i), true);
         }
         t
     }
@@ -391,7 +498,7 @@ mod tests {
             let jitter = if i % 2 == 0 { 240.0 } else { 360.0 };
             t += secs(jitter);
             assert!(p.check(t).is_none(), "false stall at step {i}");
-            p.on_progress(t, Some(i));
+            p.on_progress(t, Some(i), true);
         }
         assert!(p.adaptive_timeout().unwrap() >= secs(3600.0));
     }
@@ -404,7 +511,7 @@ mod tests {
         // An unannounced 4 s pause (an epoch boundary) stays under the 5 s
         // floor; once survived...
         let t = t + secs(4.0);
-        p.on_progress(t, Some(50));
+        p.on_progress(t, Some(50), true);
         let t = steps(&mut p, t + secs(0.2), 51, 300, 0.2);
         // ...the next one of that length is allowed (2 x longest seen).
         assert!(p.check(t + secs(7.9)).is_none());
@@ -432,7 +539,7 @@ mod tests {
     fn one_step_then_silence_uses_the_startup_allowance() {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
-        p.on_progress(t0 + secs(10.0), Some(1));
+        p.on_progress(t0 + secs(10.0), Some(1), true);
         assert!(p.check(t0 + secs(609.0)).is_none());
         assert!(p.check(t0 + secs(610.0)).is_some());
     }
@@ -442,16 +549,16 @@ mod tests {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
         let t = steps(&mut p, t0, 0, 50, 0.5);
-        p.on_phase(t + secs(0.1), "checkpoint");
+        p.on_phase(t + secs(0.1), "checkpoint", None);
         // A 200 s save is far beyond the 5 s step timeout but within 300 s.
         assert!(p.check(t + secs(200.0)).is_none());
-        assert_eq!(p.phase(), &Phase::Named("checkpoint".into()));
-        p.on_progress(t + secs(200.0), Some(50));
+        assert_eq!(p.phase(), &Phase::Named("checkpoint".into(), secs(300.0)));
+        p.on_progress(t + secs(200.0), Some(50), true);
         assert_eq!(p.phase(), &Phase::Train);
         // The 200 s gap was not learnt: the step timeout is still the floor.
         assert_eq!(p.adaptive_timeout(), Some(secs(5.0)));
         // And a save that never ends is a stall of the checkpoint phase.
-        p.on_phase(t + secs(201.0), "checkpoint");
+        p.on_phase(t + secs(201.0), "checkpoint", None);
         let s = p.check(t + secs(501.0)).unwrap();
         assert_eq!(s.kind, StallKind::Phase("checkpoint".into()));
         assert_eq!(s.timeout, secs(300.0));
@@ -462,16 +569,16 @@ mod tests {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
         let t = steps(&mut p, t0, 0, 20, 0.5);
-        p.on_phase(t, "eval");
+        p.on_phase(t, "eval", None);
         assert!(p.check(t + secs(119.0)).is_none());
-        p.on_phase(t + secs(100.0), "train");
+        p.on_phase(t + secs(100.0), "train", None);
         assert_eq!(p.phase(), &Phase::Train);
         // The step clock starts at the end of the phase.
         assert!(p.check(t + secs(104.9)).is_none());
         assert!(p.check(t + secs(105.0)).is_some());
         // An eval that never ends trips the eval timeout.
         let mut q = StallPolicy::new(cfg(), t0);
-        q.on_phase(t0 + secs(1.0), "eval");
+        q.on_phase(t0 + secs(1.0), "eval", None);
         assert_eq!(
             q.check(t0 + secs(121.0)).unwrap().kind,
             StallKind::Phase("eval".into())
@@ -497,26 +604,11 @@ mod tests {
             t0,
         );
         let t = steps(&mut q, t0, 0, 4, 2400.0);
-        q.on_phase(t, "eval");
+        q.on_phase(t, "eval", None);
         assert!(
             q.check(t + secs(121.0)).is_none(),
             "eval timeout is 120 s, the step limit is longer"
         );
-    }
-
-    #[test]
-    fn repeated_step_numbers_are_not_progress() {
-        let t0 = Instant::now();
-        let mut p = StallPolicy::new(cfg(), t0);
-        let t = steps(&mut p, t0, 0, 20, 0.5);
-        assert!(!p.on_progress(t + secs(3.0), Some(19)));
-        assert!(
-            p.check(t + secs(5.0)).is_some(),
-            "a repeated step does not reset the clock"
-        );
-        // Progress without a number always counts.
-        assert!(p.on_progress(t + secs(4.0), None));
-        assert_eq!(p.last_step(), Some(19));
     }
 
     #[test]
@@ -531,7 +623,7 @@ mod tests {
         // At the floor, no later step can bring the deadline forward.
         for dt in [0.1, 0.5, 2.0] {
             let mut q = p.clone();
-            q.on_progress(t + secs(dt), Some(1000));
+            q.on_progress(t + secs(dt), Some(1000), true);
             assert!(q.deadline() >= before.min(t + secs(dt) + bound));
             assert!(q.deadline() >= t + secs(dt) + bound);
         }
@@ -549,7 +641,122 @@ mod tests {
         );
         let t = steps(&mut p, t0, 0, 200, 1.0);
         assert_eq!(p.adaptive_timeout(), Some(secs(10.0)));
-        p.on_progress(t + secs(7.0), Some(1000));
+        p.on_progress(t + secs(7.0), Some(1000), true);
         assert_eq!(p.adaptive_timeout(), Some(secs(14.0)));
+    }
+
+    #[test]
+    fn a_hang_inside_a_step_phase_is_caught_at_the_step_limit() {
+        // phase=compute step=N, phase=comm step=N, ... then a hang in comm.
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(
+            StallConfig {
+                fixed_timeout: Some(secs(1.5)),
+                ..cfg()
+            },
+            t0,
+        );
+        let mut t = t0;
+        for n in 0..10u64 {
+            t = t0 + secs(0.2 * n as f64);
+            p.on_progress(t, Some(n), true);
+            assert_eq!(
+                p.on_phase(t, "compute", None),
+                PhaseClass::InStep { known: true }
+            );
+            assert_eq!(
+                p.on_phase(t + secs(0.1), "comm", None),
+                PhaseClass::InStep { known: true }
+            );
+        }
+        assert_eq!(
+            p.phase(),
+            &Phase::Train,
+            "in-step phases keep the step clock"
+        );
+        assert!(p.check(t + secs(1.4)).is_none());
+        let s = p.check(t + secs(1.5)).expect("a hang in comm is a stall");
+        assert_eq!(s.kind, StallKind::Step { adaptive: false });
+        assert_eq!(s.since, t, "measured from the last progress, not the phase");
+    }
+
+    #[test]
+    fn unknown_phases_get_the_step_limit_and_configured_ones_their_own() {
+        let mut c = cfg();
+        c.phase_timeouts
+            .insert("warmup_compile".into(), secs(900.0));
+        c.in_step_phases.push("pipeline_bubble".into());
+        assert_eq!(
+            c.classify("frobnicate"),
+            PhaseClass::InStep { known: false }
+        );
+        assert_eq!(
+            c.classify("pipeline_bubble"),
+            PhaseClass::InStep { known: true }
+        );
+        assert_eq!(c.classify("warmup_compile"), PhaseClass::Long(secs(900.0)));
+        assert_eq!(c.classify("save"), PhaseClass::Long(secs(300.0)));
+        assert_eq!(c.classify("validation"), PhaseClass::Long(secs(120.0)));
+        assert_eq!(c.classify("train"), PhaseClass::Train);
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(c, t0);
+        let t = steps(&mut p, t0, 0, 20, 0.5);
+        p.on_phase(t, "frobnicate", None);
+        assert!(
+            p.check(t + secs(5.0)).is_some(),
+            "unknown: the 5 s step floor"
+        );
+        p.on_phase(t, "warmup_compile", None);
+        assert!(p.check(t + secs(899.0)).is_none());
+        assert_eq!(
+            p.check(t + secs(900.0)).unwrap().kind,
+            StallKind::Phase("warmup_compile".into())
+        );
+        // An in-step phase ends a long one: the step clock starts there.
+        p.on_phase(t + secs(100.0), "compute", None);
+        assert_eq!(p.phase(), &Phase::Train);
+        assert!(p.check(t + secs(104.9)).is_none());
+        assert!(p.check(t + secs(105.0)).is_some());
+    }
+
+    #[test]
+    fn a_silent_rank_lives_on_the_jobs_progress() {
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        // The job keeps stepping for an hour; this rank prints nothing.
+        for m in 1..=60u64 {
+            let at = t0 + secs(60.0 * m as f64);
+            assert!(p.check(at).is_none(), "minute {m}");
+            p.on_peer_progress(at);
+        }
+        assert_eq!(p.phase(), &Phase::Startup);
+        // The job stops: the startup allowance runs from its last progress.
+        let last = t0 + secs(3600.0);
+        assert!(p.check(last + secs(599.0)).is_none());
+        assert_eq!(
+            p.check(last + secs(600.0)).unwrap().kind,
+            StallKind::Startup
+        );
+        // A rank with progress of its own is judged on it alone.
+        let mut q = StallPolicy::new(cfg(), t0);
+        let t = steps(&mut q, t0, 0, 20, 0.5);
+        q.on_peer_progress(t + secs(4.0));
+        assert!(q.check(t + secs(5.0)).is_some());
+    }
+
+    #[test]
+    fn progress_that_names_no_step_restarts_the_clock_without_being_learnt() {
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        let t = steps(&mut p, t0, 0, 50, 0.5);
+        // Output lines keep coming (batches) between named steps 30 s apart.
+        let mut at = t;
+        for _ in 0..120 {
+            at += secs(0.5);
+            assert!(p.check(at).is_none());
+            p.on_progress(at, Some(49), false);
+        }
+        assert_eq!(p.adaptive_timeout(), Some(secs(5.0)), "nothing learnt");
+        assert!(p.check(at + secs(5.0)).is_some());
     }
 }

@@ -108,6 +108,7 @@ impl Reader {
         Some(Kind::Step {
             step,
             metrics: Vec::new(),
+            with_phase: None,
         })
     }
 }
@@ -233,7 +234,8 @@ mod tests {
             r.poll(),
             Some(Kind::Step {
                 step: Some(200),
-                metrics: vec![]
+                metrics: vec![],
+                with_phase: None,
             })
         );
         assert_eq!(r.poll(), None);
@@ -242,7 +244,8 @@ mod tests {
             r.poll(),
             Some(Kind::Step {
                 step: Some(300),
-                metrics: vec![]
+                metrics: vec![],
+                with_phase: None,
             })
         );
         std::fs::write(&f, "alive at 12:00").unwrap();
@@ -250,7 +253,8 @@ mod tests {
             r.poll(),
             Some(Kind::Step {
                 step: None,
-                metrics: vec![]
+                metrics: vec![],
+                with_phase: None,
             })
         );
     }

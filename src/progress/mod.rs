@@ -7,12 +7,14 @@
 //! - [`file`]: a file the trainer rewrites, watched with inotify or polled.
 //!
 //! Each source turns what it sees into [`Event`]s on one channel; the agent
-//! feeds them to the stall policy and the journal.
+//! feeds them to the [`tracker`] (liveness and the step's name), the stall
+//! policy and the journal.
 
 pub mod checkpoint_dir;
 pub mod file;
 pub mod output;
 pub mod socket;
+pub mod tracker;
 
 use std::time::Instant;
 
@@ -53,9 +55,14 @@ pub enum Kind {
         step: Option<u64>,
         /// Extra numeric fields (`loss`, `compute_s`, ...), socket only.
         metrics: Vec<(String, f64)>,
+        /// The phase announced in the same message (`phase=comm step=12`),
+        /// which decides whether the step reports the trainer's step or
+        /// only names the step a long phase is about.
+        with_phase: Option<String>,
     },
-    /// The trainer entered a phase (`train`, `checkpoint`, `eval`, ...).
-    Phase(String),
+    /// The trainer entered a phase (`train`, `checkpoint`, `eval`, ...), at
+    /// a step when the message named one.
+    Phase { name: String, step: Option<u64> },
     /// The trainer finished a checkpoint (at a step, when it said which).
     CheckpointDone { step: Option<u64> },
     /// A message that could not be understood, with the kind of fault.

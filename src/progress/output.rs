@@ -592,8 +592,12 @@ pub fn spawn_pump(
                         Mark::Step(s) => Kind::Step {
                             step: Some(s),
                             metrics: Vec::new(),
+                            with_phase: None,
                         },
-                        Mark::Phase(p) => Kind::Phase(p.to_string()),
+                        Mark::Phase(p) => Kind::Phase {
+                            name: p.to_string(),
+                            step: None,
+                        },
                     };
                     tx.send(Event { at, source, kind });
                 }

@@ -88,10 +88,14 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
     // step=120` is "at step 120, checkpointing"), then a checkpoint's end.
     let mut out = Vec::new();
     if checkpoint_done.is_none() && step.is_some() {
-        out.push(Kind::Step { step, metrics });
+        out.push(Kind::Step {
+            step,
+            metrics,
+            with_phase: phase.clone(),
+        });
     }
     if let Some(p) = phase {
-        out.push(Kind::Phase(p));
+        out.push(Kind::Phase { name: p, step });
     }
     if let Some(ck) = checkpoint_done {
         // `checkpoint_done step=120`: the step names the checkpoint.
@@ -157,6 +161,7 @@ mod tests {
         Kind::Step {
             step: Some(n),
             metrics: metrics.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            with_phase: None,
         }
     }
 
@@ -168,7 +173,10 @@ mod tests {
         );
         assert_eq!(
             parse(b"phase=checkpoint"),
-            vec![Kind::Phase("checkpoint".into())]
+            vec![Kind::Phase {
+                name: "checkpoint".into(),
+                step: None
+            }]
         );
         assert_eq!(
             parse(b"checkpoint_done step=120"),
@@ -176,7 +184,17 @@ mod tests {
         );
         assert_eq!(
             parse(b"v=1 phase=train step=121\n"),
-            vec![step(121, &[]), Kind::Phase("train".into())]
+            vec![
+                Kind::Step {
+                    step: Some(121),
+                    metrics: vec![],
+                    with_phase: Some("train".into())
+                },
+                Kind::Phase {
+                    name: "train".into(),
+                    step: Some(121)
+                }
+            ]
         );
         assert_eq!(
             parse(b"checkpoint_done"),
