@@ -1438,6 +1438,11 @@ fn drain_events(tx: &progress::Sender, sinks: &mut Sinks<'_>) {
     }
 }
 
+/// The kind of source, for the stall policy's phase ends.
+fn origin(source: progress::Source) -> &'static str {
+    Namer::of_source(source).map_or(source.name(), Namer::name)
+}
+
 fn handle_event(ev: Event, k: &mut Sinks<'_>) {
     let (policy, plog, journal, clock, faults) = (
         &mut *k.policy,
@@ -1484,7 +1489,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             }
             let prev = plog.last_named_at;
             if o.alive {
-                policy.on_progress(ev.at, o.step, o.named_advanced);
+                policy.on_progress(ev.at, o.step, o.named_advanced, origin(ev.source));
             }
             if let Some(out) = k.outbox {
                 // compute_s may come on the socket after the same step was
@@ -1529,7 +1534,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         }
         Kind::Phase { name, step } => {
             let before = policy.phase().clone();
-            let class = policy.on_phase(ev.at, &name, step);
+            let class = policy.on_phase(ev.at, &name, step, origin(ev.source));
             match class {
                 PhaseClass::InStep { known } => {
                     if !known && !plog.unknown_phases.contains(&name) {
@@ -1589,7 +1594,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                 true,
             );
             if policy.phase().name() == "checkpoint" {
-                policy.on_phase(ev.at, "train", None);
+                policy.on_phase(ev.at, "train", None, origin(ev.source));
             }
             if let (Some(o), Some(s)) = (k.outbox, step) {
                 o.update(|r| {

@@ -311,10 +311,12 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         }
         let ended = Instant::now();
         let codes: Vec<i32> = ranks.iter().filter_map(|r| r.exit).collect();
-        let worst = ranks
+        // The job's status is the failure's, not the echo of resilio's own
+        // teardown (SIGTERM, then SIGKILL after the grace) of the other ranks:
+        // 124 for a hang, the culprit's code for a crash.
+        let worst = [|c: i32| c != 0 && c != 143 && c != 137, |c: i32| c != 0]
             .iter()
-            .filter_map(|r| r.exit)
-            .find(|c| *c != 0)
+            .find_map(|keep| ranks.iter().filter_map(|r| r.exit).find(|c| keep(*c)))
             .unwrap_or(0);
         log.record(
             "attempt_end",
@@ -373,6 +375,11 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         let code = decided
             .as_ref()
             .and_then(|d| {
+                // A hang ends as a stall does (124, as timeout(1)), even when
+                // the culprit was stopped by the coordinator, not by its agent.
+                if d.outcome.class == Class::Hang {
+                    return Some(crate::error::EXIT_STALLED);
+                }
                 ranks
                     .iter()
                     .find(|r| r.rank == d.primary.rank)

@@ -198,8 +198,10 @@ pub struct StallPolicy {
     adaptive: Option<Duration>,
     /// Scratch space for the percentile (no allocation per step).
     scratch: Vec<f64>,
-    /// The step a long phase was entered at: only a later step ends it.
+    /// The step a long phase was entered at, and the source that announced
+    /// it: only a later step ends it (see [`StallPolicy::on_progress`]).
     phase_step: Option<u64>,
+    phase_from: &'static str,
 }
 
 impl StallPolicy {
@@ -219,6 +221,7 @@ impl StallPolicy {
             adaptive: None,
             scratch: Vec::new(),
             phase_step: None,
+            phase_from: "",
         }
     }
 
@@ -248,24 +251,27 @@ impl StallPolicy {
     }
 
     /// Progress: some source's own counter advanced (see
-    /// `progress::tracker`). `step` is the named step after it; `learn`
-    /// says the named step advanced, so the time since the previous advance
-    /// is a step interval (unless a phase or a suspension lay between).
+    /// `progress::tracker`); `from` names the source (`output`, `socket`,
+    /// `file`). `step` is the named step after it; `learn` says the named
+    /// step advanced, so the time since the previous advance is a step
+    /// interval (unless a phase or a suspension lay between).
     ///
-    /// A long phase ends only when the named step moves past the step it
-    /// began at: sources race (the step line that precedes
-    /// `phase=checkpoint step=10` may be read after it), and an output line
-    /// or a batch counter during a save is life, not the save's end.
-    pub fn on_progress(&mut self, now: Instant, step: Option<u64>, learn: bool) {
+    /// A long phase ends when the named step moves past the step it began
+    /// at, as seen by the source that announced it, or by two steps as seen
+    /// by another: sources race (the step line printed just before
+    /// `phase=eval` is sent may be read after it), and an output line or a
+    /// batch counter during a save is life, not the save's end.
+    pub fn on_progress(&mut self, now: Instant, step: Option<u64>, learn: bool, from: &'static str) {
         self.steps_seen += 1;
         if step.is_some() {
             self.last_step = step;
         }
         self.anchor = self.anchor.max(now);
         if let Phase::Named(..) = self.phase {
+            let margin = if from == self.phase_from { 1 } else { 2 };
             let past = learn
                 && match (step, self.phase_step) {
-                    (Some(s), Some(p)) => s > p,
+                    (Some(s), Some(p)) => s >= p.saturating_add(margin),
                     _ => true,
                 };
             if !past {
@@ -303,7 +309,13 @@ impl StallPolicy {
 
     /// The trainer announced a phase, at `step` when its message named one.
     /// Returns how the name is judged.
-    pub fn on_phase(&mut self, now: Instant, name: &str, step: Option<u64>) -> PhaseClass {
+    pub fn on_phase(
+        &mut self,
+        now: Instant,
+        name: &str,
+        step: Option<u64>,
+        from: &'static str,
+    ) -> PhaseClass {
         let class = self.cfg.classify(name);
         let next = match &class {
             PhaseClass::Long(t) => Phase::Named(name.to_string(), *t),
@@ -317,6 +329,7 @@ impl StallPolicy {
         };
         if let Phase::Named(..) = next {
             self.phase_step = step.max(self.last_step);
+            self.phase_from = from;
         }
         if next != self.phase {
             if matches!(self.phase, Phase::Named(..)) || matches!(next, Phase::Named(..)) {
@@ -453,7 +466,7 @@ mod tests {
         for i in 0..n {
             t = t0 + secs(dt * i as f64);
             assert!(p.check(t).is_none(), "false stall at step {}", start + i);
-            p.on_progress(t, Some(start + i), true);
+            p.on_progress(t, Some(start + i), true, "output");
         }
         t
     }
@@ -498,7 +511,7 @@ mod tests {
             let jitter = if i % 2 == 0 { 240.0 } else { 360.0 };
             t += secs(jitter);
             assert!(p.check(t).is_none(), "false stall at step {i}");
-            p.on_progress(t, Some(i), true);
+            p.on_progress(t, Some(i), true, "output");
         }
         assert!(p.adaptive_timeout().unwrap() >= secs(3600.0));
     }
@@ -511,7 +524,7 @@ mod tests {
         // An unannounced 4 s pause (an epoch boundary) stays under the 5 s
         // floor; once survived...
         let t = t + secs(4.0);
-        p.on_progress(t, Some(50), true);
+        p.on_progress(t, Some(50), true, "output");
         let t = steps(&mut p, t + secs(0.2), 51, 300, 0.2);
         // ...the next one of that length is allowed (2 x longest seen).
         assert!(p.check(t + secs(7.9)).is_none());
@@ -539,7 +552,7 @@ mod tests {
     fn one_step_then_silence_uses_the_startup_allowance() {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
-        p.on_progress(t0 + secs(10.0), Some(1), true);
+        p.on_progress(t0 + secs(10.0), Some(1), true, "output");
         assert!(p.check(t0 + secs(609.0)).is_none());
         assert!(p.check(t0 + secs(610.0)).is_some());
     }
@@ -549,16 +562,16 @@ mod tests {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
         let t = steps(&mut p, t0, 0, 50, 0.5);
-        p.on_phase(t + secs(0.1), "checkpoint", None);
+        p.on_phase(t + secs(0.1), "checkpoint", None, "output");
         // A 200 s save is far beyond the 5 s step timeout but within 300 s.
         assert!(p.check(t + secs(200.0)).is_none());
         assert_eq!(p.phase(), &Phase::Named("checkpoint".into(), secs(300.0)));
-        p.on_progress(t + secs(200.0), Some(50), true);
+        p.on_progress(t + secs(200.0), Some(50), true, "output");
         assert_eq!(p.phase(), &Phase::Train);
         // The 200 s gap was not learnt: the step timeout is still the floor.
         assert_eq!(p.adaptive_timeout(), Some(secs(5.0)));
         // And a save that never ends is a stall of the checkpoint phase.
-        p.on_phase(t + secs(201.0), "checkpoint", None);
+        p.on_phase(t + secs(201.0), "checkpoint", None, "output");
         let s = p.check(t + secs(501.0)).unwrap();
         assert_eq!(s.kind, StallKind::Phase("checkpoint".into()));
         assert_eq!(s.timeout, secs(300.0));
@@ -569,16 +582,16 @@ mod tests {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(cfg(), t0);
         let t = steps(&mut p, t0, 0, 20, 0.5);
-        p.on_phase(t, "eval", None);
+        p.on_phase(t, "eval", None, "output");
         assert!(p.check(t + secs(119.0)).is_none());
-        p.on_phase(t + secs(100.0), "train", None);
+        p.on_phase(t + secs(100.0), "train", None, "output");
         assert_eq!(p.phase(), &Phase::Train);
         // The step clock starts at the end of the phase.
         assert!(p.check(t + secs(104.9)).is_none());
         assert!(p.check(t + secs(105.0)).is_some());
         // An eval that never ends trips the eval timeout.
         let mut q = StallPolicy::new(cfg(), t0);
-        q.on_phase(t0 + secs(1.0), "eval", None);
+        q.on_phase(t0 + secs(1.0), "eval", None, "output");
         assert_eq!(
             q.check(t0 + secs(121.0)).unwrap().kind,
             StallKind::Phase("eval".into())
@@ -604,7 +617,7 @@ mod tests {
             t0,
         );
         let t = steps(&mut q, t0, 0, 4, 2400.0);
-        q.on_phase(t, "eval", None);
+        q.on_phase(t, "eval", None, "output");
         assert!(
             q.check(t + secs(121.0)).is_none(),
             "eval timeout is 120 s, the step limit is longer"
@@ -623,7 +636,7 @@ mod tests {
         // At the floor, no later step can bring the deadline forward.
         for dt in [0.1, 0.5, 2.0] {
             let mut q = p.clone();
-            q.on_progress(t + secs(dt), Some(1000), true);
+            q.on_progress(t + secs(dt), Some(1000), true, "output");
             assert!(q.deadline() >= before.min(t + secs(dt) + bound));
             assert!(q.deadline() >= t + secs(dt) + bound);
         }
@@ -641,7 +654,7 @@ mod tests {
         );
         let t = steps(&mut p, t0, 0, 200, 1.0);
         assert_eq!(p.adaptive_timeout(), Some(secs(10.0)));
-        p.on_progress(t + secs(7.0), Some(1000), true);
+        p.on_progress(t + secs(7.0), Some(1000), true, "output");
         assert_eq!(p.adaptive_timeout(), Some(secs(14.0)));
     }
 
@@ -659,13 +672,13 @@ mod tests {
         let mut t = t0;
         for n in 0..10u64 {
             t = t0 + secs(0.2 * n as f64);
-            p.on_progress(t, Some(n), true);
+            p.on_progress(t, Some(n), true, "output");
             assert_eq!(
-                p.on_phase(t, "compute", None),
+                p.on_phase(t, "compute", None, "output"),
                 PhaseClass::InStep { known: true }
             );
             assert_eq!(
-                p.on_phase(t + secs(0.1), "comm", None),
+                p.on_phase(t + secs(0.1), "comm", None, "output"),
                 PhaseClass::InStep { known: true }
             );
         }
@@ -701,19 +714,19 @@ mod tests {
         let t0 = Instant::now();
         let mut p = StallPolicy::new(c, t0);
         let t = steps(&mut p, t0, 0, 20, 0.5);
-        p.on_phase(t, "frobnicate", None);
+        p.on_phase(t, "frobnicate", None, "output");
         assert!(
             p.check(t + secs(5.0)).is_some(),
             "unknown: the 5 s step floor"
         );
-        p.on_phase(t, "warmup_compile", None);
+        p.on_phase(t, "warmup_compile", None, "output");
         assert!(p.check(t + secs(899.0)).is_none());
         assert_eq!(
             p.check(t + secs(900.0)).unwrap().kind,
             StallKind::Phase("warmup_compile".into())
         );
         // An in-step phase ends a long one: the step clock starts there.
-        p.on_phase(t + secs(100.0), "compute", None);
+        p.on_phase(t + secs(100.0), "compute", None, "output");
         assert_eq!(p.phase(), &Phase::Train);
         assert!(p.check(t + secs(104.9)).is_none());
         assert!(p.check(t + secs(105.0)).is_some());
@@ -754,7 +767,7 @@ mod tests {
         for _ in 0..120 {
             at += secs(0.5);
             assert!(p.check(at).is_none());
-            p.on_progress(at, Some(49), false);
+            p.on_progress(at, Some(49), false, "output");
         }
         assert_eq!(p.adaptive_timeout(), Some(secs(5.0)), "nothing learnt");
         assert!(p.check(at + secs(5.0)).is_some());

@@ -38,6 +38,11 @@ pub enum Namer {
 }
 
 impl Namer {
+    /// The kind of source an event came from (`None`: a checkpoint directory).
+    pub fn of_source(source: Source) -> Option<Namer> {
+        Self::of(source)
+    }
+
     /// Name used in the journal.
     pub fn name(self) -> &'static str {
         match self {

@@ -7,6 +7,7 @@ mod coordinator;
 mod exit_codes;
 mod health;
 mod journal;
+mod matrix;
 mod passthrough;
 mod progress_sources;
 mod reports;
