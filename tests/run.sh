@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 
 need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+# The torch virtualenv below (Debian's python3 has no ensurepip without it).
+python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # The HTML timeline is rendered in headless Chromium by a test.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
@@ -18,6 +20,17 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+
+# Real torch (CPU, gloo) and py-spy from PyPI, for the tests of real
+# torch.distributed hangs (tests/agent/ddp.rs): installed once into a cache
+# outside the clone (about 1-2 min and 5.3 GB the first time), reused after.
+# Those tests fail here without it (RESILIO_REQUIRE_TORCH=1); a plain `cargo
+# test` without RESILIO_TEST_PYTHON skips them and says why. Real py-spy is on
+# PATH for the whole suite, so every stall's diagnostics run the real thing.
+venv=$(bash tests/torch-venv.sh)
+export RESILIO_TEST_PYTHON=$venv/bin/python
+export RESILIO_REQUIRE_TORCH=1
+export PATH=$venv/py-spy-only:$PATH
 
 # The real Slurm cluster the end-to-end tests run on (installs Slurm, munge and
 # MariaDB from Debian's packages when missing; takes it down again afterwards

@@ -4,6 +4,7 @@
 mod client;
 mod common;
 mod coordinator;
+mod ddp;
 mod exit_codes;
 mod health;
 mod journal;
