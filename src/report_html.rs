@@ -342,6 +342,13 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
         if by_node { " (one per node)" } else { "" },
         esc(&report.time_source)
     );
+    // Journal lines skipped.
+    for note in crate::report::skipped_notes(&report.skipped_lines, report.bad_journal_lines)
+        .into_iter()
+        .filter(|l| !l.is_empty())
+    {
+        let _ = writeln!(h, "<p class=\"meta\">{}</p>", esc(note.trim_start()));
+    }
     h.push_str("<ul class=\"buckets\">");
     let mut buckets: Vec<(&str, f64)> = vec![("productive", report.productive_s)];
     for b in &crate::accounting::BUCKETS[1..] {
