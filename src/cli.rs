@@ -131,6 +131,10 @@ struct ReportArgs {
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Which run of a job id used more than once: 1 for the first, or a run
+    /// key (default: the latest)
+    #[arg(long, value_name = "N|KEY")]
+    run: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -271,36 +275,56 @@ pub fn load_job(
     Ok((job, j))
 }
 
-/// A job's journal, with what the reports say about it.
+/// A job's journal cut down to one run (the latest, or `--run`), with
+/// what the reports say about it.
 struct Shown {
     job: String,
     records: Vec<journal::Record>,
     bad_lines: usize,
     skipped: Vec<journal::SkippedLines>,
+    run: crate::runs::RunInfo,
+    runs: Vec<crate::runs::RunInfo>,
 }
 
 impl Shown {
     fn load(a: &ReportArgs) -> Result<Shown> {
         let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+        let mut runs = crate::runs::split(j.records);
+        let infos: Vec<crate::runs::RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
+        let pick = match &a.run {
+            Some(w) => crate::runs::select(&infos, w).map_err(Error::Usage)?,
+            None => infos.len() - 1,
+        };
+        let run = runs.swap_remove(pick);
         Ok(Shown {
             job,
-            records: j.records,
+            records: run.records,
             bad_lines: j.bad_lines,
             skipped: j.skipped,
+            run: run.info,
+            runs: infos,
         })
     }
 
     /// The lines printed under a timeline's heading.
     fn notes(&self) -> Vec<String> {
-        report::skipped_notes(&self.skipped, self.bad_lines)
-            .into_iter()
-            .filter(|l| !l.is_empty())
-            .collect()
+        let mut v: Vec<String> =
+            crate::runs::note(&self.job, &self.runs, self.run.index.saturating_sub(1))
+                .into_iter()
+                .collect();
+        v.extend(
+            report::skipped_notes(&self.skipped, self.bad_lines)
+                .into_iter()
+                .filter(|l| !l.is_empty()),
+        );
+        v
     }
 
     fn report(&self, slurm: Option<&crate::accounting::SlurmTimes>) -> report::Report {
         let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
         r.skipped_lines = self.skipped.clone();
+        r.run = Some(self.run.clone());
+        r.runs = self.runs.clone();
         r
     }
 }

@@ -99,6 +99,8 @@ pub struct Writer {
     attempt: u32,
     rank: Option<u32>,
     node: Option<String>,
+    /// The run key stamped on every record (`run`); see [`crate::runs`].
+    run: Option<String>,
     warned: bool,
     dropped: u64,
 }
@@ -119,6 +121,7 @@ impl Writer {
             attempt,
             rank,
             node,
+            run: None,
             warned: false,
             dropped: 0,
         };
@@ -141,9 +144,27 @@ impl Writer {
             attempt: 0,
             rank: None,
             node: None,
+            run: None,
             warned: true,
             dropped: 0,
         }
+    }
+
+    /// Stamp every record from now on with the run key `run` (see
+    /// [`crate::runs`]); `None` writes records without one.
+    pub fn set_run(&mut self, run: Option<&str>) {
+        self.run = run.map(str::to_string);
+    }
+
+    /// The same, as a builder.
+    pub fn with_run(mut self, run: Option<&str>) -> Writer {
+        self.set_run(run);
+        self
+    }
+
+    /// The run key stamped on records.
+    pub fn run(&self) -> Option<&str> {
+        self.run.as_deref()
     }
 
     /// Where records go.
@@ -244,6 +265,9 @@ impl Writer {
                 "journal data must not set '{reserved}'"
             );
             data.remove(reserved);
+        }
+        if let Some(run) = &self.run {
+            data.insert("run".into(), Value::String(run.clone()));
         }
         let rec = Record {
             v: SCHEMA_VERSION,
@@ -584,6 +608,18 @@ mod tests {
         assert!(j.skipped[0]
             .describe()
             .ends_with("rank-0.jsonl: 1 line skipped (the last line, cut short by a crash)"));
+    }
+
+    #[test]
+    fn records_carry_the_writers_run_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None).with_run(Some("k1"));
+        w.record("rank_start", json!({}), true);
+        w.set_run(None);
+        w.record("rank_exit", json!({}), true);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records[0].str("run"), Some("k1"));
+        assert_eq!(j.records[1].get("run"), None);
     }
 
     #[test]

@@ -81,6 +81,11 @@ pub struct Report {
     /// Per journal file: lines skipped (the rest is accounted), files that
     /// hold no readable record or could not be read.
     pub skipped_lines: Vec<crate::journal::SkippedLines>,
+    /// The run shown, when the job id was used for more than one run
+    /// (`runs` lists them all; `--run` picks one).
+    pub run: Option<crate::runs::RunInfo>,
+    /// Every run of the job id, in the order they started.
+    pub runs: Vec<crate::runs::RunInfo>,
     /// Checkpoints the trainer confirmed.
     pub checkpoints: Checkpoints,
     /// Mean time to failure observed in this job (wall time per failed attempt).
@@ -316,6 +321,8 @@ pub fn build(
         checkpoint_advice: None,
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
+        run: None,
+        runs: Vec::new(),
     };
     // The advice from this job alone (apply_fleet pools it with the history).
     if let (Some(d), Some(m)) = (report.checkpoints.mean_duration_s, report.mttf_s) {
@@ -386,8 +393,11 @@ pub fn advised_interval(
     job: &str,
     fleet: crate::node_history::FleetRate,
 ) -> (Option<std::time::Duration>, Value) {
+    // The run going on is the latest (a job id used again starts another).
     let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
-        .map(|j| j.records)
+        .ok()
+        .and_then(|j| crate::runs::split(j.records).pop())
+        .map(|r| r.records)
         .unwrap_or_default();
     if records.is_empty() {
         return (
@@ -449,6 +459,13 @@ pub fn summary_line(r: &Report) -> String {
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "job {}", r.job);
+    if let Some(note) = r
+        .run
+        .as_ref()
+        .and_then(|run| crate::runs::note(&r.job, &r.runs, run.index.saturating_sub(1)))
+    {
+        let _ = writeln!(s, "{note}");
+    }
     let _ = writeln!(s, "{}", summary_line(r));
     if let (Some(a), Some(b)) = (r.start, r.end) {
         let _ = writeln!(
