@@ -170,12 +170,65 @@ fn ts_field(r: &Record, key: &str) -> Option<DateTime<Utc>> {
     r.str(key).and_then(|s| s.parse().ok())
 }
 
+/// A duration in seconds from a record, when it is one.
+fn seconds(r: &Record, key: &str) -> Option<chrono::Duration> {
+    r.f64(key)
+        .filter(|s| s.is_finite() && (0.0..1e9).contains(s))
+        .map(|s| chrono::Duration::nanoseconds((s * 1e9) as i64))
+}
+
+/// What a rank's exit record says about its progress, on the job's clock:
+/// its launch, its first step's time, its last step (time, number), and
+/// the mean time between the steps it counted. It repeats what the
+/// progress records say, so the accounting survives losing one of them
+/// (a garbled line in the journal).
+struct ExitSummary {
+    launch: Option<DateTime<Utc>>,
+    first_at: Option<DateTime<Utc>>,
+    last: Option<(DateTime<Utc>, u64)>,
+    per_step_ns: Option<i64>,
+}
+
+fn exit_summary(r: &Record) -> ExitSummary {
+    let launch = seconds(r, "runtime_s").map(|d| r.ts - d);
+    let first = seconds(r, "first_step_s");
+    let last = seconds(r, "last_progress_s");
+    let per_step_ns = match (first, last, r.u64("steps_seen")) {
+        (Some(f), Some(l), Some(n)) if n >= 2 && l > f => {
+            (l - f).num_nanoseconds().map(|d| d / (n as i64 - 1))
+        }
+        _ => None,
+    };
+    ExitSummary {
+        launch,
+        first_at: launch.zip(first).map(|(a, f)| a + f),
+        last: launch
+            .zip(last)
+            .zip(r.u64("last_step"))
+            .map(|((a, l), s)| (a + l, s)),
+        per_step_ns,
+    }
+}
+
+/// Mean time per step over (time, step) samples in time order.
+fn step_time_of(samples: &[(DateTime<Utc>, u64)]) -> Option<i64> {
+    let (t0, s0) = *samples.first()?;
+    let (t1, s1) = samples.iter().copied().max_by_key(|(t, s)| (*s, *t))?;
+    (s1 > s0).then(|| ns(t0, t1) / (s1 - s0) as i64)
+}
+
 fn marks(attempt: u32, recs: &[&Record]) -> Marks {
+    let summaries: Vec<ExitSummary> = recs
+        .iter()
+        .filter(|r| r.kind == "rank_exit")
+        .map(|r| exit_summary(r))
+        .collect();
     let starts = recs
         .iter()
-        .filter(|r| r.kind == "rank_start" || r.kind == "job_start" || r.kind == "launch");
-    let start = starts
+        .filter(|r| r.kind == "rank_start" || r.kind == "job_start" || r.kind == "launch")
         .map(|r| r.ts)
+        .chain(summaries.iter().filter_map(|x| x.launch));
+    let start = starts
         .min()
         .unwrap_or_else(|| recs.iter().map(|r| r.ts).min().expect("non-empty"));
     let end = recs.iter().map(|r| r.ts).max().expect("non-empty");
@@ -184,7 +237,8 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         .filter(|r| r.kind == "job_start")
         .find_map(|r| r.u64("allocation"))
         .map(|a| a as u32);
-    // Progress samples, and a stall's own account of the last step.
+    // Progress samples, a stall's own account of the last step, and each
+    // rank's last step as its exit recorded it.
     let mut samples: Vec<(DateTime<Utc>, u64)> = recs
         .iter()
         .filter_map(|r| match r.kind.as_str() {
@@ -192,8 +246,22 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
             "stall" => Some((ts_field(r, "last_progress")?, r.u64("last_step")?)),
             _ => None,
         })
+        .chain(summaries.iter().filter_map(|x| x.last))
         .collect();
     samples.sort();
+    // A first step the exit records saw before any sample: its own sample
+    // was lost. Its number is estimated back from the next sample at the
+    // attempt's step rate (else the rate the exit records counted).
+    let first_seen = summaries.iter().filter_map(|x| x.first_at).min();
+    if let (Some(tf), Some(&(t0, s0))) = (first_seen, samples.first()) {
+        if ns(tf, t0) > 1_000_000 {
+            let per_step = step_time_of(&samples)
+                .or_else(|| summaries.iter().find_map(|x| x.per_step_ns))
+                .filter(|p| *p > 0);
+            let before = per_step.map_or(0, |p| (ns(tf, t0) as f64 / p as f64).round() as u64);
+            samples.insert(0, (tf, s0.saturating_sub(before)));
+        }
+    }
     let mut checkpoints = Vec::new();
     for r in recs.iter().filter(|r| r.kind == "checkpoint_done") {
         let Some(step) = r.u64("step") else { continue };
@@ -281,9 +349,7 @@ impl Marks {
 
     /// Mean time per step over the attempt's samples.
     fn step_time_ns(&self) -> Option<i64> {
-        let (t0, s0) = *self.samples.first()?;
-        let (t1, s1) = self.samples.iter().copied().max_by_key(|(t, s)| (*s, *t))?;
-        (s1 > s0).then(|| ns(t0, t1) / (s1 - s0) as i64)
+        step_time_of(&self.samples)
     }
 
     /// When the attempt completed `step`: the start of a checkpoint of that
@@ -535,7 +601,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
                             .max()
                     };
                     let survived = match next.and_then(|n| n.first_step()) {
-                        Some((_, resumed)) => saved(Some(resumed)).or(resumed.checked_sub(1)),
+                        Some((_, resumed)) => saved(Some(resumed)).max(resumed.checked_sub(1)),
                         None => saved(None),
                     };
                     let survived_at = survived
@@ -740,6 +806,79 @@ mod tests {
 
     fn sum(acc: &Accounting) -> f64 {
         acc.productive_s + acc.lost_s.values().sum::<f64>()
+    }
+
+    /// A crash after a checkpoint, then a resumed run to the end, journaled
+    /// as the agent does: progress sampled (the first step, every 10th, the
+    /// last), and each rank's exit summing its progress up.
+    fn sampled_crash_and_resume() -> Vec<Record> {
+        let exit =
+            |t: f64, a: u32, code: i64, run: f64, first: f64, last: f64, step: u64, n: u64| {
+                rec(
+                    t,
+                    a,
+                    "rank_exit",
+                    json!({ "exit_code": code, "runtime_s": run, "first_step_s": first,
+                        "last_progress_s": last, "last_step": step, "steps_seen": n }),
+                )
+            };
+        let sample = |t: f64, a: u32, s: u64| rec(t, a, "progress", json!({ "step": s }));
+        vec![
+            rec(0.0, 0, "rank_start", json!({})),
+            // Step s is done at 2 + s.
+            sample(3.0, 0, 1),
+            sample(13.0, 0, 11),
+            rec(22.0, 0, "checkpoint_done", json!({ "step": 20 })),
+            sample(23.0, 0, 21),
+            sample(27.0, 0, 25),
+            exit(28.0, 0, 1, 28.0, 3.0, 27.0, 25, 25),
+            rec(28.0, 0, "failure", json!({ "failure_kind": "crash" })),
+            rec(30.0, 1, "rank_start", json!({})),
+            // Resumed after step 20: step s is done at 12 + s.
+            sample(33.0, 1, 21),
+            sample(43.0, 1, 31),
+            sample(52.0, 1, 40),
+            exit(53.0, 1, 0, 23.0, 3.0, 22.0, 40, 20),
+        ]
+    }
+
+    #[test]
+    fn losing_any_progress_sample_leaves_the_accounting_as_it_was() {
+        let full = sampled_crash_and_resume();
+        let whole = account(&full, None);
+        // Steps 1..20 survived (1 s each, from 2.0 to 22.0), and 21..40
+        // again; 21..25 and the time to the crash at 28.0 were lost.
+        assert!((whole.productive_s - 40.0).abs() < 1e-6, "{whole:#?}");
+        assert!((whole.lost_s["rework"] - 6.0).abs() < 1e-6, "{whole:#?}");
+        for (i, r) in full.iter().enumerate() {
+            if r.kind != "progress" {
+                continue;
+            }
+            let mut less = full.clone();
+            less.remove(i);
+            let acc = account(&less, None);
+            assert!(
+                (acc.wall_s - whole.wall_s).abs() < 1e-9,
+                "without {r:?}: {acc:#?}"
+            );
+            for (bucket, v) in &whole.lost_s {
+                assert!(
+                    (acc.lost_s[bucket] - v).abs() < 1e-3,
+                    "without step {:?}: {bucket} {} != {v}",
+                    r.u64("step"),
+                    acc.lost_s[bucket]
+                );
+            }
+            assert!((acc.productive_s - whole.productive_s).abs() < 1e-3);
+        }
+        // A lost checkpoint record: the resumed step still says what survived.
+        let mut less = full.clone();
+        less.retain(|r| r.kind != "checkpoint_done");
+        let acc = account(&less, None);
+        assert!(
+            (acc.productive_s - whole.productive_s).abs() < 1e-3,
+            "{acc:#?}"
+        );
     }
 
     #[test]

@@ -218,7 +218,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     let mut earlier: Vec<journal::Record> = Vec::new();
     if batch_level {
         earlier = journal::read_job(&job_dir)
-            .map(|j| j.records)
+            .map(|j| crate::runs::of_key(j.records, id.run.key.as_deref()))
             .unwrap_or_default();
         if let Ok(text) = std::env::var(crate::slurm::step::ENV_RELAUNCH) {
             match crate::slurm::step::Relaunch::parse(&text) {
@@ -256,6 +256,10 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             Some(id.node.clone()),
         )
     };
+    journal.set_run(id.run.key.as_deref());
+    if id.run.fresh && id.rank == 0 && relaunched.is_none() {
+        crate::runs::warn_if_reused(&job_dir, &id.job, id.run.key.as_deref());
+    }
     let single_rank_job =
         batch_level || (id.world_size == 1 && !env_is_set(crate::coordinator::ENV_URL));
     let mut monitor_errors: Vec<String> = Vec::new();
@@ -296,7 +300,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 view.seed_from_journal(&earlier);
             } else if id.attempt > 0 {
                 if let Ok(j) = journal::read_job(&job_dir) {
-                    view.seed_from_journal(&j.records);
+                    view.seed_from_journal(&crate::runs::of_key(j.records, id.run.key.as_deref()));
                 }
             }
             if let Some(r) = &relaunched {
@@ -316,7 +320,8 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                         id.attempt,
                         None,
                         Some(id.node.clone()),
-                    );
+                    )
+                    .with_run(id.run.key.as_deref());
                     Coordinator::start(view, bind, w, Some(&job_dir))
                 });
             match started {

@@ -131,6 +131,10 @@ struct ReportArgs {
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Which run of a job id used more than once: 1 for the first, or a run
+    /// key (default: the latest)
+    #[arg(long, value_name = "N|KEY")]
+    run: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -258,39 +262,107 @@ pub fn load_job(
         dir: state_dir.join("jobs"),
     })?;
     if j.records.is_empty() {
-        return Err(Error::NoJob {
-            job,
-            dir: state_dir.join("jobs"),
-        });
+        if j.skipped.is_empty() {
+            return Err(Error::NoJob {
+                job,
+                dir: state_dir.join("jobs"),
+            });
+        }
+        // Files exist, and nothing in them could be read: name them.
+        let files: Vec<String> = j.skipped.iter().map(|f| f.describe()).collect();
+        return Err(Error::NoReadableRecord(files.join("; ")));
     }
     Ok((job, j))
 }
 
+/// A job's journal cut down to one run (the latest, or `--run`), with
+/// what the reports say about it.
+struct Shown {
+    job: String,
+    records: Vec<journal::Record>,
+    bad_lines: usize,
+    skipped: Vec<journal::SkippedLines>,
+    run: crate::runs::RunInfo,
+    runs: Vec<crate::runs::RunInfo>,
+}
+
+impl Shown {
+    fn load(a: &ReportArgs) -> Result<Shown> {
+        let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+        let mut runs = crate::runs::split(j.records);
+        let infos: Vec<crate::runs::RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
+        let pick = match &a.run {
+            Some(w) => crate::runs::select(&infos, w).map_err(Error::Usage)?,
+            None => infos.len() - 1,
+        };
+        let run = runs.swap_remove(pick);
+        Ok(Shown {
+            job,
+            records: run.records,
+            bad_lines: j.bad_lines,
+            skipped: j.skipped,
+            run: run.info,
+            runs: infos,
+        })
+    }
+
+    /// The lines printed under a timeline's heading.
+    fn notes(&self) -> Vec<String> {
+        let mut v: Vec<String> =
+            crate::runs::note(&self.job, &self.runs, self.run.index.saturating_sub(1))
+                .into_iter()
+                .collect();
+        v.extend(
+            report::skipped_notes(&self.skipped, self.bad_lines)
+                .into_iter()
+                .filter(|l| !l.is_empty()),
+        );
+        v
+    }
+
+    fn report(&self, slurm: Option<&crate::accounting::SlurmTimes>) -> report::Report {
+        let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
+        r.skipped_lines = self.skipped.clone();
+        r.run = Some(self.run.clone());
+        r.runs = self.runs.clone();
+        r
+    }
+}
+
 fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
-    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+    let shown = Shown::load(a)?;
+    let job = &shown.job;
     if timeline {
         if a.json {
-            let out = serde_json::to_string_pretty(&j.records)
+            let out = serde_json::to_string_pretty(&shown.records)
                 .map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
+            for n in shown.notes() {
+                eprintln!("resilio: {}", n.trim_start());
+            }
         } else {
             // Only the allocations that agree with the journal (as the report).
-            let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default())
-                .map(|s| crate::accounting::consistent_slurm_times(&j.records, &s).0);
+            let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default())
+                .map(|s| crate::accounting::consistent_slurm_times(&shown.records, &s).0);
             print!(
                 "{}",
-                report::render_timeline(&job, &j.records, slurm.as_ref())
+                report::render_timeline_with_notes(
+                    job,
+                    &shown.records,
+                    slurm.as_ref(),
+                    &shown.notes()
+                )
             );
         }
     } else {
-        let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
-        let mut r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
+        let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
+        let mut r = shown.report(slurm.as_ref());
         let state_dir = state_dir_of(&a.state_dir);
         report::apply_fleet(
             &mut r,
             crate::node_history::fleet_rate(
                 &state_dir,
-                &job,
+                job,
                 chrono::Utc::now(),
                 std::time::Duration::from_secs(56 * 86400),
             ),
@@ -307,10 +379,11 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
 
 /// `resilio timeline JOB --html FILE`.
 fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
-    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
-    let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
-    let r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
-    let page = crate::report_html::render(&job, &j.records, &r);
+    let shown = Shown::load(a)?;
+    let job = &shown.job;
+    let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
+    let r = shown.report(slurm.as_ref());
+    let page = crate::report_html::render(job, &shown.records, &r);
     if file == std::path::Path::new("-") {
         print!("{page}");
         return Ok(0);

@@ -17,6 +17,9 @@ pub struct Identity {
     pub world_size: u32,
     /// Node name: `SLURMD_NODENAME`, else the host name.
     pub node: String,
+    /// The run key stamped on the journal's records, and whether this
+    /// process starts the run (see [`crate::runs::resolve`]).
+    pub run: crate::runs::RunKey,
 }
 
 fn env_u32(lookup: &dyn Fn(&str) -> Option<String>, keys: &[&str]) -> Option<u32> {
@@ -49,6 +52,7 @@ impl Identity {
             },
         };
         validate_job_id(&job)?;
+        let run = crate::runs::resolve(&job, lookup);
         let node = lookup("SLURMD_NODENAME").unwrap_or_else(|| {
             nix::unistd::gethostname()
                 .ok()
@@ -66,16 +70,21 @@ impl Identity {
                 .unwrap_or(1)
                 .max(1),
             node,
+            run,
         })
     }
 
     /// Variables exported to the trainer so nested tools see the same identity.
     pub fn exported(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut v = vec![
             ("RESILIO_JOB_ID", self.job.clone()),
             ("RESILIO_ATTEMPT", self.attempt.to_string()),
             ("RESILIO_RANK", self.rank.to_string()),
-        ]
+        ];
+        if let Some(k) = &self.run.key {
+            v.push((crate::runs::ENV_RUN, k.clone()));
+        }
+        v
     }
 }
 
@@ -118,7 +127,12 @@ mod tests {
                 attempt: 2,
                 rank: 3,
                 world_size: 8,
-                node: "n3".into()
+                node: "n3".into(),
+                // A requeue continues the job's run.
+                run: crate::runs::RunKey {
+                    key: Some("slurm-4242+2".into()),
+                    fresh: false
+                },
             }
         );
     }

@@ -55,6 +55,9 @@ pub enum Error {
     /// No journal exists for the job asked about.
     #[error("no journal for job '{job}' under {}", dir.display())]
     NoJob { job: String, dir: PathBuf },
+    /// A job's journal files exist but hold no readable record (each named).
+    #[error("{0}")]
+    NoReadableRecord(String),
     /// The job's coordinator could not be reached or refused.
     #[error("{0}")]
     Coordinator(String),
@@ -70,7 +73,7 @@ impl Error {
             Error::Usage(_) | Error::Config { .. } | Error::ConfigRead { .. } => EXIT_USAGE,
             Error::NotFound { .. } => EXIT_NOT_FOUND,
             Error::NotExecutable { .. } => EXIT_NOT_EXECUTABLE,
-            Error::NoJob { .. } => EXIT_NO_JOB,
+            Error::NoJob { .. } | Error::NoReadableRecord(_) => EXIT_NO_JOB,
             Error::Coordinator(_) => EXIT_NO_COORDINATOR,
             Error::Other(_) => EXIT_INTERNAL,
         }

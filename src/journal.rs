@@ -99,6 +99,8 @@ pub struct Writer {
     attempt: u32,
     rank: Option<u32>,
     node: Option<String>,
+    /// The run key stamped on every record (`run`); see [`crate::runs`].
+    run: Option<String>,
     warned: bool,
     dropped: u64,
 }
@@ -119,6 +121,7 @@ impl Writer {
             attempt,
             rank,
             node,
+            run: None,
             warned: false,
             dropped: 0,
         };
@@ -141,9 +144,27 @@ impl Writer {
             attempt: 0,
             rank: None,
             node: None,
+            run: None,
             warned: true,
             dropped: 0,
         }
+    }
+
+    /// Stamp every record from now on with the run key `run` (see
+    /// [`crate::runs`]); `None` writes records without one.
+    pub fn set_run(&mut self, run: Option<&str>) {
+        self.run = run.map(str::to_string);
+    }
+
+    /// The same, as a builder.
+    pub fn with_run(mut self, run: Option<&str>) -> Writer {
+        self.set_run(run);
+        self
+    }
+
+    /// The run key stamped on records.
+    pub fn run(&self) -> Option<&str> {
+        self.run.as_deref()
     }
 
     /// Where records go.
@@ -245,6 +266,9 @@ impl Writer {
             );
             data.remove(reserved);
         }
+        if let Some(run) = &self.run {
+            data.insert("run".into(), Value::String(run.clone()));
+        }
         let rec = Record {
             v: SCHEMA_VERSION,
             ts,
@@ -311,13 +335,84 @@ fn repair_torn_tail(file: &mut File) -> std::io::Result<()> {
 pub struct JobJournal {
     /// Every whole record, ordered by time (stable for equal times).
     pub records: Vec<Record>,
-    /// Lines that did not parse (a torn final line, or foreign content).
+    /// Lines that did not parse as a record (a torn final line, garbled
+    /// or foreign content), over all files.
     pub bad_lines: usize,
     /// The files read.
     pub files: Vec<PathBuf>,
+    /// Per file: the lines skipped, or why the file could not be read.
+    /// Only files with something skipped are listed.
+    pub skipped: Vec<SkippedLines>,
 }
 
-/// Read and merge every `*.jsonl` of a job's directory.
+/// Lines of one journal file that were skipped.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct SkippedLines {
+    pub file: PathBuf,
+    /// Lines that did not parse as a record (the torn last line included).
+    pub lines: usize,
+    /// Their line numbers (1-based), the first [`MAX_LINE_NUMBERS`].
+    pub line_numbers: Vec<usize>,
+    /// The last line was cut short (no newline): a write interrupted by a
+    /// crash. Writers cut it off before appending again.
+    pub torn_last_line: bool,
+    /// Records read from the file.
+    pub records: usize,
+    /// The file could not be read at all (permission denied, a directory, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How many line numbers [`SkippedLines`] keeps per file.
+pub const MAX_LINE_NUMBERS: usize = 20;
+
+impl SkippedLines {
+    /// One line for people, such as `.../rank-0.jsonl: 1 line skipped (line 7)`
+    /// or `.../rank-1.jsonl: no readable record (empty)`.
+    pub fn describe(&self) -> String {
+        let name = self.file.display();
+        if let Some(e) = &self.error {
+            return format!("{name}: unreadable ({e})");
+        }
+        if self.lines == 0 {
+            return format!("{name}: no readable record (empty)");
+        }
+        let head = if self.records == 0 {
+            format!("{name}: no readable record, ")
+        } else {
+            format!("{name}: ")
+        };
+        let count = match self.lines {
+            1 => "1 line skipped".to_string(),
+            n => format!("{n} lines skipped"),
+        };
+        let torn_only = self.torn_last_line && self.lines == 1;
+        let detail = if torn_only {
+            " (the last line, cut short by a crash)".to_string()
+        } else {
+            let mut n: Vec<String> = self.line_numbers.iter().map(|l| l.to_string()).collect();
+            if self.lines > self.line_numbers.len() {
+                n.push("...".into());
+            }
+            format!(
+                " (line{} {}{})",
+                if self.lines == 1 { "" } else { "s" },
+                n.join(", "),
+                if self.torn_last_line {
+                    "; the last one cut short by a crash"
+                } else {
+                    ""
+                }
+            )
+        };
+        format!("{head}{count}{detail}")
+    }
+}
+
+/// Read and merge every `*.jsonl` of a job's directory. Lines that do not
+/// parse as a record are skipped and counted per file; a file that cannot
+/// be read is skipped and named. Fails only when the directory cannot be
+/// listed.
 pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
     let mut out = JobJournal::default();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
@@ -326,20 +421,49 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
         .collect();
     files.sort();
     for path in &files {
-        let text = std::fs::read(path)?;
-        for line in text.split(|&b| b == b'\n') {
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            match serde_json::from_slice::<Record>(line) {
-                Ok(r) => out.records.push(r),
-                Err(_) => out.bad_lines += 1,
-            }
+        let mut skip = SkippedLines {
+            file: path.clone(),
+            ..SkippedLines::default()
+        };
+        match std::fs::read(path) {
+            Ok(text) => read_lines(&text, &mut out.records, &mut skip),
+            Err(e) => skip.error = Some(e.to_string()),
+        }
+        out.bad_lines += skip.lines;
+        if skip.lines > 0 || skip.error.is_some() || skip.records == 0 {
+            out.skipped.push(skip);
         }
     }
     out.records.sort_by_key(|r| r.ts);
     out.files = files;
     Ok(out)
+}
+
+/// Parse one file's lines into `records`, noting what was skipped.
+fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
+    let ends_whole = text.last().is_none_or(|&b| b == b'\n');
+    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    let last = lines.len().saturating_sub(1);
+    for (i, line) in lines.iter().enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(line) {
+            Ok(r) => {
+                records.push(r);
+                skip.records += 1;
+            }
+            Err(_) => {
+                skip.lines += 1;
+                if skip.line_numbers.len() < MAX_LINE_NUMBERS {
+                    skip.line_numbers.push(i + 1);
+                }
+                if i == last && !ends_whole {
+                    skip.torn_last_line = true;
+                }
+            }
+        }
+    }
 }
 
 /// Jobs under a state dir, most recently written last.
@@ -408,6 +532,94 @@ mod tests {
         w.record("rank_start", json!({}), true);
         let j = read_job(dir.path()).unwrap();
         assert_eq!((j.records.len(), j.bad_lines), (2, 0));
+    }
+
+    #[test]
+    fn unreadable_lines_and_files_are_skipped_counted_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        for step in 1..=3 {
+            w.record("progress", json!({ "step": step }), false);
+        }
+        drop(w);
+        // A garbled middle line, a line that is JSON but not a record, and
+        // a torn last line.
+        let path = dir.path().join("rank-0.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[1] = lines[1].replace("\"kind\"", "\u{1}garbled");
+        lines.push("{\"v\":1}".into());
+        let mut text = lines.join("\n");
+        text.push_str("\n{\"v\":1,\"ts\":\"2026-");
+        std::fs::write(&path, text).unwrap();
+        // A file of garbage, an empty one, and one that cannot be read.
+        std::fs::write(dir.path().join("rank-1.jsonl"), "not json\n\0\0\0\n").unwrap();
+        std::fs::write(dir.path().join("rank-2.jsonl"), "").unwrap();
+        std::fs::create_dir(dir.path().join("rank-3.jsonl")).unwrap();
+
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records.len(), 2);
+        assert_eq!(j.bad_lines, 5);
+        let by_name = |n: &str| {
+            j.skipped
+                .iter()
+                .find(|f| f.file.ends_with(n))
+                .unwrap_or_else(|| panic!("{n} not listed: {:#?}", j.skipped))
+        };
+        let r0 = by_name("rank-0.jsonl");
+        assert_eq!(
+            (r0.lines, r0.records, r0.torn_last_line),
+            (3, 2, true),
+            "{r0:#?}"
+        );
+        assert_eq!(r0.line_numbers, [2, 4, 5]);
+        assert!(
+            r0.describe().ends_with(
+                "rank-0.jsonl: 3 lines skipped (lines 2, 4, 5; the last one cut short by a crash)"
+            ),
+            "{}",
+            r0.describe()
+        );
+        let r1 = by_name("rank-1.jsonl");
+        assert!(r1
+            .describe()
+            .ends_with("rank-1.jsonl: no readable record, 2 lines skipped (lines 1, 2)"));
+        assert!(by_name("rank-2.jsonl")
+            .describe()
+            .ends_with("rank-2.jsonl: no readable record (empty)"));
+        let r3 = by_name("rank-3.jsonl");
+        assert!(r3.error.is_some() && r3.describe().contains("rank-3.jsonl: unreadable ("));
+        assert_eq!(j.skipped.len(), 4);
+    }
+
+    #[test]
+    fn a_torn_last_line_alone_is_described_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        drop(w);
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("rank-0.jsonl"))
+            .unwrap();
+        f.write_all(b"{\"v\":1,\"ts\"").unwrap();
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.skipped.len(), 1);
+        assert!(j.skipped[0]
+            .describe()
+            .ends_with("rank-0.jsonl: 1 line skipped (the last line, cut short by a crash)"));
+    }
+
+    #[test]
+    fn records_carry_the_writers_run_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None).with_run(Some("k1"));
+        w.record("rank_start", json!({}), true);
+        w.set_run(None);
+        w.record("rank_exit", json!({}), true);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records[0].str("run"), Some("k1"));
+        assert_eq!(j.records[1].get("run"), None);
     }
 
     #[test]

@@ -93,7 +93,13 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         })
         .unwrap_or_else(|| "localhost".into());
     let job_dir = journal::job_dir(&cfg.state_dir, &job);
-    let mut log = Writer::open(&job_dir, "launcher.jsonl", 0, None, Some(node.clone()));
+    // One run key for the launcher and its ranks (handed down as RESILIO_RUN_ID).
+    let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+    if run.fresh {
+        crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
+    }
+    let mut log = Writer::open(&job_dir, "launcher.jsonl", 0, None, Some(node.clone()))
+        .with_run(run.key.as_deref());
     let argv_text: Vec<String> = opts
         .argv
         .iter()
@@ -109,7 +115,8 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         let bind =
             crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
         let view = JobView::new(&job, n, 0, cfg.coordinator.policy.clone(), Instant::now());
-        let w = Writer::open(&job_dir, "coordinator.jsonl", 0, None, Some(node.clone()));
+        let w = Writer::open(&job_dir, "coordinator.jsonl", 0, None, Some(node.clone()))
+            .with_run(run.key.as_deref());
         match Coordinator::start(view, bind, w, Some(&job_dir)) {
             Ok(c) => Some(c),
             Err(e) => {
@@ -180,6 +187,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     ),
                     (ENV_LAUNCHER, "1".into()),
                 ])
+                .envs(run.key.iter().map(|k| (crate::runs::ENV_RUN, k)))
                 // Ranks run in process groups of their own (so a Ctrl-C
                 // reaches them once, through the launcher): not in the
                 // terminal's foreground, so no rank may read it.
@@ -347,7 +355,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         }
         // Judge and decide from the ranks' journals, as the Slurm supervisor does.
         let records = journal::read_job(&job_dir)
-            .map(|j| j.records)
+            .map(|j| crate::runs::of_key(j.records, log.run()))
             .unwrap_or_default();
         let fallback = Verdict {
             class: Class::Infrastructure,

@@ -20,7 +20,8 @@
 //!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
 //!   `resilio checkpoint`.
 //! - [`journal`]: the append-only, crash-safe per-job journal.
-//! - [`report`]: reports and timelines computed from journals alone.
+//! - [`report`]: reports and timelines computed from journals alone; [`runs`]:
+//!   telling apart the runs of a job id used more than once.
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
 //!   the rank's identity, errors and exit codes.
 //! - [`demo`]: `resilio demo`, a scripted run with an injected hang.
@@ -47,6 +48,7 @@ pub mod process;
 pub mod progress;
 pub mod report;
 pub mod report_html;
+pub mod runs;
 pub mod slurm;
 pub mod status;
 pub mod supervisor;

@@ -206,6 +206,7 @@ pub fn events_from_sacct(
 pub struct FleetRate {
     pub failures: f64,
     pub node_seconds: f64,
+    /// Runs counted (a job id used more than once counts each run).
     pub jobs: usize,
 }
 
@@ -228,27 +229,31 @@ pub fn fleet_rate(
         let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
             continue;
         };
-        let (Some(a), Some(b)) = (
-            j.records.iter().map(|r| r.ts).min(),
-            j.records.iter().map(|r| r.ts).max(),
-        ) else {
-            continue;
-        };
-        let mut nodes: Vec<&str> = j
-            .records
-            .iter()
-            .filter(|r| r.rank.is_some())
-            .filter_map(|r| r.node.as_deref())
-            .collect();
-        nodes.sort_unstable();
-        nodes.dedup();
-        let secs = ((b.min(now) - a).num_milliseconds() as f64 / 1e3).max(0.0);
-        if nodes.is_empty() || secs <= 0.0 {
-            continue;
+        // Each run of a job id used more than once on its own: the time
+        // between runs is nobody's exposure.
+        for run in crate::runs::split(j.records) {
+            let records = run.records;
+            let (Some(a), Some(b)) = (
+                records.iter().map(|r| r.ts).min(),
+                records.iter().map(|r| r.ts).max(),
+            ) else {
+                continue;
+            };
+            let mut nodes: Vec<&str> = records
+                .iter()
+                .filter(|r| r.rank.is_some())
+                .filter_map(|r| r.node.as_deref())
+                .collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            let secs = ((b.min(now) - a).num_milliseconds() as f64 / 1e3).max(0.0);
+            if nodes.is_empty() || secs <= 0.0 {
+                continue;
+            }
+            rate.jobs += 1;
+            rate.node_seconds += secs * nodes.len() as f64;
+            rate.failures += interruptions(&job, &records) as f64;
         }
-        rate.jobs += 1;
-        rate.node_seconds += secs * nodes.len() as f64;
-        rate.failures += interruptions(&job, &j.records) as f64;
     }
     rate
 }

@@ -75,8 +75,17 @@ pub struct Report {
     pub time_source: String,
     /// The job's wall time, stretch by stretch, each in one bucket.
     pub segments: Vec<crate::accounting::Segment>,
-    /// Journal lines that did not parse (torn by a crash, or foreign).
+    /// Journal lines that did not parse (torn by a crash, garbled, or
+    /// foreign), over all files; `skipped_lines` says where.
     pub bad_journal_lines: usize,
+    /// Per journal file: lines skipped (the rest is accounted), files that
+    /// hold no readable record or could not be read.
+    pub skipped_lines: Vec<crate::journal::SkippedLines>,
+    /// The run shown, when the job id was used for more than one run
+    /// (`runs` lists them all; `--run` picks one).
+    pub run: Option<crate::runs::RunInfo>,
+    /// Every run of the job id, in the order they started.
+    pub runs: Vec<crate::runs::RunInfo>,
     /// Checkpoints the trainer confirmed.
     pub checkpoints: Checkpoints,
     /// Mean time to failure observed in this job (wall time per failed attempt).
@@ -311,6 +320,9 @@ pub fn build(
         segments: acc.segments,
         checkpoint_advice: None,
         bad_journal_lines: bad_lines,
+        skipped_lines: Vec::new(),
+        run: None,
+        runs: Vec::new(),
     };
     // The advice from this job alone (apply_fleet pools it with the history).
     if let (Some(d), Some(m)) = (report.checkpoints.mean_duration_s, report.mttf_s) {
@@ -381,8 +393,11 @@ pub fn advised_interval(
     job: &str,
     fleet: crate::node_history::FleetRate,
 ) -> (Option<std::time::Duration>, Value) {
+    // The run going on is the latest (a job id used again starts another).
     let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
-        .map(|j| j.records)
+        .ok()
+        .and_then(|j| crate::runs::split(j.records).pop())
+        .map(|r| r.records)
         .unwrap_or_default();
     if records.is_empty() {
         return (
@@ -444,6 +459,13 @@ pub fn summary_line(r: &Report) -> String {
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "job {}", r.job);
+    if let Some(note) = r
+        .run
+        .as_ref()
+        .and_then(|run| crate::runs::note(&r.job, &r.runs, run.index.saturating_sub(1)))
+    {
+        let _ = writeln!(s, "{note}");
+    }
     let _ = writeln!(s, "{}", summary_line(r));
     if let (Some(a), Some(b)) = (r.start, r.end) {
         let _ = writeln!(
@@ -568,14 +590,30 @@ pub fn render_text(r: &Report) -> String {
             );
         }
     }
-    if r.bad_journal_lines > 0 {
-        let _ = writeln!(
-            s,
-            "\n{} journal line(s) were unreadable and skipped",
-            r.bad_journal_lines
-        );
+    for line in skipped_notes(&r.skipped_lines, r.bad_journal_lines) {
+        let _ = writeln!(s, "{line}");
     }
     s
+}
+
+/// What the reports say about journal lines they skipped: a blank line,
+/// a heading, and one line per file.
+pub fn skipped_notes(skipped: &[crate::journal::SkippedLines], bad_lines: usize) -> Vec<String> {
+    if skipped.is_empty() && bad_lines == 0 {
+        return Vec::new();
+    }
+    let mut out = vec![
+        String::new(),
+        format!(
+            "journal: {bad_lines} unreadable line(s) skipped{}, the rest accounted:",
+            match skipped.iter().filter(|f| f.records == 0).count() {
+                0 => String::new(),
+                n => format!(", {n} file(s) with no readable record"),
+            }
+        ),
+    ];
+    out.extend(skipped.iter().map(|f| format!("  {}", f.describe())));
+    out
 }
 
 fn describe(r: &Record) -> Option<String> {
@@ -874,6 +912,17 @@ pub fn render_timeline(
     records: &[Record],
     slurm: Option<&crate::accounting::SlurmTimes>,
 ) -> String {
+    render_timeline_with_notes(job, records, slurm, &[])
+}
+
+/// The same with notes (other runs of the job id, skipped journal lines)
+/// printed under the heading.
+pub fn render_timeline_with_notes(
+    job: &str,
+    records: &[Record],
+    slurm: Option<&crate::accounting::SlurmTimes>,
+    notes: &[String],
+) -> String {
     let mut s = String::new();
     let Some(t0) = records.iter().map(|r| r.ts).min() else {
         return format!("job {job}: no records\n");
@@ -923,6 +972,9 @@ pub fn render_timeline(
         "job {job}, times relative to {}",
         t0.format("%Y-%m-%d %H:%M:%S%.3fZ")
     );
+    for n in notes {
+        let _ = writeln!(s, "{n}");
+    }
     let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in records {
         by_attempt.entry(r.attempt).or_default().push(r);

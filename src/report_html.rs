@@ -342,6 +342,18 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
         if by_node { " (one per node)" } else { "" },
         esc(&report.time_source)
     );
+    // Other runs of the job id, journal lines skipped.
+    let run_note = report
+        .run
+        .as_ref()
+        .and_then(|r| crate::runs::note(&report.job, &report.runs, r.index.saturating_sub(1)));
+    for note in run_note.into_iter().chain(
+        crate::report::skipped_notes(&report.skipped_lines, report.bad_journal_lines)
+            .into_iter()
+            .filter(|l| !l.is_empty()),
+    ) {
+        let _ = writeln!(h, "<p class=\"meta\">{}</p>", esc(note.trim_start()));
+    }
     h.push_str("<ul class=\"buckets\">");
     let mut buckets: Vec<(&str, f64)> = vec![("productive", report.productive_s)];
     for b in &crate::accounting::BUCKETS[1..] {

@@ -663,7 +663,7 @@ pub fn after_attempt(
     journal: &mut Writer,
 ) -> Next {
     let records = journal::read_job(&journal::job_dir(state_dir, job))
-        .map(|j| j.records)
+        .map(|j| crate::runs::of_key(j.records, journal.run()))
         .unwrap_or_default();
     let requeue_allowed = || match slurm.show_job(job) {
         Ok(info) => info.requeue,

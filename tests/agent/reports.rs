@@ -431,3 +431,267 @@ fn reports_survive_a_job_killed_outright() {
     assert!(o.status.success(), "{}", stderr_of(&o));
     assert!(std::fs::read_to_string(&page).unwrap().contains("<svg"));
 }
+
+/// `report --json` of a job: the parsed report.
+fn report_json(state: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut a = vec!["report"];
+    a.extend_from_slice(args);
+    a.push("--json");
+    let o = cmd(state, &a);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// One garbled line in the middle of a real journal file is skipped, the
+/// rest accounted as before, and the reports say which line of which file.
+#[test]
+fn a_garbled_middle_line_is_skipped_and_the_rest_accounted() {
+    let dir = tempfile::tempdir().unwrap();
+    // Progress sampled every 0.3 s: first, middle and last samples.
+    let conf = write_config(dir.path(), "[journal]\nprogress_interval = \"300ms\"\n");
+    let (o, _) = output_within(
+        &mut run_trainer(
+            dir.path(),
+            "garbled",
+            &["--config", conf.to_str().unwrap()],
+            &["--startup", "0.3", "--steps", "30", "--interval", "0.05"],
+        ),
+        Duration::from_secs(40),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let file = resilio::journal::job_dir(dir.path(), "garbled").join("rank-0.jsonl");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 6, "{text}");
+    let whole = report_json(dir.path(), &["garbled"]);
+    let ettr = whole["ettr"].as_f64().unwrap();
+    assert!(ettr > 0.3, "{whole}");
+    assert_eq!(whole["skipped_lines"], serde_json::json!([]));
+
+    // Every line but the first and the last, garbled in turn (bytes
+    // overwritten in place, as a bad disk block or a stray write would).
+    for i in 1..lines.len() - 1 {
+        let mut garbled: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        let l = &lines[i];
+        garbled[i] = format!("{}\u{0}\u{0}#@!{}", &l[..l.len() / 3], &l[l.len() / 2..]);
+        std::fs::write(&file, garbled.join("\n") + "\n").unwrap();
+        let r = report_json(dir.path(), &["garbled"]);
+        let kind = l
+            .split("\"kind\":\"")
+            .nth(1)
+            .unwrap_or("?")
+            .split('"')
+            .next();
+        assert!(
+            (r["ettr"].as_f64().unwrap() - ettr).abs() < 0.005,
+            "line {} ({kind:?}) garbled: ETTR {} instead of {ettr}",
+            i + 1,
+            r["ettr"]
+        );
+        let skipped = r["skipped_lines"].as_array().unwrap();
+        assert_eq!(skipped.len(), 1, "{r}");
+        assert!(skipped[0]["file"]
+            .as_str()
+            .unwrap()
+            .ends_with("rank-0.jsonl"));
+        assert_eq!(skipped[0]["lines"], 1);
+        assert_eq!(skipped[0]["line_numbers"], serde_json::json!([i + 1]));
+        assert_eq!(skipped[0]["torn_last_line"], false);
+        assert_eq!(r["bad_journal_lines"], 1);
+    }
+    // Said in the text report and the timeline too.
+    let needle = format!("rank-0.jsonl: 1 line skipped (line {})", lines.len() - 1);
+    for args in [["report", "garbled"], ["timeline", "garbled"]] {
+        let o = cmd(dir.path(), &args);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            out.contains(&needle),
+            "{args:?}: {needle:?} missing:\n{out}"
+        );
+        assert!(out.contains("1 unreadable line(s) skipped"), "{out}");
+    }
+
+    // A torn last line (a kill -9 in the middle of a write) reads as before.
+    std::fs::write(&file, text.clone() + "{\"v\":1,\"ts\":\"2026-").unwrap();
+    let r = report_json(dir.path(), &["garbled"]);
+    assert_eq!(r["ettr"], whole["ettr"]);
+    assert_eq!(r["skipped_lines"][0]["torn_last_line"], true);
+}
+
+/// A journal file that exists but holds nothing readable is named as such.
+#[test]
+fn a_journal_with_nothing_readable_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = resilio::journal::job_dir(dir.path(), "junk");
+    std::fs::create_dir_all(&job).unwrap();
+    std::fs::write(job.join("rank-0.jsonl"), "\u{0}\u{0}\u{0}\nnot json\n").unwrap();
+    std::fs::write(job.join("rank-1.jsonl"), "").unwrap();
+    for args in [
+        &["report", "junk"][..],
+        &["report", "junk", "--json"],
+        &["timeline", "junk"],
+    ] {
+        let o = cmd(dir.path(), args);
+        assert_eq!(o.status.code(), Some(3), "{args:?}");
+        let err = stderr_of(&o);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(!err.contains("no journal for job"), "{err}");
+        for needle in [
+            "rank-0.jsonl: no readable record, 2 lines skipped (lines 1, 2)",
+            "rank-1.jsonl: no readable record (empty)",
+        ] {
+            assert!(err.contains(needle), "{needle:?} missing: {err}");
+        }
+    }
+    // Next to a readable file, it is listed and the rest reported.
+    let mut w = resilio::journal::Writer::open(&job, "rank-2.jsonl", 0, Some(2), None);
+    w.record("rank_start", serde_json::json!({}), true);
+    w.record("rank_exit", serde_json::json!({ "exit_code": 0 }), true);
+    let o = cmd(dir.path(), &["report", "junk"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("2 file(s) with no readable record")
+            && out.contains("rank-1.jsonl: no readable record (empty)"),
+        "{out}"
+    );
+}
+
+fn ts(v: &serde_json::Value) -> chrono::DateTime<chrono::Utc> {
+    v.as_str().unwrap().parse().unwrap()
+}
+
+/// Two separate `resilio run --job-id X`, 3 s apart: two runs, the second
+/// warned about, the latest shown by default, and the idle gap between them
+/// in neither (it used to be one attempt with the gap counted productive).
+#[test]
+fn a_reused_job_id_starts_a_new_run_reported_separately() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--startup", "0.2", "--steps", "20", "--interval", "0.05"];
+    let warning = "resilio: job id again already has a journal from an earlier run; this run is reported separately";
+    let (o, _) = output_within(
+        &mut run_trainer(dir.path(), "again", &[], &args),
+        Duration::from_secs(40),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(!stderr_of(&o).contains("already has a journal"));
+    // The idle gap between the two runs (two processes, not a decision under test).
+    std::thread::sleep(Duration::from_secs(3));
+    let (o, _) = output_within(
+        &mut run_trainer(dir.path(), "again", &[], &args),
+        Duration::from_secs(40),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let err = stderr_of(&o);
+    assert_eq!(err.matches(warning).count(), 1, "{err}");
+
+    let r = report_json(dir.path(), &["again"]);
+    let runs = r["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{r}");
+    assert_eq!(r["run"]["index"], 2);
+    assert_ne!(runs[0]["key"], runs[1]["key"]);
+    let gap = (ts(&runs[1]["start"]) - ts(&runs[0]["end"])).num_milliseconds();
+    assert!(gap >= 3000, "runs 3 s apart: {gap} ms");
+    let span2 = (ts(&runs[1]["end"]) - ts(&runs[1]["start"])).num_milliseconds() as f64 / 1e3;
+    for (which, r) in [
+        ("2", &r),
+        ("1", &report_json(dir.path(), &["again", "--run", "1"])),
+    ] {
+        let wall = r["wall_s"].as_f64().unwrap();
+        let productive = r["productive_s"].as_f64().unwrap();
+        assert!(wall < 2.9, "run {which}: wall {wall}s holds the gap: {r}");
+        assert!(productive > 0.5 && productive <= wall, "run {which}: {r}");
+        assert!(r["ettr"].as_f64().unwrap() > 0.4, "run {which}: {r}");
+        assert_eq!(r["attempts"].as_array().unwrap().len(), 1, "run {which}");
+        assert_eq!(r["failed_attempts"], 0, "run {which}");
+        assert_eq!(r["run"]["index"].to_string(), which);
+    }
+    assert!(r["wall_s"].as_f64().unwrap() <= span2 + 0.01);
+
+    // Said in the text report and the timeline; --run picks, and says so.
+    let note = "job again was run 2 times (the job id was used again); showing run 2 (started ";
+    let o = cmd(dir.path(), &["report", "again"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(note) && out.contains("earlier runs: 1 (started ") && out.contains("--run N"),
+        "{out}"
+    );
+    let o = cmd(dir.path(), &["timeline", "again"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains(note), "{out}");
+    assert_eq!(out.matches("attempt 0:").count(), 1, "{out}");
+    assert_eq!(out.matches("launched pid").count(), 1, "{out}");
+    let o = cmd(dir.path(), &["report", "again", "--run", "1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("showing run 1 (started ") && out.contains("other runs: 2"),
+        "{out}"
+    );
+    let o = cmd(dir.path(), &["report", "again", "--run", "3"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr_of(&o).trim(),
+        "resilio: --run 3: the job was run 2 times: give 1 to 2, or a run key"
+    );
+}
+
+/// Local mode: the launcher and its ranks share one run key, so a restart
+/// in place stays in the run; a second launch is a run of its own, warned
+/// about once (by the launcher, not by each rank).
+#[test]
+fn local_mode_keeps_restarts_in_one_run_and_a_second_launch_apart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let launch = |fault: bool| {
+        let _ = std::fs::remove_dir_all(&ck);
+        let mut args = vec![
+            "--total",
+            "30",
+            "--step-time",
+            "0.05",
+            "--ckpt-every",
+            "10",
+            "--ckpt-dir",
+            ck.to_str().unwrap(),
+        ];
+        if fault {
+            args.extend(["--fault-plan", "0:exit:1:15"]);
+        }
+        let (o, _) = output_within(
+            run_local(tmp.path(), "twice", 2, &["--max-restarts", "2"], &args)
+                .current_dir(tmp.path()),
+            Duration::from_secs(90),
+        );
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        stderr_of(&o)
+    };
+    let err = launch(true);
+    assert!(!err.contains("already has a journal"), "{err}");
+    let err = launch(false);
+    assert_eq!(err.matches("already has a journal").count(), 1, "{err}");
+
+    let latest = report_json(tmp.path(), &["twice"]);
+    assert_eq!(latest["runs"].as_array().unwrap().len(), 2, "{latest}");
+    assert_eq!(latest["attempts"].as_array().unwrap().len(), 1);
+    assert_eq!(latest["failed_attempts"], 0);
+    let first = report_json(tmp.path(), &["twice", "--run", "1"]);
+    assert_eq!(first["attempts"].as_array().unwrap().len(), 2, "{first}");
+    assert_eq!(
+        (
+            first["failed_attempts"].as_u64(),
+            first["restarts"].as_u64()
+        ),
+        (Some(1), Some(1))
+    );
+    // Every record of the job carries one of the two keys.
+    let keys: std::collections::BTreeSet<String> = records(tmp.path(), "twice")
+        .iter()
+        .map(|r| {
+            r.str("run")
+                .expect("every record has a run key")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}
