@@ -747,6 +747,7 @@ fn describe(r: &Record) -> Option<String> {
                 .and_then(|d| d.get("action"))
                 .and_then(Value::as_str)
                 .unwrap_or("?")
+                .replace('_', " ")
         ),
         "restart" => format!(
             "RESTART {} as attempt {}: {}",
