@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Supervise one rank: resilio run [OPTIONS] -- COMMAND [ARGS...]
+    /// Supervise a training command: resilio run [OPTIONS] -- COMMAND [ARGS...]
     Run(RunArgs),
     /// ETTR and where the time went, from the job's journal
     Report(ReportArgs),
@@ -72,14 +72,15 @@ struct RunArgs {
     /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
     #[arg(long, value_name = "SIG")]
     dump_signal: Option<String>,
-    /// Restarts allowed after failures: in place (--ntasks), inside the allocation, or by requeue (default 3)
+    /// Restarts allowed after failures: in place outside Slurm, inside the allocation or by requeue in a batch script (default 3; 0: one attempt)
     #[arg(long, value_name = "N")]
     max_restarts: Option<u32>,
     /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)
     #[arg(long, value_name = "ID")]
     job_id: Option<String>,
     /// Local mode: launch N ranks on this machine (torchrun variables set),
-    /// with a coordinator and in-place restarts (--max-restarts)
+    /// with a coordinator and in-place restarts (--max-restarts); without
+    /// it, outside Slurm, the command is one such rank
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     ntasks: Option<u32>,
     /// The command to supervise
@@ -431,6 +432,24 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     agent_args,
                 });
             }
+            if runs_locally() {
+                // Outside Slurm a plain run is local mode with one rank:
+                // restarts in place within --max-restarts, and a
+                // coordinator for `resilio status` / `resilio checkpoint`.
+                let agent_args = agent_args(&a, &config);
+                let job_id = a.job_id.or_else(|| {
+                    std::env::var("RESILIO_JOB_ID")
+                        .ok()
+                        .filter(|j| !j.is_empty())
+                });
+                return crate::launcher::run(crate::launcher::LocalOptions {
+                    argv: a.command,
+                    config,
+                    job_id,
+                    ntasks: 1,
+                    agent_args,
+                });
+            }
             agent::run(RunOptions {
                 argv: a.command,
                 config,
@@ -488,6 +507,25 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
 fn signal_hook_iter() -> Result<signal_hook::iterator::Signals> {
     signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
         .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
+}
+
+/// Whether a plain `resilio run` (no `--ntasks`) is a job of its own on
+/// this machine, run as local mode with one rank. Not under Slurm (a task
+/// of a step, or the batch-level supervisor: both unchanged), not a rank
+/// agent started by a launcher (the local one, or a coordinator's), and not
+/// one rank of a bigger job started by another launcher (torchrun's
+/// `WORLD_SIZE` > 1).
+fn runs_locally() -> bool {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let world = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.trim().parse::<u32>().ok())
+        .unwrap_or(1);
+    !set("SLURM_JOB_ID")
+        && !set("SLURM_STEP_ID")
+        && !set(crate::launcher::ENV_LAUNCHER)
+        && !set(crate::coordinator::ENV_URL)
+        && world <= 1
 }
 
 /// Entry point: returns the process exit code.

@@ -7,6 +7,7 @@ mod coordinator;
 mod exit_codes;
 mod health;
 mod journal;
+mod local_single;
 mod passthrough;
 mod progress_sources;
 mod reports;
