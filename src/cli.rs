@@ -55,10 +55,10 @@ struct RunArgs {
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Fixed stall timeout between steps (e.g. 90s, 5m); "adaptive" to learn it
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     stall_timeout: Option<String>,
     /// Allowed time from launch to the first step (default 30m)
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     startup_timeout: Option<String>,
     /// Regex over output lines; capture group 1 (or `step`) is the step
     #[arg(long, value_name = "RE")]
@@ -66,8 +66,8 @@ struct RunArgs {
     /// A file the trainer rewrites as it progresses
     #[arg(long, value_name = "FILE")]
     progress_file: Option<PathBuf>,
-    /// Time between SIGTERM and SIGKILL when stopping the trainer (default 30s)
-    #[arg(long, value_name = "DUR")]
+    /// Time between SIGTERM and SIGKILL when stopping the trainer (default 30s; 0: SIGKILL at once)
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     kill_grace: Option<String>,
     /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
     #[arg(long, value_name = "SIG")]
@@ -188,6 +188,11 @@ fn flag_duration(flag: &str, value: &str) -> Result<std::time::Duration> {
     crate::duration::parse(value).map_err(|e| usage(format!("--{flag}: {e}")))
 }
 
+/// A timeout flag: zero would fire at once, so it is a usage error.
+fn flag_timeout(flag: &str, value: &str, hint: &str) -> Result<std::time::Duration> {
+    crate::duration::parse_positive(value).map_err(|e| usage(format!("--{flag}: {e}{hint}")))
+}
+
 fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     let mut cfg = Config::load(a.config.as_deref())?;
     if let Some(d) = &a.state_dir {
@@ -197,11 +202,15 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
         cfg.stall.fixed_timeout = if t.trim() == "adaptive" {
             None
         } else {
-            Some(flag_duration("stall-timeout", t)?)
+            Some(flag_timeout(
+                "stall-timeout",
+                t,
+                "; 'adaptive' learns it from the steps",
+            )?)
         };
     }
     if let Some(t) = &a.startup_timeout {
-        cfg.stall.startup_timeout = flag_duration("startup-timeout", t)?;
+        cfg.stall.startup_timeout = flag_timeout("startup-timeout", t, "")?;
     }
     if let Some(re) = &a.progress_regex {
         cfg.progress.regex =
@@ -334,7 +343,7 @@ fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
 fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     use crate::node_history;
     use crate::slurm::{NodeState, Slurm, SlurmCli};
-    let half_life = flag_duration("half-life", &a.half_life)?;
+    let half_life = flag_timeout("half-life", &a.half_life, "")?;
     if !(a.threshold.is_finite() && a.threshold > 0.0) {
         return Err(usage("--threshold must be a positive number"));
     }
