@@ -198,6 +198,8 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     if let Some(d) = &a.state_dir {
         cfg.state_dir = d.clone();
     }
+    // A site-wide state dir (mode 1777): this user's own directory in it.
+    cfg.state_dir = crate::state_dir::for_writer(&cfg.state_dir).map_err(usage)?;
     if let Some(t) = &a.stall_timeout {
         cfg.stall.fixed_timeout = if t.trim() == "adaptive" {
             None
@@ -252,8 +254,14 @@ fn agent_args(a: &RunArgs, cfg: &Config) -> Vec<OsString> {
     v
 }
 
-fn state_dir_of(flag: &Option<PathBuf>) -> PathBuf {
-    flag.clone().unwrap_or_else(config::default_state_dir)
+/// The state dir a reader starts from: `--state-dir`, else the one `resilio
+/// run` writes to (the environment's, or `[run] state_dir` in the system
+/// configuration, as a site sets a shared one).
+fn state_dir_of(flag: &Option<PathBuf>) -> Result<PathBuf> {
+    match flag {
+        Some(d) => Ok(d.clone()),
+        None => Ok(Config::load(None)?.state_dir),
+    }
 }
 
 /// Load a job's journal for the report commands.
@@ -261,8 +269,8 @@ pub fn load_job(
     state_dir: &std::path::Path,
     job: Option<&str>,
 ) -> Result<(String, journal::JobJournal)> {
-    let job = crate::status::resolve_job(state_dir, job)?;
-    let dir = journal::job_dir(state_dir, &job);
+    let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
+    let dir = journal::job_dir(&state_dir, &job);
     let j = journal::read_job(&dir).map_err(|_| Error::NoJob {
         job: job.clone(),
         dir: state_dir.join("jobs"),
@@ -277,7 +285,7 @@ pub fn load_job(
 }
 
 fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
-    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+    let (job, j) = load_job(&state_dir_of(&a.state_dir)?, a.job.as_deref())?;
     if timeline {
         if a.json {
             let out = serde_json::to_string_pretty(&j.records)
@@ -295,7 +303,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
     } else {
         let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
         let mut r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
-        let state_dir = state_dir_of(&a.state_dir);
+        let state_dir = state_dir_of(&a.state_dir)?;
         report::apply_fleet(
             &mut r,
             crate::node_history::fleet_rate(
@@ -317,7 +325,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
 
 /// `resilio timeline JOB --html FILE`.
 fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
-    let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+    let (job, j) = load_job(&state_dir_of(&a.state_dir)?, a.job.as_deref())?;
     let slurm = crate::accounting::slurm_times(&job, &crate::slurm::SlurmCli::default());
     let r = report::build(&job, &j.records, j.bad_lines, slurm.as_ref());
     let page = crate::report_html::render(&job, &j.records, &r);
@@ -349,7 +357,7 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     }
     let cli = SlurmCli::default();
     let (history, sources) = node_history::build(
-        &state_dir_of(&a.state_dir),
+        &state_dir_of(&a.state_dir)?,
         chrono::Utc::now(),
         half_life,
         (!a.no_sacct).then_some(&cli as &dyn crate::slurm::Slurm),
@@ -472,10 +480,10 @@ fn dispatch(cli: Cli) -> Result<i32> {
         },
         Command::Nodes(a) => nodes_cmd(&a),
         Command::Status(a) => {
-            crate::status::status_cmd(&state_dir_of(&a.state_dir), a.job.as_deref(), a.json)
+            crate::status::status_cmd(&state_dir_of(&a.state_dir)?, a.job.as_deref(), a.json)
         }
         Command::Checkpoint(a) => crate::status::checkpoint_cmd(
-            &state_dir_of(&a.state_dir),
+            &state_dir_of(&a.state_dir)?,
             a.job.as_deref(),
             &a.reason,
             a.json,
@@ -491,7 +499,9 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
     use crate::coordinator::{state::JobView, Coordinator};
     journal::validate_job_id(&a.job_id).map_err(Error::Usage)?;
     let cfg = Config::load(a.config.as_deref())?;
-    let state_dir = a.state_dir.clone().unwrap_or(cfg.state_dir.clone());
+    let state_dir =
+        crate::state_dir::for_writer(&a.state_dir.clone().unwrap_or(cfg.state_dir.clone()))
+            .map_err(usage)?;
     let bind = crate::coordinator::bind_address(&a.bind, false).map_err(usage)?;
     let dir = journal::job_dir(&state_dir, &a.job_id);
     let view = JobView::new(

@@ -19,7 +19,8 @@
 //!   coordinated checkpoints), `/metrics`; [`launcher`]: local mode
 //!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
 //!   `resilio checkpoint`.
-//! - [`journal`]: the append-only, crash-safe per-job journal.
+//! - [`journal`]: the append-only, crash-safe per-job journal; [`state_dir`]:
+//!   where journals live, and a site-wide state dir shared by every user.
 //! - [`report`]: reports and timelines computed from journals alone.
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
 //!   the rank's identity, errors and exit codes.
@@ -48,5 +49,6 @@ pub mod progress;
 pub mod report;
 pub mod report_html;
 pub mod slurm;
+pub mod state_dir;
 pub mod status;
 pub mod supervisor;

@@ -11,6 +11,7 @@ mod local_single;
 mod passthrough;
 mod progress_sources;
 mod reports;
+mod shared_state;
 mod signals;
 mod stall;
 #[path = "../support/timing.rs"]
