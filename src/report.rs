@@ -458,11 +458,16 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "attempts {} ({} failed; {} restart(s) without the queue, {} requeue(s))  stalls {}  failure records {}  last step {}  exit code {}",
+        "attempts {} ({} failed; {} restart(s) without the queue{})  stalls {}  failure records {}  last step {}  exit code {}",
         r.attempts.len(),
         r.failed_attempts,
         r.restarts,
-        r.requeues,
+        // Local mode never requeues: no "0 requeue(s)" there.
+        if r.requeues > 0 {
+            format!(", {} requeue(s)", r.requeues)
+        } else {
+            String::new()
+        },
         r.stalls,
         r.failures.len(),
         r.last_step.map_or("-".into(), |v| v.to_string()),

@@ -63,7 +63,23 @@ fn a_single_rank_killed_once_is_restarted_in_place() {
     let t = timeline(tmp.path(), "killed");
     assert!(t.contains("decision: restart in place"), "{t}");
     assert!(t.contains("RESTART in place as attempt 1"), "{t}");
-    assert!(!t.to_lowercase().contains("requeue"), "{t}");
+    let report = Command::new(bin())
+        .args([
+            "report",
+            "killed",
+            "--state-dir",
+            tmp.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let report = String::from_utf8_lossy(&report.stdout).into_owned();
+    assert!(
+        report.contains("1 restart(s) without the queue)"),
+        "{report}"
+    );
+    for text in [&t, &err, &report] {
+        assert!(!text.to_lowercase().contains("requeue"), "{text}");
+    }
 }
 
 /// The budget holds: `--max-restarts 0` is one attempt, and after the
