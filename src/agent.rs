@@ -260,8 +260,11 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     if id.run.fresh && id.rank == 0 && relaunched.is_none() {
         crate::runs::warn_if_reused(&job_dir, &id.job, id.run.key.as_deref());
     }
-    let single_rank_job =
-        batch_level || (id.world_size == 1 && !env_is_set(crate::coordinator::ENV_URL));
+    // The local launcher records the job's start and end itself.
+    let single_rank_job = batch_level
+        || (id.world_size == 1
+            && !env_is_set(crate::coordinator::ENV_URL)
+            && !env_is_set(crate::launcher::ENV_LAUNCHER));
     let mut monitor_errors: Vec<String> = Vec::new();
 
     // The coordinator: from the environment (the local launcher's, or the
@@ -586,7 +589,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             parser.clone(),
             tail.clone(),
             tx.clone(),
-            env_is_set(crate::launcher::ENV_LAUNCHER),
+            crate::launcher::shares_output(),
         ) {
             Ok(h) => pumps.push(h),
             Err(e) => monitor_errors.push(format!("output pump: {e}")),

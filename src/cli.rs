@@ -24,7 +24,7 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
-    /// Supervise one rank: resilio run [OPTIONS] -- COMMAND [ARGS...]
+    /// Supervise a training command: resilio run [OPTIONS] -- COMMAND [ARGS...]
     Run(RunArgs),
     /// ETTR and where the time went, from the job's journal
     Report(ReportArgs),
@@ -55,10 +55,10 @@ struct RunArgs {
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Fixed stall timeout between steps (e.g. 90s, 5m); "adaptive" to learn it
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     stall_timeout: Option<String>,
     /// Allowed time from launch to the first step (default 30m)
-    #[arg(long, value_name = "DUR")]
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     startup_timeout: Option<String>,
     /// Regex over output lines; capture group 1 (or `step`) is the step
     #[arg(long, value_name = "RE")]
@@ -66,20 +66,21 @@ struct RunArgs {
     /// A file the trainer rewrites as it progresses
     #[arg(long, value_name = "FILE")]
     progress_file: Option<PathBuf>,
-    /// Time between SIGTERM and SIGKILL when stopping the trainer (default 30s)
-    #[arg(long, value_name = "DUR")]
+    /// Time between SIGTERM and SIGKILL when stopping the trainer (default 30s; 0: SIGKILL at once)
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     kill_grace: Option<String>,
     /// Signal sent to the trainer on a stall so it dumps its stacks (e.g. SIGUSR2)
     #[arg(long, value_name = "SIG")]
     dump_signal: Option<String>,
-    /// Restarts allowed after failures: in place (--ntasks), inside the allocation, or by requeue (default 3)
+    /// Restarts allowed after failures: in place outside Slurm, inside the allocation or by requeue in a batch script (default 3; 0: one attempt)
     #[arg(long, value_name = "N")]
     max_restarts: Option<u32>,
     /// Job id outside Slurm (under Slurm it is SLURM_JOB_ID)
     #[arg(long, value_name = "ID")]
     job_id: Option<String>,
     /// Local mode: launch N ranks on this machine (torchrun variables set),
-    /// with a coordinator and in-place restarts (--max-restarts)
+    /// with a coordinator and in-place restarts (--max-restarts); without
+    /// it, outside Slurm, the command is one such rank
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     ntasks: Option<u32>,
     /// The command to supervise
@@ -191,20 +192,31 @@ fn flag_duration(flag: &str, value: &str) -> Result<std::time::Duration> {
     crate::duration::parse(value).map_err(|e| usage(format!("--{flag}: {e}")))
 }
 
+/// A timeout flag: zero would fire at once, so it is a usage error.
+fn flag_timeout(flag: &str, value: &str, hint: &str) -> Result<std::time::Duration> {
+    crate::duration::parse_positive(value).map_err(|e| usage(format!("--{flag}: {e}{hint}")))
+}
+
 fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     let mut cfg = Config::load(a.config.as_deref())?;
     if let Some(d) = &a.state_dir {
         cfg.state_dir = d.clone();
     }
+    // A site-wide state dir (mode 1777): this user's own directory in it.
+    cfg.state_dir = crate::state_dir::for_writer(&cfg.state_dir).map_err(usage)?;
     if let Some(t) = &a.stall_timeout {
         cfg.stall.fixed_timeout = if t.trim() == "adaptive" {
             None
         } else {
-            Some(flag_duration("stall-timeout", t)?)
+            Some(flag_timeout(
+                "stall-timeout",
+                t,
+                "; 'adaptive' learns it from the steps",
+            )?)
         };
     }
     if let Some(t) = &a.startup_timeout {
-        cfg.stall.startup_timeout = flag_duration("startup-timeout", t)?;
+        cfg.stall.startup_timeout = flag_timeout("startup-timeout", t, "")?;
     }
     if let Some(re) = &a.progress_regex {
         cfg.progress.regex =
@@ -246,8 +258,14 @@ fn agent_args(a: &RunArgs, cfg: &Config) -> Vec<OsString> {
     v
 }
 
-fn state_dir_of(flag: &Option<PathBuf>) -> PathBuf {
-    flag.clone().unwrap_or_else(config::default_state_dir)
+/// The state dir a reader starts from: `--state-dir`, else the one `resilio
+/// run` writes to (the environment's, or `[run] state_dir` in the system
+/// configuration, as a site sets a shared one).
+fn state_dir_of(flag: &Option<PathBuf>) -> Result<PathBuf> {
+    match flag {
+        Some(d) => Ok(d.clone()),
+        None => Ok(Config::load(None)?.state_dir),
+    }
 }
 
 /// Load a job's journal for the report commands.
@@ -255,8 +273,8 @@ pub fn load_job(
     state_dir: &std::path::Path,
     job: Option<&str>,
 ) -> Result<(String, journal::JobJournal)> {
-    let job = crate::status::resolve_job(state_dir, job)?;
-    let dir = journal::job_dir(state_dir, &job);
+    let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
+    let dir = journal::job_dir(&state_dir, &job);
     let j = journal::read_job(&dir).map_err(|_| Error::NoJob {
         job: job.clone(),
         dir: state_dir.join("jobs"),
@@ -288,7 +306,7 @@ struct Shown {
 
 impl Shown {
     fn load(a: &ReportArgs) -> Result<Shown> {
-        let (job, j) = load_job(&state_dir_of(&a.state_dir), a.job.as_deref())?;
+        let (job, j) = load_job(&state_dir_of(&a.state_dir)?, a.job.as_deref())?;
         let mut runs = crate::runs::split(j.records);
         let infos: Vec<crate::runs::RunInfo> = runs.iter().map(|r| r.info.clone()).collect();
         let pick = match &a.run {
@@ -357,7 +375,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
     } else {
         let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
         let mut r = shown.report(slurm.as_ref());
-        let state_dir = state_dir_of(&a.state_dir);
+        let state_dir = state_dir_of(&a.state_dir)?;
         report::apply_fleet(
             &mut r,
             crate::node_history::fleet_rate(
@@ -406,13 +424,13 @@ fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
 fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     use crate::node_history;
     use crate::slurm::{NodeState, Slurm, SlurmCli};
-    let half_life = flag_duration("half-life", &a.half_life)?;
+    let half_life = flag_timeout("half-life", &a.half_life, "")?;
     if !(a.threshold.is_finite() && a.threshold > 0.0) {
         return Err(usage("--threshold must be a positive number"));
     }
     let cli = SlurmCli::default();
     let (history, sources) = node_history::build(
-        &state_dir_of(&a.state_dir),
+        &state_dir_of(&a.state_dir)?,
         chrono::Utc::now(),
         half_life,
         (!a.no_sacct).then_some(&cli as &dyn crate::slurm::Slurm),
@@ -504,6 +522,24 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     agent_args,
                 });
             }
+            if runs_locally() {
+                // Outside Slurm a plain run is local mode with one rank:
+                // restarts in place within --max-restarts, and a
+                // coordinator for `resilio status` / `resilio checkpoint`.
+                let agent_args = agent_args(&a, &config);
+                let job_id = a.job_id.or_else(|| {
+                    std::env::var("RESILIO_JOB_ID")
+                        .ok()
+                        .filter(|j| !j.is_empty())
+                });
+                return crate::launcher::run(crate::launcher::LocalOptions {
+                    argv: a.command,
+                    config,
+                    job_id,
+                    ntasks: 1,
+                    agent_args,
+                });
+            }
             agent::run(RunOptions {
                 argv: a.command,
                 config,
@@ -517,10 +553,10 @@ fn dispatch(cli: Cli) -> Result<i32> {
         },
         Command::Nodes(a) => nodes_cmd(&a),
         Command::Status(a) => {
-            crate::status::status_cmd(&state_dir_of(&a.state_dir), a.job.as_deref(), a.json)
+            crate::status::status_cmd(&state_dir_of(&a.state_dir)?, a.job.as_deref(), a.json)
         }
         Command::Checkpoint(a) => crate::status::checkpoint_cmd(
-            &state_dir_of(&a.state_dir),
+            &state_dir_of(&a.state_dir)?,
             a.job.as_deref(),
             &a.reason,
             a.json,
@@ -536,7 +572,9 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
     use crate::coordinator::{state::JobView, Coordinator};
     journal::validate_job_id(&a.job_id).map_err(Error::Usage)?;
     let cfg = Config::load(a.config.as_deref())?;
-    let state_dir = a.state_dir.clone().unwrap_or(cfg.state_dir.clone());
+    let state_dir =
+        crate::state_dir::for_writer(&a.state_dir.clone().unwrap_or(cfg.state_dir.clone()))
+            .map_err(usage)?;
     let bind = crate::coordinator::bind_address(&a.bind, false).map_err(usage)?;
     let dir = journal::job_dir(&state_dir, &a.job_id);
     let view = JobView::new(
@@ -561,6 +599,25 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
 fn signal_hook_iter() -> Result<signal_hook::iterator::Signals> {
     signal_hook::iterator::Signals::new([libc::SIGTERM, libc::SIGINT])
         .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
+}
+
+/// Whether a plain `resilio run` (no `--ntasks`) is a job of its own on
+/// this machine, run as local mode with one rank. Not under Slurm (a task
+/// of a step, or the batch-level supervisor: both unchanged), not a rank
+/// agent started by a launcher (the local one, or a coordinator's), and not
+/// one rank of a bigger job started by another launcher (torchrun's
+/// `WORLD_SIZE` > 1).
+fn runs_locally() -> bool {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let world = std::env::var("WORLD_SIZE")
+        .ok()
+        .and_then(|w| w.trim().parse::<u32>().ok())
+        .unwrap_or(1);
+    !set("SLURM_JOB_ID")
+        && !set("SLURM_STEP_ID")
+        && !set(crate::launcher::ENV_LAUNCHER)
+        && !set(crate::coordinator::ENV_URL)
+        && world <= 1
 }
 
 /// Entry point: returns the process exit code.

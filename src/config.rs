@@ -342,8 +342,7 @@ struct CoordinatorSection {
     checkpoint_lead: Option<Duration>,
     /// "none" or a duration.
     checkpoint_every: Option<Spanned<String>>,
-    #[serde(default, with = "serde_text::option")]
-    lost_after: Option<Duration>,
+    lost_after: Option<Spanned<Dur>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -362,8 +361,7 @@ struct StragglerSection {
 #[serde(deny_unknown_fields)]
 struct HealthSection {
     command: Option<Spanned<Vec<String>>>,
-    #[serde(default, with = "serde_text::option")]
-    timeout: Option<Duration>,
+    timeout: Option<Spanned<Dur>>,
 }
 
 #[derive(Deserialize, Default)]
@@ -421,24 +419,26 @@ struct ProgressSection {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct StallSection {
-    #[serde(default, with = "serde_text::option")]
-    startup_timeout: Option<Duration>,
+    startup_timeout: Option<Spanned<Dur>>,
     /// A fixed timeout; `"adaptive"` or absent means adaptive.
     timeout: Option<Spanned<String>>,
     adaptive_factor: Option<Spanned<f64>>,
     adaptive_percentile: Option<Spanned<f64>>,
-    #[serde(default, with = "serde_text::option")]
-    adaptive_floor: Option<Duration>,
+    adaptive_floor: Option<Spanned<Dur>>,
     adaptive_window: Option<Spanned<usize>>,
-    #[serde(default, with = "serde_text::option")]
-    checkpoint_timeout: Option<Duration>,
-    #[serde(default, with = "serde_text::option")]
-    eval_timeout: Option<Duration>,
+    checkpoint_timeout: Option<Spanned<Dur>>,
+    eval_timeout: Option<Spanned<Dur>>,
     #[serde(default, with = "serde_text::option")]
     kill_grace: Option<Duration>,
     in_step_phases: Option<Spanned<Vec<String>>>,
     phase_timeouts: Option<BTreeMap<String, Spanned<String>>>,
 }
+
+/// A duration written as text or seconds, kept with its place in the file
+/// (`Spanned<Dur>`) so that a value out of range is reported as `file:line`.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct Dur(#[serde(with = "serde_text")] Duration);
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -447,8 +447,7 @@ struct DiagnosticsSection {
     #[serde(default, with = "serde_text::option")]
     dump_wait: Option<Duration>,
     py_spy: Option<bool>,
-    #[serde(default, with = "serde_text::option")]
-    py_spy_timeout: Option<Duration>,
+    py_spy_timeout: Option<Spanned<Dur>>,
     tail_lines: Option<usize>,
 }
 
@@ -515,6 +514,17 @@ impl Config {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
             err_at(offset, e.message().trim().replace('\n', " "))
         })?;
+        // Timeouts: zero would fire at once (a trainer killed after its
+        // first step), so it is an error, never "no timeout".
+        let timeout = |d: Spanned<Dur>, key: &str| -> Result<Duration> {
+            let start = d.span().start;
+            let v = d.into_inner().0;
+            if v.is_zero() {
+                Err(err_at(start, format!("{key} must be greater than zero")))
+            } else {
+                Ok(v)
+            }
+        };
 
         if let Some(dir) = file.run.state_dir {
             self.state_dir = dir;
@@ -561,17 +571,19 @@ impl Config {
 
         let s = file.stall;
         if let Some(d) = s.startup_timeout {
-            self.stall.startup_timeout = d;
+            self.stall.startup_timeout = timeout(d, "stall.startup_timeout")?;
         }
         if let Some(t) = s.timeout {
             let value = t.get_ref().trim();
             self.stall.fixed_timeout = if value == "adaptive" {
                 None
             } else {
-                Some(
-                    crate::duration::parse(value)
-                        .map_err(|m| err_at(t.span().start, format!("stall.timeout: {m}")))?,
-                )
+                Some(crate::duration::parse_positive(value).map_err(|m| {
+                    err_at(
+                        t.span().start,
+                        format!("stall.timeout: {m}; \"adaptive\" learns it from the steps"),
+                    )
+                })?)
             };
         }
         if let Some(f) = s.adaptive_factor {
@@ -594,7 +606,7 @@ impl Config {
             self.stall.adaptive_percentile = v;
         }
         if let Some(d) = s.adaptive_floor {
-            self.stall.adaptive_floor = d;
+            self.stall.adaptive_floor = timeout(d, "stall.adaptive_floor")?;
         }
         if let Some(w) = s.adaptive_window {
             if *w.get_ref() == 0 {
@@ -606,10 +618,10 @@ impl Config {
             self.stall.adaptive_window = *w.get_ref();
         }
         if let Some(d) = s.checkpoint_timeout {
-            self.stall.checkpoint_timeout = d;
+            self.stall.checkpoint_timeout = timeout(d, "stall.checkpoint_timeout")?;
         }
         if let Some(d) = s.eval_timeout {
-            self.stall.eval_timeout = d;
+            self.stall.eval_timeout = timeout(d, "stall.eval_timeout")?;
         }
         if let Some(d) = s.kill_grace {
             self.stall_kill_grace = d;
@@ -642,9 +654,17 @@ impl Config {
                         format!("stall.phase_timeouts: '{name}' is not a phase name (letters, digits, _ and -)"),
                     )
                 })?;
-                let d = crate::duration::parse(t.get_ref().trim()).map_err(|m| {
-                    err_at(t.span().start, format!("stall.phase_timeouts.{name}: {m}"))
-                })?;
+                let d = crate::duration::parse(t.get_ref().trim())
+                    .and_then(|d| {
+                        if d.is_zero() {
+                            Err("must be longer than zero".to_string())
+                        } else {
+                            Ok(d)
+                        }
+                    })
+                    .map_err(|m| {
+                        err_at(t.span().start, format!("stall.phase_timeouts.{name}: {m}"))
+                    })?;
                 self.stall.phase_timeouts.insert(n, d);
             }
         }
@@ -665,7 +685,7 @@ impl Config {
             self.diagnostics.py_spy = b;
         }
         if let Some(t) = d.py_spy_timeout {
-            self.diagnostics.py_spy_timeout = t;
+            self.diagnostics.py_spy_timeout = timeout(t, "diagnostics.py_spy_timeout")?;
         }
         if let Some(n) = d.tail_lines {
             self.diagnostics.tail_lines = n;
@@ -713,7 +733,7 @@ impl Config {
             }
         }
         if let Some(t) = file.health.timeout {
-            self.health.timeout = t;
+            self.health.timeout = timeout(t, "health.timeout")?;
         }
         if let Some(b) = file.slurm.forward_signals {
             self.slurm_forward_signals = b;
@@ -752,7 +772,7 @@ impl Config {
             };
         }
         if let Some(d) = c.lost_after {
-            cs.policy.lost_after = d;
+            cs.policy.lost_after = timeout(d, "coordinator.lost_after")?;
         }
         // The coordinator's checkpoint wait is the one the pre-timeout uses.
         cs.policy.checkpoint_wait = self.checkpoint_wait;
@@ -894,6 +914,12 @@ mod tests {
     }
 
     #[test]
+    fn a_zero_kill_grace_is_kept_it_means_sigkill_at_once() {
+        let c = apply("[run]\nkill_grace = \"0s\"\n").unwrap();
+        assert_eq!(c.kill_grace, Duration::ZERO);
+    }
+
+    #[test]
     fn durations_may_be_bare_seconds() {
         let c = apply("[run]\nkill_grace = 5\n[stall]\nadaptive_floor = 0.5\n").unwrap();
         assert_eq!(c.kill_grace, Duration::from_secs(5));
@@ -919,6 +945,40 @@ mod tests {
                 "failure.user_patterns",
             ),
             ("[stall\n", 1, ""),
+            (
+                "[stall]\ntimeout = \"0s\"\n",
+                2,
+                "stall.timeout: must be greater than zero",
+            ),
+            (
+                "[stall]\n\nstartup_timeout = 0\n",
+                3,
+                "stall.startup_timeout must be greater than zero",
+            ),
+            (
+                "[stall]\ncheckpoint_timeout = \"0m\"\n",
+                2,
+                "stall.checkpoint_timeout",
+            ),
+            ("[stall]\neval_timeout = 0.0\n", 2, "stall.eval_timeout"),
+            (
+                "[stall]\nadaptive_floor = \"0ms\"\n",
+                2,
+                "stall.adaptive_floor",
+            ),
+            ("[stall]\ntimeout = \"-5s\"\n", 2, "must not be negative"),
+            ("[stall]\nstartup_timeout = -5\n", 2, "must not be negative"),
+            ("[health]\ntimeout = \"0s\"\n", 2, "health.timeout"),
+            (
+                "[diagnostics]\npy_spy_timeout = 0\n",
+                2,
+                "diagnostics.py_spy_timeout",
+            ),
+            (
+                "[coordinator]\nlost_after = \"0s\"\n",
+                2,
+                "coordinator.lost_after",
+            ),
         ];
         for (text, line, needle) in cases {
             let err = apply(text).unwrap_err();

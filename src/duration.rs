@@ -9,6 +9,9 @@ pub fn parse(text: &str) -> Result<Duration, String> {
     if s.is_empty() {
         return Err("empty duration".into());
     }
+    if s.starts_with('-') {
+        return Err(format!("invalid duration '{text}': must not be negative"));
+    }
     if let Ok(secs) = s.parse::<f64>() {
         return from_secs(secs, text);
     }
@@ -45,6 +48,21 @@ pub fn parse(text: &str) -> Result<Duration, String> {
         rest = &rest[unit_len..];
     }
     from_secs(total, text)
+}
+
+/// A duration that must be longer than zero (a timeout: zero would fire at
+/// once). The error names the value; the caller prefixes the flag or key.
+pub fn parse_positive(text: &str) -> Result<Duration, String> {
+    positive(parse(text)?, text)
+}
+
+/// `d`, unless it is zero.
+pub fn positive(d: Duration, text: &str) -> Result<Duration, String> {
+    if d.is_zero() {
+        Err(format!("must be greater than zero (got '{}')", text.trim()))
+    } else {
+        Ok(d)
+    }
 }
 
 fn from_secs(secs: f64, text: &str) -> Result<Duration, String> {
@@ -140,6 +158,19 @@ mod tests {
         for bad in ["", "abc", "5x", "m5", "-3s", "1..2s", "5 m"] {
             let err = parse(bad).unwrap_err();
             assert!(err.contains("duration"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn zero_is_no_timeout_and_negatives_say_so() {
+        assert_eq!(parse("0").unwrap(), Duration::ZERO);
+        for zero in ["0", "0s", "0ms", "0.0", " 0m "] {
+            let err = parse_positive(zero).unwrap_err();
+            assert!(err.contains("greater than zero"), "{zero}: {err}");
+        }
+        assert_eq!(parse_positive("1ms").unwrap(), Duration::from_millis(1));
+        for neg in ["-1", "-5s", " -0.5"] {
+            assert!(parse(neg).unwrap_err().contains("negative"), "{neg}");
         }
     }
 

@@ -5,6 +5,14 @@
 //! the restart budget, every rank is relaunched in place with a fresh
 //! MASTER_PORT. The journal is the same as under Slurm, so `resilio report`
 //! and `resilio timeline` read it the same way.
+//!
+//! A plain `resilio run -- COMMAND` outside Slurm is local mode with one
+//! rank. One rank keeps what a plain wrapper promises: stdin and the
+//! terminal go to the trainer (its agent's group takes the terminal's
+//! foreground, and the trainer's group takes it from there), output is
+//! passed through unbuffered, every signal reaches the trainer once, a
+//! user's own MASTER_ADDR/MASTER_PORT are kept, and a stop from outside
+//! exits with the trainer's own status.
 
 use crate::config::Config;
 use crate::coordinator::state::{Effect, JobView};
@@ -24,8 +32,18 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 
-/// Marks an agent started by the local launcher (no terminal hand-off).
+/// Marks an agent started by the local launcher. Its value is
+/// [`LAUNCHER_SINGLE`] for the only rank of a one-rank job (which has the
+/// terminal to itself), else `1` (ranks share it: whole lines only).
 pub const ENV_LAUNCHER: &str = "RESILIO_LOCAL_LAUNCHER";
+/// [`ENV_LAUNCHER`]'s value for the agent of a one-rank job.
+pub const LAUNCHER_SINGLE: &str = "single";
+
+/// Whether this agent shares its terminal with other ranks' agents (local
+/// mode with several ranks): then its output is written in whole lines.
+pub fn shares_output() -> bool {
+    std::env::var_os(ENV_LAUNCHER).is_some_and(|v| v != LAUNCHER_SINGLE)
+}
 
 /// What `resilio run --ntasks N` was asked to do.
 pub struct LocalOptions {
@@ -92,14 +110,25 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 .map(|s| s.split('.').next().unwrap_or(s).to_string())
         })
         .unwrap_or_else(|| "localhost".into());
+    let single = n == 1;
     let job_dir = journal::job_dir(&cfg.state_dir, &job);
     // One run key for the launcher and its ranks (handed down as RESILIO_RUN_ID).
     let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
     if run.fresh {
         crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
     }
-    let mut log = Writer::open(&job_dir, "launcher.jsonl", 0, None, Some(node.clone()))
-        .with_run(run.key.as_deref());
+    // An unwritable state dir: the rank's agent says so (once) and
+    // supervises without a journal; this process writes none either.
+    let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
+        && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
+    let writer = |name: &str| {
+        if journal_ok {
+            Writer::open(&job_dir, name, 0, None, Some(node.clone())).with_run(run.key.as_deref())
+        } else {
+            Writer::disabled()
+        }
+    };
+    let mut log = writer("launcher.jsonl");
     let argv_text: Vec<String> = opts
         .argv
         .iter()
@@ -115,9 +144,8 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         let bind =
             crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
         let view = JobView::new(&job, n, 0, cfg.coordinator.policy.clone(), Instant::now());
-        let w = Writer::open(&job_dir, "coordinator.jsonl", 0, None, Some(node.clone()))
-            .with_run(run.key.as_deref());
-        match Coordinator::start(view, bind, w, Some(&job_dir)) {
+        let w = writer("coordinator.jsonl");
+        match Coordinator::start(view, bind, w, journal_ok.then_some(job_dir.as_path())) {
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("resilio: coordinator: {e}; ranks supervise alone");
@@ -141,7 +169,16 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     let mut s_hup = sig(SignalKind::hangup())?;
     let mut s_usr1 = sig(SignalKind::user_defined1())?;
     let mut s_usr2 = sig(SignalKind::user_defined2())?;
+    let mut s_cont = sig(SignalKind::from_raw(libc::SIGCONT))?;
     let mut s_chld = sig(SignalKind::child())?;
+    // One rank: its agent's group takes the terminal (when this process
+    // has it) and hands it on to the trainer, as a plain wrapper would.
+    let take_tty = single && crate::process::owns_terminal();
+    // A user's own rendezvous address is kept for one rank (nothing else
+    // on this machine joins it).
+    let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    // Outcomes decided here, for when the journal cannot be read back.
+    let mut remembered: Vec<crate::policy::restart::AttemptOutcome> = Vec::new();
 
     let grace = cfg.kill_grace;
     let mut attempt = 0u32;
@@ -176,8 +213,6 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     ("WORLD_SIZE", n.to_string()),
                     ("LOCAL_WORLD_SIZE", n.to_string()),
                     ("GROUP_RANK", "0".into()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.to_string()),
                     ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
                     ("RESILIO_JOB_ID", job.clone()),
                     ("RESILIO_ATTEMPT", attempt.to_string()),
@@ -185,14 +220,28 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                         "RESILIO_STATE_DIR",
                         cfg.state_dir.to_string_lossy().into_owned(),
                     ),
-                    (ENV_LAUNCHER, "1".into()),
+                    (
+                        ENV_LAUNCHER,
+                        if single { LAUNCHER_SINGLE } else { "1" }.into(),
+                    ),
                 ])
                 .envs(run.key.iter().map(|k| (crate::runs::ENV_RUN, k)))
                 // Ranks run in process groups of their own (so a Ctrl-C
-                // reaches them once, through the launcher): not in the
-                // terminal's foreground, so no rank may read it.
-                .stdin(Stdio::null())
+                // reaches them once, through the launcher). Several ranks
+                // are not in the terminal's foreground, so none may read
+                // it; one rank gets stdin and the terminal.
+                .stdin(if single {
+                    Stdio::inherit()
+                } else {
+                    Stdio::null()
+                })
                 .process_group(0);
+            if !keep_master("MASTER_ADDR") {
+                cmd.env("MASTER_ADDR", "127.0.0.1");
+            }
+            if !keep_master("MASTER_PORT") {
+                cmd.env("MASTER_PORT", port.to_string());
+            }
             if let Some(c) = &coordinator {
                 cmd.envs(c.env());
             }
@@ -204,6 +253,11 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0);
                     if libc::getppid() != parent {
                         libc::raise(libc::SIGTERM);
+                    }
+                    if take_tty {
+                        let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+                        libc::tcsetpgrp(0, libc::getpid());
+                        libc::signal(libc::SIGTTOU, old);
                     }
                     Ok(())
                 });
@@ -271,12 +325,17 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             let now = Instant::now();
             if (failed_at.is_some() || stopped_from_outside.is_some()) && !teardown_sent {
                 // Stop every rank now (the coordinator's stop went out too);
-                // the agents give their trainers the grace, then kill.
+                // the agents give their trainers the grace, then kill. One
+                // rank failed alone: its agent is ending it already (after
+                // a stall, once the diagnostics are taken, and not at all
+                // when the trainer finishes on its own meanwhile).
                 teardown_sent = true;
-                for r in ranks.iter().filter(|r| r.exit.is_none()) {
-                    let _ = kill(r.pid, Signal::SIGTERM);
+                if !single {
+                    for r in ranks.iter().filter(|r| r.exit.is_none()) {
+                        let _ = kill(r.pid, Signal::SIGTERM);
+                    }
+                    kill_at = Some(now + grace + Duration::from_secs(5));
                 }
-                kill_at = Some(now + grace + Duration::from_secs(5));
                 if let Some(note) = &failure_note {
                     log.record(
                         "teardown",
@@ -301,7 +360,9 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 _ = s_int.recv() => {
                     ints += 1;
                     stopped_from_outside.get_or_insert("SIGINT");
-                    if ints >= 2 {
+                    // One rank: its agent counts them (a second one kills
+                    // the trainer's whole group at once, and reaps it).
+                    if ints >= 2 && !single {
                         for r in ranks.iter().filter(|r| r.exit.is_none()) {
                             let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
                         }
@@ -314,7 +375,13 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 _ = s_hup.recv() => forward(&ranks, Signal::SIGHUP),
                 _ = s_usr1.recv() => forward(&ranks, Signal::SIGUSR1),
                 _ = s_usr2.recv() => forward(&ranks, Signal::SIGUSR2),
+                _ = s_cont.recv() => forward(&ranks, Signal::SIGCONT),
                 _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        if take_tty {
+            for r in &ranks {
+                crate::process::reclaim_terminal(r.pid);
             }
         }
         let ended = Instant::now();
@@ -350,19 +417,37 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 json!({ "exit_code": worst, "reason": format!("stopped by {s}") }),
                 true,
             );
-            final_code = if worst == 0 { 128 + 15 } else { worst };
+            // One rank: the trainer's own status (it may end cleanly on
+            // the signal), as a plain wrapper would exit.
+            final_code = if worst == 0 && !single {
+                128 + 15
+            } else {
+                worst
+            };
             break;
         }
         // Judge and decide from the ranks' journals, as the Slurm supervisor does.
         let records = journal::read_job(&job_dir)
             .map(|j| crate::runs::of_key(j.records, log.run()))
             .unwrap_or_default();
-        let fallback = Verdict {
-            class: Class::Infrastructure,
-            reason: failure_note
-                .clone()
-                .unwrap_or_else(|| "a rank failed".into()),
-            evidence: None,
+        // What the launcher saw itself, when no rank journaled its end
+        // (an unwritable journal, a command that could not be started).
+        let fallback = if matches!(worst, 126 | 127) {
+            Verdict {
+                class: Class::UserError,
+                reason: "the command could not be started".into(),
+                evidence: Some(format!(
+                    "exit code {worst}: command not found or not executable"
+                )),
+            }
+        } else {
+            Verdict {
+                class: Class::Infrastructure,
+                reason: failure_note
+                    .clone()
+                    .unwrap_or_else(|| "a rank failed".into()),
+                evidence: None,
+            }
         };
         let step = StepEnd {
             exit_code: worst,
@@ -371,15 +456,17 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             node: &node,
             pre_timeout: false,
         };
-        let decided = supervisor::decide_attempt(
+        let decided = supervisor::decide_local(
             &records,
             attempt,
             &step,
             cfg.max_restarts,
-            None,
-            || true,
+            &remembered,
             &mut log,
         );
+        if let Some(d) = &decided {
+            remembered.push(d.outcome.clone());
+        }
         let code = decided
             .as_ref()
             .and_then(|d| {
@@ -395,15 +482,17 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     .filter(|c| *c != 0)
             })
             .unwrap_or(if worst == 0 { 1 } else { worst });
-        let what = decided
-            .as_ref()
-            .map(|d| format!("{} ({})", d.outcome.class.name(), d.outcome.signature));
+        let class = decided.as_ref().map(|d| d.outcome.class);
         match decided.map(|d| d.action) {
-            Some(Action::Requeue { .. } | Action::RestartInAllocation { .. }) => {
-                // One machine: nothing to exclude; the restart is in place.
-                let reason = what.unwrap_or_default();
+            Some(Action::RestartInPlace { reason }) => {
                 attempt += 1;
-                eprintln!("resilio: restarting all {n} ranks (attempt {attempt}): {reason}");
+                if single {
+                    eprintln!("resilio: restarting in place (attempt {attempt}): {reason}");
+                } else {
+                    eprintln!(
+                        "resilio: restarting all {n} ranks in place (attempt {attempt}): {reason}"
+                    );
+                }
                 log.record(
                     "restart",
                     json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
@@ -416,13 +505,44 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 }
             }
             Some(Action::Stop { reason }) => {
-                eprintln!("resilio: not restarting: {reason}");
+                // Said when a restart could have been expected. Not for a
+                // budget of 0 (none was asked for), nor for one rank's own
+                // error or a stop from outside in its first attempt: the
+                // trainer's output, or the person who stopped it, tells.
+                let self_evident = single
+                    && attempt == 0
+                    && matches!(class, Some(Class::UserError | Class::Preempted));
+                if cfg.max_restarts > 0 && !self_evident {
+                    eprintln!("resilio: not restarting: {reason}");
+                }
                 log.record(
                     "job_end",
                     json!({ "exit_code": code, "reason": reason }),
                     true,
                 );
                 final_code = code;
+                break;
+            }
+            // Never decided in local mode; the failure stands.
+            Some(Action::Requeue { reason, .. } | Action::RestartInAllocation { reason, .. }) => {
+                log.record(
+                    "job_end",
+                    json!({ "exit_code": code, "reason": reason }),
+                    true,
+                );
+                final_code = code;
+                break;
+            }
+            // Nothing failed after all (a stalled trainer that finished on
+            // its own while its stall was being judged): every rank's own
+            // end says so.
+            Some(Action::Finish) | None if worst == 0 => {
+                log.record(
+                    "job_end",
+                    json!({ "exit_code": 0, "reason": "completed" }),
+                    true,
+                );
+                final_code = 0;
                 break;
             }
             Some(Action::Finish) | None => {

@@ -19,7 +19,8 @@
 //!   coordinated checkpoints), `/metrics`; [`launcher`]: local mode
 //!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
 //!   `resilio checkpoint`.
-//! - [`journal`]: the append-only, crash-safe per-job journal.
+//! - [`journal`]: the append-only, crash-safe per-job journal; [`state_dir`]:
+//!   where journals live, and a site-wide state dir shared by every user.
 //! - [`report`]: reports and timelines computed from journals alone; [`runs`]:
 //!   telling apart the runs of a job id used more than once.
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
@@ -50,5 +51,6 @@ pub mod report;
 pub mod report_html;
 pub mod runs;
 pub mod slurm;
+pub mod state_dir;
 pub mod status;
 pub mod supervisor;

@@ -222,11 +222,11 @@ pub fn fleet_rate(
     let since = std::time::SystemTime::now()
         .checked_sub(window)
         .unwrap_or(std::time::UNIX_EPOCH);
-    for (job, modified) in journal::list_jobs(state_dir) {
+    for (root, job, modified) in all_jobs(state_dir) {
         if job == except || modified < since {
             continue;
         }
-        let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
+        let Ok(j) = journal::read_job(&journal::job_dir(&root, &job)) else {
             continue;
         };
         // Each run of a job id used more than once on its own: the time
@@ -279,6 +279,19 @@ pub fn interruptions(job: &str, records: &[Record]) -> usize {
         .count()
 }
 
+/// Every job this user may read under `state_dir`: with a site-wide state
+/// dir, every user's directory (all of them for root), see [`crate::state_dir`].
+fn all_jobs(state_dir: &Path) -> Vec<(std::path::PathBuf, String, std::time::SystemTime)> {
+    crate::state_dir::readable_roots(state_dir)
+        .into_iter()
+        .flat_map(|root| {
+            journal::list_jobs(&root)
+                .into_iter()
+                .map(move |(job, t)| (root.clone(), job, t))
+        })
+        .collect()
+}
+
 /// Where a history came from.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Sources {
@@ -300,8 +313,8 @@ pub fn build(
     let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
     let mut sources = Sources::default();
     let mut known = Vec::new();
-    for (job, _) in journal::list_jobs(state_dir) {
-        let Ok(j) = journal::read_job(&journal::job_dir(state_dir, &job)) else {
+    for (root, job, _) in all_jobs(state_dir) {
+        let Ok(j) = journal::read_job(&journal::job_dir(&root, &job)) else {
             continue;
         };
         sources.journals += 1;

@@ -118,6 +118,31 @@ pub fn restore_terminal(trainer_pgid: Pid) {
     }
 }
 
+/// Take the terminal's foreground back for this process's group when it
+/// was handed to `child_pgid` (the local launcher's one rank: its agent's
+/// group, then its trainer's) and that group still holds it or is gone.
+/// A terminal the user's shell took back meanwhile is left alone.
+pub fn reclaim_terminal(child_pgid: Pid) {
+    // SAFETY: terminal ioctls on fd 0 and a null signal; SIGTTOU ignored
+    // around tcsetpgrp since this process may be a background group then.
+    unsafe {
+        if libc::isatty(0) != 1 {
+            return;
+        }
+        let fg = libc::tcgetpgrp(0);
+        if fg <= 0 || fg == libc::getpgrp() {
+            return;
+        }
+        let gone = libc::kill(-fg, 0) == -1
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if fg == child_pgid.as_raw() || gone {
+            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
+            libc::tcsetpgrp(0, libc::getpgrp());
+            libc::signal(libc::SIGTTOU, old);
+        }
+    }
+}
+
 /// How the main child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Exit {

@@ -480,11 +480,16 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(
         s,
-        "attempts {} ({} failed; {} restart(s) without the queue, {} requeue(s))  stalls {}  failure records {}  last step {}  exit code {}",
+        "attempts {} ({} failed; {} restart(s) without the queue{})  stalls {}  failure records {}  last step {}  exit code {}",
         r.attempts.len(),
         r.failed_attempts,
         r.restarts,
-        r.requeues,
+        // Local mode never requeues: no "0 requeue(s)" there.
+        if r.requeues > 0 {
+            format!(", {} requeue(s)", r.requeues)
+        } else {
+            String::new()
+        },
         r.stalls,
         r.failures.len(),
         r.last_step.map_or("-".into(), |v| v.to_string()),
@@ -785,6 +790,7 @@ fn describe(r: &Record) -> Option<String> {
                 .and_then(|d| d.get("action"))
                 .and_then(Value::as_str)
                 .unwrap_or("?")
+                .replace('_', " ")
         ),
         "restart" => format!(
             "RESTART {} as attempt {}: {}",

@@ -185,8 +185,12 @@ fn tooltip_of(r: &Record) -> String {
             let _ = write!(t, "\n{key}: {v}");
         }
     }
-    if let Some(d) = r.get("decision").and_then(|d| d.get("action")) {
-        let _ = write!(t, "\ndecision: {d}");
+    if let Some(d) = r.get("decision") {
+        let action = d.get("action").and_then(Value::as_str).unwrap_or("?");
+        let _ = write!(t, "\ndecision: {}", action.replace('_', " "));
+        if let Some(why) = d.get("reason").and_then(Value::as_str) {
+            let _ = write!(t, " ({why})");
+        }
     }
     t
 }

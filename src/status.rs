@@ -8,23 +8,6 @@ use crate::journal;
 use std::path::Path;
 use std::time::Duration;
 
-/// The job asked for (validated), or the most recently written one.
-pub fn resolve_job(state_dir: &Path, job: Option<&str>) -> Result<String> {
-    match job {
-        Some(j) => {
-            journal::validate_job_id(j).map_err(Error::Usage)?;
-            Ok(j.to_string())
-        }
-        None => journal::list_jobs(state_dir)
-            .pop()
-            .map(|(j, _)| j)
-            .ok_or_else(|| Error::NoJob {
-                job: "(latest)".into(),
-                dir: state_dir.join("jobs"),
-            }),
-    }
-}
-
 fn endpoint(state_dir: &Path, job: &str) -> Result<(String, String)> {
     let dir = journal::job_dir(state_dir, job);
     crate::coordinator::discover_files(&dir).ok_or_else(|| {
@@ -161,8 +144,8 @@ pub fn render_status(s: &Status) -> String {
 }
 
 pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32> {
-    let job = resolve_job(state_dir, job)?;
-    let (url, token) = endpoint(state_dir, &job)?;
+    let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
+    let (url, token) = endpoint(&state_dir, &job)?;
     let text = request(
         reqwest::Method::GET,
         format!("{url}/v1/status"),
@@ -185,8 +168,8 @@ pub fn checkpoint_cmd(
     reason: &str,
     json: bool,
 ) -> Result<i32> {
-    let job = resolve_job(state_dir, job)?;
-    let (url, token) = endpoint(state_dir, &job)?;
+    let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
+    let (url, token) = endpoint(&state_dir, &job)?;
     let body = serde_json::json!({ "reason": reason }).to_string();
     let text = request(
         reqwest::Method::POST,

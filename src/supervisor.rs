@@ -162,7 +162,12 @@ pub fn judge_attempt(
             .unwrap_or("")
             .to_string();
         if !blamed.is_empty() {
-            for f in failures.iter_mut() {
+            // A rank that finished cleanly (its trainer ended on its own
+            // while the hang was being judged) is no one's hang.
+            for f in failures
+                .iter_mut()
+                .filter(|f| f.verdict.class != Class::Clean)
+            {
                 if blamed.contains(&f.rank) {
                     f.verdict = Verdict {
                         class: Class::Hang,
@@ -252,10 +257,16 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
         .filter(|r| r.kind == "decision" && about(r) < attempt)
         .filter_map(|r| {
             let o = r.get("outcome")?;
+            let signature = o.get("signature")?.as_str()?.to_string();
             Some(AttemptOutcome {
                 attempt: about(r),
                 class: class_of(o.get("class")?.as_str()?)?,
-                signature: o.get("signature")?.as_str()?.to_string(),
+                // Journals written before `detail` existed: the signature.
+                detail: o
+                    .get("detail")
+                    .and_then(|d| d.as_str())
+                    .map_or_else(|| signature.clone(), str::to_string),
+                signature,
                 last_step: o.get("last_step").and_then(|v| v.as_u64()),
                 blamed_nodes: o
                     .get("blamed_nodes")
@@ -486,20 +497,17 @@ pub fn reconcile_previous(
                     .or_else(|| (r.kind == "progress").then(|| r.u64("step")).flatten())
             })
             .max();
-        let outcome = AttemptOutcome {
-            attempt: a,
+        let outcome = AttemptOutcome::new(
+            a,
             class,
-            signature: restart::signature_of(
-                class,
-                if node_fail {
-                    "node failure"
-                } else {
-                    &row.state
-                },
-            ),
+            if node_fail {
+                "node failure"
+            } else {
+                &row.state
+            },
             last_step,
-            blamed_nodes: failed_names.clone(),
-        };
+            failed_names.clone(),
+        );
         journal.record(
             "decision",
             json!({
@@ -536,6 +544,92 @@ pub fn decide_attempt(
     requeue_allowed: impl FnOnce() -> bool,
     journal: &mut Writer,
 ) -> Option<Decided> {
+    let pre_timeout = step.pre_timeout;
+    decide_with(records, attempt, step, journal, |outcome, earlier| {
+        if outcome.class == Class::Preempted && !pre_timeout {
+            // Stopped from outside with no warning: scancel, or a time limit the
+            // job did not ask to be warned of. Requeueing would undo a cancel.
+            Action::Stop {
+                reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
+            }
+        } else if let Some(alloc) = alloc {
+            match restart::decide(outcome, earlier, max_restarts, true) {
+                Action::Requeue { reason, .. } => {
+                    match restart::relaunch_where(alloc, &outcome.blamed_nodes, outcome.class) {
+                        Relaunch::InAllocation { exclude, nodes } => Action::RestartInAllocation {
+                            reason: format!("{reason}: relaunched inside the allocation"),
+                            exclude,
+                            nodes,
+                        },
+                        Relaunch::Requeue { why, .. } if !requeue_allowed() => Action::Stop {
+                            reason: format!(
+                                "{}; and not inside the allocation: {why}",
+                                restart::NOT_REQUEUEABLE
+                            ),
+                        },
+                        Relaunch::Requeue { exclude, why } => Action::Requeue {
+                            reason: format!("{reason}; not inside the allocation: {why}"),
+                            exclude,
+                        },
+                    }
+                }
+                a => a,
+            }
+        } else {
+            restart::decide(outcome, earlier, max_restarts, requeue_allowed())
+        }
+    })
+}
+
+/// Local mode (`resilio run` outside Slurm): the same judgment, and the
+/// decision is a restart in place or a stop (never a requeue). `remembered`:
+/// outcomes of earlier attempts decided by this process, for when the
+/// journal could not be written (the crash-loop guard and the budget hold
+/// all the same). A node that failed its health check stops the job: this
+/// machine is the only one to run on.
+pub fn decide_local(
+    records: &[Record],
+    attempt: u32,
+    step: &StepEnd<'_>,
+    max_restarts: u32,
+    remembered: &[AttemptOutcome],
+    journal: &mut Writer,
+) -> Option<Decided> {
+    let unhealthy = records.iter().any(|r| {
+        r.attempt == attempt
+            && r.kind == "health_check"
+            && r.get("result")
+                .and_then(|h| h.get("ok"))
+                .and_then(|ok| ok.as_bool())
+                == Some(false)
+    });
+    decide_with(records, attempt, step, journal, |outcome, earlier| {
+        let mut earlier = earlier.to_vec();
+        for o in remembered {
+            if o.attempt < attempt && !earlier.iter().any(|e| e.attempt == o.attempt) {
+                earlier.push(o.clone());
+            }
+        }
+        earlier.sort_by_key(|o| o.attempt);
+        if unhealthy && outcome.class != Class::Clean {
+            return Action::Stop {
+                reason: format!(
+                    "this machine failed its health check ({}): a restart on it would fail the same way",
+                    outcome.detail
+                ),
+            };
+        }
+        restart::decide_in_place(outcome, &earlier, max_restarts)
+    })
+}
+
+fn decide_with(
+    records: &[Record],
+    attempt: u32,
+    step: &StepEnd<'_>,
+    journal: &mut Writer,
+    choose: impl FnOnce(&AttemptOutcome, &[AttemptOutcome]) -> Action,
+) -> Option<Decided> {
     let (failures, judgment) = judge_attempt(records, attempt, step);
     let last_step = records
         .iter()
@@ -553,13 +647,13 @@ pub fn decide_attempt(
         .evidence
         .clone()
         .unwrap_or_else(|| primary.verdict.reason.clone());
-    let outcome = AttemptOutcome {
+    let outcome = AttemptOutcome::new(
         attempt,
-        class: j.class,
-        signature: restart::signature_of(j.class, &evidence),
+        j.class,
+        &evidence,
         last_step,
-        blamed_nodes: j.blamed_nodes.clone(),
-    };
+        j.blamed_nodes.clone(),
+    );
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
@@ -581,38 +675,7 @@ pub fn decide_attempt(
         true,
     );
     let earlier = earlier_outcomes(records, attempt);
-    let action = if outcome.class == Class::Preempted && !step.pre_timeout {
-        // Stopped from outside with no warning: scancel, or a time limit the
-        // job did not ask to be warned of. Requeueing would undo a cancel.
-        Action::Stop {
-            reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
-        }
-    } else if let Some(alloc) = alloc {
-        match restart::decide(&outcome, &earlier, max_restarts, true) {
-            Action::Requeue { reason, .. } => {
-                match restart::relaunch_where(alloc, &outcome.blamed_nodes, outcome.class) {
-                    Relaunch::InAllocation { exclude, nodes } => Action::RestartInAllocation {
-                        reason: format!("{reason}: relaunched inside the allocation"),
-                        exclude,
-                        nodes,
-                    },
-                    Relaunch::Requeue { why, .. } if !requeue_allowed() => Action::Stop {
-                        reason: format!(
-                            "{}; and not inside the allocation: {why}",
-                            restart::NOT_REQUEUEABLE
-                        ),
-                    },
-                    Relaunch::Requeue { exclude, why } => Action::Requeue {
-                        reason: format!("{reason}; not inside the allocation: {why}"),
-                        exclude,
-                    },
-                }
-            }
-            a => a,
-        }
-    } else {
-        restart::decide(&outcome, &earlier, max_restarts, requeue_allowed())
-    };
+    let action = choose(&outcome, &earlier);
     journal.record(
         "decision",
         json!({ "outcome": outcome, "decision": action }),
@@ -705,7 +768,8 @@ pub fn after_attempt(
                 true,
             );
         }
-        Action::Stop { reason } => {
+        // Local mode's decision (never taken for a Slurm job): the failure stands.
+        Action::Stop { reason } | Action::RestartInPlace { reason } => {
             eprintln!("resilio: job {job} not requeued: {reason}");
             journal.record(
                 "job_end",
@@ -1568,6 +1632,97 @@ mod tests {
                 (1, "n2", Class::Unknown),
                 (3, "n4", Class::Secondary)
             ]
+        );
+    }
+
+    #[test]
+    fn local_mode_restarts_in_place_says_so_and_remembers_without_a_journal() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        rank_exit(
+            &dir,
+            0,
+            "ws",
+            0,
+            "infrastructure",
+            Some("killed by SIGKILL"),
+            7,
+        );
+        let mut w = Writer::open(&dir, "launcher.jsonl", 0, None, Some("ws".into()));
+        let v = verdict(Class::Infrastructure, "rank 0 exited 137");
+        let step = StepEnd {
+            exit_code: 137,
+            verdict: &v,
+            tail: &[],
+            node: "ws",
+            pre_timeout: false,
+        };
+        let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
+        assert!(
+            matches!(&d.action, Action::RestartInPlace { reason } if reason == "infrastructure: killed by SIGKILL"),
+            "{:?}",
+            d.action
+        );
+        let recs = read(state.path());
+        let dec = recs.iter().find(|r| r.kind == "decision").unwrap();
+        assert_eq!(dec.get("decision").unwrap()["action"], "restart_in_place");
+        assert_eq!(dec.get("outcome").unwrap()["detail"], "killed by SIGKILL");
+
+        // No journal to read back (an unwritable state dir): the launcher's
+        // own view decides, and what it decided before still counts, so the
+        // same failure again is a crash loop instead of endless restarts.
+        let mut quiet = Writer::disabled();
+        let first = decide_local(&[], 0, &step, 3, &[], &mut quiet).unwrap();
+        assert!(matches!(first.action, Action::RestartInPlace { .. }));
+        let second = decide_local(
+            &[],
+            1,
+            &step,
+            3,
+            std::slice::from_ref(&first.outcome),
+            &mut quiet,
+        )
+        .unwrap();
+        assert!(
+            matches!(&second.action, Action::Stop { reason } if reason.starts_with("crash loop")),
+            "{:?}",
+            second.action
+        );
+    }
+
+    #[test]
+    fn local_mode_stops_when_this_machine_fails_its_health_check() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        let mut r = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), Some("ws".into()));
+        r.record(
+            "health_check",
+            json!({ "when": "after_failure", "result": { "ok": false, "status": "exit 1" } }),
+            true,
+        );
+        rank_exit(
+            &dir,
+            0,
+            "ws",
+            0,
+            "infrastructure",
+            Some("GPU 3: 12 uncorrectable ECC errors"),
+            4,
+        );
+        let mut w = Writer::open(&dir, "launcher.jsonl", 0, None, Some("ws".into()));
+        let v = verdict(Class::Infrastructure, "x");
+        let step = StepEnd {
+            exit_code: 1,
+            verdict: &v,
+            tail: &[],
+            node: "ws",
+            pre_timeout: false,
+        };
+        let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
+        assert!(
+            matches!(&d.action, Action::Stop { reason } if reason.contains("health check") && reason.contains("ECC")),
+            "{:?}",
+            d.action
         );
     }
 }

@@ -1,6 +1,10 @@
 //! What to do after an attempt ended: finish, requeue (excluding blamed
-//! nodes), or stop. Pure: the history of attempts and the budget in, an
-//! action out.
+//! nodes), restart in place (local mode), or stop. Pure: the history of
+//! attempts and the budget in, an action out.
+//!
+//! Failures are compared by their *signature* (digits masked, so that
+//! `NCCL timeout after 600023 ms` matches `... 600117 ms`); people are
+//! shown the original text (`detail`), never the masked one.
 
 use super::failure::Class;
 use serde::Serialize;
@@ -11,14 +15,48 @@ pub struct AttemptOutcome {
     pub attempt: u32,
     pub class: Class,
     /// The deciding output line or reason, digits masked (`Xid #`), so that
-    /// the same failure is recognised again.
+    /// the same failure is recognised again. For comparison only: never
+    /// shown to people (see `detail`).
     pub signature: String,
+    /// The same line or reason as it was written, for people.
+    pub detail: String,
     /// The highest step any rank reached in this attempt.
     pub last_step: Option<u64>,
     pub blamed_nodes: Vec<String>,
 }
 
+impl AttemptOutcome {
+    /// An outcome whose signature is taken from `evidence` (the original
+    /// text is kept as `detail`).
+    pub fn new(
+        attempt: u32,
+        class: Class,
+        evidence: &str,
+        last_step: Option<u64>,
+        blamed_nodes: Vec<String>,
+    ) -> AttemptOutcome {
+        AttemptOutcome {
+            attempt,
+            class,
+            signature: signature_of(class, evidence),
+            detail: evidence.trim().to_string(),
+            last_step,
+            blamed_nodes,
+        }
+    }
+
+    /// `class: original text`, as people read it.
+    pub fn shown(&self) -> String {
+        if self.detail.is_empty() {
+            self.class.name().to_string()
+        } else {
+            format!("{}: {}", self.class.name(), self.detail)
+        }
+    }
+}
+
 /// Mask digits so that `NCCL timeout after 600023 ms on rank 3` matches itself.
+/// For comparing failures only; people see the original text.
 pub fn signature_of(class: Class, evidence: &str) -> String {
     let mut masked = String::with_capacity(evidence.len());
     for c in evidence.chars() {
@@ -49,8 +87,20 @@ pub enum Action {
         nodes: u32,
         reason: String,
     },
+    /// Local mode (`resilio run` outside Slurm): start every rank again on
+    /// this machine. There is no queue and no node to leave out.
+    RestartInPlace { reason: String },
     /// Do not requeue; the failure stands.
     Stop { reason: String },
+}
+
+/// Where the job runs again after a failure, which decides the words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Scope {
+    /// A Slurm job: back to the queue (or, decided by the caller, inside the allocation).
+    Slurm,
+    /// Local mode: restarted in place on this machine.
+    Local,
 }
 
 /// The allocation a job-level supervisor holds, as far as relaunching the
@@ -140,21 +190,59 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
 pub const NOT_REQUEUEABLE: &str =
     "the job cannot be requeued (submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
 
-/// Decide after `current`, given the earlier attempts (oldest first).
+/// Decide after `current`, given the earlier attempts (oldest first), for a
+/// Slurm job: requeue or stop.
 pub fn decide(
     current: &AttemptOutcome,
     earlier: &[AttemptOutcome],
     max_restarts: u32,
     requeue_allowed: bool,
 ) -> Action {
+    decide_scoped(
+        current,
+        earlier,
+        max_restarts,
+        requeue_allowed,
+        Scope::Slurm,
+    )
+}
+
+/// The same for local mode (`resilio run` outside Slurm, one rank or
+/// `--ntasks N`): restart in place or stop. A stop from outside (a signal)
+/// is never undone by a restart.
+pub fn decide_in_place(
+    current: &AttemptOutcome,
+    earlier: &[AttemptOutcome],
+    max_restarts: u32,
+) -> Action {
+    decide_scoped(current, earlier, max_restarts, true, Scope::Local)
+}
+
+fn decide_scoped(
+    current: &AttemptOutcome,
+    earlier: &[AttemptOutcome],
+    max_restarts: u32,
+    requeue_allowed: bool,
+    scope: Scope,
+) -> Action {
     let stop = |reason: String| Action::Stop { reason };
+    let not_done = match scope {
+        Scope::Slurm => "not requeued",
+        Scope::Local => "not restarted",
+    };
     match current.class {
         Class::Clean => return Action::Finish,
         Class::UserError => {
             return stop(format!(
-                "user error ({}): not requeued, a restart would fail the same way",
-                current.signature
+                "user error ({}): {not_done}, a restart would fail the same way",
+                current.detail
             ))
+        }
+        Class::Preempted if scope == Scope::Local => {
+            return stop(
+                "stopped from outside (a signal to resilio or to the trainer): not restarted"
+                    .into(),
+            )
         }
         _ => {}
     }
@@ -182,7 +270,8 @@ pub fn decide(
         if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
             return stop(format!(
                 "crash loop: the same unexplained failure ({}) as attempt {}: taken for the trainer's own error",
-                current.signature, prev.attempt
+                current.shown(),
+                prev.attempt
             ));
         }
     }
@@ -190,7 +279,8 @@ pub fn decide(
         if current.signature == prev.signature && current.last_step == prev.last_step {
             return stop(format!(
                 "crash loop: the same failure ({}) at the same step as attempt {}",
-                current.signature, prev.attempt
+                current.shown(),
+                prev.attempt
             ));
         }
         // "No new step" needs a step in this attempt: an attempt that failed
@@ -205,12 +295,16 @@ pub fn decide(
             ));
         }
     }
+    if scope == Scope::Local {
+        return Action::RestartInPlace {
+            reason: current.shown(),
+        };
+    }
     let exclude = current.blamed_nodes.clone();
     Action::Requeue {
         reason: format!(
-            "{} ({}){}",
-            current.class.name(),
-            current.signature,
+            "{}{}",
+            current.shown(),
             if exclude.is_empty() {
                 String::new()
             } else {
@@ -318,13 +412,13 @@ mod tests {
         step: Option<u64>,
         nodes: &[&str],
     ) -> AttemptOutcome {
-        AttemptOutcome {
+        AttemptOutcome::new(
             attempt,
             class,
-            signature: signature_of(class, evidence),
-            last_step: step,
-            blamed_nodes: nodes.iter().map(|s| s.to_string()).collect(),
-        }
+            evidence,
+            step,
+            nodes.iter().map(|s| s.to_string()).collect(),
+        )
     }
 
     #[test]
@@ -488,5 +582,91 @@ mod tests {
             decide(&other, &[first], 3, true),
             Action::Requeue { .. }
         ));
+    }
+
+    #[test]
+    fn people_see_the_original_text_never_the_masked_one() {
+        let first = out(
+            0,
+            Class::Infrastructure,
+            "NCCL timeout after 600023 ms on rank 3",
+            Some(50),
+            &["n2"],
+        );
+        assert_eq!(
+            first.signature,
+            "infrastructure: NCCL timeout after # ms on rank #"
+        );
+        assert_eq!(first.detail, "NCCL timeout after 600023 ms on rank 3");
+        let reasons = |a: Action| match a {
+            Action::Requeue { reason, .. }
+            | Action::RestartInPlace { reason }
+            | Action::RestartInAllocation { reason, .. }
+            | Action::Stop { reason } => reason,
+            Action::Finish => String::new(),
+        };
+        let r = reasons(decide(&first, &[], 3, true));
+        assert!(r.contains("600023 ms on rank 3") && !r.contains('#'), "{r}");
+        // The crash loop is recognised on the masked signature, told in the original words.
+        let again = out(
+            1,
+            Class::Infrastructure,
+            "NCCL timeout after 600117 ms on rank 3",
+            Some(50),
+            &["n3"],
+        );
+        let r = reasons(decide(&again, std::slice::from_ref(&first), 3, true));
+        assert!(r.starts_with("crash loop") && r.contains("600117"), "{r}");
+        assert!(!r.contains('#'), "{r}");
+        let oom = out(
+            0,
+            Class::UserError,
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB",
+            Some(3),
+            &[],
+        );
+        let r = reasons(decide_in_place(&oom, &[], 3));
+        assert!(r.contains("Tried to allocate 2.50 GiB"), "{r}");
+        assert!(r.contains("not restarted") && !r.contains("requeue"), "{r}");
+    }
+
+    #[test]
+    fn local_mode_restarts_in_place_and_never_requeues() {
+        let hang = out(
+            0,
+            Class::Hang,
+            "rank 0 stopped at step 3 with no other rank still running to compare it with",
+            Some(3),
+            &["ws1"],
+        );
+        assert_eq!(
+            decide_in_place(&hang, &[], 3),
+            Action::RestartInPlace {
+                reason: "hang: rank 0 stopped at step 3 with no other rank still running to compare it with".into()
+            }
+        );
+        // The same hang at the same step: a crash loop, in local mode too.
+        let again = AttemptOutcome {
+            attempt: 1,
+            ..hang.clone()
+        };
+        assert!(matches!(
+            decide_in_place(&again, std::slice::from_ref(&hang), 3),
+            Action::Stop { reason } if reason.starts_with("crash loop")
+        ));
+        // The budget.
+        assert!(matches!(
+            decide_in_place(&hang, &[], 0),
+            Action::Stop { reason } if reason.contains("budget")
+        ));
+        // A stop from outside is not undone by a restart.
+        let stopped = out(0, Class::Preempted, "", Some(3), &[]);
+        assert!(matches!(
+            decide_in_place(&stopped, &[], 3),
+            Action::Stop { reason } if reason.contains("from outside") && !reason.contains("requeue")
+        ));
+        // The journal's name of the action.
+        let v = serde_json::to_value(Action::RestartInPlace { reason: "x".into() }).unwrap();
+        assert_eq!(v["action"], "restart_in_place");
     }
 }

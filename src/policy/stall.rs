@@ -261,7 +261,13 @@ impl StallPolicy {
     /// by another: sources race (the step line printed just before
     /// `phase=eval` is sent may be read after it), and an output line or a
     /// batch counter during a save is life, not the save's end.
-    pub fn on_progress(&mut self, now: Instant, step: Option<u64>, learn: bool, from: &'static str) {
+    pub fn on_progress(
+        &mut self,
+        now: Instant,
+        step: Option<u64>,
+        learn: bool,
+        from: &'static str,
+    ) {
         self.steps_seen += 1;
         if step.is_some() {
             self.last_step = step;

@@ -56,9 +56,14 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
     c
 }
 
-/// The same, followed by `-- python3 trainer.py ARGS`.
+/// The same, followed by `-- python3 trainer.py ARGS`. One attempt
+/// (`--max-restarts 0`) unless `opts` says otherwise: these tests look at
+/// what one attempt does; restarts in place have tests of their own.
 pub fn run_trainer(state: &Path, job: &str, opts: &[&str], args: &[&str]) -> Command {
     let mut c = resilio_run(state, job);
+    if !opts.contains(&"--max-restarts") {
+        c.args(["--max-restarts", "0"]);
+    }
     c.args(opts)
         .arg("--")
         .arg("python3")

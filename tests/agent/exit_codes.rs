@@ -76,6 +76,20 @@ fn usage_errors_are_one_line_and_exit_2() {
         vec!["run"],
         vec!["run", "--stall-timeout", "5x", "--", "true"],
         vec!["run", "--startup-timeout", "", "--", "true"],
+        vec!["run", "--stall-timeout", "0", "--", "true"],
+        vec![
+            "run",
+            "--stall-timeout",
+            "0s",
+            "--ntasks",
+            "2",
+            "--",
+            "true",
+        ],
+        vec!["run", "--startup-timeout", "0ms", "--", "true"],
+        vec!["run", "--stall-timeout", "-5s", "--", "true"],
+        vec!["run", "--kill-grace", "-1", "--", "true"],
+        vec!["nodes", "--half-life", "0", "--no-sacct"],
         vec!["run", "--progress-regex", "(", "--", "true"],
         vec!["run", "--dump-signal", "SIGNOPE", "--", "true"],
         vec!["run", "--job-id", "../x", "--", "true"],
@@ -90,7 +104,50 @@ fn usage_errors_are_one_line_and_exit_2() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("resilio: "), "{args:?}: {err}");
+        // A bad value names its flag.
+        if let Some(flag) = args.iter().find(|a| a.ends_with("-timeout")) {
+            assert!(err.contains(&format!("{flag}: ")), "{args:?}: {err}");
+        }
     }
+}
+
+/// A zero timeout would fire at once (a real trainer was killed after its
+/// first step): a usage error naming the flag, or the file and line, and
+/// the trainer never starts. A zero kill grace is kept: SIGKILL at once.
+#[test]
+fn zero_timeouts_are_usage_errors_and_nothing_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let touch = ["--", "touch", marker.to_str().unwrap()];
+    let mut c = resilio_run(dir.path(), "z1");
+    c.args(["--stall-timeout", "0"]).args(touch);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr_of(&o).trim_end(),
+        "resilio: --stall-timeout: must be greater than zero (got '0'); 'adaptive' learns it from the steps"
+    );
+    let cfg = write_config(
+        dir.path(),
+        "[stall]\ncheckpoint_timeout = \"30m\"\neval_timeout = \"0s\"\n",
+    );
+    let mut c = resilio_run(dir.path(), "z2");
+    c.args(["--config", cfg.to_str().unwrap()]).args(touch);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(
+        stderr_of(&o).trim_end(),
+        format!(
+            "resilio: {}:3: stall.eval_timeout must be greater than zero",
+            cfg.display()
+        )
+    );
+    assert!(!marker.exists(), "nothing may start on a usage error");
+    let mut c = resilio_run(dir.path(), "z3");
+    c.args(["--kill-grace", "0"]).args(touch);
+    let (o, _) = output_within(&mut c, Duration::from_secs(10));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(marker.exists());
 }
 
 #[test]

@@ -8,10 +8,12 @@ mod ddp;
 mod exit_codes;
 mod health;
 mod journal;
+mod local_single;
 mod matrix;
 mod passthrough;
 mod progress_sources;
 mod reports;
+mod shared_state;
 mod signals;
 mod stall;
 #[path = "../support/timing.rs"]

@@ -118,9 +118,7 @@ impl Cell {
                 if !seen {
                     bad.push("no checkpoint phase recorded".into());
                 }
-                if announces_on_socket(self.report)
-                    && kinds(&recs, "checkpoint_done").len() < 2
-                {
+                if announces_on_socket(self.report) && kinds(&recs, "checkpoint_done").len() < 2 {
                     bad.push("checkpoint_done missing from a rank".into());
                 }
             }
@@ -135,7 +133,10 @@ impl Cell {
                             .map(|a| a.iter().filter_map(|x| x.as_u64()).collect())
                             .unwrap_or_default();
                         if blamed != [CULPRIT] {
-                            bad.push(format!("blamed {blamed:?}, expected [{CULPRIT}]: {:?}", h.get("verdict")));
+                            bad.push(format!(
+                                "blamed {blamed:?}, expected [{CULPRIT}]: {:?}",
+                                h.get("verdict")
+                            ));
                         }
                         let reason = h
                             .get("verdict")
@@ -253,10 +254,11 @@ fn run_cells(cells: Vec<Cell>) {
                 };
                 let bad = cell.run(&root);
                 if !bad.is_empty() {
-                    failures
-                        .lock()
-                        .unwrap()
-                        .push(format!("[{}]\n  {}", cell.name(), bad.join("\n  ")));
+                    failures.lock().unwrap().push(format!(
+                        "[{}]\n  {}",
+                        cell.name(),
+                        bad.join("\n  ")
+                    ));
                 }
             })
         })

@@ -303,12 +303,28 @@ fn a_suspended_and_resumed_job_is_not_a_stall() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // As `scontrol suspend` does: stop everything, wait, continue everything.
+    // Outside Slurm, resilio is the launcher and the rank's agent (the
+    // trainer's parent): both are stopped, as the trainer is.
     let me = Pid::from_raw(child.id() as i32);
-    kill(me, Signal::SIGSTOP).unwrap();
-    kill(Pid::from_raw(-trainer), Signal::SIGSTOP).unwrap();
+    let agent = std::fs::read_to_string(format!("/proc/{trainer}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(')')
+                .next()?
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()
+        })
+        .map(Pid::from_raw)
+        .unwrap();
+    for p in [me, agent, Pid::from_raw(-trainer)] {
+        kill(p, Signal::SIGSTOP).unwrap();
+    }
     std::thread::sleep(Duration::from_secs(3));
-    kill(Pid::from_raw(-trainer), Signal::SIGCONT).unwrap();
-    kill(me, Signal::SIGCONT).unwrap();
+    for p in [Pid::from_raw(-trainer), agent, me] {
+        kill(p, Signal::SIGCONT).unwrap();
+    }
     let (o, _) = wait_output(child, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
     assert!(kinds(&records(dir.path(), "suspend"), "stall").is_empty());

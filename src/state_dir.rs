@@ -1,0 +1,234 @@
+//! Where journals live, and a state directory shared by a whole site.
+//!
+//! A state dir that is world-writable with the sticky bit (mode 1777, as
+//! `/tmp` is: an admin runs `mkdir -m 1777 /shared/resilio` once) is taken
+//! for a site-wide one. Every user then writes under a directory of their
+//! own, `STATE_DIR/users/NAME/` (mode 0700, made on first use; `users/` is
+//! made 1777 too), so that:
+//!
+//! - every user's runs get a journal and a node history (the first user's
+//!   `jobs/`, created 0755, used to lock every other user out);
+//! - nobody reads anyone else's journals (commands, output lines, coordinator
+//!   tokens), and nobody can remove them (the sticky bit);
+//! - job ids of different users never collide.
+//!
+//! Readers look in the user's own directory first, then in every other one
+//! they may read (all of them for root: `resilio nodes` across all users'
+//! jobs, `resilio report JOB` of anyone's job), and in `STATE_DIR/jobs/`
+//! (journals written there before).
+//!
+//! Any other state dir (a home directory, `$XDG_STATE_HOME`) is used as it is.
+
+use crate::error::{Error, Result};
+use crate::journal;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// The directory of every user's own state dir under a shared one.
+pub const USERS: &str = "users";
+
+/// Whether `root` is a site-wide state dir: a directory, world-writable and
+/// sticky (mode 1777).
+pub fn is_shared(root: &Path) -> bool {
+    std::fs::metadata(root).is_ok_and(|m| m.is_dir() && m.permissions().mode() & 0o1002 == 0o1002)
+}
+
+/// This user's name (the effective uid's), or `uid-N` without a passwd entry.
+pub fn user_name() -> String {
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .filter(|n| !n.is_empty() && !n.contains('/') && !n.starts_with('.'))
+        .unwrap_or_else(|| format!("uid-{uid}"))
+}
+
+/// This user's directory under a shared state dir.
+pub fn user_dir(root: &Path) -> PathBuf {
+    root.join(USERS).join(user_name())
+}
+
+/// The state dir a run writes to: `root` itself, or under a shared `root`
+/// this user's own directory, made (0700) if needed. An error when that
+/// directory exists but is someone else's (it would expose the journals).
+pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
+    if !is_shared(root) {
+        return Ok(root.to_path_buf());
+    }
+    let users = root.join(USERS);
+    if !users.is_dir() {
+        // 1777 like the root: every user makes their own directory in it.
+        // The mode is set at creation (umask cleared for the call) so that
+        // another user's first run finds it writable at once; chmod too,
+        // for filesystems that drop the sticky bit on mkdir.
+        // SAFETY: umask is process-wide; this runs before any thread is
+        // started (the command line, before the runtime).
+        let old = unsafe { libc::umask(0) };
+        let made = std::fs::DirBuilder::new().mode(0o1777).create(&users);
+        unsafe { libc::umask(old) };
+        if made.is_ok() {
+            let _ = std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o1777));
+        }
+    }
+    let mine = user_dir(root);
+    match std::fs::DirBuilder::new().mode(0o700).create(&mine) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        // Not made (a read-only filesystem, ...): the journal says so and
+        // supervision goes on without it, as for any unwritable state dir.
+        Err(_) => return Ok(mine),
+    }
+    let meta = std::fs::symlink_metadata(&mine).map_err(|e| format!("{}: {e}", mine.display()))?;
+    let uid = nix::unistd::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != uid {
+        return Err(format!(
+            "the shared state dir's {} is not your directory (owner uid {}): journals written there could be read by others; ask an admin to remove it",
+            mine.display(),
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        let _ = std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o700));
+    }
+    Ok(mine)
+}
+
+/// Every state dir a reader looks in under `root`, own first: `root`
+/// itself when it is not shared; else this user's directory, the journals
+/// written directly under `root` before, and every other user's directory
+/// (only those this user may read are of any use: all of them for root).
+pub fn readable_roots(root: &Path) -> Vec<PathBuf> {
+    if !is_shared(root) {
+        return vec![root.to_path_buf()];
+    }
+    let mine = user_dir(root);
+    let mut out = vec![mine.clone(), root.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(root.join(USERS)) {
+        let mut others: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| *p != mine && p.is_dir())
+            .collect();
+        others.sort();
+        out.extend(others);
+    }
+    out
+}
+
+/// The state dir holding `job` under `root` (own directory first), or for
+/// no job the one holding the most recently written job. The job id is
+/// validated; a job found in several users' directories (the same
+/// `--job-id`) is an error that names them.
+pub fn locate(root: &Path, job: Option<&str>) -> Result<(PathBuf, String)> {
+    let roots = readable_roots(root);
+    let Some(job) = job else {
+        let mut best: Option<(std::time::SystemTime, PathBuf, String)> = None;
+        for r in &roots {
+            if let Some((j, t)) = journal::list_jobs(r).pop() {
+                if best.as_ref().is_none_or(|(bt, _, _)| t > *bt) {
+                    best = Some((t, r.clone(), j));
+                }
+            }
+        }
+        return best.map(|(_, r, j)| (r, j)).ok_or_else(|| Error::NoJob {
+            job: "(latest)".into(),
+            dir: root.join("jobs"),
+        });
+    };
+    journal::validate_job_id(job).map_err(Error::Usage)?;
+    let holding: Vec<&PathBuf> = roots
+        .iter()
+        .filter(|r| journal::job_dir(r, job).is_dir())
+        .collect();
+    match holding.as_slice() {
+        [] => Ok((roots[0].clone(), job.to_string())),
+        [one] => Ok(((*one).clone(), job.to_string())),
+        [first, ..] if **first == roots[0] => Ok(((*first).clone(), job.to_string())),
+        several => Err(Error::Usage(format!(
+            "job {job} is in several users' state dirs ({}): pass --state-dir with one of them",
+            several
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_sticky_world_writable_dir_is_shared() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("s");
+        std::fs::create_dir(&d).unwrap();
+        for (mode, shared) in [
+            (0o755, false),
+            (0o777, false),
+            (0o1755, false),
+            (0o1777, true),
+        ] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(is_shared(&d), shared, "{mode:o}");
+        }
+        assert!(!is_shared(&t.path().join("absent")));
+        // A private dir is used as it is.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(for_writer(&d).unwrap(), d);
+        assert_eq!(readable_roots(&d), vec![d.clone()]);
+    }
+
+    #[test]
+    fn a_shared_dir_gets_a_private_directory_per_user() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("shared");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let mine = for_writer(&root).unwrap();
+        assert_eq!(mine, root.join("users").join(user_name()));
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&root.join("users")), 0o1777);
+        assert_eq!(mode(&mine), 0o700);
+        // Idempotent, and a loosened mode is tightened again.
+        std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert_eq!(for_writer(&root).unwrap(), mine);
+        assert_eq!(mode(&mine), 0o700);
+        // The per-user dir is not shared itself: writing there again stays there.
+        assert_eq!(for_writer(&mine).unwrap(), mine);
+
+        // Readers: own first, then the old layout, then the others.
+        let other = root.join("users").join("zz-someone-else");
+        std::fs::create_dir_all(journal::job_dir(&other, "j2")).unwrap();
+        std::fs::write(journal::job_dir(&other, "j2").join("rank-0.jsonl"), "").unwrap();
+        assert_eq!(
+            readable_roots(&root),
+            [mine.clone(), root.clone(), other.clone()]
+        );
+        assert_eq!(locate(&root, Some("j2")).unwrap().0, other);
+        assert_eq!(locate(&root, None).unwrap(), (other.clone(), "j2".into()));
+        // Unknown job: the own directory (the error then names it).
+        assert_eq!(locate(&root, Some("nope")).unwrap().0, mine);
+        // The same id in two users' directories: own first; else ambiguous.
+        std::fs::create_dir_all(journal::job_dir(&root, "j2")).unwrap();
+        let err = locate(&root, Some("j2")).unwrap_err().to_string();
+        assert!(err.contains("several"), "{err}");
+        std::fs::create_dir_all(journal::job_dir(&mine, "j2")).unwrap();
+        assert_eq!(locate(&root, Some("j2")).unwrap().0, mine);
+        assert!(locate(&root, Some("../x")).is_err());
+
+        // Someone else made this user's directory first (as root, the test
+        // can play them): refused, the journals would not be private.
+        if nix::unistd::geteuid().is_root() {
+            let t = tempfile::tempdir().unwrap();
+            let root = t.path().join("shared");
+            std::fs::create_dir_all(root.join("users").join(user_name())).unwrap();
+            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
+            std::os::unix::fs::chown(root.join("users").join(user_name()), Some(65534), None)
+                .unwrap();
+            let err = for_writer(&root).unwrap_err();
+            assert!(err.contains("not your directory"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! A site-wide state dir (`mkdir -m 1777 /shared/resilio`, `state_dir =
+//! "/shared/resilio"`) used by two real users: both get journals and node
+//! history, neither reads the other's, and root's `resilio nodes` and
+//! `resilio report` see every user's jobs. Needs root (useradd, runuser);
+//! skipped with a message otherwise.
+
+use crate::common::*;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+/// Users made for the test, removed again whatever happens.
+struct Users(Vec<String>);
+
+impl Users {
+    fn create(names: &[String]) -> Users {
+        let mut made = Users(Vec::new());
+        for n in names {
+            let o = Command::new("useradd")
+                .args(["--no-create-home", "--shell", "/bin/sh", n])
+                .output()
+                .expect("useradd");
+            assert!(o.status.success(), "useradd {n}: {}", stderr_of(&o));
+            made.0.push(n.clone());
+        }
+        made
+    }
+}
+
+impl Drop for Users {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = Command::new("userdel").arg(n).output();
+        }
+    }
+}
+
+/// `runuser -u USER -- resilio ARGS` in a clean environment.
+fn as_user(user: &str, args: &[&str]) -> Output {
+    let mut c = Command::new("runuser");
+    c.env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent/resilio.toml")
+        .args(["-u", user, "--", bin()])
+        .args(args);
+    output_within(&mut c, Duration::from_secs(60)).0
+}
+
+fn uid_of(user: &str) -> u32 {
+    nix::unistd::User::from_name(user)
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw()
+}
+
+fn mode(p: &Path) -> u32 {
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED a_site_wide_state_dir_works_for_every_user...: needs root to create two users (useradd) and run as them (runuser)"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let s = shared.to_str().unwrap();
+    let id = std::process::id();
+    let (a, b) = (format!("rsl{id}a"), format!("rsl{id}b"));
+    let _users = Users::create(&[a.clone(), b.clone()]);
+
+    // Each user runs a job whose GPU fails (an infrastructure failure,
+    // blamed on this node), one attempt each.
+    for (user, job) in [(&a, "job-a"), (&b, "job-b")] {
+        let o = as_user(
+            user,
+            &[
+                "run",
+                "--state-dir",
+                s,
+                "--job-id",
+                job,
+                "--max-restarts",
+                "0",
+                "--",
+                "sh",
+                "-c",
+                "echo step 1; echo step 2; echo 'RuntimeError: CUDA error: uncorrectable ECC error encountered' >&2; exit 1",
+            ],
+        );
+        let err = stderr_of(&o);
+        assert_eq!(o.status.code(), Some(1), "{user}: {err}");
+        assert!(!err.contains("cannot write journal"), "{user}: {err}");
+    }
+
+    // Layout: one private directory per user; nothing written at the top.
+    let users = shared.join("users");
+    assert_eq!(mode(&users), 0o1777);
+    for user in [&a, &b] {
+        let dir = users.join(user);
+        assert_eq!(mode(&dir), 0o700, "{}", dir.display());
+        assert_eq!(std::fs::metadata(&dir).unwrap().uid(), uid_of(user));
+    }
+    assert!(!shared.join("jobs").exists());
+    let ja = resilio::journal::job_dir(&users.join(&a), "job-a");
+    assert!(!kinds(&records(&users.join(&a), "job-a"), "rank_exit").is_empty());
+    assert!(!kinds(&records(&users.join(&b), "job-b"), "rank_exit").is_empty());
+
+    // Privacy: b cannot read a's journal, nor report on a's job.
+    let o = Command::new("runuser")
+        .args(["-u", &b, "--", "cat"])
+        .arg(ja.join("rank-0.jsonl"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "b read a's journal");
+    let o = as_user(&b, &["report", "job-a", "--state-dir", s]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr_of(&o));
+    // Each user's own reports, and the latest job is their own.
+    let o = as_user(&a, &["report", "job-a", "--state-dir", s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let o = as_user(&b, &["timeline", "--state-dir", s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).starts_with("job job-b,"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // A user's node history holds their own jobs.
+    let o = as_user(&a, &["nodes", "--no-sacct", "--state-dir", s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("sources: 1 job journal(s)"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+
+    // Root (an admin) sees every user's jobs: the node history across
+    // users, and anyone's report.
+    let o = Command::new(bin())
+        .args(["nodes", "--json", "--no-sacct", "--state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let jobs: Vec<String> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| n["jobs"].as_array().cloned().unwrap_or_default())
+        .filter_map(|j| j.as_str().map(String::from))
+        .collect();
+    assert!(
+        jobs.contains(&"job-a".to_string()) && jobs.contains(&"job-b".to_string()),
+        "{history:#}"
+    );
+    let o = Command::new(bin())
+        .args(["report", "job-b", "--state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+}
