@@ -368,12 +368,16 @@ pub fn dump_stacks(
     (dumps, None)
 }
 
-/// Combine the system-call probe with the stacks: the stacks decide when
-/// they could be read, the probe otherwise.
+/// Combine the system-call probe with the stacks. Either one seeing a wait
+/// on a peer decides: a stack inside a collective (NCCL spins on a GPU, so
+/// the system call says nothing there), or a process blocked reading a
+/// socket (a collective the stacks do not know, such as a hand-written one
+/// over TCP). Not waiting needs the stacks to say so and the system call
+/// not to contradict them.
 pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> Probe {
     match classify_dumps(dumps) {
         Some((w, ev)) => {
-            p.waiting_on_peer = Some(w);
+            p.waiting_on_peer = Some(w || p.waiting_on_peer == Some(true));
             p.evidence.extend(ev);
             p.stacks = true;
         }

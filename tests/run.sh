@@ -42,4 +42,14 @@ if [ "$was_up" = 0 ]; then
   trap 'bash tests/slurm/testbed.sh down >/dev/null 2>&1 || true' EXIT
 fi
 
-cargo test --locked "$@"
+# Every suite runs (--no-fail-fast); the last line sums them all, because
+# cargo's own last line is the empty doc-test run's "0 passed".
+log=$(mktemp)
+set +e
+cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+awk '/^test result:/ { for (i = 2; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"
+rm -f "$log"
+exit "$status"

@@ -323,3 +323,44 @@ fn matrix_lightning_bar_and_callback() {
 fn matrix_only_rank_0_prints() {
     row("rank0");
 }
+
+/// Four lockstep ranks, rank 3 computing 2.5x longer, reporting only
+/// `phase=compute` / `phase=comm` (no `compute_s`): step intervals are the
+/// same on every rank (they wait for each other), so only the compute time
+/// measured between the two phases can tell the straggler.
+#[test]
+fn a_straggler_is_found_from_compute_and_comm_phases_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "[coordinator]\nreport_interval = \"200ms\"\n[straggler]\nwindow = \"1s\"\nwindows = 2\ncheckpoint = false\n",
+    );
+    let mut c = resilio_run(dir.path(), "phases-straggler");
+    c.args(["--ntasks", "4", "--max-restarts", "0"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--")
+        .arg("python3")
+        .arg(matrix_trainer())
+        .args(["--report", "phases", "--total", "40", "--step-time", "0.1"])
+        .args(["--ckpt-at", "0", "--eval-at", "0"])
+        .args(["--slow-rank", "3", "--slow-factor", "2.5"]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "phases-straggler");
+    let flagged: Vec<&Record> = kinds(&recs, "straggler")
+        .into_iter()
+        .filter(|r| r.str("scope") == Some("rank") && r.get("flagged") == Some(&true.into()))
+        .collect();
+    assert!(!flagged.is_empty(), "{:#?}", kinds(&recs, "straggler"));
+    assert!(
+        flagged.iter().all(|r| r.str("who") == Some("3")),
+        "{flagged:#?}"
+    );
+    assert!(
+        flagged
+            .iter()
+            .all(|r| r.str("basis") == Some("compute_time")),
+        "{flagged:#?}"
+    );
+}

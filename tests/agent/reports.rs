@@ -120,6 +120,39 @@ fn demo_runs_end_to_end() {
             "{needle:?} missing in demo output:\n{out}"
         );
     }
+    // The story, from the journal: rank 1 blamed at step 18, rank 0 never
+    // stalled, the steps after the checkpoint recorded, and the checkpoint
+    // counted as checkpoint time (not as a stall).
+    let o = cmd(dir.path(), &["report", "--json"]);
+    let rep: serde_json::Value = serde_json::from_slice(&o.stdout).expect("report --json");
+    let job = rep["job"].as_str().unwrap().to_string();
+    let recs = records(dir.path(), &job);
+    let hang = one(&recs, "hang");
+    let verdict = hang.get("verdict").unwrap();
+    assert_eq!(verdict["blamed_ranks"], serde_json::json!([1]), "{verdict}");
+    assert!(
+        verdict["reason"].as_str().unwrap().contains("step 18"),
+        "{verdict}"
+    );
+    let stall = one(&recs, "stall");
+    assert_eq!(stall.rank, Some(1));
+    assert_eq!(stall.u64("last_step"), Some(18));
+    let steps: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.kind == "progress" && r.attempt == 0 && r.rank == Some(1))
+        .filter_map(|r| r.u64("step"))
+        .collect();
+    assert!(
+        steps.iter().any(|s| (11..=17).contains(s)) && steps.contains(&18),
+        "rank 1's progress after the checkpoint: {steps:?}"
+    );
+    let lost = &rep["lost_s"];
+    let ckpt = lost["checkpoint"].as_f64().unwrap_or(0.0);
+    assert!((2.5..4.0).contains(&ckpt), "checkpoint time {ckpt}: {lost}");
+    assert!(
+        lost["stalled"].as_f64().unwrap_or(0.0) < ckpt,
+        "the checkpoint is not a stall: {lost}"
+    );
 }
 
 #[test]

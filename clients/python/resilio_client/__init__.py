@@ -92,8 +92,17 @@ def step(n, loss=None, compute_s=None, **metrics):
 
 
 def phase(name, step=None):
-    """Announce a phase (``checkpoint``, ``eval``, ``train``): a long
-    checkpoint save is then judged by its own timeout, not as a hang."""
+    """Announce a phase.
+
+    Long phases (``checkpoint``, ``save``, ``eval``, ``validation``, and names
+    given a limit in ``[stall.phase_timeouts]``) are judged by their own
+    timeout, so a long save is not taken for a hang; ``train`` ends one.
+    Phases inside a step (``compute``, ``comm``, ``data``, ``forward``,
+    ``backward``, ``optimizer``) never extend the step limit: a hang inside
+    ``comm`` is still caught. ``phase("compute")`` then ``phase("comm")``
+    also measures the step's compute time for straggler detection when you
+    do not send ``compute_s`` yourself. Unknown names are judged as inside a
+    step (resilio warns once)."""
     if _SOCKET_PATH is None:
         return
     try:
