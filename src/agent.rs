@@ -878,10 +878,12 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                                     // The system calls now, then py-spy stacks,
                                     // off the loop (py-spy takes a moment).
                                     let p = diagnostics::probe(&skip);
+                                    let lines = tail.last_lines(cfg.diagnostics.tail_lines);
                                     let (dcfg, h, ptx, scratch) = (cfg.diagnostics.clone(), helpers.clone(), probe_tx.clone(), scratch.clone());
                                     let spawned = std::thread::Builder::new().name("probe".into()).spawn(move || {
                                         let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
                                         let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
+                                        let p = diagnostics::with_output(p, &lines);
                                         let _ = ptx.send((reason, p, dumps));
                                     });
                                     if spawned.is_err() {
@@ -926,6 +928,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                 let tail_lines = tail.last_lines(cfg.diagnostics.tail_lines);
                 if let Some(p) = stall_probe.take() {
                     let p = diagnostics::with_stacks(p, &d.py_spy, d.py_spy_skipped.as_deref());
+                    let p = diagnostics::with_output(p, &tail_lines);
                     journal.record("probe", json!({ "reason": "stall", "probe": &p }), false);
                     outbox.update(|r| {
                         r.waiting_on_peer = p.waiting_on_peer;

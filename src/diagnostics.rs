@@ -368,6 +368,44 @@ pub fn dump_stacks(
     (dumps, None)
 }
 
+/// Lines a rank prints while it waits on a peer in a collective: NCCL's
+/// watchdog and heartbeat, gloo's transport timeouts and lost peers, the
+/// c10d store's timeouts. (Recorded samples: tests/fixtures/failures.)
+const COLLECTIVE_WAIT_LINES: &str = concat!(
+    r"Watchdog caught collective operation timeout",
+    r"|Exception \(either an error or timeout\) detected by watchdog",
+    r"|Heartbeat monitor timed out",
+    r"|Timed out waiting \d+ ?ms for (?:recv|send) operation",
+    r"|gloo/transport/.*(?:Connection reset by peer|Connection closed by peer|Timed out)",
+    r"|\[c10d\].*(?:Socket Timeout|timed out|Timeout)",
+    r"|DistBackendError: .*(?:timed out|Timeout)",
+    r"|NCCL WARN .*(?:remote process exited|Connection closed by remote peer)",
+);
+
+/// The last line of `lines` that shows the rank waiting on a peer in a
+/// collective, if any.
+pub fn collective_wait_line(lines: &[String]) -> Option<String> {
+    static RE: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+    let re = RE
+        .get_or_init(|| regex::Regex::new(COLLECTIVE_WAIT_LINES).ok())
+        .as_ref()?;
+    lines
+        .iter()
+        .rev()
+        .find(|l| re.is_match(l))
+        .map(|l| l.chars().take(300).collect())
+}
+
+/// Add what the output says: a collective's timeout or a lost peer in the
+/// rank's recent lines means it was waiting on a peer.
+pub fn with_output(mut p: Probe, tail: &[String]) -> Probe {
+    if let Some(line) = collective_wait_line(tail) {
+        p.waiting_on_peer = Some(true);
+        p.evidence.push(format!("output: {line}"));
+    }
+    p
+}
+
 /// Combine the system-call probe with the stacks. Either one seeing a wait
 /// on a peer decides: a stack inside a collective (NCCL spins on a GPU, so
 /// the system call says nothing there), or a process blocked reading a
@@ -459,5 +497,35 @@ mod probe_tests {
         let p = with_stacks(Probe::default(), &[], Some("py-spy not on PATH"));
         assert_eq!(p.waiting_on_peer, None);
         assert!(p.evidence[0].contains("py-spy not on PATH"));
+    }
+
+    #[test]
+    fn collective_timeouts_and_lost_peers_in_the_output_are_waits() {
+        let lines = |ls: &[&str]| ls.iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        for l in [
+            "[rank1]:[E626 06:24:44.903881913 ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=808, OpType=ALLREDUCE, NumelIn=9801523, NumelOut=9801523, Timeout(ms)=600000) ran for 600020 milliseconds before timing out.",
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms for recv operation to complete",
+            "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:54321: Connection reset by peer",
+            "[rank0]:[E1120 10:00:00.000 ProcessGroupNCCL.cpp:1400] [PG ID 0 PG GUID 0(default_pg) Rank 0] Heartbeat monitor timed out! Process will be terminated after dumping debug info.",
+        ] {
+            let p = with_output(Probe::default(), &lines(&["step 11 loss 0.3", l]));
+            assert_eq!(p.waiting_on_peer, Some(true), "{l}");
+            assert!(p.evidence[0].starts_with("output: "));
+        }
+        let p = with_output(
+            Probe {
+                waiting_on_peer: Some(false),
+                ..Default::default()
+            },
+            &lines(&[
+                "step 11 loss 0.3",
+                "NCCL INFO [Service thread] Connection closed by localRank 0",
+            ]),
+        );
+        assert_eq!(
+            p.waiting_on_peer,
+            Some(false),
+            "NCCL's normal teardown is no wait"
+        );
     }
 }

@@ -21,8 +21,10 @@
 //!    waiting on a peer while others were. The agents' probes say which:
 //!    `py-spy dump` stacks (inside a `torch.distributed` collective or not)
 //!    when py-spy is installed, else the system call each process is blocked
-//!    in (`/proc/PID/task/*/syscall`: a socket read or poll is a peer). On
-//!    GPUs, where NCCL spins instead of blocking, only the stacks can tell.
+//!    in (`/proc/PID/task/*/syscall`: a socket read or poll is a peer), and
+//!    the rank's recent output (NCCL watchdog, gloo and c10d timeouts, a lost
+//!    peer). On GPUs, where NCCL spins instead of blocking, the stacks and
+//!    the output can tell; the system call cannot.
 //! 4. *Undetermined*: nobody is blamed; the reason says what evidence was
 //!    missing.
 
