@@ -147,7 +147,9 @@ struct ProgressLog {
     /// When the named step last advanced (step intervals for the coordinator).
     last_named_at: Option<Instant>,
     /// A checkpoint phase in progress: when it began, steps seen then.
-    checkpoint_began: Option<(Instant, u64)>,
+    /// When it began, and the step it is about: training went on meanwhile
+    /// (an asynchronous save) only if the step's number moved past it.
+    checkpoint_began: Option<(Instant, Option<u64>)>,
     /// Liveness and the step's name (`progress::tracker`).
     tracker: Tracker,
     /// Phase names not declared anywhere, each warned about once.
@@ -1580,7 +1582,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             }
             if policy.phase() != &before {
                 if policy.phase().name() == "checkpoint" {
-                    plog.checkpoint_began = Some((ev.at, policy.steps_seen()));
+                    plog.checkpoint_began = Some((ev.at, step.max(policy.last_step())));
                 }
                 journal.record_at(
                     clock.wall(ev.at),
@@ -1600,7 +1602,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                 json!({
                     "step": step, "source": ev.source.name(),
                     "duration_s": began.map(|(t, _)| ev.at.saturating_duration_since(t).as_secs_f64()),
-                    "blocked_training": began.map(|(_, n)| policy.steps_seen() == n),
+                    "blocked_training": began.map(|(_, at_step)| policy.last_step() <= at_step),
                 }),
                 true,
             );

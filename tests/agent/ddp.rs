@@ -27,7 +27,7 @@ pub struct Torch {
 
 impl Torch {
     /// PATH for resilio: py-spy's directory first.
-    fn path_env(&self) -> String {
+    pub(crate) fn path_env(&self) -> String {
         format!(
             "{}:{}",
             self.py_spy.parent().unwrap().display(),
@@ -87,7 +87,7 @@ fn find_torch() -> Result<Torch, (bool, String)> {
 
 /// The torch to test with, or `None` (with the reason printed) when these
 /// tests are to be skipped. Panics when they must run and cannot.
-fn torch() -> Option<&'static Torch> {
+pub(crate) fn torch() -> Option<&'static Torch> {
     static FOUND: OnceLock<Result<Torch, (bool, String)>> = OnceLock::new();
     match FOUND.get_or_init(find_torch) {
         Ok(t) => Some(t),

@@ -279,3 +279,35 @@ fn checkpoints_the_trainer_saves_on_its_own_are_recorded_only_when_complete() {
         .collect();
     assert_eq!(done, vec![(Some(3), Some("checkpoint_dir"))], "{recs:#?}");
 }
+
+/// The step line printed just before `phase=checkpoint step=N` was sent may
+/// be read after the datagram (two sources, two threads): it neither ends
+/// the save nor makes it look asynchronous. Here the datagram comes first
+/// on purpose, under a 1 s step limit and a 2 s save.
+#[test]
+fn a_step_line_read_after_the_checkpoint_message_does_not_end_the_save() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = run_trainer(
+        dir.path(),
+        "race",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "8",
+            "--interval",
+            "0.1",
+            "--checkpoint-at",
+            "4",
+            "--checkpoint-secs",
+            "2",
+            "--announce-first",
+        ],
+    );
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "race");
+    assert!(kinds(&recs, "stall").is_empty(), "{recs:#?}");
+    let done = one(&recs, "checkpoint_done");
+    assert_eq!(done.get("blocked_training"), Some(&true.into()), "{done:?}");
+    assert!(done.f64("duration_s").unwrap() >= 1.9, "{done:?}");
+}
