@@ -43,7 +43,10 @@ impl Scenario {
 /// How each row announces a checkpoint: on the socket (its end is known),
 /// or by an output line only (the phase lasts until the next step).
 fn announces_on_socket(report: &str) -> bool {
-    matches!(report, "socket" | "phases" | "ckpt_msgs" | "lightning")
+    matches!(
+        report,
+        "socket" | "phases" | "phases_only" | "ckpt_msgs" | "lightning"
+    )
 }
 
 fn matrix_trainer() -> PathBuf {
@@ -302,6 +305,14 @@ fn matrix_socket_steps_only() {
 #[test]
 fn matrix_socket_phases_and_stdout_steps() {
     row("phases");
+}
+
+/// The trainer says only where it is (`phase=compute step=N`, `phase=comm
+/// step=N`): those steps name the step, and a hang inside `comm` is caught
+/// at the step limit.
+#[test]
+fn matrix_socket_phases_only() {
+    row("phases_only");
 }
 
 #[test]
