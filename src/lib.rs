@@ -26,6 +26,8 @@
 //! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
 //!   the rank's identity, errors and exit codes.
 //! - [`demo`]: `resilio demo`, a scripted run with an injected hang.
+//! - [`util`]: running a command with a timeout ([`util::cmd`]) and spawning
+//!   in a process group of its own that dies with resilio.
 //!
 //! `docs/architecture.md` follows one event from a trainer's output line to
 //! a journal record.
@@ -54,3 +56,4 @@ pub mod slurm;
 pub mod state_dir;
 pub mod status;
 pub mod supervisor;
+pub mod util;
