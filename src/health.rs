@@ -3,10 +3,9 @@
 //! and after it failed. A failing check blames the node.
 
 use crate::config::HealthConfig;
+use crate::util::cmd::{self, Options, Status};
 use serde::Serialize;
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Exit code of `resilio run` when the health check failed before start.
 pub const EXIT_UNHEALTHY: i32 = 125;
@@ -26,60 +25,33 @@ pub struct HealthResult {
 pub fn run(cfg: &HealthConfig) -> Option<HealthResult> {
     let argv = cfg.command.as_ref()?;
     let t = Instant::now();
-    let fail = |status: String| HealthResult {
-        ok: false,
-        status,
-        output: String::new(),
-        duration_s: t.elapsed().as_secs_f64(),
-    };
-    let mut child = match Command::new(&argv[0])
-        .args(&argv[1..])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => return Some(fail(format!("cannot run {}: {e}", argv[0]))),
-    };
-    let mut out = child.stdout.take().expect("piped");
-    let mut err = child.stderr.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        let mut e = String::new();
-        let _ = err.read_to_string(&mut e);
-        s + &e
-    });
-    let deadline = Instant::now() + cfg.timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(st)) => break Some(st),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
+    let out = match cmd::run(argv, &Options::new(cfg.timeout)) {
+        Ok(out) => out,
+        Err(e) => {
+            return Some(HealthResult {
+                ok: false,
+                status: e.to_string(),
+                output: String::new(),
+                duration_s: t.elapsed().as_secs_f64(),
+            })
         }
     };
-    let output: String = reader
-        .join()
-        .unwrap_or_default()
+    let output: String = (out.stdout.text() + &out.stderr.text())
         .lines()
         .take(20)
         .collect::<Vec<_>>()
         .join("\n");
-    let (ok, status) = match status {
-        Some(st) if st.success() => (true, "exit 0".to_string()),
-        Some(st) => (
+    let (ok, status) = match out.status {
+        Status::Finished(st) if st.success() => (true, "exit 0".to_string()),
+        Status::Finished(st) => (
             false,
             match st.code() {
                 Some(c) => format!("exit {c}"),
                 None => "killed by a signal".into(),
             },
         ),
-        None => (false, format!("timed out after {:?}", cfg.timeout)),
+        // Lost (reaped elsewhere) reads as before: no status by the deadline.
+        Status::TimedOut | Status::Lost => (false, format!("timed out after {:?}", cfg.timeout)),
     };
     Some(HealthResult {
         ok,
@@ -92,6 +64,7 @@ pub fn run(cfg: &HealthConfig) -> Option<HealthResult> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn cfg(argv: &[&str], timeout_ms: u64) -> HealthConfig {
         HealthConfig {
@@ -118,5 +91,16 @@ mod tests {
         assert!(!slow.ok && slow.status.starts_with("timed out"));
         let missing = run(&cfg(&["/nonexistent/check"], 100)).unwrap();
         assert!(!missing.ok && missing.status.starts_with("cannot run"));
+    }
+
+    #[test]
+    fn a_chatty_stderr_is_not_a_timeout() {
+        let chatty = run(&cfg(
+            &["sh", "-c", "echo fine; head -c 10485760 /dev/zero >&2"],
+            60_000,
+        ))
+        .unwrap();
+        assert!(chatty.ok && chatty.status == "exit 0", "{}", chatty.status);
+        assert!(chatty.output.starts_with("fine"));
     }
 }
