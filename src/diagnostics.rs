@@ -8,11 +8,12 @@
 
 use crate::config::DiagnosticsConfig;
 use crate::process;
+use crate::util::cmd;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Pids of resilio's own helper processes (not to be reaped by the agent).
 /// The lock is held across spawn and registration, and by the reaper.
@@ -71,63 +72,46 @@ pub fn python_processes(skip: &[i32]) -> Vec<i32> {
         .collect()
 }
 
+/// `py-spy dump --pid PID`, registered in `helpers` while it runs, its
+/// stdout and stderr interleaved as written. (`_scratch` once held them.)
 fn run_py_spy(
     py_spy: &Path,
     pid: i32,
     timeout: Duration,
     helpers: &Helpers,
-    scratch: &Path,
+    _scratch: &Path,
 ) -> PySpyDump {
-    let out_path = scratch.join(format!("py-spy-{pid}-{}.txt", std::process::id()));
     let fail = |msg: String| PySpyDump {
         pid,
         ok: false,
         output: msg,
     };
-    let Ok(out) = std::fs::File::create(&out_path) else {
-        return fail("cannot create scratch file".into());
+    let opts = cmd::Options {
+        merge_stderr: true,
+        helpers: Some(helpers),
+        ..cmd::Options::new(timeout)
     };
-    let Ok(err) = out.try_clone() else {
-        return fail("cannot create scratch file".into());
+    let pid_arg = pid.to_string();
+    let argv = [
+        py_spy.as_os_str(),
+        "dump".as_ref(),
+        "--pid".as_ref(),
+        pid_arg.as_ref(),
+    ];
+    let out = match cmd::run(&argv, &opts) {
+        Ok(out) => out,
+        Err(e) => return fail(format!("cannot run py-spy: {}", e.source)),
     };
-    let spawned = helpers.with(|h| {
-        let child = std::process::Command::new(py_spy)
-            .args(["dump", "--pid", &pid.to_string()])
-            .stdin(std::process::Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn();
-        if let Ok(c) = &child {
-            h.push(c.id() as i32);
-        }
-        child
-    });
-    let mut child = match spawned {
-        Ok(c) => c,
-        Err(e) => return fail(format!("cannot run py-spy: {e}")),
-    };
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break Some(s),
-            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
-            _ => {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-        }
-    };
-    helpers.with(|h| h.retain(|p| *p != child.id() as i32));
-    let output = std::fs::read_to_string(&out_path).unwrap_or_default();
-    let _ = std::fs::remove_file(&out_path);
-    match status {
-        Some(s) => PySpyDump {
+    let output = out.stdout.text();
+    match out.status {
+        cmd::Status::Finished(s) => PySpyDump {
             pid,
             ok: s.success(),
             output,
         },
-        None => fail(format!("py-spy timed out after {:?}\n{output}", timeout)),
+        cmd::Status::TimedOut | cmd::Status::Lost => {
+            fail(format!("py-spy timed out after {:?}\n{output}", timeout))
+        }
     }
 }
 
