@@ -6,11 +6,15 @@ use super::{
     hostlist, validate_job_id, AcctRecord, JobInfo, NodeInfo, NodeState, QueueEntry, Slurm,
     SlurmError,
 };
+use crate::util::cmd::{self, Options, Status};
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::ffi::OsStr;
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// Output kept of each stream of a command: far more than any listing
+/// resilio asks for, so that none is cut short and misparsed.
+const MAX_OUTPUT: usize = 64 << 20;
 
 /// The real commands (`scontrol`, `squeue`, `sacct`) from PATH or a directory.
 #[derive(Clone, Debug)]
@@ -182,47 +186,28 @@ impl SlurmCli {
             None => PathBuf::from(program),
         };
         let cmdline = format!("{program} {}", args.join(" "));
-        let mut child = Command::new(&path)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => SlurmError::NotFound(program.into()),
-                _ => SlurmError::Failed {
-                    cmd: cmdline.clone(),
-                    message: e.to_string(),
-                },
-            })?;
-        let mut out_pipe = child.stdout.take().expect("piped");
-        let mut err_pipe = child.stderr.take().expect("piped");
-        let out_t = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = out_pipe.read_to_string(&mut s);
-            s
-        });
-        let err_t = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = err_pipe.read_to_string(&mut s);
-            s
-        });
-        let deadline = Instant::now() + self.timeout;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(10))
-                }
-                _ => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(SlurmError::Timeout(cmdline, self.timeout));
-                }
+        let argv: Vec<&OsStr> = std::iter::once(path.as_os_str())
+            .chain(args.iter().map(OsStr::new))
+            .collect();
+        let opts = Options {
+            max_output: MAX_OUTPUT,
+            ..Options::new(self.timeout)
+        };
+        let out = cmd::run(&argv, &opts).map_err(|e| match e.source.kind() {
+            std::io::ErrorKind::NotFound => SlurmError::NotFound(program.into()),
+            _ => SlurmError::Failed {
+                cmd: cmdline.clone(),
+                message: e.source.to_string(),
+            },
+        })?;
+        let status = match out.status {
+            Status::Finished(s) => s,
+            // Lost (reaped elsewhere) reads as before: no status by the deadline.
+            Status::TimedOut | Status::Lost => {
+                return Err(SlurmError::Timeout(cmdline, self.timeout))
             }
         };
-        let out = out_t.join().unwrap_or_default();
-        let err = err_t.join().unwrap_or_default();
+        let (out, err) = (out.stdout.text(), out.stderr.text());
         if status.success() {
             Ok(out)
         } else {
@@ -432,5 +417,41 @@ mod tests {
             timeout: Duration::from_millis(200),
         };
         assert!(matches!(cli.queue("5"), Err(SlurmError::Timeout(..))));
+    }
+
+    #[test]
+    fn failures_name_the_first_line_and_the_status() {
+        let dir = tempfile::tempdir().unwrap();
+        let fake = |name: &str, body: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        };
+        // A megabyte of noise on stderr, then the answer.
+        fake(
+            "squeue",
+            "head -c 1048576 /dev/zero | tr '\\0' x >&2; echo '5|RUNNING|n1|None'",
+        );
+        fake(
+            "scontrol",
+            "echo; echo ' slurm_load_jobs error: Invalid job id specified' >&2; exit 1",
+        );
+        let cli = SlurmCli {
+            bin_dir: Some(dir.path().to_path_buf()),
+            timeout: Duration::from_secs(60),
+        };
+        let q = cli.queue("5").unwrap();
+        assert_eq!((q.len(), q[0].state.as_str()), (1, "RUNNING"));
+        match cli.requeue("5") {
+            Err(SlurmError::Failed { cmd, message }) => {
+                assert_eq!(cmd, "scontrol requeue 5");
+                assert_eq!(
+                    message,
+                    "slurm_load_jobs error: Invalid job id specified (exit status: 1)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
