@@ -22,12 +22,12 @@ use crate::journal::{self, Writer};
 use crate::policy::failure::{Class, Verdict};
 use crate::policy::restart::Action;
 use crate::supervisor::{self, StepEnd};
+use crate::util::cmd::own_group;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use serde_json::json;
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
@@ -234,8 +234,9 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     Stdio::inherit()
                 } else {
                     Stdio::null()
-                })
-                .process_group(0);
+                });
+            // The launcher gone (even by SIGKILL): the agents stop their ranks.
+            own_group(&mut cmd, Signal::SIGTERM, take_tty);
             if !keep_master("MASTER_ADDR") {
                 cmd.env("MASTER_ADDR", "127.0.0.1");
             }
@@ -244,23 +245,6 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             }
             if let Some(c) = &coordinator {
                 cmd.envs(c.env());
-            }
-            let parent = std::process::id() as libc::pid_t;
-            // SAFETY: only async-signal-safe calls between fork and exec.
-            unsafe {
-                cmd.pre_exec(move || {
-                    // The launcher gone (even by SIGKILL): the agents stop their ranks.
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM, 0, 0, 0);
-                    if libc::getppid() != parent {
-                        libc::raise(libc::SIGTERM);
-                    }
-                    if take_tty {
-                        let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                        libc::tcsetpgrp(0, libc::getpid());
-                        libc::signal(libc::SIGTTOU, old);
-                    }
-                    Ok(())
-                });
             }
             match cmd.spawn() {
                 Ok(child) => ranks.push(Rank {

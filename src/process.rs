@@ -7,12 +7,12 @@
 //! be waited for by their own code.
 
 use crate::error::Error;
+use crate::util::cmd::own_group;
 use nix::errno::Errno;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::ffi::OsString;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
 /// Make the calling process a child subreaper: orphaned descendants are
@@ -48,30 +48,13 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::inherit())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0);
+        .stderr(Stdio::piped());
     // If resilio dies (even by SIGKILL), the trainer dies with it rather than
     // running on unsupervised with a broken output pipe.
-    let parent = std::process::id() as libc::pid_t;
     // Interactive use: when resilio owns the terminal, the trainer's group
     // takes it over (so `breakpoint()` can read the keyboard and Ctrl-C
     // reaches it directly); [`restore_terminal`] hands it back.
-    let take_tty = owns_terminal();
-    // SAFETY: only async-signal-safe calls between fork and exec.
-    unsafe {
-        cmd.pre_exec(move || {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0);
-            if libc::getppid() != parent {
-                libc::raise(libc::SIGKILL);
-            }
-            if take_tty {
-                let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-                libc::tcsetpgrp(0, libc::getpid());
-                libc::signal(libc::SIGTTOU, old);
-            }
-            Ok(())
-        });
-    }
+    own_group(&mut cmd, Signal::SIGKILL, owns_terminal());
     let name = program.to_string_lossy().into_owned();
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {
