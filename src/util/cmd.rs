@@ -21,7 +21,7 @@ use std::ffi::OsStr;
 use std::io::Read;
 use std::os::fd::BorrowedFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -241,25 +241,15 @@ fn drain(
     });
 }
 
-/// Run `argv` (program, then arguments; never through a shell) until it
-/// ends or `opts.timeout` passes, whichever comes first, and reap it. At
-/// the deadline its whole process group is killed with SIGKILL; the group
-/// is also killed when the command exited in time but something it left in
-/// the group still holds its pipes open at the deadline.
-///
-/// Blocking: run it off an async event loop. Returns once the command is
-/// reaped and its pipes are drained, or, for pipes held open by a process
-/// that left the group, a short grace after the deadline.
-pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnError> {
-    let started = Instant::now();
-    let Some((program, args)) = argv.split_first() else {
-        return Err(SpawnError {
-            program: String::new(),
-            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
-        });
-    };
+/// Spawn the command as [`run`] describes; with the read end of the merged
+/// pipe under [`Options::merge_stderr`].
+fn start<S: AsRef<OsStr>>(
+    program: &OsStr,
+    args: &[S],
+    opts: &Options,
+) -> Result<(Child, Option<std::fs::File>), SpawnError> {
     let spawn_error = |source| SpawnError {
-        program: program.as_ref().to_string_lossy().into_owned(),
+        program: program.to_string_lossy().into_owned(),
         source,
     };
     let mut cmd = Command::new(program);
@@ -288,9 +278,33 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
     // The Command holds our copies of a merged pipe's write end: without
     // closing them its reader would never see the end.
     drop(cmd);
-    let mut child = spawned.map_err(spawn_error)?;
+    Ok((spawned.map_err(spawn_error)?, merged))
+}
+
+/// Run `argv` (program, then arguments; never through a shell) until it
+/// ends or `opts.timeout` passes, whichever comes first, and reap it. At
+/// the deadline its whole process group is killed with SIGKILL; the group
+/// is also killed when the command exited in time but something it left in
+/// the group still holds its pipes open at the deadline.
+///
+/// Blocking: run it off an async event loop. Returns once the command is
+/// reaped and its pipes are drained, or, for pipes held open by a process
+/// that left the group, a short grace after the deadline.
+pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnError> {
+    let started = Instant::now();
+    let Some((program, args)) = argv.split_first() else {
+        return Err(SpawnError {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"),
+        });
+    };
+    let (mut child, merged) = start(program.as_ref(), args, opts)?;
     let pid = Pid::from_raw(child.id() as i32);
-    let deadline = Instant::now() + opts.timeout;
+    let now = Instant::now();
+    // A timeout too long to add is no timeout (a century).
+    let deadline = now
+        .checked_add(opts.timeout)
+        .unwrap_or(now + Duration::from_secs(100 * 365 * 86400));
 
     let (tx, rx) = mpsc::channel();
     let stdout = Arc::new(Mutex::new(Captured::default()));
@@ -336,10 +350,14 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
         }
     }
     watch.until(&rx, Instant::now() + DRAIN_GRACE, |w| w.open_pipes == 0);
-    let status = match (watch.exited == Some(true)).then(|| child.wait()) {
+    let reaped = match watch.exited {
+        Some(true) => child.wait().ok(),
+        _ => None,
+    };
+    let status = match reaped {
         _ if timed_out => Status::TimedOut,
-        Some(Ok(s)) => Status::Finished(s),
-        _ => Status::Lost,
+        Some(s) => Status::Finished(s),
+        None => Status::Lost,
     };
     if let Some(h) = opts.helpers {
         h.with(|pids| pids.retain(|p| *p != pid.as_raw()));
@@ -450,6 +468,23 @@ mod tests {
         assert!(
             within(Duration::from_secs(5), || gone(sleep, "sleep")),
             "the grandchild {sleep} outlived the timeout"
+        );
+    }
+
+    #[test]
+    fn pipes_held_by_a_process_that_left_the_group_do_not_hold_the_return() {
+        // The shell exits at once; the sleep it leaves behind in a session
+        // of its own (out of reach of the group kill) keeps stdout open.
+        let timeout = Duration::from_secs(1);
+        let out = sh("setsid sleep 30 & echo $!", timeout);
+        let text = out.stdout.text();
+        let sleep: i32 = text.trim().parse().expect("the sleep's pid");
+        let _ = nix::sys::signal::kill(Pid::from_raw(sleep), Signal::SIGKILL);
+        assert_eq!(out.code(), Some(0), "{:?}", out.status);
+        assert!(
+            out.elapsed < timeout + DRAIN_GRACE + Duration::from_secs(2),
+            "{:?}",
+            out.elapsed
         );
     }
 
