@@ -133,8 +133,17 @@ impl Clock {
     }
 }
 
-/// One counted progress observation: when, which step, from where, metrics.
-type Observed = (Instant, Option<u64>, &'static str, Vec<(String, f64)>);
+/// One counted progress observation, for the journal's sampled records.
+struct Observed {
+    /// When resilio saw it.
+    at: Instant,
+    /// The step's number after it (from the source that names the step).
+    step: Option<u64>,
+    /// The source that showed the progress.
+    source: &'static str,
+    /// Metrics sent with it (socket only).
+    metrics: Vec<(String, f64)>,
+}
 
 /// Progress bookkeeping for the journal (sampled records).
 struct ProgressLog {
@@ -158,18 +167,18 @@ struct ProgressLog {
 
 impl ProgressLog {
     fn record(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
-        let mut data = json!({ "step": p.1, "source": p.2 });
+        let mut data = json!({ "step": p.step, "source": p.source });
         if first {
             data["first"] = json!(true);
         }
-        for (k, v) in &p.3 {
+        for (k, v) in &p.metrics {
             data["metrics"][k] = json!(v);
         }
-        journal.record_at(clock.wall(p.0), "progress", data, false);
+        journal.record_at(clock.wall(p.at), "progress", data, false);
     }
 
     fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
-        let at = p.0;
+        let at = p.at;
         self.last_at = Some(at);
         if self.first_at.is_none() {
             self.first_at = Some(at);
@@ -192,7 +201,7 @@ impl ProgressLog {
     fn flush(&mut self, journal: &mut Writer, clock: &Clock) {
         if let Some(p) = self.pending.take() {
             Self::record(journal, clock, &p, false);
-            self.last_written = Some(p.0);
+            self.last_written = Some(p.at);
         }
     }
 }
@@ -266,7 +275,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     let single_rank_job = batch_level
         || (id.world_size == 1
             && !env_is_set(crate::coordinator::ENV_URL)
-            && !env_is_set(crate::launcher::ENV_LAUNCHER));
+            && !env_is_set(crate::context::ENV_LAUNCHER));
     let mut monitor_errors: Vec<String> = Vec::new();
 
     // The coordinator: from the environment (the local launcher's, or the
@@ -591,7 +600,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
             parser.clone(),
             tail.clone(),
             tx.clone(),
-            crate::launcher::shares_output(),
+            crate::context::shares_output(),
         ) {
             Ok(h) => pumps.push(h),
             Err(e) => monitor_errors.push(format!("output pump: {e}")),
@@ -1542,7 +1551,16 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                 plog.last_named_at = Some(ev.at);
             }
             if o.alive {
-                plog.observe(journal, clock, (ev.at, o.step, ev.source.name(), metrics));
+                plog.observe(
+                    journal,
+                    clock,
+                    Observed {
+                        at: ev.at,
+                        step: o.step,
+                        source: ev.source.name(),
+                        metrics,
+                    },
+                );
             }
         }
         Kind::Phase { name, step } => {

@@ -17,58 +17,12 @@ use toml::Spanned;
 /// The default system-wide configuration file.
 pub const SYSTEM_CONFIG: &str = "/etc/resilio/resilio.toml";
 
-/// The default progress regex: the first capture group that took part in a
-/// match is the step (see `tests/fixtures/progress/trainer_lines.tsv` for the
-/// real lines it is tested against).
-///
-/// It recognises `step 120`, `Step 120/10000`, `step: 120`, `step=120,`,
-/// `global_step=120`, `global step 120`, `"step": 120` (torchtitan, nanoGPT,
-/// DeepSpeed, Lightning, HF), Megatron-LM/NeMo `iteration      120/  10000`,
-/// nanoGPT `iter 120:`, DeepSpeed pipeline `steps: 120`, fairseq
-/// `num_updates=120`, Composer `[batch=120/1000]`, the unlabelled tqdm bar
-/// of the HF Trainer (`  5%|▌   | 120/2400 [`), and PyTorch Lightning's
-/// training bar (`Epoch 2:  14%|█▍  | 100/704 [`, read as epoch × batches per
-/// epoch + batch, so it keeps growing across epochs; Lightning 1.x counts
-/// validation batches in that bar only in validation epochs, so the count
-/// may step back after one: `resilio_client.lightning` reports exact steps,
-/// and socket steps take precedence). Words glued to other
-/// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
-/// prose and totals (`Total optimization steps = 1000`), and labelled bars
-/// (dataset preprocessing, checkpoint shard loading) do not match.
-pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
-    r#"(?im-u)(?:^|[^a-z0-9_])(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
-    r#"|(?:^|[^a-z0-9_])iteration\s+(\d+)\s*/\s*\d+"#,
-    r#"|(?:^|[^a-z0-9_])iter\s+(\d+):"#,
-    r#"|^steps:\s+(\d+)"#,
-    r#"|num_updates["']?[=\s:"']+(\d+)"#,
-    r#"|\[batch=(\d+)/\d+\]"#,
-    r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/\d+\s*\["#,
-    r#"|^epoch\s+(?P<epoch>\d+):\s+\d+%\|[^|\n]*\|\s*(?P<batch>\d+)/(?P<per_epoch>\d+)\s*\["#,
-);
-
-/// Default regex marking the start of a checkpoint save in plain output.
-pub const DEFAULT_CHECKPOINT_REGEX: &str =
-    r"(?i-u)saving (?:model )?checkpoint|save_checkpoint|checkpoint saving|saving state to";
-/// Default regex marking the start of an evaluation in plain output.
-pub const DEFAULT_EVAL_REGEX: &str = r"(?i-u)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
-
-/// Default regex over paths in the watched checkpoint directory that mark a
-/// complete checkpoint (group 1: the step): the file a save writes last
-/// (`COMPLETE`/`DONE` markers, HF's `trainer_state.json`, torch DCP's
-/// `.metadata`) inside `checkpoint-N`, `iter_N`, `step_N`, `global_stepN`.
-pub const DEFAULT_CHECKPOINT_WATCH_REGEX: &str = r"^(?:.*/)?(?:checkpoint[-_]?|iter_|step[-_]?|global_step)0*(\d+)/(?:COMPLETE|\.complete|DONE|\.done|trainer_state\.json|\.metadata)$";
-
-/// How the progress file is watched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PollMode {
-    /// inotify, except on network filesystems (NFS, Lustre, GPFS, ...) where it polls.
-    Auto,
-    /// Always poll (stat every `file_poll_interval`).
-    Always,
-    /// Never poll: inotify only.
-    Never,
-}
+// The default patterns belong to the progress sources that use them; the
+// configuration re-exports them under their old names.
+pub use crate::progress::patterns::{
+    PollMode, DEFAULT_CHECKPOINT_REGEX, DEFAULT_CHECKPOINT_WATCH_REGEX, DEFAULT_EVAL_REGEX,
+    DEFAULT_PROGRESS_REGEX,
+};
 
 /// Where progress comes from, besides the datagram socket (always on).
 #[derive(Clone, Debug)]

@@ -32,18 +32,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 
-/// Marks an agent started by the local launcher. Its value is
-/// [`LAUNCHER_SINGLE`] for the only rank of a one-rank job (which has the
-/// terminal to itself), else `1` (ranks share it: whole lines only).
-pub const ENV_LAUNCHER: &str = "RESILIO_LOCAL_LAUNCHER";
-/// [`ENV_LAUNCHER`]'s value for the agent of a one-rank job.
-pub const LAUNCHER_SINGLE: &str = "single";
-
-/// Whether this agent shares its terminal with other ranks' agents (local
-/// mode with several ranks): then its output is written in whole lines.
-pub fn shares_output() -> bool {
-    std::env::var_os(ENV_LAUNCHER).is_some_and(|v| v != LAUNCHER_SINGLE)
-}
+pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
 
 /// What `resilio run --ntasks N` was asked to do.
 pub struct LocalOptions {

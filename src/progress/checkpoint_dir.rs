@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn only_complete_checkpoints_match_and_give_their_step() {
         let d = tempfile::tempdir().unwrap();
-        let re = Regex::new(crate::config::DEFAULT_CHECKPOINT_WATCH_REGEX).unwrap();
+        let re = Regex::new(crate::progress::patterns::DEFAULT_CHECKPOINT_WATCH_REGEX).unwrap();
         for p in [
             "checkpoint-100/model.safetensors",
             "checkpoint-100/trainer_state.json",

@@ -13,8 +13,8 @@
 //! file is polled with `stat` instead.
 
 use super::output::Parser;
+use super::patterns::PollMode;
 use super::{Event, Kind, Sender, Source};
-use crate::config::PollMode;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

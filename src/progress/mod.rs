@@ -13,6 +13,7 @@
 pub mod checkpoint_dir;
 pub mod file;
 pub mod output;
+pub mod patterns;
 pub mod socket;
 pub mod tracker;
 

@@ -72,7 +72,9 @@ const DEFAULT_LITERALS: &[&str] = &[
 impl Parser {
     /// A parser from the step regex and optional phase regexes.
     pub fn new(step: Regex, checkpoint: Option<Regex>, eval: Option<Regex>) -> Self {
-        use crate::config::{DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX};
+        use crate::progress::patterns::{
+            DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX,
+        };
         let is =
             |re: &Option<Regex>, default: &str| re.as_ref().is_none_or(|r| r.as_str() == default);
         let defaults = step.as_str() == DEFAULT_PROGRESS_REGEX
@@ -695,7 +697,9 @@ pub fn spawn_pump(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX};
+    use crate::progress::patterns::{
+        DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX,
+    };
 
     fn parser() -> Parser {
         Parser::new(
