@@ -282,11 +282,12 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     // batch-level one's), hosted here (batch level; rank 0 of a step nobody
     // else coordinates), or found from the job's files (the other ranks).
     let mut hosted: Option<Coordinator> = None;
-    let mut advice = cfg
-        .coordinator
-        .policy
-        .checkpoint_advised
-        .then(|| crate::coordinator::Advice::new(&cfg.state_dir, &id.job));
+    let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
+        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
+            &cfg.state_dir,
+            &id.job,
+        )))
+    });
     let mut target: Option<Target> = None;
     if cfg.coordinator.enabled {
         let from_env = std::env::var(crate::coordinator::ENV_URL)

@@ -174,11 +174,12 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     let mut stopped_from_outside: Option<&'static str> = None;
     let mut ints = 0u32;
     let final_code;
-    let mut advice = cfg
-        .coordinator
-        .policy
-        .checkpoint_advised
-        .then(|| crate::coordinator::Advice::new(&cfg.state_dir, &job));
+    let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
+        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
+            &cfg.state_dir,
+            &job,
+        )))
+    });
     loop {
         // `checkpoint_every = "advised"`: evaluated at each attempt's start
         // and every few minutes while it runs.

@@ -8,7 +8,10 @@
 //! - [`process`]: process wrapping: own process group, child subreaper,
 //!   reaping by pid, signalling the whole tree.
 //! - [`progress`]: progress sources: output parsing ([`progress::output`]),
-//!   the datagram socket ([`progress::socket`]), the progress file ([`progress::file`]).
+//!   the datagram socket ([`progress::socket`]), the progress file
+//!   ([`progress::file`]), their default patterns ([`progress::patterns`]),
+//!   and the tracker that decides liveness and which source names the step
+//!   ([`progress::tracker`]).
 //! - [`policy`]: detection policies as pure functions of events and an injected clock.
 //! - [`diagnostics`]: what is gathered on a stall (output tail, py-spy, dump signal).
 //! - [`health`]: the optional site health check, before start and after a failure.
@@ -18,7 +21,8 @@
 //!   cross-rank view (crash teardown, job-wide hang judgment, stragglers,
 //!   coordinated checkpoints), `/metrics`; [`launcher`]: local mode
 //!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
-//!   `resilio checkpoint`.
+//!   `resilio checkpoint`; [`advice`]: the advised checkpoint interval
+//!   the hosts hand the coordinator (read from journals and node history).
 //! - [`journal`]: the append-only, crash-safe per-job journal; [`state_dir`]:
 //!   where journals live, and a site-wide state dir shared by every user.
 //! - [`report`]: reports and timelines computed from journals alone; [`runs`]:
@@ -33,6 +37,7 @@
 //! a journal record.
 
 pub mod accounting;
+pub mod advice;
 pub mod agent;
 pub mod cli;
 pub mod config;

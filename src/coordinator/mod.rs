@@ -199,28 +199,42 @@ impl Coordinator {
 /// as `checkpoint_interval_advised`) only when it differs by more than 5%;
 /// an interval in force is never withdrawn in the middle of an attempt.
 pub struct Advice {
-    state_dir: PathBuf,
-    job: String,
+    source: Arc<dyn AdviceSource>,
     due: Option<Instant>,
     /// What is in force: `None` before the first evaluation.
     current: Option<Option<std::time::Duration>>,
-    fleet: crate::node_history::FleetRate,
     running: Option<mpsc::Receiver<Evaluation>>,
 }
 
-type Evaluation = (Option<std::time::Duration>, serde_json::Value);
+/// One evaluation of the advised checkpoint interval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Evaluation {
+    /// The interval advised (`None`: nothing to go on yet).
+    pub every: Option<std::time::Duration>,
+    /// Why, as journaled (`checkpoint_interval_advised`).
+    pub why: serde_json::Value,
+}
+
+/// Where the advice comes from. The host hands it in: the coordinator reads
+/// no journal and no node history itself (`crate::advice` reads both).
+pub trait AdviceSource: Send + Sync + 'static {
+    /// At the start of an attempt: also refresh what stays the same for the
+    /// whole attempt (the node history's failure rate, which reads every
+    /// job's journal).
+    fn at_attempt_start(&self) -> Evaluation;
+    /// During the attempt, on a thread of its own.
+    fn again(&self) -> Evaluation;
+}
 
 impl Advice {
     /// How often the journal is read again while an attempt runs.
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
-    pub fn new(state_dir: &Path, job: &str) -> Advice {
+    pub fn new(source: Arc<dyn AdviceSource>) -> Advice {
         Advice {
-            state_dir: state_dir.to_path_buf(),
-            job: job.to_string(),
+            source,
             due: None,
             current: None,
-            fleet: Default::default(),
             running: None,
         }
     }
@@ -250,21 +264,15 @@ impl Advice {
         }
         self.due = Some(now + Self::EVERY);
         if fresh {
-            self.fleet = crate::node_history::fleet_rate(
-                &self.state_dir,
-                &self.job,
-                chrono::Utc::now(),
-                std::time::Duration::from_secs(56 * 86400),
-            );
-            let e = crate::report::advised_interval(&self.state_dir, &self.job, self.fleet.clone());
+            let e = self.source.at_attempt_start();
             self.apply(c, now, e, true);
         } else if self.running.is_none() {
             let (tx, rx) = mpsc::channel();
-            let (dir, job, fleet) = (self.state_dir.clone(), self.job.clone(), self.fleet.clone());
+            let source = self.source.clone();
             let spawned = std::thread::Builder::new()
                 .name("advice".into())
                 .spawn(move || {
-                    let _ = tx.send(crate::report::advised_interval(&dir, &job, fleet));
+                    let _ = tx.send(source.again());
                 });
             if spawned.is_ok() {
                 self.running = Some(rx);
@@ -280,7 +288,11 @@ impl Advice {
         }
     }
 
-    fn apply(&mut self, c: &Coordinator, now: Instant, (advised, why): Evaluation, fresh: bool) {
+    fn apply(&mut self, c: &Coordinator, now: Instant, e: Evaluation, fresh: bool) {
+        let Evaluation {
+            every: advised,
+            why,
+        } = e;
         // Nothing known any more (a journal that could not be read): keep
         // what is in force rather than stop checkpointing.
         if !fresh && advised.is_none() && self.current.is_some_and(|cur| cur.is_some()) {
@@ -404,7 +416,10 @@ mod tests {
         let view = JobView::new("j", 1, 0, Default::default(), t0);
         let w = Writer::open(&dir, "coordinator.jsonl", 0, None, Some("n1".into()));
         let c = Coordinator::start(view, "127.0.0.1:0".parse().unwrap(), w, None).unwrap();
-        let mut advice = Advice::new(state.path(), "j");
+        let mut advice = Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
+            state.path(),
+            "j",
+        )));
         advice.poll(&c, t0);
         assert_eq!(c.with_view(|v| (v.checkpoint_every(), Vec::new())), None);
 
