@@ -1320,6 +1320,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     if batch_level {
         let tail_lines = tail.last_lines(200);
         let step = crate::supervisor::StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: code,
             verdict: &verdict,
             tail: &tail_lines,

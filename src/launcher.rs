@@ -424,6 +424,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             }
         };
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: worst,
             verdict: &fallback,
             tail: &[],

@@ -34,6 +34,9 @@ pub struct StepEnd<'a> {
     pub node: &'a str,
     /// Slurm's pre-timeout signal arrived during the attempt.
     pub pre_timeout: bool,
+    /// When the step ended (srun's failure lines are dated by it): passed
+    /// in, so that judging reads no clock.
+    pub ended: chrono::DateTime<chrono::Utc>,
 }
 
 fn class_of(name: &str) -> Option<Class> {
@@ -217,7 +220,7 @@ pub fn judge_attempt(
     // Ranks journaled by their agents are known; srun adds the silent ones
     // (unless the supervisor stopped the step itself: then srun's lines are
     // the teardown it asked for).
-    let now = chrono::Utc::now().timestamp_micros() as f64 / 1e6;
+    let now = step.ended.timestamp_micros() as f64 / 1e6;
     let srun_lines = if step.pre_timeout {
         Vec::new()
     } else {
@@ -1132,6 +1135,7 @@ mod tests {
         // Even a job that cannot be requeued restarts inside its allocation.
         let f = fake(false);
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 137,
             verdict: &v,
             tail: &[],
@@ -1347,6 +1351,7 @@ mod tests {
         let f = fake(true);
         let tail = vec!["srun: error: n2: task 1: Exited with exit code 137".to_string()];
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 137,
             verdict: &v,
             tail: &tail,
@@ -1396,6 +1401,7 @@ mod tests {
         let v = verdict(Class::UserError, "exit 1");
         let f = fake(true);
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 1,
             verdict: &v,
             tail: &[],
@@ -1424,6 +1430,7 @@ mod tests {
             );
             let mut w = Writer::open(&dir, "batch.jsonl", attempt, None, None);
             let step = StepEnd {
+                ended: chrono::Utc::now(),
                 exit_code: 137,
                 verdict: &v,
                 tail: &[],
@@ -1458,6 +1465,7 @@ mod tests {
         let v = verdict(Class::Infrastructure, "x");
         let f = fake(false);
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 1,
             verdict: &v,
             tail: &[],
@@ -1480,6 +1488,7 @@ mod tests {
             let v = verdict(Class::Preempted, "stopped");
             let f = fake(true);
             let step = StepEnd {
+                ended: chrono::Utc::now(),
                 exit_code: 143,
                 verdict: &v,
                 tail: &[],
@@ -1651,6 +1660,7 @@ mod tests {
         let mut w = Writer::open(&dir, "launcher.jsonl", 0, None, Some("ws".into()));
         let v = verdict(Class::Infrastructure, "rank 0 exited 137");
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 137,
             verdict: &v,
             tail: &[],
@@ -1712,6 +1722,7 @@ mod tests {
         let mut w = Writer::open(&dir, "launcher.jsonl", 0, None, Some("ws".into()));
         let v = verdict(Class::Infrastructure, "x");
         let step = StepEnd {
+            ended: chrono::Utc::now(),
             exit_code: 1,
             verdict: &v,
             tail: &[],
