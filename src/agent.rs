@@ -689,6 +689,8 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
     // the other ranks were probed as they stood), or when this runs out.
     let mut stall_stop_at: Option<Instant> = None;
     let mut coordinator_down = false;
+    // This rank has lived on the job's progress (it reports none of its own).
+    let mut silent_known = false;
     // A stop (signal or the coordinator's) came while diagnostics ran.
     let mut stop_asked = false;
     let mut main_exit_at: Option<Instant> = None;
@@ -910,6 +912,7 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
                     Note::JobProgress { at } => {
                         // A rank with no progress of its own lives on the job's.
                         if plog.tracker.alive_count() == 0 && at > launched {
+                            silent_known = true;
                             policy.on_peer_progress(at);
                             outbox.update(|r| {
                                 if r.state == RankState::Starting {
@@ -1014,6 +1017,12 @@ async fn run_async(opts: RunOptions) -> Result<Next> {
         }
         // The job-level supervisor does not judge hangs from srun's merged
         // output (ranks report on their own sockets): the rank agents do.
+        // Fail open: a silent rank (it reports nothing; it lived on the job's
+        // progress) whose coordinator is unreachable cannot know whether the
+        // job progresses, and is not stopped for its silence meanwhile.
+        if coordinator_down && silent_known {
+            policy.on_peer_progress(now);
+        }
         if main_exit.is_none() && stop.is_none() && !batch_level {
             if let Some(s) = policy.check(now) {
                 on_stall(&s, &policy, &mut plog, &mut journal, &clock, &id, now);
