@@ -375,3 +375,49 @@ fn a_straggler_is_found_from_compute_and_comm_phases_alone() {
         "{flagged:#?}"
     );
 }
+
+/// Fail open: only rank 0 prints; rank 1 lives on the job's progress, which
+/// it hears from the coordinator. With the coordinator unreachable (the
+/// local launcher that hosts it is stopped for 6 s, twice the startup
+/// allowance), rank 1 cannot know whether the job progresses, and is not
+/// stopped for its silence: the run completes.
+#[test]
+fn a_silent_rank_is_not_stopped_while_the_coordinator_is_unreachable() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(dir.path(), "silent-down");
+    c.args(["--ntasks", "2", "--max-restarts", "0"])
+        .args(["--startup-timeout", "3s", "--stall-timeout", "3s"])
+        .arg("--")
+        .arg("python3")
+        .arg(matrix_trainer())
+        .args(["--report", "rank0", "--total", "60", "--step-time", "0.2"])
+        .args(["--ckpt-at", "0", "--eval-at", "0"]);
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    let launcher = nix::unistd::Pid::from_raw(child.id() as i32);
+    // Rank 1 has been told the job progresses (it reports as silent).
+    let silent = wait_for(Duration::from_secs(20), || {
+        records(dir.path(), "silent-down")
+            .iter()
+            .any(|r| r.kind == "progress" && r.u64("step").is_some_and(|s| s >= 5))
+    });
+    assert!(silent, "rank 0 never reached step 5");
+    nix::sys::signal::kill(launcher, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_secs(6));
+    nix::sys::signal::kill(launcher, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let (o, _) = wait_output(child, Duration::from_secs(60));
+    let recs = records(dir.path(), "silent-down");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(
+        kinds(&recs, "stall").is_empty(),
+        "{:#?}",
+        kinds(&recs, "stall")
+    );
+    assert!(
+        recs.iter()
+            .any(|r| r.kind == "coordinator_unreachable" && r.rank == Some(1)),
+        "the coordinator was unreachable for rank 1"
+    );
+}
