@@ -9,22 +9,17 @@
 use crate::error::Error;
 use crate::util::cmd::own_group;
 use nix::errno::Errno;
-use nix::sys::signal::{kill, Signal};
+use nix::sys::signal::{kill, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
-use nix::unistd::Pid;
+use nix::unistd::{getpgrp, isatty, tcgetpgrp, tcsetpgrp, Pid};
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::process::{Command, Stdio};
 
 /// Make the calling process a child subreaper: orphaned descendants are
 /// re-parented to it instead of init, so none can outlive it unseen.
 pub fn set_subreaper() -> std::io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
+    nix::sys::prctl::set_child_subreaper(true).map_err(Into::into)
 }
 
 /// A started trainer.
@@ -83,21 +78,16 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
 
 /// True when stdin is a terminal whose foreground process group is ours.
 pub fn owns_terminal() -> bool {
-    // SAFETY: plain queries on fd 0.
-    unsafe { libc::isatty(0) == 1 && libc::tcgetpgrp(0) == libc::getpgrp() }
+    let stdin = std::io::stdin();
+    isatty(&stdin).unwrap_or(false) && tcgetpgrp(&stdin).is_ok_and(|fg| fg == getpgrp())
 }
 
 /// Give the terminal back to resilio's own process group if the trainer's
 /// group had taken it (no-op otherwise).
 pub fn restore_terminal(trainer_pgid: Pid) {
-    // SAFETY: terminal ioctls on fd 0, SIGTTOU ignored around the call since
-    // resilio is a background group at that moment.
-    unsafe {
-        if libc::isatty(0) == 1 && libc::tcgetpgrp(0) == trainer_pgid.as_raw() {
-            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::tcsetpgrp(0, libc::getpgrp());
-            libc::signal(libc::SIGTTOU, old);
-        }
+    let stdin = std::io::stdin();
+    if isatty(&stdin).unwrap_or(false) && tcgetpgrp(&stdin).is_ok_and(|fg| fg == trainer_pgid) {
+        take_foreground(&stdin);
     }
 }
 
@@ -106,23 +96,34 @@ pub fn restore_terminal(trainer_pgid: Pid) {
 /// group, then its trainer's) and that group still holds it or is gone.
 /// A terminal the user's shell took back meanwhile is left alone.
 pub fn reclaim_terminal(child_pgid: Pid) {
-    // SAFETY: terminal ioctls on fd 0 and a null signal; SIGTTOU ignored
-    // around tcsetpgrp since this process may be a background group then.
-    unsafe {
-        if libc::isatty(0) != 1 {
-            return;
-        }
-        let fg = libc::tcgetpgrp(0);
-        if fg <= 0 || fg == libc::getpgrp() {
-            return;
-        }
-        let gone = libc::kill(-fg, 0) == -1
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if fg == child_pgid.as_raw() || gone {
-            let old = libc::signal(libc::SIGTTOU, libc::SIG_IGN);
-            libc::tcsetpgrp(0, libc::getpgrp());
-            libc::signal(libc::SIGTTOU, old);
-        }
+    let stdin = std::io::stdin();
+    if !isatty(&stdin).unwrap_or(false) {
+        return;
+    }
+    let Ok(fg) = tcgetpgrp(&stdin) else {
+        return;
+    };
+    if fg.as_raw() <= 0 || fg == getpgrp() {
+        return;
+    }
+    let gone = kill(Pid::from_raw(-fg.as_raw()), None) == Err(Errno::ESRCH);
+    if fg == child_pgid || gone {
+        take_foreground(&stdin);
+    }
+}
+
+/// Make this process's group the terminal's foreground group. This process
+/// may be a background group at that moment, so SIGTTOU is blocked around
+/// `tcsetpgrp` (for it the kernel treats blocked like ignored: the call goes
+/// through and no SIGTTOU is sent); blocked in this thread only, so no
+/// process-wide signal disposition changes even for a moment.
+fn take_foreground(tty: impl AsFd) {
+    let mut ttou = SigSet::empty();
+    ttou.add(Signal::SIGTTOU);
+    let old = ttou.thread_swap_mask(SigmaskHow::SIG_BLOCK);
+    let _ = tcsetpgrp(tty, getpgrp());
+    if let Ok(old) = old {
+        let _ = old.thread_set_mask();
     }
 }
 

@@ -10,9 +10,14 @@
 //! draining the pipe so the trainer never blocks on a full pipe: fail open.
 
 use super::{Event, Kind, Sender, Source};
+use nix::errno::Errno;
+use nix::fcntl::{fcntl, splice, tee, FcntlArg, SpliceFFlags};
+use nix::poll::{poll, PollFd, PollFlags};
+use nix::sys::stat::{fstat, SFlag};
+use nix::unistd::{read, write};
 use regex::bytes::Regex;
 use std::io::Read;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -384,68 +389,66 @@ impl Tail {
     }
 }
 
-/// Write all of `bytes` to a raw fd, waiting out EINTR and EAGAIN (a
+/// Write all of `bytes` to `fd`, waiting out EINTR and EAGAIN (a
 /// non-blocking stdout inherited from a parent).
-pub fn write_all_fd(fd: RawFd, mut bytes: &[u8]) -> std::io::Result<()> {
+pub fn write_all_fd(fd: impl AsFd, mut bytes: &[u8]) -> std::io::Result<()> {
+    let fd = fd.as_fd();
     while !bytes.is_empty() {
-        // SAFETY: plain write(2) on a borrowed fd and a valid slice.
-        let n = unsafe { libc::write(fd, bytes.as_ptr().cast(), bytes.len()) };
-        if n >= 0 {
-            bytes = &bytes[n as usize..];
-            continue;
-        }
-        let err = std::io::Error::last_os_error();
-        match err.kind() {
-            std::io::ErrorKind::Interrupted => {}
-            std::io::ErrorKind::WouldBlock => {
-                let mut pfd = libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd.
-                unsafe { libc::poll(&mut pfd, 1, 1000) };
+        match write(fd, bytes) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(Errno::EINTR) => {}
+            Err(Errno::EAGAIN) => {
+                wait_for(fd, PollFlags::POLLOUT, 1000);
             }
-            _ => return Err(err),
+            Err(e) => return Err(e.into()),
         }
     }
     Ok(())
 }
 
-fn is_fifo(fd: RawFd) -> bool {
-    // SAFETY: fstat into a zeroed stat buffer we own.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    (unsafe { libc::fstat(fd, &mut st) }) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
+/// Wait up to `ms` milliseconds for `events` on `fd`. True when it timed
+/// out; false when the fd is ready, or the wait failed (EINTR, ...), which
+/// callers treat as ready and find out by trying.
+fn wait_for(fd: BorrowedFd<'_>, events: PollFlags, ms: u16) -> bool {
+    matches!(poll(&mut [PollFd::new(fd, events)], ms), Ok(0))
 }
 
-/// Retry a raw call on EINTR; `Err` carries the errno's error.
-fn retry(mut f: impl FnMut() -> isize) -> std::io::Result<usize> {
+fn is_fifo(fd: BorrowedFd<'_>) -> bool {
+    fstat(fd).is_ok_and(|st| st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFIFO.bits())
+}
+
+/// Retry a call on EINTR.
+fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
     loop {
-        let n = f();
-        if n >= 0 {
-            return Ok(n as usize);
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        match f() {
+            Err(Errno::EINTR) => {}
+            r => return r,
         }
     }
 }
 
 /// Grow a pipe's buffer to at least `size` bytes (never shrink it: on
 /// 64 KiB-page kernels the default is already larger). Returns the size.
-fn grow_pipe(fd: RawFd, size: usize) -> usize {
-    // SAFETY: fcntl on a pipe the caller holds.
-    let now = unsafe { libc::fcntl(fd, libc::F_GETPIPE_SZ) };
-    if now >= 0 && now as usize >= size {
-        return now as usize;
+fn grow_pipe(fd: BorrowedFd<'_>, size: usize) -> usize {
+    let now = fcntl(fd, FcntlArg::F_GETPIPE_SZ);
+    if let Ok(now) = now {
+        if now as usize >= size {
+            return now as usize;
+        }
     }
-    let got = unsafe { libc::fcntl(fd, libc::F_SETPIPE_SZ, size as libc::c_int) };
-    if got >= 0 {
-        got as usize
-    } else {
-        now.max(0) as usize
+    match fcntl(fd, FcntlArg::F_SETPIPE_SZ(size as i32)) {
+        Ok(got) => got as usize,
+        Err(_) => now.unwrap_or(0).max(0) as usize,
     }
+}
+
+/// The fd the pump passes output on to, as the borrowed fd the calls above
+/// take.
+fn output_fd(fd: RawFd) -> BorrowedFd<'static> {
+    // SAFETY: `spawn_pump` is given resilio's own stdout or stderr (fd 1 or
+    // 2), which resilio never closes; std borrows them the same way for
+    // `Stdout`/`Stderr`. No wrapper can check this for a raw fd number.
+    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 /// Rounds smaller than this are written from the scan copy instead of
@@ -469,12 +472,12 @@ struct ZeroCopy {
 
 impl ZeroCopy {
     /// Only between two pipes, with a scan pipe that holds a whole chunk.
-    fn new(src: RawFd, dst: RawFd) -> Option<ZeroCopy> {
+    fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Option<ZeroCopy> {
         if !is_fifo(src) || !is_fifo(dst) {
             return None;
         }
         let (scan_r, scan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
-        (grow_pipe(scan_w.as_raw_fd(), CHUNK) >= CHUNK).then_some(ZeroCopy { scan_r, scan_w })
+        (grow_pipe(scan_w.as_fd(), CHUNK) >= CHUNK).then_some(ZeroCopy { scan_r, scan_w })
     }
 
     /// One round: wait for output, hand its bytes to `scan`, pass them on.
@@ -485,25 +488,21 @@ impl ZeroCopy {
     /// the trainer's pipe is only read after its bytes went out.
     fn round(
         &self,
-        src: RawFd,
-        dst: RawFd,
+        src: BorrowedFd<'_>,
+        dst: BorrowedFd<'_>,
         buf: &mut [u8],
         out_ok: &mut bool,
         scan: &mut dyn FnMut(&[u8]),
     ) -> std::io::Result<bool> {
-        let scan_w = self.scan_w.as_raw_fd();
-        let scan_r = self.scan_r.as_raw_fd();
-        // SAFETY (every call below): tee/splice/read/poll on fds we hold,
-        // with lengths within `buf`.
-        let n = retry(|| unsafe { libc::tee(src, scan_w, buf.len(), 0) })?;
+        let none = SpliceFFlags::empty();
+        let n = retry(|| tee(src, &self.scan_w, buf.len(), none))?;
         if n == 0 {
             return Ok(false);
         }
         // Progress first: a slow reader of our output must not delay it.
         let mut got = 0;
         while got < n {
-            let m =
-                retry(|| unsafe { libc::read(scan_r, buf[got..n].as_mut_ptr().cast(), n - got) })?;
+            let m = retry(|| read(&self.scan_r, &mut buf[got..n]))?;
             if m == 0 {
                 return Err(std::io::ErrorKind::UnexpectedEof.into());
             }
@@ -516,31 +515,14 @@ impl ZeroCopy {
         let mut left = n;
         if n >= SPLICE_MIN {
             while left > 0 {
-                let r = retry(|| unsafe {
-                    libc::splice(
-                        src,
-                        std::ptr::null_mut(),
-                        dst,
-                        std::ptr::null_mut(),
-                        left,
-                        0,
-                    )
-                });
-                match r {
+                match retry(|| splice(src, None, dst, None, left, none)) {
                     Ok(m) => left -= m,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        // A non-blocking output inherited from a parent.
-                        let mut pfd = libc::pollfd {
-                            fd: dst,
-                            events: libc::POLLOUT,
-                            revents: 0,
-                        };
-                        unsafe { libc::poll(&mut pfd, 1, 1000) };
+                    // A non-blocking output inherited from a parent.
+                    Err(Errno::EAGAIN) => {
+                        wait_for(dst, PollFlags::POLLOUT, 1000);
                     }
                     // Refused (EINVAL, ENOSYS): the rest is written below.
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::ENOSYS)) => {
-                        break;
-                    }
+                    Err(Errno::EINVAL | Errno::ENOSYS) => break,
                     Err(_) => {
                         *out_ok = false;
                         break;
@@ -556,8 +538,7 @@ impl ZeroCopy {
             }
             let mut dropped = 0;
             while dropped < left {
-                let m =
-                    retry(|| unsafe { libc::read(src, buf.as_mut_ptr().cast(), left - dropped) })?;
+                let m = retry(|| read(src, &mut buf[..left - dropped]))?;
                 if m == 0 {
                     return Ok(false);
                 }
@@ -570,6 +551,8 @@ impl ZeroCopy {
 
 /// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
 /// keep the tail, report marks on `tx`. The thread ends at end of stream.
+/// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
+/// as the thread runs.
 pub fn spawn_pump(
     mut pipe: std::fs::File,
     dst_fd: RawFd,
@@ -583,7 +566,8 @@ pub fn spawn_pump(
         .name(format!("pump-{}", source.name()))
         .spawn(move || {
             // Failure just keeps the default size.
-            grow_pipe(pipe.as_raw_fd(), PIPE_SIZE);
+            let dst = output_fd(dst_fd);
+            grow_pipe(pipe.as_fd(), PIPE_SIZE);
             let mut buf = vec![0u8; CHUNK];
             let mut scanner = LineScanner::default();
             let mut out_ok = true;
@@ -609,7 +593,7 @@ pub fn spawn_pump(
             // into each other; a partial line waits at most 100 ms.
             let mut carry: Vec<u8> = Vec::new();
             if let Some(zc) = (!line_atomic)
-                .then(|| ZeroCopy::new(pipe.as_raw_fd(), dst_fd))
+                .then(|| ZeroCopy::new(pipe.as_fd(), dst))
                 .flatten()
             {
                 let mut scan = |bytes: &[u8]| {
@@ -621,26 +605,19 @@ pub fn spawn_pump(
                 };
                 // Until the end of the stream, an error, or our output gone:
                 // then the plain loop below takes over.
-                while let Ok(true) =
-                    zc.round(pipe.as_raw_fd(), dst_fd, &mut buf, &mut out_ok, &mut scan)
-                {
+                while let Ok(true) = zc.round(pipe.as_fd(), dst, &mut buf, &mut out_ok, &mut scan) {
                 }
             }
             loop {
-                if line_atomic && !carry.is_empty() {
-                    let mut pfd = libc::pollfd {
-                        fd: pipe.as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
-                    // SAFETY: one valid pollfd.
-                    if unsafe { libc::poll(&mut pfd, 1, 100) } == 0 {
-                        if out_ok && write_all_fd(dst_fd, &carry).is_err() {
-                            out_ok = false;
-                        }
-                        carry.clear();
-                        continue;
+                if line_atomic
+                    && !carry.is_empty()
+                    && wait_for(pipe.as_fd(), PollFlags::POLLIN, 100)
+                {
+                    if out_ok && write_all_fd(dst, &carry).is_err() {
+                        out_ok = false;
                     }
+                    carry.clear();
+                    continue;
                 }
                 let n = match pipe.read(&mut buf) {
                     Ok(0) => break,
@@ -659,7 +636,7 @@ pub fn spawn_pump(
                     let whole = match chunk.iter().rposition(|&b| b == b'\n') {
                         Some(i) => {
                             carry.extend_from_slice(&chunk[..=i]);
-                            let w = write_all_fd(dst_fd, &carry);
+                            let w = write_all_fd(dst, &carry);
                             carry.clear();
                             carry.extend_from_slice(&chunk[i + 1..]);
                             w
@@ -667,7 +644,7 @@ pub fn spawn_pump(
                         None => {
                             carry.extend_from_slice(chunk);
                             if carry.len() >= CHUNK {
-                                let w = write_all_fd(dst_fd, &carry);
+                                let w = write_all_fd(dst, &carry);
                                 carry.clear();
                                 w
                             } else {
@@ -678,14 +655,14 @@ pub fn spawn_pump(
                     if whole.is_err() {
                         out_ok = false;
                     }
-                } else if out_ok && write_all_fd(dst_fd, chunk).is_err() {
+                } else if out_ok && write_all_fd(dst, chunk).is_err() {
                     // Our own output is gone; keep draining so the trainer never blocks.
                     out_ok = false;
                 }
                 tail.push(chunk);
             }
             if out_ok && !carry.is_empty() {
-                let _ = write_all_fd(dst_fd, &carry);
+                let _ = write_all_fd(dst, &carry);
             }
             let marks = scanner.finish(&parser);
             if !marks.is_empty() {

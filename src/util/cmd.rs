@@ -153,6 +153,10 @@ pub fn own_group(cmd: &mut Command, death_signal: Signal, take_terminal: bool) -
     let parent = getpid();
     // SAFETY: only async-signal-safe calls between fork and exec: nix's
     // wrappers here are single system calls that neither allocate nor lock.
+    // `pre_exec` itself is why this block exists (no safe form); inside it,
+    // `signal` only swaps SIGTTOU between ignored and its old handler in a
+    // single-threaded child, and fd 0 is borrowed for one call, only with
+    // `take_terminal`, which callers pass when stdin is their terminal.
     unsafe {
         cmd.pre_exec(move || {
             let _ = nix::sys::prctl::set_pdeathsig(death_signal);
