@@ -21,7 +21,7 @@ use crate::diagnostics::{self, Helpers};
 use crate::error::{Error, Result, EXIT_STALLED};
 use crate::journal::{self, Writer};
 use crate::policy::failure;
-use crate::policy::stall::{PhaseClass, Stall, StallPolicy};
+use crate::policy::stall::{Phase, PhaseClass, Stall, StallPolicy};
 use crate::process::{self, Exit};
 use crate::progress::tracker::{Namer, StepRole, Tracker};
 use crate::progress::{self, output, Event, Kind};
@@ -1535,6 +1535,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                     .filter(|_| out.take_compute_step(step));
                 let last = policy.last_step();
                 let stepped = o.named_advanced;
+                let long = matches!(policy.phase(), Phase::Named(..));
                 out.update(|r| {
                     if o.alive {
                         if r.state == RankState::Starting {
@@ -1542,6 +1543,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                         }
                         r.silent = false;
                         r.step = last;
+                        r.long_phase = long;
                     }
                     if stepped {
                         if let Some(p) = prev {
@@ -1607,7 +1609,11 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
                     PhaseClass::InStep { .. } => name.clone(),
                     _ => policy.phase().name().to_string(),
                 };
-                out.update(|r| r.phase = shown);
+                let long = matches!(policy.phase(), Phase::Named(..));
+                out.update(|r| {
+                    r.phase = shown;
+                    r.long_phase = long;
+                });
             }
             if policy.phase() != &before {
                 if policy.phase().name() == "checkpoint" {
@@ -1641,6 +1647,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             if let (Some(o), Some(s)) = (k.outbox, step) {
                 o.update(|r| {
                     r.phase = policy.phase().name().to_string();
+                    r.long_phase = matches!(policy.phase(), Phase::Named(..));
                     r.checkpoints.push(s);
                     if r.checkpoints.len() > 16 {
                         r.checkpoints.remove(0);

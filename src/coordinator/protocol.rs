@@ -82,6 +82,10 @@ pub struct Report {
     /// "behind" for the steps it does not report.
     #[serde(default)]
     pub silent: bool,
+    /// In a long phase (a checkpoint save, an evaluation) judged by its own
+    /// limit: alive, even without new steps, for the silent ranks' sake.
+    #[serde(default)]
+    pub long_phase: bool,
     /// The highest command sequence number the agent has seen.
     pub commands_seen: u64,
 }

@@ -402,8 +402,17 @@ impl JobView {
             .all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some())
     }
 
-    /// Seconds since any live rank last made progress in this attempt.
+    /// Seconds since any live rank last made progress in this attempt. A
+    /// rank in a long phase (a 45-minute evaluation on rank 0 while the
+    /// others wait in a barrier) counts as progressing now: it is judged by
+    /// that phase's own limit, and the silent ranks must outlast it.
     pub fn job_progress_age(&self, now: Instant) -> Option<f64> {
+        if self
+            .live()
+            .any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running)
+        {
+            return Some(0.0);
+        }
         self.live()
             .filter_map(|(_, e)| e.last_step_at)
             .max()
@@ -987,6 +996,29 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn the_jobs_progress_keeps_silent_ranks_alive_through_a_long_phase() {
+        let t = Instant::now();
+        let mut v = view(t);
+        let mut r0 = report(0, 10, RankState::Running);
+        r0.progress_age_s = Some(0.0);
+        v.on_report(r0.clone(), t);
+        assert_eq!(v.job_progress_age(t + Duration::from_secs(5)), Some(5.0));
+        // Rank 0 evaluates for 45 minutes: its own limit judges it.
+        r0.long_phase = true;
+        r0.progress_age_s = Some(60.0);
+        v.on_report(r0.clone(), t + Duration::from_secs(60));
+        assert_eq!(v.job_progress_age(t + Duration::from_secs(2700)), Some(0.0));
+        // Back to steps that stopped: the age counts again.
+        r0.long_phase = false;
+        r0.progress_age_s = Some(0.0);
+        v.on_report(r0, t + Duration::from_secs(2700));
+        assert_eq!(
+            v.job_progress_age(t + Duration::from_secs(2710)),
+            Some(10.0)
+        );
     }
 
     #[test]
