@@ -90,7 +90,12 @@ pub fn render_status(s: &Status) -> String {
             "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
             r.rank,
             r.node,
-            format!("{:?}", r.state).to_lowercase(),
+            if r.silent {
+                // Reports no steps of its own: alive on the job's progress.
+                "silent".to_string()
+            } else {
+                format!("{:?}", r.state).to_lowercase()
+            },
             opt(r.step),
             r.steps_per_s.map_or("-".into(), |x| format!("{x:.2}")),
             r.mean_step_s.map_or("-".into(), |x| format!("{x:.3}")),
