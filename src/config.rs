@@ -854,6 +854,14 @@ mod tests {
     }
 
     #[test]
+    fn documented_default_file_sets_every_field_to_its_default() {
+        // Every field, not only the ones compared above: the Debug form
+        // shows each value (regexes by their source).
+        let c = apply(include_str!("../conf/resilio.toml")).unwrap();
+        assert_eq!(format!("{c:#?}"), format!("{:#?}", Config::default()));
+    }
+
+    #[test]
     fn values_override_defaults() {
         let c = apply(
             "[stall]\ntimeout = \"90s\"\nstartup_timeout = \"5m\"\n[diagnostics]\ndump_signal = \"USR2\"\n",
