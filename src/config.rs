@@ -251,7 +251,8 @@ impl Default for Config {
 // in the file) and its `apply`, which stores the keys a file sets, in the
 // order of the table. A new key is one line in a table, its field in
 // `Config` with the built-in default, and that default written in
-// conf/resilio.toml (a test checks the two agree).
+// conf/resilio.toml (the tests check the last two agree and that every key is
+// there).
 
 /// Why a value is refused, and where when that is not where the value starts.
 struct Bad {
@@ -291,6 +292,12 @@ macro_rules! section {
         #[serde(deny_unknown_fields)]
         struct $Section {
             $($key: Option<Spanned<$raw>>,)*
+        }
+
+        #[cfg(test)]
+        impl $Section {
+            const NAME: &'static str = $name;
+            const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
         }
     };
     // `key: type written => field in Config by how it is checked and stored`.
@@ -463,6 +470,12 @@ macro_rules! file_config {
         struct FileConfig {
             $(#[serde(default)] $section: $Section,)*
         }
+
+        /// Every section (its name in the file, and in its messages) and its
+        /// keys, for the tests.
+        #[cfg(test)]
+        const SECTIONS: &[(&str, &str, &[&str])] =
+            &[$((stringify!($section), $Section::NAME, $Section::KEYS)),*];
     };
 }
 
@@ -824,6 +837,52 @@ mod tests {
         // shows each value (regexes by their source).
         let c = apply(include_str!("../conf/resilio.toml")).unwrap();
         assert_eq!(format!("{c:#?}"), format!("{:#?}", Config::default()));
+    }
+
+    #[test]
+    fn every_key_is_documented_in_conf_resilio_toml() {
+        // Each key of every section is written in conf/resilio.toml with its
+        // default, or commented out where the default is not a value (a
+        // built-in list, a path from the environment, a long regex).
+        let mut documented = std::collections::BTreeSet::new();
+        let mut section = String::new();
+        for line in include_str!("../conf/resilio.toml").lines() {
+            if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                match header.split_once('.') {
+                    Some((s, key)) => documented.insert(format!("{s}.{key}")),
+                    None => documented.insert(format!("{header}.")),
+                };
+                section = header.to_string();
+                continue;
+            }
+            let setting = line.strip_prefix('#').unwrap_or(line).trim_start();
+            let Some((key, _)) = setting.split_once(" = ") else {
+                continue;
+            };
+            if !key.is_empty() && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                documented.insert(format!("{section}.{key}"));
+            }
+        }
+        let mut known = std::collections::BTreeSet::new();
+        for (section, name, keys) in SECTIONS {
+            assert_eq!(section, name, "[{section}] names its keys {name}.*");
+            known.insert(format!("{section}."));
+            for key in *keys {
+                let key = format!("{section}.{key}");
+                assert!(
+                    documented.contains(&key),
+                    "{key} is not in conf/resilio.toml"
+                );
+                known.insert(key);
+            }
+        }
+        // And nothing there (a commented-out key with a typo) is unknown.
+        for key in &documented {
+            assert!(
+                known.contains(key),
+                "conf/resilio.toml documents unknown {key}"
+            );
+        }
     }
 
     #[test]
