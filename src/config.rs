@@ -243,173 +243,479 @@ impl Default for Config {
 }
 
 // ---- the file format: every key optional, unknown keys rejected ----
+//
+// Each `[section]` is declared once, as a table: for every key, the type it
+// is written as, the field of `Config` it sets, and the function that checks
+// the value and stores it there. `section!` makes of it the section's struct
+// (every key optional, unknown keys refused, each value kept with its place
+// in the file) and its `apply`, which stores the keys a file sets, in the
+// order of the table. A new key is one line in a table, its field in
+// `Config` with the built-in default, and that default written in
+// conf/resilio.toml (the tests check the last two agree and that every key is
+// there).
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    #[serde(default)]
+/// Why a value is refused, and where when that is not where the value starts.
+struct Bad {
+    message: String,
+    at: Option<usize>,
+}
+
+impl From<String> for Bad {
+    fn from(message: String) -> Self {
+        Bad { message, at: None }
+    }
+}
+
+/// What checking and storing one value gives.
+type Stored = std::result::Result<(), Bad>;
+
+/// The file being applied, for errors that name `file:line`.
+struct Source<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Source<'_> {
+    fn error(&self, offset: usize, message: String) -> Error {
+        Error::Config {
+            path: self.path.to_path_buf(),
+            line: line_of(self.text, offset),
+            message,
+        }
+    }
+}
+
+macro_rules! section {
+    // The struct alone, for a section that stores its keys itself.
+    (@keys $Section:ident $name:literal { $($key:ident: $raw:ty),* $(,)? }) => {
+        #[derive(Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        struct $Section {
+            $($key: Option<Spanned<$raw>>,)*
+        }
+
+        #[cfg(test)]
+        impl $Section {
+            const NAME: &'static str = $name;
+            const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
+        }
+    };
+    // `key: type written => field in Config by how it is checked and stored`.
+    ($Section:ident $name:literal {
+        $($key:ident: $raw:ty => $($field:ident).+ by $store:expr),* $(,)?
+    }) => {
+        section!(@keys $Section $name { $($key: $raw),* });
+
+        impl $Section {
+            /// Store the keys this file sets; the first refused value is the error.
+            fn apply(self, cfg: &mut Config, src: &Source) -> Result<()> {
+                $(if let Some(value) = self.$key {
+                    let start = value.span().start;
+                    let key = concat!($name, ".", stringify!($key));
+                    $store(value.into_inner(), key, &mut cfg.$($field).+)
+                        .map_err(|bad| src.error(bad.at.unwrap_or(start), bad.message))?;
+                })*
+                Ok(())
+            }
+        }
+    };
+}
+
+section!(RunSection "run" {
+    state_dir: PathBuf => state_dir by set,
+    kill_grace: Dur => kill_grace by duration,
+    max_restarts: u32 => max_restarts by set,
+    restart_in_allocation: bool => restart_in_allocation by set,
+});
+
+section!(ProgressSection "progress" {
+    regex: String => progress.regex by regex,
+    checkpoint_regex: String => progress.checkpoint_regex by regex_or_off,
+    eval_regex: String => progress.eval_regex by regex_or_off,
+    file: PathBuf => progress.file by some,
+    file_poll: PollMode => progress.file_poll by set,
+    file_poll_interval: Dur => progress.file_poll_interval by at_least::<10>,
+    python_unbuffered: bool => progress.python_unbuffered by set,
+});
+
+section!(StallSection "stall" {
+    startup_timeout: Dur => stall.startup_timeout by timeout,
+    timeout: String => stall.fixed_timeout by adaptive_or_timeout,
+    adaptive_factor: f64 => stall.adaptive_factor by factor,
+    adaptive_percentile: f64 => stall.adaptive_percentile by fraction,
+    adaptive_floor: Dur => stall.adaptive_floor by timeout,
+    adaptive_window: usize => stall.adaptive_window by count,
+    checkpoint_timeout: Dur => stall.checkpoint_timeout by timeout,
+    eval_timeout: Dur => stall.eval_timeout by timeout,
+    kill_grace: Dur => stall_kill_grace by duration,
+    in_step_phases: Vec<String> => stall.in_step_phases by phase_names,
+    phase_timeouts: BTreeMap<String, Spanned<String>> => stall.phase_timeouts by phase_timeouts,
+});
+
+section!(DiagnosticsSection "diagnostics" {
+    dump_signal: String => diagnostics.dump_signal by signal_or_none,
+    dump_wait: Dur => diagnostics.dump_wait by duration,
+    py_spy: bool => diagnostics.py_spy by set,
+    py_spy_timeout: Dur => diagnostics.py_spy_timeout by timeout,
+    tail_lines: usize => diagnostics.tail_lines by set,
+});
+
+section!(JournalSection "journal" {
+    progress_interval: Dur => journal_progress_interval by duration,
+});
+
+section!(CheckpointSection "checkpoint" {
+    signal: String => checkpoint_signal by signal_or_none,
+    wait: Dur => checkpoint_wait by duration,
+    watch_dir: PathBuf => checkpoint_watch_dir by path_or_off,
+    watch_regex: String => checkpoint_watch_regex by path_regex,
+    watch_poll: Dur => checkpoint_watch_poll by at_least::<100>,
+});
+
+section!(SlurmSection "slurm" {
+    pre_timeout_signal: String => pre_timeout_signal by signal,
+    forward_signals: bool => slurm_forward_signals by set,
+});
+
+section!(HealthSection "health" {
+    command: Vec<String> => health.command by command_or_off,
+    timeout: Dur => health.timeout by timeout,
+});
+
+section!(CoordinatorSection "coordinator" {
+    enabled: bool => coordinator.enabled by set,
+    bind: String => coordinator.bind by bind_address,
+    report_interval: Dur => coordinator.report_interval by at_least::<50>,
+    signal_trainer: bool => coordinator.signal_trainer by set,
+    hang_wait: Dur => coordinator.policy.hang_wait by duration,
+    checkpoint_lead: Dur => coordinator.policy.checkpoint_lead by duration,
+    checkpoint_every: String => coordinator.policy by checkpoint_every,
+    lost_after: Dur => coordinator.policy.lost_after by timeout,
+});
+
+section!(StragglerSection "straggler" {
+    window: Dur => coordinator.policy.straggler.window by at_least::<100>,
+    margin: f64 => coordinator.policy.straggler.margin by non_negative,
+    windows: u32 => coordinator.policy.straggler.windows by count,
+    min_samples: u64 => coordinator.policy.straggler.min_samples by at_least_one,
+    checkpoint: bool => coordinator.policy.checkpoint_on_straggler by set,
+    exclude: bool => coordinator.policy.exclude_confirmed_stragglers by set,
+});
+
+section!(NodesSection "nodes" {
+    exclude_at_start: bool => nodes.exclude_at_start by set,
+    threshold: f64 => nodes.threshold by positive,
+    half_life: Dur => nodes.half_life by at_least::<1000>,
+});
+
+section!(@keys FailureSection "failure" {
+    ignore_patterns: Vec<String>,
+    user_patterns: Vec<String>,
+    secondary_patterns: Vec<String>,
+    infrastructure_patterns: Vec<String>,
+    generic_patterns: Vec<String>,
+});
+
+impl FailureSection {
+    /// A list set replaces the built-in one (the others stay built in);
+    /// they are checked in the classifier's order, infrastructure first.
+    fn apply(self, cfg: &mut Config, src: &Source) -> Result<()> {
+        let FailureSection {
+            ignore_patterns,
+            user_patterns,
+            secondary_patterns,
+            infrastructure_patterns,
+            generic_patterns,
+        } = self;
+        let lists = [
+            &infrastructure_patterns,
+            &secondary_patterns,
+            &user_patterns,
+            &ignore_patterns,
+            &generic_patterns,
+        ];
+        if lists.iter().all(|l| l.is_none()) {
+            return Ok(());
+        }
+        let mut p = cfg
+            .failure_patterns
+            .take()
+            .unwrap_or_else(crate::policy::failure::Patterns::defaults);
+        for (list, what, out) in [
+            (
+                infrastructure_patterns,
+                "infrastructure",
+                &mut p.infrastructure,
+            ),
+            (secondary_patterns, "secondary", &mut p.secondary),
+            (user_patterns, "user", &mut p.user),
+            (ignore_patterns, "ignore", &mut p.ignore),
+            (generic_patterns, "generic", &mut p.generic),
+        ] {
+            let Some(list) = list else { continue };
+            *out = crate::policy::failure::compile_list(list.get_ref(), what).map_err(|m| {
+                src.error(list.span().start, format!("failure.{what}_patterns: {m}"))
+            })?;
+        }
+        cfg.failure_patterns = Some(p);
+        Ok(())
+    }
+}
+
+macro_rules! file_config {
+    ($($section:ident: $Section:ident),* $(,)?) => {
+        /// A whole file: its sections, in the order unknown-key messages list them.
+        #[derive(Deserialize, Default)]
+        #[serde(deny_unknown_fields)]
+        struct FileConfig {
+            $(#[serde(default)] $section: $Section,)*
+        }
+
+        /// Every section (its name in the file, and in its messages) and its
+        /// keys, for the tests.
+        #[cfg(test)]
+        const SECTIONS: &[(&str, &str, &[&str])] =
+            &[$((stringify!($section), $Section::NAME, $Section::KEYS)),*];
+    };
+}
+
+file_config! {
     run: RunSection,
-    #[serde(default)]
     progress: ProgressSection,
-    #[serde(default)]
     stall: StallSection,
-    #[serde(default)]
     diagnostics: DiagnosticsSection,
-    #[serde(default)]
     journal: JournalSection,
-    #[serde(default)]
     failure: FailureSection,
-    #[serde(default)]
     checkpoint: CheckpointSection,
-    #[serde(default)]
     slurm: SlurmSection,
-    #[serde(default)]
     health: HealthSection,
-    #[serde(default)]
     coordinator: CoordinatorSection,
-    #[serde(default)]
     straggler: StragglerSection,
-    #[serde(default)]
     nodes: NodesSection,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct NodesSection {
-    exclude_at_start: Option<bool>,
-    threshold: Option<Spanned<f64>>,
-    #[serde(default, with = "serde_text::option")]
-    half_life: Option<Duration>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CoordinatorSection {
-    enabled: Option<bool>,
-    bind: Option<Spanned<String>>,
-    #[serde(default, with = "serde_text::option")]
-    report_interval: Option<Duration>,
-    signal_trainer: Option<bool>,
-    #[serde(default, with = "serde_text::option")]
-    hang_wait: Option<Duration>,
-    #[serde(default, with = "serde_text::option")]
-    checkpoint_lead: Option<Duration>,
-    /// "none" or a duration.
-    checkpoint_every: Option<Spanned<String>>,
-    lost_after: Option<Spanned<Dur>>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StragglerSection {
-    #[serde(default, with = "serde_text::option")]
-    window: Option<Duration>,
-    margin: Option<Spanned<f64>>,
-    windows: Option<Spanned<u32>>,
-    min_samples: Option<u64>,
-    checkpoint: Option<bool>,
-    exclude: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct HealthSection {
-    command: Option<Spanned<Vec<String>>>,
-    timeout: Option<Spanned<Dur>>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct CheckpointSection {
-    signal: Option<Spanned<String>>,
-    #[serde(default, with = "serde_text::option")]
-    wait: Option<Duration>,
-    watch_dir: Option<PathBuf>,
-    watch_regex: Option<Spanned<String>>,
-    #[serde(default, with = "serde_text::option")]
-    watch_poll: Option<Duration>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct SlurmSection {
-    pre_timeout_signal: Option<Spanned<String>>,
-    forward_signals: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct FailureSection {
-    ignore_patterns: Option<Spanned<Vec<String>>>,
-    user_patterns: Option<Spanned<Vec<String>>>,
-    secondary_patterns: Option<Spanned<Vec<String>>>,
-    infrastructure_patterns: Option<Spanned<Vec<String>>>,
-    generic_patterns: Option<Spanned<Vec<String>>>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct RunSection {
-    state_dir: Option<PathBuf>,
-    #[serde(default, with = "serde_text::option")]
-    kill_grace: Option<Duration>,
-    max_restarts: Option<u32>,
-    restart_in_allocation: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct ProgressSection {
-    regex: Option<Spanned<String>>,
-    checkpoint_regex: Option<Spanned<String>>,
-    eval_regex: Option<Spanned<String>>,
-    file: Option<PathBuf>,
-    file_poll: Option<PollMode>,
-    #[serde(default, with = "serde_text::option")]
-    file_poll_interval: Option<Duration>,
-    python_unbuffered: Option<bool>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct StallSection {
-    startup_timeout: Option<Spanned<Dur>>,
-    /// A fixed timeout; `"adaptive"` or absent means adaptive.
-    timeout: Option<Spanned<String>>,
-    adaptive_factor: Option<Spanned<f64>>,
-    adaptive_percentile: Option<Spanned<f64>>,
-    adaptive_floor: Option<Spanned<Dur>>,
-    adaptive_window: Option<Spanned<usize>>,
-    checkpoint_timeout: Option<Spanned<Dur>>,
-    eval_timeout: Option<Spanned<Dur>>,
-    #[serde(default, with = "serde_text::option")]
-    kill_grace: Option<Duration>,
-    in_step_phases: Option<Spanned<Vec<String>>>,
-    phase_timeouts: Option<BTreeMap<String, Spanned<String>>>,
-}
-
-/// A duration written as text or seconds, kept with its place in the file
-/// (`Spanned<Dur>`) so that a value out of range is reported as `file:line`.
+/// A duration written as text or seconds.
 #[derive(Deserialize)]
 #[serde(transparent)]
 struct Dur(#[serde(with = "serde_text")] Duration);
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct DiagnosticsSection {
-    dump_signal: Option<Spanned<String>>,
-    #[serde(default, with = "serde_text::option")]
-    dump_wait: Option<Duration>,
-    py_spy: Option<bool>,
-    py_spy_timeout: Option<Spanned<Dur>>,
-    tail_lines: Option<usize>,
+// ---- how values are checked and stored: (value, `section.key`, field) ----
+
+/// Any value of the field's type.
+fn set<T>(value: T, _: &str, out: &mut T) -> Stored {
+    *out = value;
+    Ok(())
 }
 
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-struct JournalSection {
-    #[serde(default, with = "serde_text::option")]
-    progress_interval: Option<Duration>,
+/// A value for a field that is off unless set.
+fn some<T>(value: T, _: &str, out: &mut Option<T>) -> Stored {
+    *out = Some(value);
+    Ok(())
+}
+
+/// A path; empty turns it off.
+fn path_or_off(value: PathBuf, _: &str, out: &mut Option<PathBuf>) -> Stored {
+    *out = (!value.as_os_str().is_empty()).then_some(value);
+    Ok(())
+}
+
+/// An argument vector; empty turns it off.
+fn command_or_off(value: Vec<String>, _: &str, out: &mut Option<Vec<String>>) -> Stored {
+    *out = (!value.is_empty()).then_some(value);
+    Ok(())
+}
+
+fn duration(value: Dur, _: &str, out: &mut Duration) -> Stored {
+    *out = value.0;
+    Ok(())
+}
+
+/// A period, raised to at least `MS` milliseconds.
+fn at_least<const MS: u64>(value: Dur, _: &str, out: &mut Duration) -> Stored {
+    *out = value.0.max(Duration::from_millis(MS));
+    Ok(())
+}
+
+/// A timeout: zero would fire at once (a trainer killed after its first
+/// step), so it is an error, never "no timeout".
+fn timeout(value: Dur, key: &str, out: &mut Duration) -> Stored {
+    refuse_unless(!value.0.is_zero(), key, "must be greater than zero")?;
+    *out = value.0;
+    Ok(())
+}
+
+/// `"adaptive"` (learnt from the steps), or a fixed timeout.
+fn adaptive_or_timeout(value: String, key: &str, out: &mut Option<Duration>) -> Stored {
+    let value = value.trim();
+    *out = if value == "adaptive" {
+        None
+    } else {
+        Some(
+            crate::duration::parse_positive(value)
+                .map_err(|m| format!("{key}: {m}; \"adaptive\" learns it from the steps"))?,
+        )
+    };
+    Ok(())
+}
+
+fn refuse_unless(ok: bool, key: &str, rule: &str) -> Stored {
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{key} {rule}").into())
+    }
+}
+
+fn factor(value: f64, key: &str, out: &mut f64) -> Stored {
+    refuse_unless(value >= 1.0 && value.is_finite(), key, "must be >= 1")?;
+    *out = value;
+    Ok(())
+}
+
+fn fraction(value: f64, key: &str, out: &mut f64) -> Stored {
+    refuse_unless(value > 0.0 && value <= 1.0, key, "must be in (0, 1]")?;
+    *out = value;
+    Ok(())
+}
+
+fn non_negative(value: f64, key: &str, out: &mut f64) -> Stored {
+    refuse_unless(value >= 0.0 && value.is_finite(), key, "must be >= 0")?;
+    *out = value;
+    Ok(())
+}
+
+fn positive(value: f64, key: &str, out: &mut f64) -> Stored {
+    let ok = value > 0.0 && value.is_finite();
+    refuse_unless(ok, key, "must be a positive number")?;
+    *out = value;
+    Ok(())
+}
+
+/// A count that must be at least one.
+fn count<T: Copy + Default + PartialEq>(value: T, key: &str, out: &mut T) -> Stored {
+    refuse_unless(value != T::default(), key, "must be >= 1")?;
+    *out = value;
+    Ok(())
+}
+
+/// A count, raised to at least one.
+fn at_least_one(value: u64, _: &str, out: &mut u64) -> Stored {
+    *out = value.max(1);
+    Ok(())
+}
+
+fn regex(value: String, _: &str, out: &mut Regex) -> Stored {
+    *out = compile_regex(&value)?;
+    Ok(())
+}
+
+/// A regex over output lines; empty turns it off.
+fn regex_or_off(value: String, _: &str, out: &mut Option<Regex>) -> Stored {
+    *out = if value.is_empty() {
+        None
+    } else {
+        Some(compile_regex(&value)?)
+    };
+    Ok(())
+}
+
+/// A regex over relative paths.
+fn path_regex(value: String, key: &str, out: &mut regex::Regex) -> Stored {
+    *out = regex::Regex::new(&value)
+        .map_err(|e| format!("{key}: {}", e.to_string().lines().last().unwrap_or("")))?;
+    Ok(())
+}
+
+fn signal(value: String, _: &str, out: &mut nix::sys::signal::Signal) -> Stored {
+    *out = parse_signal(&value)?;
+    Ok(())
+}
+
+/// A signal; `"none"` or empty: do not send one.
+fn signal_or_none(value: String, _: &str, out: &mut Option<nix::sys::signal::Signal>) -> Stored {
+    let value = value.trim();
+    *out = if value.is_empty() || value == "none" {
+        None
+    } else {
+        Some(parse_signal(value)?)
+    };
+    Ok(())
+}
+
+/// `auto` or an address the coordinator can bind.
+fn bind_address(value: String, _: &str, out: &mut String) -> Stored {
+    let value = value.trim().to_string();
+    crate::coordinator::bind_address(&value, false)?;
+    *out = value;
+    Ok(())
+}
+
+/// `"none"` (or empty), `"advised"`, or an interval.
+fn checkpoint_every(
+    value: String,
+    key: &str,
+    out: &mut crate::coordinator::state::CoordinatorConfig,
+) -> Stored {
+    let value = value.trim();
+    out.checkpoint_advised = value == "advised";
+    out.checkpoint_every = if value == "none" || value.is_empty() || value == "advised" {
+        None
+    } else {
+        Some(crate::duration::parse(value).map_err(|m| format!("{key}: {m}"))?)
+    };
+    Ok(())
+}
+
+/// A phase name in lower case: letters, digits, `_` and `-`.
+fn phase_name(name: &str) -> Option<String> {
+    let n = name.trim().to_ascii_lowercase();
+    (!n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+    .then_some(n)
+}
+
+fn not_a_phase(key: &str, name: &str) -> String {
+    format!("{key}: '{name}' is not a phase name (letters, digits, _ and -)")
+}
+
+fn phase_names(value: Vec<String>, key: &str, out: &mut Vec<String>) -> Stored {
+    *out = value
+        .iter()
+        .map(|n| phase_name(n).ok_or_else(|| not_a_phase(key, n)))
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(())
+}
+
+/// Long phases with limits of their own, added to those set before; each
+/// error names the line of its phase.
+fn phase_timeouts(
+    value: BTreeMap<String, Spanned<String>>,
+    key: &str,
+    out: &mut BTreeMap<String, Duration>,
+) -> Stored {
+    for (name, limit) in value {
+        let at = Some(limit.span().start);
+        let n = phase_name(&name).ok_or_else(|| Bad {
+            message: not_a_phase(key, &name),
+            at,
+        })?;
+        let d = crate::duration::parse(limit.get_ref().trim())
+            .and_then(|d| {
+                if d.is_zero() {
+                    Err("must be longer than zero".to_string())
+                } else {
+                    Ok(d)
+                }
+            })
+            .map_err(|m| Bad {
+                message: format!("{key}.{name}: {m}"),
+                at,
+            })?;
+        out.insert(n, d);
+    }
+    Ok(())
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -459,354 +765,26 @@ impl Config {
 
     /// Apply TOML text (named `path` in errors) on top of `self`.
     pub fn apply_str(&mut self, text: &str, path: &Path) -> Result<()> {
-        let err_at = |offset: usize, message: String| Error::Config {
-            path: path.to_path_buf(),
-            line: line_of(text, offset),
-            message,
-        };
+        let src = Source { path, text };
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
-            err_at(offset, e.message().trim().replace('\n', " "))
+            src.error(offset, e.message().trim().replace('\n', " "))
         })?;
-        // Timeouts: zero would fire at once (a trainer killed after its
-        // first step), so it is an error, never "no timeout".
-        let timeout = |d: Spanned<Dur>, key: &str| -> Result<Duration> {
-            let start = d.span().start;
-            let v = d.into_inner().0;
-            if v.is_zero() {
-                Err(err_at(start, format!("{key} must be greater than zero")))
-            } else {
-                Ok(v)
-            }
-        };
-
-        if let Some(dir) = file.run.state_dir {
-            self.state_dir = dir;
-        }
-        if let Some(d) = file.run.kill_grace {
-            self.kill_grace = d;
-        }
-        if let Some(n) = file.run.max_restarts {
-            self.max_restarts = n;
-        }
-        if let Some(b) = file.run.restart_in_allocation {
-            self.restart_in_allocation = b;
-        }
-
-        let p = file.progress;
-        if let Some(re) = p.regex {
-            self.progress.regex =
-                compile_regex(re.get_ref()).map_err(|m| err_at(re.span().start, m))?;
-        }
-        for (field, target) in [
-            (p.checkpoint_regex, &mut self.progress.checkpoint_regex),
-            (p.eval_regex, &mut self.progress.eval_regex),
-        ] {
-            if let Some(re) = field {
-                *target = if re.get_ref().is_empty() {
-                    None
-                } else {
-                    Some(compile_regex(re.get_ref()).map_err(|m| err_at(re.span().start, m))?)
-                };
-            }
-        }
-        if let Some(f) = p.file {
-            self.progress.file = Some(f);
-        }
-        if let Some(m) = p.file_poll {
-            self.progress.file_poll = m;
-        }
-        if let Some(d) = p.file_poll_interval {
-            self.progress.file_poll_interval = d.max(Duration::from_millis(10));
-        }
-        if let Some(b) = p.python_unbuffered {
-            self.progress.python_unbuffered = b;
-        }
-
-        let s = file.stall;
-        if let Some(d) = s.startup_timeout {
-            self.stall.startup_timeout = timeout(d, "stall.startup_timeout")?;
-        }
-        if let Some(t) = s.timeout {
-            let value = t.get_ref().trim();
-            self.stall.fixed_timeout = if value == "adaptive" {
-                None
-            } else {
-                Some(crate::duration::parse_positive(value).map_err(|m| {
-                    err_at(
-                        t.span().start,
-                        format!("stall.timeout: {m}; \"adaptive\" learns it from the steps"),
-                    )
-                })?)
-            };
-        }
-        if let Some(f) = s.adaptive_factor {
-            if !(*f.get_ref() >= 1.0 && f.get_ref().is_finite()) {
-                return Err(err_at(
-                    f.span().start,
-                    "stall.adaptive_factor must be >= 1".into(),
-                ));
-            }
-            self.stall.adaptive_factor = *f.get_ref();
-        }
-        if let Some(p) = s.adaptive_percentile {
-            let v = *p.get_ref();
-            if !(v > 0.0 && v <= 1.0) {
-                return Err(err_at(
-                    p.span().start,
-                    "stall.adaptive_percentile must be in (0, 1]".into(),
-                ));
-            }
-            self.stall.adaptive_percentile = v;
-        }
-        if let Some(d) = s.adaptive_floor {
-            self.stall.adaptive_floor = timeout(d, "stall.adaptive_floor")?;
-        }
-        if let Some(w) = s.adaptive_window {
-            if *w.get_ref() == 0 {
-                return Err(err_at(
-                    w.span().start,
-                    "stall.adaptive_window must be >= 1".into(),
-                ));
-            }
-            self.stall.adaptive_window = *w.get_ref();
-        }
-        if let Some(d) = s.checkpoint_timeout {
-            self.stall.checkpoint_timeout = timeout(d, "stall.checkpoint_timeout")?;
-        }
-        if let Some(d) = s.eval_timeout {
-            self.stall.eval_timeout = timeout(d, "stall.eval_timeout")?;
-        }
-        if let Some(d) = s.kill_grace {
-            self.stall_kill_grace = d;
-        }
-        let phase_name = |n: &str| {
-            let n = n.trim().to_ascii_lowercase();
-            (!n.is_empty()
-                && n.len() <= 64
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
-            .then_some(n)
-        };
-        if let Some(list) = s.in_step_phases {
-            let mut names = Vec::new();
-            for n in list.get_ref() {
-                names.push(phase_name(n).ok_or_else(|| {
-                    err_at(
-                        list.span().start,
-                        format!("stall.in_step_phases: '{n}' is not a phase name (letters, digits, _ and -)"),
-                    )
-                })?);
-            }
-            self.stall.in_step_phases = names;
-        }
-        if let Some(map) = s.phase_timeouts {
-            for (name, t) in map {
-                let n = phase_name(&name).ok_or_else(|| {
-                    err_at(
-                        t.span().start,
-                        format!("stall.phase_timeouts: '{name}' is not a phase name (letters, digits, _ and -)"),
-                    )
-                })?;
-                let d = crate::duration::parse(t.get_ref().trim())
-                    .and_then(|d| {
-                        if d.is_zero() {
-                            Err("must be longer than zero".to_string())
-                        } else {
-                            Ok(d)
-                        }
-                    })
-                    .map_err(|m| {
-                        err_at(t.span().start, format!("stall.phase_timeouts.{name}: {m}"))
-                    })?;
-                self.stall.phase_timeouts.insert(n, d);
-            }
-        }
-
-        let d = file.diagnostics;
-        if let Some(sig) = d.dump_signal {
-            let value = sig.get_ref().trim();
-            self.diagnostics.dump_signal = if value.is_empty() || value == "none" {
-                None
-            } else {
-                Some(parse_signal(value).map_err(|m| err_at(sig.span().start, m))?)
-            };
-        }
-        if let Some(w) = d.dump_wait {
-            self.diagnostics.dump_wait = w;
-        }
-        if let Some(b) = d.py_spy {
-            self.diagnostics.py_spy = b;
-        }
-        if let Some(t) = d.py_spy_timeout {
-            self.diagnostics.py_spy_timeout = timeout(t, "diagnostics.py_spy_timeout")?;
-        }
-        if let Some(n) = d.tail_lines {
-            self.diagnostics.tail_lines = n;
-        }
-        if let Some(i) = file.journal.progress_interval {
-            self.journal_progress_interval = i;
-        }
-        if let Some(sig) = file.checkpoint.signal {
-            let value = sig.get_ref().trim();
-            self.checkpoint_signal = if value.is_empty() || value == "none" {
-                None
-            } else {
-                Some(parse_signal(value).map_err(|m| err_at(sig.span().start, m))?)
-            };
-        }
-        if let Some(w) = file.checkpoint.wait {
-            self.checkpoint_wait = w;
-        }
-        if let Some(d) = file.checkpoint.watch_dir {
-            self.checkpoint_watch_dir = (!d.as_os_str().is_empty()).then_some(d);
-        }
-        if let Some(re) = file.checkpoint.watch_regex {
-            self.checkpoint_watch_regex = regex::Regex::new(re.get_ref()).map_err(|e| {
-                err_at(
-                    re.span().start,
-                    format!(
-                        "checkpoint.watch_regex: {}",
-                        e.to_string().lines().last().unwrap_or("")
-                    ),
-                )
-            })?;
-        }
-        if let Some(p) = file.checkpoint.watch_poll {
-            self.checkpoint_watch_poll = p.max(Duration::from_millis(100));
-        }
-        if let Some(sig) = file.slurm.pre_timeout_signal {
-            self.pre_timeout_signal =
-                parse_signal(sig.get_ref()).map_err(|m| err_at(sig.span().start, m))?;
-        }
-        if let Some(cmd) = file.health.command {
-            if cmd.get_ref().is_empty() {
-                self.health.command = None;
-            } else {
-                self.health.command = Some(cmd.get_ref().clone());
-            }
-        }
-        if let Some(t) = file.health.timeout {
-            self.health.timeout = timeout(t, "health.timeout")?;
-        }
-        if let Some(b) = file.slurm.forward_signals {
-            self.slurm_forward_signals = b;
-        }
-        let c = file.coordinator;
-        let cs = &mut self.coordinator;
-        if let Some(b) = c.enabled {
-            cs.enabled = b;
-        }
-        if let Some(b) = c.bind {
-            let v = b.get_ref().trim().to_string();
-            crate::coordinator::bind_address(&v, false).map_err(|m| err_at(b.span().start, m))?;
-            cs.bind = v;
-        }
-        if let Some(d) = c.report_interval {
-            cs.report_interval = d.max(Duration::from_millis(50));
-        }
-        if let Some(b) = c.signal_trainer {
-            cs.signal_trainer = b;
-        }
-        if let Some(d) = c.hang_wait {
-            cs.policy.hang_wait = d;
-        }
-        if let Some(d) = c.checkpoint_lead {
-            cs.policy.checkpoint_lead = d;
-        }
-        if let Some(e) = c.checkpoint_every {
-            let v = e.get_ref().trim();
-            cs.policy.checkpoint_advised = v == "advised";
-            cs.policy.checkpoint_every = if v == "none" || v.is_empty() || v == "advised" {
-                None
-            } else {
-                Some(crate::duration::parse(v).map_err(|m| {
-                    err_at(e.span().start, format!("coordinator.checkpoint_every: {m}"))
-                })?)
-            };
-        }
-        if let Some(d) = c.lost_after {
-            cs.policy.lost_after = timeout(d, "coordinator.lost_after")?;
-        }
+        // Parse errors first, then each section's values in this order.
+        file.run.apply(self, &src)?;
+        file.progress.apply(self, &src)?;
+        file.stall.apply(self, &src)?;
+        file.diagnostics.apply(self, &src)?;
+        file.journal.apply(self, &src)?;
+        file.checkpoint.apply(self, &src)?;
+        file.slurm.apply(self, &src)?;
+        file.health.apply(self, &src)?;
+        file.coordinator.apply(self, &src)?;
+        file.straggler.apply(self, &src)?;
+        file.nodes.apply(self, &src)?;
+        file.failure.apply(self, &src)?;
         // The coordinator's checkpoint wait is the one the pre-timeout uses.
-        cs.policy.checkpoint_wait = self.checkpoint_wait;
-        let st = file.straggler;
-        let sp = &mut cs.policy.straggler;
-        if let Some(d) = st.window {
-            sp.window = d.max(Duration::from_millis(100));
-        }
-        if let Some(m) = st.margin {
-            if !(*m.get_ref() >= 0.0 && m.get_ref().is_finite()) {
-                return Err(err_at(
-                    m.span().start,
-                    "straggler.margin must be >= 0".into(),
-                ));
-            }
-            sp.margin = *m.get_ref();
-        }
-        if let Some(w) = st.windows {
-            if *w.get_ref() == 0 {
-                return Err(err_at(
-                    w.span().start,
-                    "straggler.windows must be >= 1".into(),
-                ));
-            }
-            sp.windows = *w.get_ref();
-        }
-        if let Some(n) = st.min_samples {
-            sp.min_samples = n.max(1);
-        }
-        if let Some(b) = st.checkpoint {
-            cs.policy.checkpoint_on_straggler = b;
-        }
-        if let Some(b) = st.exclude {
-            cs.policy.exclude_confirmed_stragglers = b;
-        }
-        let n = file.nodes;
-        if let Some(b) = n.exclude_at_start {
-            self.nodes.exclude_at_start = b;
-        }
-        if let Some(t) = n.threshold {
-            if !(*t.get_ref() > 0.0 && t.get_ref().is_finite()) {
-                return Err(err_at(
-                    t.span().start,
-                    "nodes.threshold must be a positive number".into(),
-                ));
-            }
-            self.nodes.threshold = *t.get_ref();
-        }
-        if let Some(d) = n.half_life {
-            self.nodes.half_life = d.max(Duration::from_secs(1));
-        }
-        let f = file.failure;
-        let lists = [
-            (f.infrastructure_patterns, "infrastructure"),
-            (f.secondary_patterns, "secondary"),
-            (f.user_patterns, "user"),
-            (f.ignore_patterns, "ignore"),
-            (f.generic_patterns, "generic"),
-        ];
-        if lists.iter().any(|(l, _)| l.is_some()) {
-            let mut p = self
-                .failure_patterns
-                .take()
-                .unwrap_or_else(crate::policy::failure::Patterns::defaults);
-            for (field, what) in lists {
-                let Some(list) = field else { continue };
-                let compiled =
-                    crate::policy::failure::compile_list(list.get_ref(), what).map_err(|m| {
-                        err_at(list.span().start, format!("failure.{what}_patterns: {m}"))
-                    })?;
-                match what {
-                    "infrastructure" => p.infrastructure = compiled,
-                    "secondary" => p.secondary = compiled,
-                    "user" => p.user = compiled,
-                    "ignore" => p.ignore = compiled,
-                    _ => p.generic = compiled,
-                }
-            }
-            self.failure_patterns = Some(p);
-        }
+        self.coordinator.policy.checkpoint_wait = self.checkpoint_wait;
         Ok(())
     }
 
@@ -851,6 +829,60 @@ mod tests {
         assert_eq!(c.coordinator.report_interval, d.coordinator.report_interval);
         assert_eq!(c.coordinator.enabled, d.coordinator.enabled);
         assert_eq!(c.coordinator.signal_trainer, d.coordinator.signal_trainer);
+    }
+
+    #[test]
+    fn documented_default_file_sets_every_field_to_its_default() {
+        // Every field, not only the ones compared above: the Debug form
+        // shows each value (regexes by their source).
+        let c = apply(include_str!("../conf/resilio.toml")).unwrap();
+        assert_eq!(format!("{c:#?}"), format!("{:#?}", Config::default()));
+    }
+
+    #[test]
+    fn every_key_is_documented_in_conf_resilio_toml() {
+        // Each key of every section is written in conf/resilio.toml with its
+        // default, or commented out where the default is not a value (a
+        // built-in list, a path from the environment, a long regex).
+        let mut documented = std::collections::BTreeSet::new();
+        let mut section = String::new();
+        for line in include_str!("../conf/resilio.toml").lines() {
+            if let Some(header) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+                match header.split_once('.') {
+                    Some((s, key)) => documented.insert(format!("{s}.{key}")),
+                    None => documented.insert(format!("{header}.")),
+                };
+                section = header.to_string();
+                continue;
+            }
+            let setting = line.strip_prefix('#').unwrap_or(line).trim_start();
+            let Some((key, _)) = setting.split_once(" = ") else {
+                continue;
+            };
+            if !key.is_empty() && key.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
+                documented.insert(format!("{section}.{key}"));
+            }
+        }
+        let mut known = std::collections::BTreeSet::new();
+        for (section, name, keys) in SECTIONS {
+            assert_eq!(section, name, "[{section}] names its keys {name}.*");
+            known.insert(format!("{section}."));
+            for key in *keys {
+                let key = format!("{section}.{key}");
+                assert!(
+                    documented.contains(&key),
+                    "{key} is not in conf/resilio.toml"
+                );
+                known.insert(key);
+            }
+        }
+        // And nothing there (a commented-out key with a typo) is unknown.
+        for key in &documented {
+            assert!(
+                known.contains(key),
+                "conf/resilio.toml documents unknown {key}"
+            );
+        }
     }
 
     #[test]
