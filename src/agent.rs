@@ -1473,7 +1473,7 @@ fn drain_events(tx: &progress::Sender, sinks: &mut Sinks<'_>) {
 
 /// The kind of source, for the stall policy's phase ends.
 fn origin(source: progress::Source) -> &'static str {
-    Namer::of_source(source).map_or(source.name(), Namer::name)
+    Namer::of(source).map_or(source.name(), Namer::name)
 }
 
 fn handle_event(ev: Event, k: &mut Sinks<'_>) {

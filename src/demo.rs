@@ -177,8 +177,9 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
     );
     println!("== `resilio run --ntasks 2` starts two ranks of a scripted trainer (0.2 s steps) with a coordinator.");
     println!("== Both save a 3 s checkpoint at step 10 (announced on RESILIO_SOCKET, so not a hang); then rank 1 hangs");
-    println!("== at step 18 like a rank stuck in all_reduce. The adaptive stall timeout (2 s floor here) catches it, the");
-    println!("== coordinator judges the hang job-wide, and both ranks restart in place from the checkpoint.\n");
+    println!("== at step 18 in its own code while rank 0 (this scripted trainer has no collective) runs on to the end.");
+    println!("== The adaptive stall timeout (2 s floor here) catches rank 1, the coordinator judges the hang job-wide");
+    println!("== (rank 1 is the only rank left, so it is blamed), and both ranks restart in place from the checkpoint.\n");
     let argv: Vec<std::ffi::OsString> = vec![
         exe.into(),
         "__demo-trainer".into(),

@@ -458,7 +458,8 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             })
             .unwrap_or(if worst == 0 { 1 } else { worst });
         let class = decided.as_ref().map(|d| d.outcome.class);
-        match decided.map(|d| d.action) {
+        // How the job ends, unless it restarts.
+        let end: Option<(i32, String)> = match decided.map(|d| d.action) {
             Some(Action::RestartInPlace { reason }) => {
                 attempt += 1;
                 if single {
@@ -478,6 +479,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 if let Some(c) = &coordinator {
                     c.new_attempt(attempt);
                 }
+                None
             }
             Some(Action::Stop { reason }) => {
                 // Said when a restart could have been expected. Not for a
@@ -490,45 +492,26 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 if cfg.max_restarts > 0 && !self_evident {
                     eprintln!("resilio: not restarting: {reason}");
                 }
-                log.record(
-                    "job_end",
-                    json!({ "exit_code": code, "reason": reason }),
-                    true,
-                );
-                final_code = code;
-                break;
+                Some((code, reason))
             }
             // Never decided in local mode; the failure stands.
             Some(Action::Requeue { reason, .. } | Action::RestartInAllocation { reason, .. }) => {
-                log.record(
-                    "job_end",
-                    json!({ "exit_code": code, "reason": reason }),
-                    true,
-                );
-                final_code = code;
-                break;
+                Some((code, reason))
             }
             // Nothing failed after all (a stalled trainer that finished on
             // its own while its stall was being judged): every rank's own
             // end says so.
-            Some(Action::Finish) | None if worst == 0 => {
-                log.record(
-                    "job_end",
-                    json!({ "exit_code": 0, "reason": "completed" }),
-                    true,
-                );
-                final_code = 0;
-                break;
-            }
-            Some(Action::Finish) | None => {
-                log.record(
-                    "job_end",
-                    json!({ "exit_code": code, "reason": "failed" }),
-                    true,
-                );
-                final_code = code;
-                break;
-            }
+            Some(Action::Finish) | None if worst == 0 => Some((0, "completed".into())),
+            Some(Action::Finish) | None => Some((code, "failed".into())),
+        };
+        if let Some((code, reason)) = end {
+            log.record(
+                "job_end",
+                json!({ "exit_code": code, "reason": reason }),
+                true,
+            );
+            final_code = code;
+            break;
         }
     }
     drop(coordinator);

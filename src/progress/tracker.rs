@@ -38,11 +38,6 @@ pub enum Namer {
 }
 
 impl Namer {
-    /// The kind of source an event came from (`None`: a checkpoint directory).
-    pub fn of_source(source: Source) -> Option<Namer> {
-        Self::of(source)
-    }
-
     /// Name used in the journal.
     pub fn name(self) -> &'static str {
         match self {
@@ -52,7 +47,8 @@ impl Namer {
         }
     }
 
-    fn of(source: Source) -> Option<Namer> {
+    /// The kind of source an event came from (`None`: a checkpoint directory).
+    pub fn of(source: Source) -> Option<Namer> {
         match source {
             Source::Stdout | Source::Stderr => Some(Namer::Output),
             Source::Socket => Some(Namer::Socket),
