@@ -26,6 +26,7 @@
 //! - Time the records cannot place (an attempt whose supervisor was killed
 //!   with no end recorded) is `unexplained`.
 
+use crate::event::{Class, Event, RankExit};
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -166,14 +167,9 @@ struct Marks {
     relaunched: bool,
 }
 
-fn ts_field(r: &Record, key: &str) -> Option<DateTime<Utc>> {
-    r.str(key).and_then(|s| s.parse().ok())
-}
-
 /// A duration in seconds from a record, when it is one.
-fn seconds(r: &Record, key: &str) -> Option<chrono::Duration> {
-    r.f64(key)
-        .filter(|s| s.is_finite() && (0.0..1e9).contains(s))
+fn seconds(s: Option<f64>) -> Option<chrono::Duration> {
+    s.filter(|s| s.is_finite() && (0.0..1e9).contains(s))
         .map(|s| chrono::Duration::nanoseconds((s * 1e9) as i64))
 }
 
@@ -189,11 +185,11 @@ struct ExitSummary {
     per_step_ns: Option<i64>,
 }
 
-fn exit_summary(r: &Record) -> ExitSummary {
-    let launch = seconds(r, "runtime_s").map(|d| r.ts - d);
-    let first = seconds(r, "first_step_s");
-    let last = seconds(r, "last_progress_s");
-    let per_step_ns = match (first, last, r.u64("steps_seen")) {
+fn exit_summary(r: &Record, x: &RankExit) -> ExitSummary {
+    let launch = seconds(x.runtime_s).map(|d| r.ts - d);
+    let first = seconds(x.first_step_s);
+    let last = seconds(x.last_progress_s);
+    let per_step_ns = match (first, last, x.steps_seen) {
         (Some(f), Some(l), Some(n)) if n >= 2 && l > f => {
             (l - f).num_nanoseconds().map(|d| d / (n as i64 - 1))
         }
@@ -204,7 +200,7 @@ fn exit_summary(r: &Record) -> ExitSummary {
         first_at: launch.zip(first).map(|(a, f)| a + f),
         last: launch
             .zip(last)
-            .zip(r.u64("last_step"))
+            .zip(x.last_step)
             .map(|((a, l), s)| (a + l, s)),
         per_step_ns,
     }
@@ -218,11 +214,16 @@ fn step_time_of(samples: &[(DateTime<Utc>, u64)]) -> Option<i64> {
 }
 
 fn marks(attempt: u32, recs: &[&Record]) -> Marks {
-    let summaries: Vec<ExitSummary> = recs
+    let events: Vec<(&Record, Event)> =
+        recs.iter().filter_map(|r| Some((*r, r.event()?))).collect();
+    let exits: Vec<(&Record, &RankExit)> = events
         .iter()
-        .filter(|r| r.kind == "rank_exit")
-        .map(|r| exit_summary(r))
+        .filter_map(|(r, e)| match e {
+            Event::RankExit(x) => Some((*r, x)),
+            _ => None,
+        })
         .collect();
+    let summaries: Vec<ExitSummary> = exits.iter().map(|(r, x)| exit_summary(r, x)).collect();
     let starts = recs
         .iter()
         .filter(|r| r.kind == "rank_start" || r.kind == "job_start" || r.kind == "launch")
@@ -232,18 +233,17 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         .min()
         .unwrap_or_else(|| recs.iter().map(|r| r.ts).min().expect("non-empty"));
     let end = recs.iter().map(|r| r.ts).max().expect("non-empty");
-    let allocation = recs
-        .iter()
-        .filter(|r| r.kind == "job_start")
-        .find_map(|r| r.u64("allocation"))
-        .map(|a| a as u32);
+    let allocation = events.iter().find_map(|(_, e)| match e {
+        Event::JobStart(j) => j.allocation,
+        _ => None,
+    });
     // Progress samples, a stall's own account of the last step, and each
     // rank's last step as its exit recorded it.
-    let mut samples: Vec<(DateTime<Utc>, u64)> = recs
+    let mut samples: Vec<(DateTime<Utc>, u64)> = events
         .iter()
-        .filter_map(|r| match r.kind.as_str() {
-            "progress" => Some((r.ts, r.u64("step")?)),
-            "stall" => Some((ts_field(r, "last_progress")?, r.u64("last_step")?)),
+        .filter_map(|(r, e)| match e {
+            Event::Progress(p) => Some((r.ts, p.step?)),
+            Event::Stall(s) => Some((s.last_progress?, s.last_step?)),
             _ => None,
         })
         .chain(summaries.iter().filter_map(|x| x.last))
@@ -263,51 +263,48 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         }
     }
     let mut checkpoints = Vec::new();
-    for r in recs.iter().filter(|r| r.kind == "checkpoint_done") {
-        let Some(step) = r.u64("step") else { continue };
-        let dur = r.f64("duration_s").unwrap_or(0.0).max(0.0);
+    for (r, e) in &events {
+        let Event::CheckpointDone(c) = e else {
+            continue;
+        };
+        let Some(step) = c.step else { continue };
+        let dur = c.duration_s.unwrap_or(0.0).max(0.0);
         let began = r.ts - chrono::Duration::microseconds((dur * 1e6) as i64);
-        let blocked = r
-            .get("blocked_training")
-            .and_then(|b| b.as_bool())
-            .unwrap_or(dur > 0.0);
+        let blocked = c.blocked_training.unwrap_or(dur > 0.0);
         checkpoints.push((step, began, r.ts, blocked));
     }
-    let exits: Vec<&&Record> = recs.iter().filter(|r| r.kind == "rank_exit").collect();
-    let bad_exit = |r: &Record| {
-        r.get("exit_code").and_then(|c| c.as_i64()).unwrap_or(0) != 0
-            && r.str("class") != Some("clean")
-    };
+    let bad_exit = |x: &RankExit| x.exit_code.unwrap_or(0) != 0 && x.class != Some(Class::Clean);
     // A requeue that Slurm refused leaves the attempt running: its
     // decision did not end the attempt.
     let requeue_refused = recs.iter().any(|r| r.kind == "requeue_failed");
-    let failed = recs.iter().any(|r| r.kind == "failure")
-        || recs.iter().any(|r| {
-            r.kind == "decision"
-                && !requeue_refused
-                && r.get("decision")
-                    .and_then(|d| d.get("action"))
-                    .and_then(|a| a.as_str())
-                    != Some("finish")
-        })
-        || exits.iter().any(|r| bad_exit(r));
+    let failed = events.iter().any(|(_, e)| match e {
+        Event::Failure(_) => true,
+        Event::Decision(d) => !requeue_refused && !finished(d),
+        _ => false,
+    }) || exits.iter().any(|(_, x)| bad_exit(x));
     let stall_declared = recs
         .iter()
         .filter(|r| r.kind == "stall")
         .map(|r| r.ts)
         .min();
     // The first failure that is not a peer's echo nor a requested stop.
+    let failed_at = |(r, x): &&(&Record, &RankExit)| x.failed_at.unwrap_or(r.ts);
     let crashed_at = exits
         .iter()
-        .filter(|r| bad_exit(r))
-        .filter(|r| !matches!(r.str("class"), Some("secondary" | "preempted" | "hang")))
-        .map(|r| ts_field(r, "failed_at").unwrap_or(r.ts))
+        .filter(|(_, x)| bad_exit(x))
+        .filter(|(_, x)| {
+            !matches!(
+                x.class,
+                Some(Class::Secondary | Class::Preempted | Class::Hang)
+            )
+        })
+        .map(|e| failed_at(&e))
         .min()
         .or_else(|| {
             exits
                 .iter()
-                .filter(|r| bad_exit(r))
-                .map(|r| ts_field(r, "failed_at").unwrap_or(r.ts))
+                .filter(|(_, x)| bad_exit(x))
+                .map(|e| failed_at(&e))
                 .min()
         });
     let acted_at = recs
@@ -437,6 +434,11 @@ impl Track {
     }
 }
 
+/// A decision to finish (nothing failed).
+fn finished(d: &crate::event::Decision) -> bool {
+    d.decision.as_ref().and_then(|a| a.action.as_deref()) == Some("finish")
+}
+
 /// Each attempt's marks, from the job's merged records.
 fn attempt_marks(records: &[Record]) -> Vec<Marks> {
     // Verdicts written later about an earlier attempt (the next start's
@@ -445,7 +447,7 @@ fn attempt_marks(records: &[Record]) -> Vec<Marks> {
     let mut by: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     let mut judged_later: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in records {
-        match r.u64("about_attempt").map(|a| a as u32) {
+        match r.event().and_then(|e| e.about_attempt()) {
             Some(about) if about != r.attempt => {
                 judged_later.entry(about).or_default().push(r);
             }
@@ -456,13 +458,10 @@ fn attempt_marks(records: &[Record]) -> Vec<Marks> {
         .map(|(a, rs)| {
             let mut m = marks(*a, rs);
             let later = judged_later.get(a).map_or(&[][..], |v| v.as_slice());
-            m.failed |= later.iter().any(|r| {
-                r.kind == "failure"
-                    || (r.kind == "decision"
-                        && r.get("decision")
-                            .and_then(|d| d.get("action"))
-                            .and_then(|x| x.as_str())
-                            != Some("finish"))
+            m.failed |= later.iter().any(|r| match r.event() {
+                Some(Event::Failure(_)) => true,
+                Some(Event::Decision(d)) => !finished(&d),
+                _ => false,
             });
             m
         })

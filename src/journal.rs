@@ -23,8 +23,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-/// Version of the record schema written by this build.
-pub const SCHEMA_VERSION: u32 = 1;
+use crate::event::Event;
+pub use crate::event::SCHEMA_VERSION;
 
 /// One journal record. Fields beyond the common ones depend on `kind`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -68,6 +68,18 @@ impl Record {
     pub fn str(&self, key: &str) -> Option<&str> {
         self.data.get(key).and_then(Value::as_str)
     }
+
+    /// The record's kind and fields, typed (see [`crate::event`]); `None`
+    /// for a kind this build does not know.
+    pub fn event(&self) -> Option<Event> {
+        Event::from_fields(&self.kind, &self.data)
+    }
+}
+
+/// Each record with its typed event; records of a kind this build does not
+/// know are left out.
+pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, Event)> + '_ {
+    records.iter().filter_map(|r| Some((r, r.event()?)))
 }
 
 /// Check a job id before it becomes part of a path.
@@ -216,6 +228,18 @@ impl Writer {
         }
     }
 
+    /// Append one record. `durable` records are fsynced before this returns.
+    pub fn write(&mut self, event: impl Into<Event>, durable: bool) {
+        self.write_at(Utc::now(), event, durable)
+    }
+
+    /// The same with an explicit timestamp.
+    pub fn write_at(&mut self, ts: DateTime<Utc>, event: impl Into<Event>, durable: bool) {
+        let event = event.into();
+        let kind = event.kind();
+        self.record_at(ts, kind, Value::Object(event.into_fields()), durable)
+    }
+
     /// Append one record of `kind` with `data` (an object). `durable` records
     /// are fsynced before this returns.
     pub fn record(&mut self, kind: &str, data: Value, durable: bool) {
@@ -238,10 +262,13 @@ impl Writer {
         if self.dropped > 0 {
             let lost = self.dropped;
             self.dropped = 0;
+            let gap = crate::event::JournalGap {
+                lost_records: Some(lost),
+            };
             self.write_line(
                 ts,
                 "journal_gap",
-                serde_json::json!({ "lost_records": lost }),
+                Value::Object(Event::from(gap).into_fields()),
                 false,
             );
         }

@@ -47,6 +47,7 @@ pub mod demo;
 pub mod diagnostics;
 pub mod duration;
 pub mod error;
+pub mod event;
 pub mod health;
 pub mod journal;
 pub mod launcher;

@@ -4,6 +4,7 @@
 //!
 //! Time accounting (ETTR and where the rest went) is [`crate::accounting`]'s.
 
+use crate::event::Event;
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -120,16 +121,16 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     let mut done: Vec<(u32, Option<u64>, DateTime<Utc>)> = Vec::new();
     let mut durations = Vec::new();
     let mut started: BTreeMap<(Option<u32>, u32), DateTime<Utc>> = BTreeMap::new();
-    for r in records {
-        match r.kind.as_str() {
-            "phase" if r.str("phase") == Some("checkpoint") => {
+    for (r, e) in crate::journal::events(records) {
+        match e {
+            Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
                 started.insert((r.rank, r.attempt), r.ts);
             }
-            "checkpoint_done" => {
+            Event::CheckpointDone(c) => {
                 if let Some(t0) = started.remove(&(r.rank, r.attempt)) {
                     durations.push(secs(t0, r.ts));
                 }
-                let key = (r.attempt, r.u64("step"));
+                let key = (r.attempt, c.step);
                 if !done.iter().any(|(a, s, _)| (*a, *s) == key) {
                     done.push((key.0, key.1, r.ts));
                 }
@@ -154,10 +155,6 @@ fn secs(a: DateTime<Utc>, b: DateTime<Utc>) -> f64 {
     ((b - a).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
 }
 
-fn ts_field(r: &Record, key: &str) -> Option<DateTime<Utc>> {
-    r.str(key).and_then(|s| s.parse().ok())
-}
-
 fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
     let start = records
         .iter()
@@ -165,30 +162,45 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         .map(|r| r.ts)
         .min()
         .unwrap_or(records[0].ts);
-    let exits: Vec<&&Record> = records.iter().filter(|r| r.kind == "rank_exit").collect();
+    let events: Vec<(&Record, Event)> = records
+        .iter()
+        .filter_map(|r| Some((*r, r.event()?)))
+        .collect();
+    let exits: Vec<(&Record, &crate::event::RankExit)> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::RankExit(x) => Some((*r, x)),
+            _ => None,
+        })
+        .collect();
     let last_ts = records.iter().map(|r| r.ts).max().unwrap_or(start);
     let end = exits
         .iter()
-        .map(|r| r.ts)
+        .map(|(r, _)| r.ts)
         .max()
         .unwrap_or(last_ts)
         .max(start);
-    let progress = records.iter().filter(|r| r.kind == "progress");
-    let first_step_at = progress.clone().map(|r| r.ts).min();
-    let stall_last_progress = records
+    let progress_at = events
         .iter()
-        .filter(|r| r.kind == "stall")
-        .filter_map(|r| ts_field(r, "last_progress"));
-    let last_progress_at = progress
-        .clone()
-        .map(|r| r.ts)
-        .chain(stall_last_progress)
+        .filter(|(_, e)| matches!(e, Event::Progress(_)))
+        .map(|(r, _)| r.ts);
+    let first_step_at = progress_at.clone().min();
+    let stalls: Vec<&crate::event::Stall> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Stall(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let last_progress_at = progress_at
+        .chain(stalls.iter().filter_map(|s| s.last_progress))
         .max();
-    let last_step = records
+    let last_step = events
         .iter()
-        .filter_map(|r| match r.kind.as_str() {
-            "progress" | "stall" => r.u64("step").or_else(|| r.u64("last_step")),
-            "rank_exit" => r.u64("last_step"),
+        .filter_map(|(_, e)| match e {
+            Event::Progress(p) => p.step,
+            Event::Stall(s) => s.last_step,
+            Event::RankExit(x) => x.last_step,
             _ => None,
         })
         .max();
@@ -205,15 +217,15 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         first_step_at,
         last_progress_at,
         last_step,
-        stalls: records.iter().filter(|r| r.kind == "stall").count(),
+        stalls: stalls.len(),
         exits: exits
             .iter()
-            .map(|r| RankExit {
+            .map(|(r, x)| RankExit {
                 rank: r.rank,
                 node: r.node.clone(),
-                exit_code: r.get("exit_code").and_then(Value::as_i64),
-                cause: r.str("cause").map(str::to_string),
-                status: r.str("status").map(str::to_string),
+                exit_code: x.exit_code.map(i64::from),
+                cause: x.cause.clone(),
+                status: x.status.clone(),
             })
             .collect(),
         wall_s: secs(start, end),
@@ -252,29 +264,34 @@ pub fn build(
     let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
     let productive = acc.productive_s;
     let lost = acc.lost_s.clone();
-    let failures: Vec<Failure> = records
+    let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
+    let failures: Vec<Failure> = events
         .iter()
-        .filter(|r| r.kind == "failure")
-        .map(|r| Failure {
-            ts: r.ts,
-            attempt: r.u64("about_attempt").map_or(r.attempt, |a| a as u32),
-            kind: r.str("failure_kind").unwrap_or("failure").to_string(),
-            class: r.str("class").map(str::to_string),
-            node: r
-                .str("blamed_node")
-                .map(str::to_string)
-                .or_else(|| r.node.clone()),
-            rank: r.rank,
-            cause: r.str("cause").unwrap_or("unknown").to_string(),
-            exit_code: r.get("exit_code").and_then(Value::as_i64),
-            detail: r.str("detail").map(str::to_string),
+        .filter_map(|(r, e)| match e {
+            Event::Failure(f) => Some(Failure {
+                ts: r.ts,
+                attempt: f.about_attempt.unwrap_or(r.attempt),
+                kind: f.failure_kind.clone().unwrap_or_else(|| "failure".into()),
+                class: f.class.map(|c| c.name().to_string()),
+                node: f.blamed_node.clone().or_else(|| r.node.clone()),
+                rank: r.rank,
+                cause: f.cause.clone().unwrap_or_else(|| "unknown".into()),
+                exit_code: f.exit_code.map(i64::from),
+                detail: f.detail.clone(),
+            }),
+            _ => None,
         })
         .collect();
-    let exit_code = records
+    let exit_code = events
         .iter()
         .rev()
-        .find(|r| r.kind == "job_end" || r.kind == "rank_exit")
-        .and_then(|r| r.get("exit_code").and_then(Value::as_i64));
+        .find_map(|(_, e)| match e {
+            Event::JobEnd(x) => Some(x.exit_code),
+            Event::RankExit(x) => Some(x.exit_code),
+            _ => None,
+        })
+        .flatten()
+        .map(i64::from);
     let checkpoints = checkpoint_stats(records);
     let failed_attempts = attempts
         .iter()
@@ -290,16 +307,19 @@ pub fn build(
         failed_attempts,
         restarts: records.iter().filter(|r| r.kind == "restart").count(),
         requeues: {
-            let mut a: Vec<u32> = records
+            let mut a: Vec<u32> = events
                 .iter()
-                .filter(|r| {
-                    r.kind == "requeue"
-                        || (r.kind == "decision"
-                            && r.str("source") == Some("sacct")
-                            && r.get("decision").and_then(|d| d.get("action"))
-                                == Some(&Value::from("requeue")))
+                .filter_map(|(r, e)| match e {
+                    Event::Requeue(_) => Some(r.attempt),
+                    Event::Decision(d)
+                        if d.source.as_deref() == Some("sacct")
+                            && d.decision.as_ref().and_then(|x| x.action.as_deref())
+                                == Some("requeue") =>
+                    {
+                        Some(d.about_attempt.unwrap_or(r.attempt))
+                    }
+                    _ => None,
                 })
-                .map(|r| r.u64("about_attempt").map_or(r.attempt, |x| x as u32))
                 .collect();
             a.sort_unstable();
             a.dedup();
@@ -622,11 +642,31 @@ pub fn skipped_notes(skipped: &[crate::journal::SkippedLines], bad_lines: usize)
 }
 
 fn describe(r: &Record) -> Option<String> {
-    let step = |k: &str| r.u64(k).map_or("-".to_string(), |v| v.to_string());
-    Some(match r.kind.as_str() {
-        "job_start" => match r.get("relaunch_in_allocation") {
-            Some(x) => {
-                let out: Vec<&str> = x
+    let Some(event) = r.event() else {
+        // A kind this build does not know (or cannot read) shows by name.
+        return match r.kind.as_str() {
+            "coordinator_reachable_again" => None,
+            other => Some(other.to_string()),
+        };
+    };
+    describe_event(&event)
+}
+
+/// A number or `-`.
+fn num<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".to_string(), |v| v.to_string())
+}
+
+fn text(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("?")
+}
+
+fn describe_event(event: &Event) -> Option<String> {
+    use crate::event as e;
+    Some(match event {
+        Event::JobStart(x) => match &x.relaunch_in_allocation {
+            Some(v) => {
+                let out: Vec<&str> = v
                     .get("exclude")
                     .and_then(Value::as_array)
                     .map(|a| a.iter().filter_map(Value::as_str).collect())
@@ -642,112 +682,87 @@ fn describe(r: &Record) -> Option<String> {
             }
             None => "job started".into(),
         },
-        "rank_start" => format!(
+        Event::RankStart(x) => format!(
             "launched pid {} ({} stall timeout): {}",
-            r.u64("pid").unwrap_or(0),
-            r.str("stall_mode").unwrap_or("?"),
-            r.get("argv")
-                .and_then(Value::as_array)
-                .map(|a| a
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(" "))
-                .unwrap_or_default()
+            x.pid.unwrap_or(0),
+            text(&x.stall_mode),
+            x.argv.as_deref().unwrap_or_default().join(" ")
         ),
-        "progress" if r.get("first").is_some() => {
-            format!(
-                "first step {} (from {})",
-                step("step"),
-                r.str("source").unwrap_or("?")
-            )
-        }
-        "phase" => format!(
-            "phase {} at step {}",
-            r.str("phase").unwrap_or("?"),
-            step("step")
-        ),
-        "checkpoint_done" => format!("checkpoint done at step {}", step("step")),
-        "stall" => format!(
+        Event::Progress(e::Progress {
+            first: Some(_),
+            step,
+            source,
+            ..
+        }) => format!("first step {} (from {})", num(*step), text(source)),
+        Event::Progress(_) => return None,
+        Event::Phase(x) => format!("phase {} at step {}", text(&x.phase), num(x.step)),
+        Event::CheckpointDone(x) => format!("checkpoint done at step {}", num(x.step)),
+        Event::Stall(x) => format!(
             "STALL ({}): no progress for {:.1}s, limit {:.1}s, last step {}",
-            r.str("stall_kind").unwrap_or("?"),
-            r.f64("idle_s").unwrap_or(0.0),
-            r.f64("timeout_s").unwrap_or(0.0),
-            step("last_step")
+            text(&x.stall_kind),
+            x.idle_s.unwrap_or(0.0),
+            x.timeout_s.unwrap_or(0.0),
+            num(x.last_step)
         ),
-        "diagnostics" => {
-            let spy = r
-                .get("py_spy")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            format!(
-                "diagnostics: {} output lines, {} py-spy dump(s){}{}",
-                r.get("tail").and_then(Value::as_array).map_or(0, Vec::len),
-                spy,
-                r.str("dump_signal")
-                    .map_or(String::new(), |s| format!(", sent {s}")),
-                r.str("file").map_or(String::new(), |f| format!(" -> {f}"))
-            )
-        }
-        "stop" => format!(
+        Event::Diagnostics(x) => format!(
+            "diagnostics: {} output lines, {} py-spy dump(s){}{}",
+            x.tail.as_ref().map_or(0, Vec::len),
+            x.py_spy.as_ref().map_or(0, Vec::len),
+            x.dump_signal
+                .as_ref()
+                .and_then(Value::as_str)
+                .map_or(String::new(), |s| format!(", sent {s}")),
+            x.file
+                .as_ref()
+                .map_or(String::new(), |f| format!(" -> {f}"))
+        ),
+        Event::Stop(x) => format!(
             "stopping the rank: {}{}",
-            r.str("signal").unwrap_or("?"),
-            r.str("reason").map_or(String::new(), |x| format!(" ({x})"))
+            text(&x.signal),
+            x.reason
+                .as_ref()
+                .map_or(String::new(), |r| format!(" ({r})"))
         ),
-        "signal" => format!(
+        Event::Signal(x) => format!(
             "received {}{}",
-            r.str("signal").unwrap_or("?"),
-            if r.get("forwarded").and_then(Value::as_bool) == Some(true) {
+            text(&x.signal),
+            if x.forwarded == Some(true) {
                 ", forwarded to the trainer"
             } else {
                 ""
             }
         ),
-        "rank_exit" => format!(
+        Event::RankExit(x) => format!(
             "rank exited: {} ({}), exit code {}, last step {}",
-            r.str("cause").unwrap_or("?"),
-            r.str("status").unwrap_or("?"),
-            r.get("exit_code").and_then(Value::as_i64).unwrap_or(-1),
-            step("last_step")
+            text(&x.cause),
+            text(&x.status),
+            x.exit_code.unwrap_or(-1),
+            num(x.last_step)
         ),
-        "failure" => format!(
+        Event::Failure(x) => format!(
             "FAILURE {}: {}",
-            r.str("failure_kind").unwrap_or("?"),
-            r.str("detail").or(r.str("cause")).unwrap_or("?")
+            text(&x.failure_kind),
+            x.detail.as_deref().or(x.cause.as_deref()).unwrap_or("?")
         ),
-        "job_end" => format!(
-            "job ended, exit code {}",
-            r.get("exit_code").and_then(Value::as_i64).unwrap_or(-1)
-        ),
-        "monitor_error" => format!("monitoring degraded: {}", r.str("error").unwrap_or("?")),
-        "malformed_message" => format!(
-            "malformed progress message ({})",
-            r.str("fault").unwrap_or("?")
-        ),
-        "journal_gap" => format!(
+        Event::JobEnd(x) => format!("job ended, exit code {}", x.exit_code.unwrap_or(-1)),
+        Event::MonitorError(x) => format!("monitoring degraded: {}", text(&x.error)),
+        Event::MalformedMessage(x) => format!("malformed progress message ({})", text(&x.fault)),
+        Event::JournalGap(x) => format!(
             "journal gap: {} record(s) lost",
-            r.u64("lost_records").unwrap_or(0)
+            x.lost_records.unwrap_or(0)
         ),
-        "hang" => {
-            let v = r.get("verdict");
+        Event::Hang(x) => {
+            let v = x.verdict.clone().unwrap_or_default();
             let blamed = v
-                .and_then(|v| v.get("blamed_ranks"))
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .map(|x| x.to_string())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
+                .blamed_ranks
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
             format!(
                 "HANG judged job-wide ({}): {}{}",
-                v.and_then(|v| v.get("rule"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("?"),
-                v.and_then(|v| v.get("reason"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("?"),
+                text(&v.rule),
+                text(&v.reason),
                 if blamed.is_empty() {
                     String::new()
                 } else {
@@ -755,13 +770,16 @@ fn describe(r: &Record) -> Option<String> {
                 }
             )
         }
-        "teardown" => format!("teardown: {}", r.str("reason").unwrap_or("?")),
-        "stall_reported" => format!("coordinator: rank {} reported a stall", step("about_rank")),
-        "probe" => format!(
+        Event::Teardown(x) => format!("teardown: {}", text(&x.reason)),
+        Event::StallReported(x) => {
+            format!("coordinator: rank {} reported a stall", num(x.about_rank))
+        }
+        Event::Probe(x) => format!(
             "probe ({}): {}",
-            r.str("reason").unwrap_or("?"),
-            match r
-                .get("probe")
+            text(&x.reason),
+            match x
+                .probe
+                .as_ref()
                 .and_then(|p| p.get("waiting_on_peer"))
                 .and_then(Value::as_bool)
             {
@@ -770,144 +788,133 @@ fn describe(r: &Record) -> Option<String> {
                 None => "unknown",
             }
         ),
-        "stop_deferred" => "stop deferred until the coordinator's judgment".into(),
-        "launch" => format!(
+        Event::StopDeferred(_) => "stop deferred until the coordinator's judgment".into(),
+        Event::Launch(x) => format!(
             "launched {} rank(s), MASTER_PORT {}",
-            step("ranks"),
-            step("master_port")
+            num(x.ranks),
+            num(x.master_port)
         ),
-        "attempt_end" => "every rank of the attempt has exited".into(),
-        "judgment" => format!(
+        Event::AttemptEnd(_) => "every rank of the attempt has exited".into(),
+        Event::Judgment(x) => format!(
             "judgment: {} on rank {} ({}): {}",
-            r.str("class").unwrap_or("?"),
-            step("primary_rank"),
-            r.str("primary_node").unwrap_or("?"),
-            r.str("evidence").unwrap_or("?")
+            x.class.map_or("?", |c| c.name()),
+            num(x.primary_rank),
+            text(&x.primary_node),
+            text(&x.evidence)
         ),
-        "decision" => format!(
+        Event::Decision(x) => format!(
             "decision: {}",
-            r.get("decision")
-                .and_then(|d| d.get("action"))
-                .and_then(Value::as_str)
+            x.decision
+                .as_ref()
+                .and_then(|d| d.action.as_deref())
                 .unwrap_or("?")
                 .replace('_', " ")
         ),
-        "restart" => format!(
+        Event::Restart(x) => format!(
             "RESTART {} as attempt {}: {}",
-            if r.get("in_allocation").and_then(Value::as_bool) == Some(true) {
+            if x.in_allocation == Some(true) {
                 "inside the allocation"
             } else {
                 "in place"
             },
-            step("next_attempt"),
-            r.str("reason").unwrap_or("?")
+            num(x.next_attempt),
+            text(&x.reason)
         ),
-        "relaunched" => format!(
+        Event::Relaunched(x) => format!(
             "first step {:.2}s after the failure",
-            r.f64("failure_to_first_step_s").unwrap_or(0.0)
+            x.failure_to_first_step_s.unwrap_or(0.0)
         ),
-        "straggler" => format!(
+        Event::Straggler(x) => format!(
             "STRAGGLER {} {} {}: {:.3}s per step vs median {:.3}s ({})",
-            r.str("scope").unwrap_or("?"),
-            r.str("who").unwrap_or("?"),
-            if r.get("flagged").and_then(Value::as_bool) == Some(true) {
+            text(&x.scope),
+            text(&x.who),
+            if x.flagged == Some(true) {
                 "flagged"
             } else {
                 "recovered"
             },
-            r.f64("value_s").unwrap_or(0.0),
-            r.f64("median_s").unwrap_or(0.0),
-            r.str("basis").unwrap_or("?")
+            x.value_s.unwrap_or(0.0),
+            x.median_s.unwrap_or(0.0),
+            text(&x.basis)
         ),
-        "checkpoint_requested" => format!(
+        Event::CheckpointRequested(x) => format!(
             "checkpoint requested{} ({})",
-            r.u64("step")
-                .map_or(String::new(), |s| format!(" at step {s}")),
-            r.str("reason").unwrap_or("?")
+            x.step.map_or(String::new(), |s| format!(" at step {s}")),
+            text(&x.reason)
         ),
-        "checkpoint_complete" | "checkpoint_incomplete" => format!(
-            "coordinated checkpoint #{} at step {}: {}",
-            step("id"),
-            step("step"),
-            if r.kind == "checkpoint_complete" {
-                "every rank confirmed".to_string()
-            } else {
-                format!(
-                    "ranks {} never confirmed",
-                    r.get("missing_ranks").map_or("?".into(), |m| m.to_string())
-                )
-            }
+        Event::CheckpointComplete(x) => format!(
+            "coordinated checkpoint #{} at step {}: every rank confirmed",
+            num(x.id),
+            num(x.step)
         ),
-        "coordinator_unreachable" => {
-            format!("coordinator unreachable: {}", r.str("error").unwrap_or("?"))
+        Event::CheckpointIncomplete(x) => format!(
+            "coordinated checkpoint #{} at step {}: ranks {} never confirmed",
+            num(x.id),
+            num(x.step),
+            x.missing_ranks.as_ref().map_or("?".into(), |m| {
+                serde_json::to_string(m).unwrap_or_else(|_| "?".into())
+            })
+        ),
+        Event::CoordinatorUnreachable(x) => {
+            format!("coordinator unreachable: {}", text(&x.error))
         }
-        "coordinator_reachable" => format!(
+        Event::CoordinatorReachable(x) => format!(
             "coordinator reachable again after {:.1}s",
-            r.f64("gap_s").unwrap_or(0.0)
+            x.gap_s.unwrap_or(0.0)
         ),
-        "coordinator_start" => format!("coordinator listening on {}", r.str("url").unwrap_or("?")),
-        "node_excluded" => format!(
+        Event::CoordinatorStart(x) => format!("coordinator listening on {}", text(&x.url)),
+        Event::NodeExcluded(x) => format!(
             "EXCLUDED {}{} ({}): {}",
-            r.str("excluded_node").unwrap_or("?"),
-            match r.str("scope") {
+            text(&x.excluded_node),
+            match x.scope.as_deref() {
                 Some("step") => " from the step",
                 _ => " from the job",
             },
-            r.get("reason").map_or("?".into(), |v| match v {
-                Value::String(s) => s.clone(),
-                o => o.to_string(),
-            }),
-            r.str("evidence").unwrap_or("")
+            text(&x.reason),
+            x.evidence.as_deref().unwrap_or("")
         ),
-        "requeue" if r.str("by") == Some("slurm") => {
-            format!(
-                "requeued by Slurm itself ({})",
-                r.str("state").unwrap_or("?")
-            )
+        Event::Requeue(x) if x.by.as_deref() == Some("slurm") => {
+            format!("requeued by Slurm itself ({})", text(&x.state))
         }
-        "requeue" => format!(
+        Event::Requeue(x) => format!(
             "REQUEUE{}: {}",
-            r.get("exclude")
-                .and_then(Value::as_array)
+            x.exclude
+                .as_ref()
                 .filter(|a| !a.is_empty())
-                .map(|a| format!(
-                    " excluding {}",
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ))
+                .map(|a| format!(" excluding {}", a.join(",")))
                 .unwrap_or_default(),
-            r.str("reason").unwrap_or("?")
+            text(&x.reason)
         ),
-        "exclusion_set" => format!(
-            "Slurm now keeps the job off {}",
-            r.str("exc_node_list").unwrap_or("?")
-        ),
-        "stop_judged" => "stopping after the coordinator's judgment".into(),
-        "straggler_exclusion" => format!(
-            "STRAGGLER node {} left out after the checkpoint at step {}: {}",
-            r.str("straggler_node").unwrap_or("?"),
-            step("checkpoint_step"),
-            r.str("evidence").unwrap_or("?")
-        ),
-        "checkpoint_interval_advised" => match r.f64("interval_s") {
-            Some(i) => format!(
-                "periodic checkpoints every {:.0}s (advised: cost {:.1}s, MTTF {:.0}s)",
-                i,
-                r.f64("checkpoint_cost_s").unwrap_or(0.0),
-                r.f64("mttf_s").unwrap_or(0.0)
-            ),
-            None => format!(
-                "no periodic checkpoint advised yet: {}",
-                r.str("reason").unwrap_or("?")
-            ),
-        },
-        "coordinator_attempt" | "coordinator_reachable_again" | "node_history_checked" => {
-            return None
+        Event::ExclusionSet(x) => {
+            format!("Slurm now keeps the job off {}", text(&x.exc_node_list))
         }
-        "progress" => return None,
-        other => other.to_string(),
+        Event::StopJudged(_) => "stopping after the coordinator's judgment".into(),
+        Event::StragglerExclusion(x) => format!(
+            "STRAGGLER node {} left out after the checkpoint at step {}: {}",
+            text(&x.straggler_node),
+            num(x.checkpoint_step),
+            text(&x.evidence)
+        ),
+        Event::CheckpointIntervalAdvised(x) => {
+            let f = |k: &str| x.advice.get(k).and_then(Value::as_f64);
+            match f("interval_s") {
+                Some(i) => format!(
+                    "periodic checkpoints every {:.0}s (advised: cost {:.1}s, MTTF {:.0}s)",
+                    i,
+                    f("checkpoint_cost_s").unwrap_or(0.0),
+                    f("mttf_s").unwrap_or(0.0)
+                ),
+                None => format!(
+                    "no periodic checkpoint advised yet: {}",
+                    x.advice
+                        .get("reason")
+                        .and_then(Value::as_str)
+                        .unwrap_or("?")
+                ),
+            }
+        }
+        Event::CoordinatorAttempt(_) | Event::NodeHistoryChecked(_) => return None,
+        other => other.kind().to_string(),
     })
 }
 
@@ -940,9 +947,12 @@ pub fn render_timeline_with_notes(
         let alloc_of = |a: u32| {
             records
                 .iter()
-                .filter(|r| r.kind == "job_start" && r.attempt == a)
-                .find_map(|r| r.u64("allocation"))
-                .map_or(a, |x| x as u32)
+                .filter(|r| r.attempt == a)
+                .find_map(|r| match r.event() {
+                    Some(Event::JobStart(j)) => j.allocation,
+                    _ => None,
+                })
+                .unwrap_or(a)
         };
         let attempts: BTreeSet<u32> = records.iter().map(|r| r.attempt).collect();
         let mut seen = BTreeSet::new();
@@ -1005,21 +1015,16 @@ pub fn render_timeline_with_notes(
             }
         }
         for r in &recs {
-            let text = if r.kind == "progress" {
-                if last_progress
-                    .get(&r.rank)
-                    .is_some_and(|l| std::ptr::eq(*l, *r))
-                    && r.get("first").is_none()
+            let text = match r.event() {
+                Some(Event::Progress(p))
+                    if p.first.is_none()
+                        && last_progress
+                            .get(&r.rank)
+                            .is_some_and(|l| std::ptr::eq(*l, *r)) =>
                 {
-                    Some(format!(
-                        "last recorded step {}",
-                        r.u64("step").map_or("-".into(), |v| v.to_string())
-                    ))
-                } else {
-                    describe(r)
+                    Some(format!("last recorded step {}", num(p.step)))
                 }
-            } else {
-                describe(r)
+                _ => describe(r),
             };
             let Some(text) = text else { continue };
             let who = format!(

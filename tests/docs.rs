@@ -56,3 +56,41 @@ fn every_record_kind_written_is_documented_in_journal_md() {
         "record kinds written but not in docs/journal.md: {missing:?}"
     );
 }
+
+/// The schema (`src/event.rs`) and docs/journal.md's tables name the same kinds.
+#[test]
+fn the_schema_and_journal_md_name_the_same_kinds() {
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/journal.md"))
+            .unwrap();
+    let undocumented: Vec<&&str> = resilio::event::KINDS
+        .iter()
+        .filter(|k| !doc.contains(&format!("`{k}`")))
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "kinds of src/event.rs not in docs/journal.md: {undocumented:?}"
+    );
+    // The first cell of each row of the kinds tables.
+    let cell =
+        regex::Regex::new(r"(?m)^\| (`[a-z_]+`(?:(?: / |, )`[a-z_]+`)*)(?: \(coordinator\))? \|")
+            .unwrap();
+    let kind = regex::Regex::new(r"`([a-z_]+)`").unwrap();
+    let documented: Vec<String> = cell
+        .captures_iter(&doc)
+        .flat_map(|c| {
+            kind.captures_iter(&c[1])
+                .map(|k| k[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(documented.len() > 50, "read too few rows: {documented:?}");
+    let unknown: Vec<&String> = documented
+        .iter()
+        .filter(|k| !resilio::event::KINDS.contains(&k.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "docs/journal.md documents kinds src/event.rs does not have: {unknown:?}"
+    );
+}

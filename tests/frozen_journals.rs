@@ -1,0 +1,97 @@
+//! Journals written by earlier builds stay readable, and read the same:
+//! the report (text and JSON), the timeline and the HTML page of every job
+//! under `tests/fixtures/journals/jobs/` equal what the build that wrote
+//! them (main at cba5844, before the typed schema of `src/event.rs`) made
+//! of them, kept under `tests/fixtures/journals/expected/`.
+//!
+//! The journals come from real runs of that build: `resilio demo`, the
+//! agent suite (`tests/agent`) and the Slurm suite (`tests/slurm_e2e.rs`)
+//! on the project's test cluster; `jobs/samples/` adds hand-written records
+//! of the few kinds those runs did not write, shaped as that build wrote
+//! them, and one kind from a later build.
+//!
+//! Slurm's own records and the node history are left out (they depend on
+//! the cluster and the date): this is the journal's part of each output.
+
+use resilio::{journal, report, report_html};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journals")
+}
+
+/// FNV-1a, 64 bits: the HTML pages are kept as a fingerprint only.
+fn fnv64(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+fn first_difference(want: &str, got: &str) -> String {
+    for (i, (a, b)) in want.lines().zip(got.lines()).enumerate() {
+        if a != b {
+            return format!("line {}:\n  want: {a}\n  got:  {b}", i + 1);
+        }
+    }
+    format!(
+        "{} lines expected, {} produced",
+        want.lines().count(),
+        got.lines().count()
+    )
+}
+
+#[test]
+fn every_journal_of_the_earlier_build_reports_as_it_did() {
+    let mut jobs: Vec<PathBuf> = std::fs::read_dir(root().join("jobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    jobs.sort();
+    assert!(jobs.len() >= 40, "only {} fixture jobs", jobs.len());
+    let expected = root().join("expected");
+    let mut failures = Vec::new();
+    let mut compared = 0;
+    for dir in &jobs {
+        let job = dir.file_name().unwrap().to_string_lossy().into_owned();
+        if job == "samples" {
+            continue;
+        }
+        let j = journal::read_job(dir).unwrap();
+        let r = report::build(&job, &j.records, j.bad_lines, None);
+        let outputs = [
+            ("report.txt", report::render_text(&r)),
+            ("report.json", serde_json::to_string_pretty(&r).unwrap()),
+            (
+                "timeline.txt",
+                report::render_timeline_with_notes(&job, &j.records, None, &[]),
+            ),
+        ];
+        for (ext, got) in outputs {
+            let path = expected.join(format!("{job}.{ext}"));
+            let want = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            compared += 1;
+            if want != got {
+                failures.push(format!("{job}.{ext}: {}", first_difference(&want, &got)));
+            }
+        }
+        let html = report_html::render(&job, &j.records, &r);
+        let path = expected.join(format!("{job}.html.fnv64"));
+        let want = std::fs::read_to_string(&path).unwrap();
+        compared += 1;
+        if want.trim() != fnv64(html.as_bytes()) {
+            failures.push(format!("{job}.html: the page differs"));
+        }
+    }
+    assert!(compared > 150, "only {compared} outputs compared");
+    assert!(
+        failures.is_empty(),
+        "{} of {compared} outputs differ from the earlier build's:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
