@@ -34,7 +34,7 @@ macro_rules! events {
             }
         )*
         ;
-        $( $(#[$xmeta:meta])* $xvariant:ident = $xname:literal ),* $(,)?
+        $( $(#[$xmeta:meta])* $xvariant:ident = $xname:literal => $xty:ty ),* $(,)?
     ) => {
         $(
             $(#[$meta])*
@@ -66,7 +66,7 @@ macro_rules! events {
             $(
                 $(#[$xmeta])*
                 #[serde(rename = $xname)]
-                $xvariant($xvariant),
+                $xvariant($xty),
             )*
         }
 
@@ -341,26 +341,6 @@ events! {
         error: String,
     }
 
-    /// Every live rank confirmed a coordinated checkpoint.
-    CheckpointComplete = "checkpoint_complete" {
-        id: u64,
-        step: u64,
-        reason: String,
-        confirmed_ranks: Vec<u32>,
-        missing_ranks: Vec<u32>,
-        request_to_last_confirmation_s: f64,
-    }
-
-    /// A coordinated checkpoint's wait ran out before every rank confirmed.
-    CheckpointIncomplete = "checkpoint_incomplete" {
-        id: u64,
-        step: u64,
-        reason: String,
-        confirmed_ranks: Vec<u32>,
-        missing_ranks: Vec<u32>,
-        request_to_last_confirmation_s: f64,
-    }
-
     // ----- the attempt (launcher, job level) ---------------------------------
 
     /// An attempt's ranks started (local launcher).
@@ -531,7 +511,7 @@ events! {
     Hang = "hang" {
         verdict: HangVerdict,
         first_reported_by: u32,
-        ranks: Vec<Value>,
+        ranks: Vec<HangRank>,
     }
 
     /// A rank or node slower than the others.
@@ -560,7 +540,60 @@ events! {
     }
     ;
     /// The advised checkpoint interval and why (Young/Daly, MTTF, cost).
-    CheckpointIntervalAdvised = "checkpoint_interval_advised",
+    CheckpointIntervalAdvised = "checkpoint_interval_advised" => CheckpointIntervalAdvised,
+    /// Every live rank confirmed a coordinated checkpoint.
+    CheckpointComplete = "checkpoint_complete" => CheckpointSettled,
+    /// A coordinated checkpoint's wait ran out before every rank confirmed.
+    CheckpointIncomplete = "checkpoint_incomplete" => CheckpointSettled,
+}
+
+/// A coordinated checkpoint settled (`checkpoint_complete`, `checkpoint_incomplete`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointSettled {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_ranks: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_ranks: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_to_last_confirmation_s: Option<f64>,
+}
+
+/// What the coordinator knew of one rank when it judged a hang (`hang.ranks`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HangRank {
+    pub rank: u32,
+    pub node: String,
+    pub last_step: Option<u64>,
+    /// Seconds on the coordinator's clock when its last step was seen.
+    pub last_progress_s: Option<f64>,
+    pub stalled: bool,
+    pub exited: bool,
+    pub waiting_on_peer: Option<bool>,
+    pub silent: bool,
+    /// What its agent's probe found, in words.
+    pub probe: Option<String>,
+    #[serde(flatten)]
+    pub more: Map<String, Value>,
+}
+
+impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
+    fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdict {
+        HangVerdict {
+            rule: Some(v.rule.to_string()),
+            blamed_ranks: v.blamed_ranks.clone(),
+            blamed_nodes: v.blamed_nodes.clone(),
+            stalled_ranks: v.stalled_ranks.clone(),
+            reason: Some(v.reason.clone()),
+            more: Map::new(),
+        }
+    }
 }
 
 /// The checkpoint interval advice: its fields are the advice's own.

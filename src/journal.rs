@@ -69,6 +69,11 @@ impl Record {
         self.data.get(key).and_then(Value::as_str)
     }
 
+    /// The run key stamped on the record (see [`crate::runs`]).
+    pub fn run(&self) -> Option<&str> {
+        self.str("run")
+    }
+
     /// The record's kind and fields, typed (see [`crate::event`]); `None`
     /// for a kind this build does not know.
     pub fn event(&self) -> Option<Event> {

@@ -12,6 +12,7 @@
 //! counted from the journal alone. Peers' echoes (`secondary`), user errors
 //! and preemptions never count.
 
+use crate::event::{Class, Event};
 use crate::journal::{self, Record};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -75,52 +76,38 @@ pub fn events_of<'a>(
         }
     };
     for r in records {
-        let evidence = || r.str("evidence").unwrap_or("").to_string();
-        match r.kind.as_str() {
-            "failure" => {
-                let class = r.str("class").unwrap_or("");
-                if let Some(node) = r.str("blamed_node") {
-                    let c = if r.str("failure_kind") == Some("node_failure") {
+        let Some(event) = r.event() else { continue };
+        match &event {
+            Event::Failure(f) => {
+                let class = f.class.map_or("", Class::name);
+                let evidence = f.evidence.clone().unwrap_or_default();
+                if let Some(node) = &f.blamed_node {
+                    let c = if f.failure_kind.as_deref() == Some("node_failure") {
                         "node_failure"
                     } else {
                         class
                     };
-                    push(node, r, c, evidence());
-                } else if class == "infrastructure"
-                    && r.rank.is_some()
-                    && r.str("evidence").is_some()
-                {
+                    push(node, r, c, evidence);
+                } else if class == "infrastructure" && r.rank.is_some() && f.evidence.is_some() {
                     // A rank's own infrastructure signature, on its own node.
                     if let Some(node) = &r.node {
-                        push(node, r, class, evidence());
+                        push(node, r, class, evidence);
                     }
                 }
             }
-            "judgment" => {
-                let class = r.str("class").unwrap_or("");
-                if class == "hang" {
-                    for node in r
-                        .get("blamed_nodes")
-                        .and_then(|v| v.as_array())
-                        .into_iter()
-                        .flatten()
-                    {
-                        if let Some(n) = node.as_str() {
-                            push(n, r, "hang", evidence());
-                        }
-                    }
+            Event::Judgment(j) if j.class == Some(Class::Hang) => {
+                let evidence = j.evidence.clone().unwrap_or_default();
+                for n in j.blamed_nodes.iter().flatten() {
+                    push(n, r, "hang", evidence.clone());
                 }
             }
-            "health_check" => {
-                let failed = r
-                    .get("result")
-                    .and_then(|v| v.get("ok"))
-                    .and_then(|v| v.as_bool())
-                    == Some(false);
+            Event::HealthCheck(h) => {
+                let result = h.result.as_ref();
+                let failed =
+                    result.and_then(|v| v.get("ok")).and_then(|v| v.as_bool()) == Some(false);
                 if failed {
                     if let Some(node) = &r.node {
-                        let out = r
-                            .get("result")
+                        let out = result
                             .and_then(|v| v.get("output"))
                             .and_then(|v| v.as_str())
                             .unwrap_or("");
@@ -133,14 +120,10 @@ pub fn events_of<'a>(
                     }
                 }
             }
-            "straggler" if r.get("flagged").and_then(|f| f.as_bool()) != Some(false) => {
-                if let Some(node) = r.str("straggler_node").or(r.node.as_deref()) {
-                    push(
-                        node,
-                        r,
-                        "straggler",
-                        r.str("detail").unwrap_or("").to_string(),
-                    );
+            // A straggler record has no text of its own to give as evidence.
+            Event::Straggler(x) if x.flagged != Some(false) => {
+                if let Some(node) = x.straggler_node.as_deref().or(r.node.as_deref()) {
+                    push(node, r, "straggler", String::new());
                 }
             }
             _ => {}
@@ -266,7 +249,11 @@ pub fn fleet_rate(
 pub fn interruptions(job: &str, records: &[Record]) -> usize {
     let mut by_attempt: BTreeMap<u64, Vec<&Record>> = BTreeMap::new();
     for r in records {
-        let about = r.u64("about_attempt").unwrap_or(u64::from(r.attempt));
+        let about = u64::from(
+            r.event()
+                .and_then(|e| e.about_attempt())
+                .unwrap_or(r.attempt),
+        );
         by_attempt.entry(about).or_default().push(r);
     }
     by_attempt

@@ -5,6 +5,7 @@
 //! progressing, checkpointing, stalled, down, queued; failure markers and
 //! the supervisor's actions, each with a tooltip giving cause and evidence.
 
+use crate::event::{Class, Event};
 use crate::journal::Record;
 use crate::report::Report;
 use chrono::{DateTime, Utc};
@@ -121,8 +122,10 @@ fn rank_spans(recs: &[&Record], attempt: u32) -> Vec<Span> {
         .collect();
     let stall = recs.iter().find(|r| r.kind == "stall");
     let last = stall
-        .and_then(|s| s.str("last_progress"))
-        .and_then(|t| t.parse::<DateTime<Utc>>().ok())
+        .and_then(|s| match s.event() {
+            Some(Event::Stall(x)) => x.last_progress,
+            _ => None,
+        })
         .into_iter()
         .chain(progress.iter().copied())
         .max();
@@ -156,14 +159,19 @@ fn rank_spans(recs: &[&Record], attempt: u32) -> Vec<Span> {
             },
         ),
     }
-    for c in recs.iter().filter(|r| r.kind == "checkpoint_done") {
-        let d = c.f64("duration_s").unwrap_or(0.0).max(0.0);
+    for c in recs.iter() {
+        let Some(Event::CheckpointDone(done)) = c.event() else {
+            continue;
+        };
+        let d = done.duration_s.unwrap_or(0.0).max(0.0);
         let a = c.ts - chrono::Duration::microseconds((d * 1e6) as i64);
         span(a.max(start), c.ts, "checkpointing");
     }
     out
 }
 
+/// A mark's tooltip: the record's own fields that say what happened, as
+/// written (whatever its kind).
 fn tooltip_of(r: &Record) -> String {
     let mut t = format!("{} {}", r.ts.format("%H:%M:%S%.3fZ"), r.kind);
     for key in [
@@ -266,32 +274,38 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
     // Marks: failures on their rows; the supervisor's actions on every row.
     let mut marks: Vec<Mark> = Vec::new();
     for r in records {
-        let (kind, row) = match r.kind.as_str() {
-            "failure" => {
+        let Some(event) = r.event() else { continue };
+        let mut class = None;
+        let (kind, row) = match &event {
+            Event::Failure(f) => {
+                class = f.class;
                 let row = if by_node {
-                    r.str("blamed_node").map(str::to_string).or(r.node.clone())
+                    f.blamed_node.clone().or(r.node.clone())
                 } else {
                     r.rank.map(|n| format!("rank {n}"))
                 };
                 ("failure", row)
             }
-            "stall" => ("stall", row_of(r, by_node)),
-            "straggler" if r.get("flagged").and_then(Value::as_bool) == Some(true) => {
-                let row = if by_node || r.str("scope") == Some("node") {
-                    r.str("straggler_node").map(str::to_string)
+            Event::Stall(_) => ("stall", row_of(r, by_node)),
+            Event::Straggler(x) if x.flagged == Some(true) => {
+                let row = if by_node || x.scope.as_deref() == Some("node") {
+                    x.straggler_node.clone()
                 } else {
-                    r.u64("about_rank").map(|n| format!("rank {n}"))
+                    x.about_rank.map(|n| format!("rank {n}"))
                 };
                 ("straggler", row.filter(|row| rows.contains(row)))
             }
-            "judgment"
-            | "decision"
-            | "teardown"
-            | "node_excluded"
-            | "restart"
-            | "requeue"
-            | "relaunched"
-            | "straggler_exclusion" => ("action", None),
+            Event::Judgment(j) => {
+                class = j.class;
+                ("action", None)
+            }
+            Event::Decision(_)
+            | Event::Teardown(_)
+            | Event::NodeExcluded(_)
+            | Event::Restart(_)
+            | Event::Requeue(_)
+            | Event::Relaunched(_)
+            | Event::StragglerExclusion(_) => ("action", None),
             _ => continue,
         };
         marks.push(Mark {
@@ -299,7 +313,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
             row,
             kind,
             title: tooltip_of(r),
-            echo: matches!(r.str("class"), Some("secondary" | "preempted")),
+            echo: matches!(class, Some(Class::Secondary | Class::Preempted)),
         });
     }
 

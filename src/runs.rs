@@ -20,6 +20,7 @@
 //!   as one run, as journals written before run keys do);
 //! - else a new key: the UTC start time and the process id.
 
+use crate::event::Event;
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -128,7 +129,7 @@ fn continues(key: &str) -> Option<&str> {
 
 /// The run key a record was written with.
 pub fn key_of(r: &Record) -> Option<&str> {
-    r.str("run")
+    r.run()
 }
 
 /// One run, as the reports list it.
@@ -241,12 +242,20 @@ pub fn split(records: Vec<Record>) -> Vec<Run> {
         .filter(|(_, recs)| !recs.is_empty())
         .map(|(i, recs)| {
             let keys = groups.get(i).map(|g| g.keys.clone()).unwrap_or_default();
-            let exit_code = recs
-                .iter()
-                .rev()
-                .find(|r| r.kind == "job_end")
-                .or_else(|| recs.iter().rev().find(|r| r.kind == "rank_exit"))
-                .and_then(|r| r.get("exit_code").and_then(|c| c.as_i64()));
+            let code = |want: &str| {
+                recs.iter()
+                    .rev()
+                    .filter(|r| r.kind == want)
+                    .find_map(|r| match r.event() {
+                        Some(Event::JobEnd(e)) => Some(e.exit_code),
+                        Some(Event::RankExit(e)) => Some(e.exit_code),
+                        _ => None,
+                    })
+            };
+            let exit_code = code("job_end")
+                .or_else(|| code("rank_exit"))
+                .flatten()
+                .map(i64::from);
             Run {
                 info: RunInfo {
                     index: 0,

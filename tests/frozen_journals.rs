@@ -95,3 +95,36 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
         failures.join("\n")
     );
 }
+
+/// The node history (`resilio nodes`) of the same journals, scored at a
+/// fixed date, and each job's count of interruptions blamed on nodes.
+#[test]
+fn the_node_history_of_the_earlier_builds_journals_is_as_it_was() {
+    use resilio::node_history;
+    let now: chrono::DateTime<chrono::Utc> = "2026-11-24T00:00:00Z".parse().unwrap();
+    let (h, _) = node_history::build(
+        &root(),
+        now,
+        std::time::Duration::from_secs(7 * 86400),
+        None,
+    );
+    let mut got = node_history::render(&h, 1.0);
+    got.push_str(&node_history::exclude_list(&h, 1.0));
+    got.push('\n');
+    let mut jobs: Vec<PathBuf> = std::fs::read_dir(root().join("jobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    jobs.sort();
+    for d in jobs {
+        let job = d.file_name().unwrap().to_string_lossy().into_owned();
+        let j = journal::read_job(&d).unwrap();
+        got.push_str(&format!(
+            "{job}: {} interruption(s)\n",
+            node_history::interruptions(&job, &j.records)
+        ));
+    }
+    let want = std::fs::read_to_string(root().join("expected/nodes.txt")).unwrap();
+    assert!(want == got, "{}", first_difference(&want, &got));
+}

@@ -108,8 +108,11 @@ impl Coordinator {
             host: Mutex::new(host_tx),
         });
         shared.apply(vec![Effect::Journal {
-            kind: "coordinator_start",
-            data: serde_json::json!({ "url": url, "pid": std::process::id() }),
+            event: crate::event::CoordinatorStart {
+                url: Some(url.clone()),
+                pid: Some(std::process::id()),
+            }
+            .into(),
             durable: true,
         }]);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -160,10 +163,9 @@ impl Coordinator {
     }
 
     /// A journal record in the coordinator's journal.
-    pub fn record(&self, kind: &'static str, data: serde_json::Value, durable: bool) {
+    pub fn record(&self, event: impl Into<crate::event::Event>, durable: bool) {
         self.shared.apply(vec![Effect::Journal {
-            kind,
-            data,
+            event: event.into(),
             durable,
         }]);
     }
@@ -315,7 +317,11 @@ impl Advice {
             ((), Vec::new())
         });
         if changed {
-            c.record("checkpoint_interval_advised", why, false);
+            let advice = match why {
+                serde_json::Value::Object(m) => m,
+                other => [("value".to_string(), other)].into_iter().collect(),
+            };
+            c.record(crate::event::CheckpointIntervalAdvised { advice }, false);
         }
     }
 }

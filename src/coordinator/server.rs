@@ -40,11 +40,7 @@ impl Shared {
         let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
         for e in effects {
             match e {
-                Effect::Journal {
-                    kind,
-                    data,
-                    durable,
-                } => j.record(kind, data, durable),
+                Effect::Journal { event, durable } => j.write(event, durable),
                 other => {
                     let _ = self
                         .host

@@ -5,9 +5,9 @@
 //! batch-level supervisor, rank 0's agent) are the I/O around it.
 
 use super::protocol::*;
+use crate::event::{self as ev, Event};
 use crate::policy::hang::{self, HangVerdict, RankView};
 use crate::policy::straggler::{StragglerConfig, StragglerPolicy, Totals};
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -57,11 +57,7 @@ impl Default for CoordinatorConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     /// A journal record for the coordinator's journal.
-    Journal {
-        kind: &'static str,
-        data: Value,
-        durable: bool,
-    },
+    Journal { event: Event, durable: bool },
     /// The attempt failed; a stop went to every rank. The host tears the
     /// step down (if it launched it) and decides on a restart.
     Failed {
@@ -74,10 +70,9 @@ pub enum Effect {
     CheckpointSettled { id: u64, step: u64, complete: bool },
 }
 
-fn journal(kind: &'static str, data: Value, durable: bool) -> Effect {
+fn journal(event: impl Into<Event>, durable: bool) -> Effect {
     Effect::Journal {
-        kind,
-        data,
+        event: event.into(),
         durable,
     }
 }
@@ -237,18 +232,18 @@ impl JobView {
     /// Nodes flagged as stragglers in earlier attempts, from the journal
     /// (this view's host did not see them: a relaunch, a requeue).
     pub fn seed_from_journal(&mut self, records: &[crate::journal::Record]) {
-        for r in records.iter().filter(|r| {
-            r.kind == "straggler"
-                && r.attempt < self.attempt
-                && r.str("scope") == Some("node")
-                && r.get("flagged").and_then(Value::as_bool) == Some(true)
-        }) {
-            let Some(node) = r.str("straggler_node") else {
+        for (r, event) in crate::journal::events(records) {
+            let crate::event::Event::Straggler(s) = event else {
+                continue;
+            };
+            let node_flagged = s.scope.as_deref() == Some("node") && s.flagged == Some(true);
+            let (true, Some(node)) = (node_flagged && r.attempt < self.attempt, s.straggler_node)
+            else {
                 continue;
             };
             let e = self.slow_nodes_by_attempt.entry(r.attempt).or_default();
-            if !e.iter().any(|n| n == node) {
-                e.push(node.to_string());
+            if !e.contains(&node) {
+                e.push(node);
             }
         }
     }
@@ -273,8 +268,9 @@ impl JobView {
         self.straggler.reset_totals();
         self.next_window = now + self.cfg.straggler.window;
         vec![journal(
-            "coordinator_attempt",
-            json!({ "restarts": self.restarts }),
+            ev::CoordinatorAttempt {
+                restarts: Some(self.restarts),
+            },
             false,
         )]
     }
@@ -311,17 +307,23 @@ impl JobView {
         let prev_state = prev.map(|p| p.report.state);
         if was_lost {
             out.push(journal(
-                "rank_heard_again",
-                json!({ "about_rank": r.rank, "about_node": r.node }),
+                ev::RankHeardAgain {
+                    about_rank: Some(r.rank),
+                    about_node: Some(r.node.clone()),
+                    silent_s: None,
+                },
                 false,
             ));
         }
         if stepped && !self.relaunch_measured {
             self.relaunch_measured = true;
             if let Some(f) = self.failed_at {
+                let took = last_step_at.unwrap_or(now).saturating_duration_since(f);
                 out.push(journal(
-                    "relaunched",
-                    json!({ "failure_to_first_step_s": last_step_at.unwrap_or(now).saturating_duration_since(f).as_secs_f64(), "first_rank": r.rank }),
+                    ev::Relaunched {
+                        failure_to_first_step_s: Some(took.as_secs_f64()),
+                        first_rank: Some(r.rank),
+                    },
                     true,
                 ));
             }
@@ -351,8 +353,10 @@ impl JobView {
         if state == RankState::Stalled && prev_state != Some(RankState::Stalled) {
             self.stalls += 1;
             out.push(journal(
-                "stall_reported",
-                json!({ "about_rank": rank, "about_node": node }),
+                ev::StallReported {
+                    about_rank: Some(rank),
+                    about_node: Some(node.clone()),
+                },
                 false,
             ));
             if self.failing.is_none() {
@@ -435,8 +439,12 @@ impl JobView {
         });
         self.failed_at = Some(now);
         out.push(journal(
-            "teardown",
-            json!({ "reason": reason, "first_rank": rank, "about_node": node }),
+            ev::Teardown {
+                reason: Some(reason.clone()),
+                first_rank: Some(rank),
+                about_node: Some(node.to_string()),
+                ranks_left: None,
+            },
             true,
         ));
         self.push(
@@ -492,18 +500,27 @@ impl JobView {
             .count();
         let unseen = (self.world_size as usize).saturating_sub(views.len() + finished) as u32;
         let v = hang::judge(&views, tolerance, unseen);
+        let ranks = views
+            .iter()
+            .map(|w| ev::HangRank {
+                rank: w.rank,
+                node: w.node.clone(),
+                last_step: w.last_step,
+                last_progress_s: w.last_progress,
+                stalled: w.stalled,
+                exited: w.exited,
+                waiting_on_peer: w.waiting_on_peer,
+                silent: w.silent,
+                probe: self.ranks.get(&w.rank).and_then(|e| e.report.probe.clone()),
+                ..Default::default()
+            })
+            .collect();
         out.push(journal(
-            "hang",
-            json!({
-                "verdict": v,
-                "first_reported_by": first,
-                "ranks": views.iter().map(|w| json!({
-                    "rank": w.rank, "node": w.node, "last_step": w.last_step,
-                    "last_progress_s": w.last_progress, "stalled": w.stalled,
-                    "exited": w.exited, "waiting_on_peer": w.waiting_on_peer, "silent": w.silent,
-                    "probe": self.ranks.get(&w.rank).and_then(|e| e.report.probe.clone()),
-                })).collect::<Vec<_>>(),
-            }),
+            ev::Hang {
+                verdict: Some((&v).into()),
+                first_reported_by: Some(first),
+                ranks: Some(ranks),
+            },
             true,
         ));
         let (rank, node) = match v.blamed_ranks.first() {
@@ -576,8 +593,14 @@ impl JobView {
             },
         );
         let effects = vec![journal(
-            "checkpoint_requested",
-            json!({ "id": id, "step": step, "reason": reason, "fastest_step": fastest, "coordinated": true }),
+            ev::CheckpointRequested {
+                id: Some(id),
+                step: Some(step),
+                reason: Some(reason.to_string()),
+                fastest_step: Some(fastest),
+                coordinated: Some(true),
+                ..Default::default()
+            },
             true,
         )];
         Ok((id, step, effects))
@@ -610,17 +633,20 @@ impl JobView {
             .copied()
             .unwrap_or(now)
             .duration_since(p.asked);
+        let settled = ev::CheckpointSettled {
+            id: Some(p.id),
+            step: Some(p.step),
+            reason: Some(p.reason.clone()),
+            confirmed_ranks: Some(confirmed.clone()),
+            missing_ranks: Some(missing.clone()),
+            request_to_last_confirmation_s: Some(last.as_secs_f64()),
+        };
         out.push(journal(
             if complete {
-                "checkpoint_complete"
+                Event::CheckpointComplete(settled)
             } else {
-                "checkpoint_incomplete"
+                Event::CheckpointIncomplete(settled)
             },
-            json!({
-                "id": p.id, "step": p.step, "reason": p.reason,
-                "confirmed_ranks": confirmed, "missing_ranks": missing,
-                "request_to_last_confirmation_s": last.as_secs_f64(),
-            }),
             true,
         ));
         if complete {
@@ -659,9 +685,12 @@ impl JobView {
             .find(|(_, e)| e.report.node == node)
             .map_or(u32::MAX, |(r, _)| *r);
         out.push(journal(
-            "straggler_exclusion",
-            json!({ "straggler_node": node, "about_rank": (rank != u32::MAX).then_some(rank),
-                    "evidence": evidence, "checkpoint_step": saved_step }),
+            ev::StragglerExclusion {
+                straggler_node: Some(node.clone()),
+                about_rank: (rank != u32::MAX).then_some(rank),
+                evidence: Some(evidence.clone()),
+                checkpoint_step: saved_step,
+            },
             true,
         ));
         self.fail(
@@ -746,14 +775,21 @@ impl JobView {
                     exclude_now = true;
                 }
                 out.push(journal(
-                    "straggler",
-                    json!({
-                        "scope": c.scope, "who": c.who, "straggler_node": c.node,
-                        "about_rank": (c.scope == "rank").then(|| c.who.parse::<u32>().ok()).flatten(),
-                        "flagged": c.flagged, "basis": c.basis, "value_s": c.value_s,
-                        "median_s": c.median_s, "ratio": c.ratio, "windows": c.windows,
-                        "confirmed_across_restart": confirmed,
-                    }),
+                    ev::Straggler {
+                        scope: Some(c.scope.to_string()),
+                        who: Some(c.who.clone()),
+                        straggler_node: Some(c.node.clone()),
+                        about_rank: (c.scope == "rank")
+                            .then(|| c.who.parse::<u32>().ok())
+                            .flatten(),
+                        flagged: Some(c.flagged),
+                        basis: Some(c.basis.name().to_string()),
+                        value_s: Some(c.value_s),
+                        median_s: Some(c.median_s),
+                        ratio: Some(c.ratio),
+                        windows: Some(c.windows),
+                        confirmed_across_restart: Some(confirmed),
+                    },
                     true,
                 ));
             }
@@ -786,8 +822,11 @@ impl JobView {
             {
                 e.lost = true;
                 out.push(journal(
-                    "rank_lost",
-                    json!({ "about_rank": r, "about_node": e.report.node, "silent_s": now.duration_since(e.heard).as_secs_f64() }),
+                    ev::RankLost {
+                        about_rank: Some(*r),
+                        about_node: Some(e.report.node.clone()),
+                        silent_s: Some(now.duration_since(e.heard).as_secs_f64()),
+                    },
                     true,
                 ));
             }
@@ -881,6 +920,7 @@ impl JobView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn report(rank: u32, step: u64, state: RankState) -> Report {
         Report {
@@ -899,7 +939,7 @@ mod tests {
     fn kinds(e: &[Effect]) -> Vec<&'static str> {
         e.iter()
             .map(|e| match e {
-                Effect::Journal { kind, .. } => *kind,
+                Effect::Journal { event, .. } => event.kind(),
                 Effect::Failed { .. } => "<failed>",
                 Effect::CheckpointSettled { .. } => "<settled>",
             })
@@ -947,8 +987,9 @@ mod tests {
         first.progress_age_s = Some(0.5);
         let e = v.on_report(first, t + Duration::from_secs(3));
         match &e[0] {
-            Effect::Journal { kind, data, .. } => {
-                assert_eq!(*kind, "relaunched");
+            Effect::Journal { event, .. } => {
+                let (kind, data) = (event.kind(), event.clone().into_fields());
+                assert_eq!(kind, "relaunched");
                 let s = data["failure_to_first_step_s"].as_f64().unwrap();
                 assert!((s - 2.49).abs() < 1e-6, "{s}");
             }
@@ -1069,10 +1110,11 @@ mod tests {
         x.checkpoints = vec![26, step];
         v.on_report(x, t + Duration::from_secs(6));
         let e = v.tick(t + Duration::from_secs(200));
-        let Effect::Journal { kind, data, .. } = &e[0] else {
+        let Effect::Journal { event, .. } = &e[0] else {
             panic!()
         };
-        assert_eq!(*kind, "checkpoint_incomplete");
+        let (kind, data) = (event.kind(), event.clone().into_fields());
+        assert_eq!(kind, "checkpoint_incomplete");
         assert_eq!(data["missing_ranks"], json!([1, 2]));
     }
 
@@ -1093,8 +1135,9 @@ mod tests {
                 v.on_report(x, now);
             }
             for e in v.tick(now) {
-                if let Effect::Journal { kind, data, .. } = e {
-                    flagged.push((kind, data["who"].clone()));
+                if let Effect::Journal { event, .. } = e {
+                    let who = event.clone().into_fields().get("who").cloned();
+                    flagged.push((event.kind(), who.unwrap_or_default()));
                 }
             }
         }
@@ -1136,7 +1179,7 @@ mod periodic_tests {
                 matches!(
                     e,
                     Effect::Journal {
-                        kind: "checkpoint_requested",
+                        event: Event::CheckpointRequested(_),
                         ..
                     }
                 )
@@ -1207,9 +1250,15 @@ mod straggler_exclusion_tests {
     fn run(exclude: bool, flagged_before: bool) -> (JobView, Vec<Effect>) {
         let dir = tempfile::tempdir().unwrap();
         let mut w = Writer::open(dir.path(), "coordinator.jsonl", 0, None, None);
-        w.record(
-            "straggler",
-            json!({ "scope": "node", "who": if flagged_before { "n1" } else { "n0" }, "straggler_node": if flagged_before { "n1" } else { "n0" }, "flagged": true }),
+        let node = if flagged_before { "n1" } else { "n0" };
+        w.write(
+            ev::Straggler {
+                scope: Some("node".into()),
+                who: Some(node.into()),
+                straggler_node: Some(node.into()),
+                flagged: Some(true),
+                ..Default::default()
+            },
             true,
         );
         let records = journal::read_job(dir.path()).unwrap().records;
@@ -1241,7 +1290,7 @@ mod straggler_exclusion_tests {
     fn names(e: &[Effect]) -> Vec<&'static str> {
         e.iter()
             .map(|e| match e {
-                Effect::Journal { kind, .. } => *kind,
+                Effect::Journal { event, .. } => event.kind(),
                 Effect::Failed { .. } => "<failed>",
                 Effect::CheckpointSettled { .. } => "<settled>",
             })
@@ -1266,16 +1315,15 @@ mod straggler_exclusion_tests {
             .iter()
             .find_map(|e| match e {
                 Effect::Journal {
-                    kind: "straggler_exclusion",
-                    data,
+                    event: event @ Event::StragglerExclusion(_),
                     ..
-                } => Some(data.clone()),
+                } => Some(event.clone().into_fields()),
                 _ => None,
             })
             .unwrap();
         assert_eq!(data["straggler_node"], "n1");
         assert_eq!(data["about_rank"], 2);
-        assert!(data["checkpoint_step"].as_u64().is_some(), "{data}");
+        assert!(data["checkpoint_step"].as_u64().is_some(), "{data:?}");
         assert!(data["evidence"].as_str().unwrap().contains("compute time"));
         assert!(v
             .commands_for(0, 1, 0)

@@ -20,10 +20,6 @@ pub enum Class {
     /// The user's own code or configuration, recognised by its signature
     /// (ImportError, KeyError, CUDA out of memory, ...). Not worth a requeue.
     UserError,
-    /// A failure with no known signature (an unrecognised exception, a bare
-    /// non-zero exit): maybe transient, so it gets one restart; the same
-    /// failure again is taken for the user's code and stops (crash loop).
-    Unknown,
     /// The node, its GPUs or the fabric: blame the node, exclude, requeue.
     Infrastructure,
     /// The rank stopped making progress and was stopped (a hang).
@@ -32,6 +28,12 @@ pub enum Class {
     Secondary,
     /// Stopped by Slurm or an operator (time limit, preemption, scancel).
     Preempted,
+    /// A failure with no known signature (an unrecognised exception, a bare
+    /// non-zero exit): maybe transient, so it gets one restart; the same
+    /// failure again is taken for the user's code and stops (crash loop).
+    /// A class name this build does not know (a later build's) reads as this.
+    #[serde(other)]
+    Unknown,
 }
 
 impl Class {

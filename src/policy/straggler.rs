@@ -61,6 +61,16 @@ pub enum Basis {
     StepInterval,
 }
 
+impl Basis {
+    /// Name as written in the journal.
+    pub fn name(self) -> &'static str {
+        match self {
+            Basis::ComputeTime => "compute_time",
+            Basis::StepInterval => "step_interval",
+        }
+    }
+}
+
 /// A change of straggler status.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {
