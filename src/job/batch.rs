@@ -1,331 +1,32 @@
-//! The job-level decision after an attempt, taken by the `resilio run` that
-//! wraps the job's steps in the batch script
-//! (`resilio run -- srun resilio run -- python train.py`).
+//! The job level under Slurm: the `resilio run` that wraps the job's steps
+//! in the batch script (`resilio run -- srun resilio run -- python
+//! train.py`). Each entry point reads the facts (the journal, Slurm),
+//! decides purely ([`super::decide`]) and then acts ([`super::act`]).
 //!
-//! When the step has ended, every rank's agent has journaled its end with a
-//! verdict (`rank_exit.class`). This module reads them from the shared
-//! journal (plus srun's own error lines, for ranks whose agents died with
-//! their node), judges which failure was primary, decides with the restart
-//! policy, journals the decision, and acts. Inside the allocation first:
-//! the step is relaunched on the nodes that remain once the blamed ones are
-//! left out (`srun --exclude`), when enough remain. Otherwise through the
-//! [`Slurm`] trait: `scontrol requeue`, then `ExcNodeList` while Slurm is
-//! still tearing the job down (a running job's exclusion list cannot be
-//! changed; see SLURM-FACTS).
+//! - After a step, [`after_attempt`]: judge which failure was primary from
+//!   the ranks' journals and srun's lines, decide with the restart policy,
+//!   journal both, and act. Inside the allocation first: the step is
+//!   relaunched on the nodes that remain once the blamed ones are left out
+//!   (`srun --exclude`), when enough remain. Otherwise through the
+//!   [`Slurm`] trait: `scontrol requeue`, then `ExcNodeList`.
+//! - At an allocation's start: [`reconcile_previous`] records the earlier
+//!   allocations as Slurm saw them, and [`history_at_start`] leaves out the
+//!   nodes the node history lists.
 //!
 //! Attempts count steps, not allocations: an allocation runs one attempt,
 //! plus one per relaunch inside it. Each allocation's `job_start` record
 //! names it (`allocation`, Slurm's requeue count), which maps Slurm's
 //! records of an allocation to the attempts that ran in it.
 
+use super::act;
+use super::decide::{self, Decision, Facts};
 use crate::journal::{self, Record, Writer};
-use crate::policy::failure::{self, Class, Judgment, RankFailure, Verdict};
-use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
+use crate::policy::restart::{Allocation, AttemptOutcome};
 use crate::slurm::Slurm;
-use serde_json::json;
 use std::path::Path;
 
-/// What the batch-level agent knows about its own child (srun, or a single trainer).
-pub struct StepEnd<'a> {
-    pub exit_code: i32,
-    pub verdict: &'a Verdict,
-    /// The child's last output lines (srun's `srun: error:` lines are here).
-    pub tail: &'a [String],
-    pub node: &'a str,
-    /// Slurm's pre-timeout signal arrived during the attempt.
-    pub pre_timeout: bool,
-    /// When the step ended (srun's failure lines are dated by it): passed
-    /// in, so that judging reads no clock.
-    pub ended: chrono::DateTime<chrono::Utc>,
-}
-
-fn class_of(name: &str) -> Option<Class> {
-    Some(match name {
-        "clean" => Class::Clean,
-        "user_error" => Class::UserError,
-        "unknown" => Class::Unknown,
-        "infrastructure" => Class::Infrastructure,
-        "hang" => Class::Hang,
-        "secondary" => Class::Secondary,
-        "preempted" => Class::Preempted,
-        _ => return None,
-    })
-}
-
-fn secs(r: &Record) -> f64 {
-    r.ts.timestamp_micros() as f64 / 1e6
-}
-
-/// Failures srun reports for tasks whose agents could not (node crash).
-/// `srun: error: n3: task 2: Exited with exit code 137`,
-/// `srun: error: Node failure on n2`.
-pub fn srun_failures(tail: &[String], at: f64) -> Vec<RankFailure> {
-    let mut out = Vec::new();
-    for line in tail {
-        let Some(rest) = line.trim().strip_prefix("srun: error: ") else {
-            continue;
-        };
-        if let Some(node) = rest.strip_prefix("Node failure on ") {
-            let node = node.trim().to_string();
-            if crate::slurm::hostlist::valid_node_name(&node) {
-                out.push(RankFailure {
-                    rank: u32::MAX,
-                    node,
-                    at,
-                    verdict: Verdict {
-                        class: Class::Infrastructure,
-                        reason: "Slurm reported a node failure".into(),
-                        evidence: Some(line.trim().to_string()),
-                    },
-                });
-            }
-            continue;
-        }
-        // "<node>: task <n>: <what>"
-        let mut parts = rest.splitn(3, ": ");
-        let (Some(node), Some(task), Some(what)) = (parts.next(), parts.next(), parts.next())
-        else {
-            continue;
-        };
-        let Some(rank) = task
-            .strip_prefix("task ")
-            .and_then(|t| t.trim().parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if !crate::slurm::hostlist::valid_node_name(node) {
-            continue;
-        }
-        let code: Option<i32> = what
-            .strip_prefix("Exited with exit code ")
-            .and_then(|c| c.trim().parse().ok());
-        // An agent that reports 137 saw its trainer SIGKILLed; a task that
-        // was itself "Killed" or "Terminated" is srun tearing the step down.
-        let class = match (code, what) {
-            (Some(137), _) => Class::Infrastructure,
-            (_, w) if w.starts_with("Terminated") || w.starts_with("Killed") => Class::Secondary,
-            _ => Class::Unknown,
-        };
-        out.push(RankFailure {
-            rank,
-            node: node.to_string(),
-            at,
-            verdict: Verdict {
-                class,
-                reason: format!("srun: {what}"),
-                evidence: Some(line.trim().to_string()),
-            },
-        });
-    }
-    out
-}
-
-/// Judge this attempt from the journal records of its ranks and srun's lines.
-pub fn judge_attempt(
-    records: &[Record],
-    attempt: u32,
-    step: &StepEnd<'_>,
-) -> (Vec<RankFailure>, Option<Judgment>) {
-    let mut failures: Vec<RankFailure> = records
-        .iter()
-        .filter(|r| r.attempt == attempt && r.kind == "rank_exit" && r.rank.is_some())
-        .filter_map(|r| {
-            Some(RankFailure {
-                rank: r.rank?,
-                node: r.node.clone().unwrap_or_default(),
-                at: secs(r),
-                verdict: Verdict {
-                    class: class_of(r.str("class")?)?,
-                    reason: r.str("class_reason").unwrap_or("").to_string(),
-                    evidence: r.str("evidence").map(str::to_string),
-                },
-            })
-        })
-        .collect();
-    // The coordinator's job-wide judgment of a hang names the rank that hung
-    // first: it is the cause, the ranks that stalled waiting for it are echoes.
-    if let Some(h) = records
-        .iter()
-        .rev()
-        .find(|r| r.kind == "hang" && r.attempt == attempt)
-    {
-        let v = h.get("verdict");
-        let blamed: Vec<u32> = v
-            .and_then(|v| v.get("blamed_ranks"))
-            .and_then(|b| b.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|x| x.as_u64().map(|x| x as u32))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let why = v
-            .and_then(|v| v.get("reason"))
-            .and_then(|r| r.as_str())
-            .unwrap_or("")
-            .to_string();
-        if !blamed.is_empty() {
-            // A rank that finished cleanly (its trainer ended on its own
-            // while the hang was being judged) is no one's hang.
-            for f in failures
-                .iter_mut()
-                .filter(|f| f.verdict.class != Class::Clean)
-            {
-                if blamed.contains(&f.rank) {
-                    f.verdict = Verdict {
-                        class: Class::Hang,
-                        reason: "hung first (the coordinator's job-wide judgment)".into(),
-                        evidence: Some(why.clone()),
-                    };
-                } else if matches!(f.verdict.class, Class::Hang | Class::Preempted) {
-                    f.verdict = Verdict {
-                        class: Class::Secondary,
-                        reason: "stalled waiting for the rank that hung first".into(),
-                        evidence: Some(why.clone()),
-                    };
-                }
-            }
-        }
-    }
-    // The coordinator stopped the step to leave a confirmed straggler node
-    // out: that node is the cause, every rank stopped with it an echo.
-    if let Some(x) = records
-        .iter()
-        .rev()
-        .find(|r| r.kind == "straggler_exclusion" && r.attempt == attempt)
-    {
-        let node = x.str("straggler_node").unwrap_or("").to_string();
-        let rank = x.u64("about_rank").map_or(u32::MAX, |r| r as u32);
-        failures.retain(|f| f.rank != rank);
-        for f in failures.iter_mut() {
-            if !matches!(f.verdict.class, Class::Clean | Class::UserError) {
-                f.verdict = Verdict {
-                    class: Class::Secondary,
-                    reason: "stopped to leave a straggling node out".into(),
-                    evidence: f.verdict.evidence.clone(),
-                };
-            }
-        }
-        failures.push(RankFailure {
-            rank,
-            node,
-            at: secs(x),
-            verdict: Verdict {
-                class: Class::Infrastructure,
-                reason: "confirmed straggler node (the coordinator's judgment)".into(),
-                evidence: x.str("evidence").map(|e| format!("straggler: {e}")),
-            },
-        });
-    }
-    // Ranks journaled by their agents are known; srun adds the silent ones
-    // (unless the supervisor stopped the step itself: then srun's lines are
-    // the teardown it asked for).
-    let now = step.ended.timestamp_micros() as f64 / 1e6;
-    let srun_lines = if step.pre_timeout {
-        Vec::new()
-    } else {
-        srun_failures(step.tail, now)
-    };
-    for f in srun_lines {
-        if !failures
-            .iter()
-            .any(|g| g.rank == f.rank && f.rank != u32::MAX)
-        {
-            failures.push(f);
-        }
-    }
-    if failures.iter().all(|f| f.verdict.class == Class::Clean) && step.exit_code != 0 {
-        // Nothing journaled a failure, yet the step failed: our own view.
-        failures.push(RankFailure {
-            rank: u32::MAX,
-            node: step.node.to_string(),
-            at: now,
-            verdict: step.verdict.clone(),
-        });
-    }
-    let judgment = failure::primary(&failures);
-    (failures, judgment)
-}
-
-/// The attempt a record is about: `about_attempt` when a later attempt
-/// recorded it (a reconstructed decision), else its own.
-fn about(r: &Record) -> u32 {
-    r.u64("about_attempt").map_or(r.attempt, |a| a as u32)
-}
-
-/// The outcomes of earlier attempts, from their `decision` records.
-pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome> {
-    records
-        .iter()
-        .filter(|r| r.kind == "decision" && about(r) < attempt)
-        .filter_map(|r| {
-            let o = r.get("outcome")?;
-            let signature = o.get("signature")?.as_str()?.to_string();
-            Some(AttemptOutcome {
-                attempt: about(r),
-                class: class_of(o.get("class")?.as_str()?)?,
-                // Journals written before `detail` existed: the signature.
-                detail: o
-                    .get("detail")
-                    .and_then(|d| d.as_str())
-                    .map_or_else(|| signature.clone(), str::to_string),
-                signature,
-                last_step: o.get("last_step").and_then(|v| v.as_u64()),
-                blamed_nodes: o
-                    .get("blamed_nodes")
-                    .and_then(|v| v.as_array())
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|n| n.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            })
-        })
-        .collect()
-}
-
-/// Never exclude so many nodes that the job could not run again: keep the
-/// exclusion only while enough healthy nodes remain for the job's size.
-fn schedulable_exclusion(
-    slurm: &dyn Slurm,
-    job: &str,
-    exclude: Vec<String>,
-    journal: &mut Writer,
-) -> Vec<String> {
-    if exclude.is_empty() {
-        return exclude;
-    }
-    let (Ok(info), Ok(all)) = (slurm.show_job(job), slurm.all_nodes()) else {
-        return exclude;
-    };
-    if info.num_nodes == 0 || all.is_empty() {
-        return exclude;
-    }
-    let usable = |excl: &[String]| {
-        all.iter()
-            .filter(|n| {
-                !n.is_failed() && !info.excluded.contains(&n.name) && !excl.contains(&n.name)
-            })
-            .count() as u32
-    };
-    let mut kept = exclude.clone();
-    while !kept.is_empty() && usable(&kept) < info.num_nodes {
-        kept.pop();
-    }
-    if kept.len() < exclude.len() {
-        journal.record(
-            "exclusion_limited",
-            json!({
-                "wanted": exclude,
-                "kept": kept,
-                "reason": format!("the job needs {} node(s); excluding more would leave it unschedulable", info.num_nodes),
-            }),
-            true,
-        );
-    }
-    kept
-}
+pub use super::act::{AtStart, Next};
+pub use super::judge::{earlier_outcomes, judge_attempt, srun_failures, StepEnd};
 
 /// The allocation a batch-level `job_start` record was written in.
 fn allocation_of(r: &Record) -> Option<u32> {
@@ -356,6 +57,17 @@ fn last_attempt_in(records: &[Record], allocation: u32) -> u32 {
         .unwrap_or_else(|| first_attempt_of_allocation(records, allocation))
 }
 
+/// The allocations before `allocation` that no `previous_attempt` record
+/// is about yet.
+fn unrecorded_allocations(records: &[Record], allocation: u32) -> Vec<u32> {
+    let seen: Vec<u32> = records
+        .iter()
+        .filter(|r| r.kind == "previous_attempt")
+        .filter_map(|r| r.u64("about_allocation").map(|a| a as u32))
+        .collect();
+    (0..allocation).filter(|a| !seen.contains(a)).collect()
+}
+
 /// At the start of a later allocation, every earlier one is recorded as
 /// Slurm saw it (`sacct -D`, and the current state of its nodes) in a
 /// `previous_attempt` record about its last attempt. Attempts that ended
@@ -373,19 +85,7 @@ pub fn reconcile_previous(
     if allocation == 0 {
         return;
     }
-    let decided: Vec<u32> = records
-        .iter()
-        .filter(|r| r.kind == "decision")
-        .map(about)
-        .collect();
-    let seen: Vec<u32> = records
-        .iter()
-        .filter(|r| r.kind == "previous_attempt")
-        .filter_map(|r| r.u64("about_allocation").map(|a| a as u32))
-        .collect();
-    // Every earlier allocation is recorded as Slurm saw it; those nobody
-    // decided on (the supervisor died with its node) also get a failure and decision.
-    let missing: Vec<u32> = (0..allocation).filter(|a| !seen.contains(a)).collect();
+    let missing = unrecorded_allocations(records, allocation);
     if missing.is_empty() {
         return;
     }
@@ -394,7 +94,7 @@ pub fn reconcile_previous(
         Err(e) => {
             journal.record(
                 "previous_attempt_unknown",
-                json!({ "attempts": missing, "error": e.to_string() }),
+                serde_json::json!({ "attempts": missing, "error": e.to_string() }),
                 false,
             );
             return;
@@ -407,189 +107,18 @@ pub fn reconcile_previous(
         let Some(row) = rows.get(alloc as usize) else {
             continue;
         };
-        let a = last_attempt_in(records, alloc);
         let failed: Vec<crate::slurm::NodeInfo> = slurm
             .node_states(&row.nodes)
             .map(|v| v.into_iter().filter(|n| n.is_failed()).collect())
             .unwrap_or_default();
-        let failed_names: Vec<String> = failed.iter().map(|n| n.name.clone()).collect();
-        let node_fail = row.state.starts_with("NODE_FAIL") || !failed.is_empty();
-        let class = if node_fail {
-            Class::Infrastructure
-        } else if row.state.starts_with("PREEMPTED") || row.state.starts_with("TIMEOUT") {
-            Class::Preempted
-        } else if row.state.starts_with("COMPLETED") {
-            Class::Clean
-        } else {
-            Class::Infrastructure
-        };
-        let evidence = format!(
-            "sacct: allocation {alloc} (attempt {a}) {} on {}{}",
-            row.state,
-            crate::slurm::hostlist::compress(&row.nodes),
-            failed
-                .iter()
-                .map(|n| format!("; {} {} ({})", n.name, n.state, n.reason))
-                .collect::<String>()
-        );
-        journal.record(
-            "previous_attempt",
-            json!({
-                "about_attempt": a,
-                "about_allocation": alloc,
-                "state": row.state,
-                "exit_code": row.exit_code,
-                "nodes": crate::slurm::hostlist::compress(&row.nodes),
-                "start": row.start,
-                "end": row.end,
-                "failed_nodes": failed_names,
-                "source": "sacct",
-            }),
-            true,
-        );
-        // A node Slurm now reports failed was part of this attempt: record
-        // its failure unless a failure on it is journaled already (the
-        // supervisor may have seen only the peers' echoes).
-        let blamed_before = records
-            .iter()
-            .filter(|r| r.kind == "failure" && about(r) == a)
-            .any(|r| {
-                r.str("blamed_node")
-                    .is_some_and(|n| failed_names.iter().any(|f| f == n))
-            });
-        if decided.contains(&a) {
-            if !failed_names.is_empty() && !blamed_before {
-                journal.record(
-                    "failure",
-                    json!({
-                        "about_attempt": a,
-                        "failure_kind": "node_failure",
-                        "class": Class::Infrastructure,
-                        "cause": "node failure",
-                        "blamed_node": failed_names.first(),
-                        "failed_nodes": failed_names,
-                        "evidence": evidence,
-                        "source": "sacct",
-                    }),
-                    true,
-                );
-            }
-            continue;
-        }
-        if class != Class::Clean {
-            journal.record(
-                "failure",
-                json!({
-                    "about_attempt": a,
-                    "failure_kind": if node_fail { "node_failure" } else { "slurm" },
-                    "class": class,
-                    "cause": if node_fail { "node failure" } else { row.state.as_str() },
-                    "blamed_node": failed_names.first(),
-                    "failed_nodes": failed_names,
-                    "evidence": evidence,
-                    "source": "sacct",
-                }),
-                true,
-            );
-        }
-        let last_step = records
-            .iter()
-            .filter(|r| r.attempt == a)
-            .filter_map(|r| {
-                r.u64("last_step")
-                    .or_else(|| (r.kind == "progress").then(|| r.u64("step")).flatten())
-            })
-            .max();
-        let outcome = AttemptOutcome::new(
-            a,
-            class,
-            if node_fail {
-                "node failure"
-            } else {
-                &row.state
-            },
-            last_step,
-            failed_names.clone(),
-        );
-        journal.record(
-            "decision",
-            json!({
-                "about_attempt": a,
-                "outcome": outcome,
-                "decision": { "action": "requeue", "reason": format!("requeued by Slurm ({})", row.state) },
-                "source": "sacct",
-            }),
-            true,
-        );
+        let a = last_attempt_in(records, alloc);
+        let seen = decide::seen_by_slurm(records, alloc, a, row, &failed);
+        act::journal_seen_by_slurm(alloc, row, &seen, journal);
     }
 }
 
-/// The judgment and decision on one attempt.
-pub struct Decided {
-    pub judgment: Judgment,
-    /// The primary failure.
-    pub primary: RankFailure,
-    pub outcome: AttemptOutcome,
-    pub evidence: String,
-    pub action: Action,
-}
-
-/// Judge the attempt from the journal, decide with the restart policy, and
-/// journal both (`judgment`, `decision`). `None` when nothing failed.
-/// With `alloc` (a job-level supervisor holding the allocation), a restart
-/// happens inside it when it can take the step again.
-pub fn decide_attempt(
-    records: &[Record],
-    attempt: u32,
-    step: &StepEnd<'_>,
-    max_restarts: u32,
-    alloc: Option<&Allocation>,
-    requeue_allowed: impl FnOnce() -> bool,
-    journal: &mut Writer,
-) -> Option<Decided> {
-    let pre_timeout = step.pre_timeout;
-    decide_with(records, attempt, step, journal, |outcome, earlier| {
-        if outcome.class == Class::Preempted && !pre_timeout {
-            // Stopped from outside with no warning: scancel, or a time limit the
-            // job did not ask to be warned of. Requeueing would undo a cancel.
-            Action::Stop {
-                reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
-            }
-        } else if let Some(alloc) = alloc {
-            match restart::decide(outcome, earlier, max_restarts, true) {
-                Action::Requeue { reason, .. } => {
-                    match restart::relaunch_where(alloc, &outcome.blamed_nodes, outcome.class) {
-                        Relaunch::InAllocation { exclude, nodes } => Action::RestartInAllocation {
-                            reason: format!("{reason}: relaunched inside the allocation"),
-                            exclude,
-                            nodes,
-                        },
-                        Relaunch::Requeue { why, .. } if !requeue_allowed() => Action::Stop {
-                            reason: format!(
-                                "{}; and not inside the allocation: {why}",
-                                restart::NOT_REQUEUEABLE
-                            ),
-                        },
-                        Relaunch::Requeue { exclude, why } => Action::Requeue {
-                            reason: format!("{reason}; not inside the allocation: {why}"),
-                            exclude,
-                        },
-                    }
-                }
-                a => a,
-            }
-        } else {
-            restart::decide(outcome, earlier, max_restarts, requeue_allowed())
-        }
-    })
-}
-
-/// Local mode (`resilio run` outside Slurm): the same judgment, and the
-/// decision is a restart in place or a stop (never a requeue). `remembered`:
-/// outcomes of earlier attempts decided by this process, for when the
-/// journal could not be written (the crash-loop guard and the budget hold
-/// all the same). A node that failed its health check stops the job: this
-/// machine is the only one to run on.
+/// Local mode's judgment and decision ([`decide::decide_local`]),
+/// journaled (`judgment`, `decision`). `None` when nothing failed.
 pub fn decide_local(
     records: &[Record],
     attempt: u32,
@@ -597,109 +126,10 @@ pub fn decide_local(
     max_restarts: u32,
     remembered: &[AttemptOutcome],
     journal: &mut Writer,
-) -> Option<Decided> {
-    let unhealthy = records.iter().any(|r| {
-        r.attempt == attempt
-            && r.kind == "health_check"
-            && r.get("result")
-                .and_then(|h| h.get("ok"))
-                .and_then(|ok| ok.as_bool())
-                == Some(false)
-    });
-    decide_with(records, attempt, step, journal, |outcome, earlier| {
-        let mut earlier = earlier.to_vec();
-        for o in remembered {
-            if o.attempt < attempt && !earlier.iter().any(|e| e.attempt == o.attempt) {
-                earlier.push(o.clone());
-            }
-        }
-        earlier.sort_by_key(|o| o.attempt);
-        if unhealthy && outcome.class != Class::Clean {
-            return Action::Stop {
-                reason: format!(
-                    "this machine failed its health check ({}): a restart on it would fail the same way",
-                    outcome.detail
-                ),
-            };
-        }
-        restart::decide_in_place(outcome, &earlier, max_restarts)
-    })
-}
-
-fn decide_with(
-    records: &[Record],
-    attempt: u32,
-    step: &StepEnd<'_>,
-    journal: &mut Writer,
-    choose: impl FnOnce(&AttemptOutcome, &[AttemptOutcome]) -> Action,
-) -> Option<Decided> {
-    let (failures, judgment) = judge_attempt(records, attempt, step);
-    let last_step = records
-        .iter()
-        .filter(|r| r.attempt == attempt)
-        .filter_map(|r| match r.kind.as_str() {
-            "rank_exit" => r.u64("last_step"),
-            "progress" => r.u64("step"),
-            _ => None,
-        })
-        .max();
-    let j = judgment?;
-    let primary = failures[j.primary].clone();
-    let evidence = primary
-        .verdict
-        .evidence
-        .clone()
-        .unwrap_or_else(|| primary.verdict.reason.clone());
-    let outcome = AttemptOutcome::new(
-        attempt,
-        j.class,
-        &evidence,
-        last_step,
-        j.blamed_nodes.clone(),
-    );
-    let secondary: Vec<String> = failures
-        .iter()
-        .enumerate()
-        .filter(|(i, f)| *i != j.primary && f.verdict.class != Class::Clean)
-        .map(|(_, f)| format!("rank {} on {}: {}", f.rank, f.node, f.verdict.class.name()))
-        .collect();
-    journal.record(
-        "judgment",
-        json!({
-            "class": j.class,
-            "primary_rank": (primary.rank != u32::MAX).then_some(primary.rank),
-            "primary_node": primary.node,
-            "why": j.why,
-            "evidence": evidence,
-            "reason": primary.verdict.reason,
-            "blamed_nodes": j.blamed_nodes,
-            "secondary": secondary,
-        }),
-        true,
-    );
-    let earlier = earlier_outcomes(records, attempt);
-    let action = choose(&outcome, &earlier);
-    journal.record(
-        "decision",
-        json!({ "outcome": outcome, "decision": action }),
-        true,
-    );
-    Some(Decided {
-        judgment: j,
-        primary,
-        outcome,
-        evidence,
-        action,
-    })
-}
-
-/// What the job-level supervisor does once it has decided.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Next {
-    /// Exit with this code (finished, stopped, or requeued: Slurm starts the next attempt).
-    Exit(i32),
-    /// Relaunch the step inside the allocation.
-    Relaunch(crate::slurm::step::Relaunch),
+) -> Option<Decision> {
+    let d = decide::decide_local(records, attempt, step, max_restarts, remembered)?;
+    act::journal_decision(journal, &d);
+    Some(d)
 }
 
 /// The nodes the ranks of `attempt` ran on.
@@ -731,7 +161,7 @@ pub fn after_attempt(
     let records = journal::read_job(&journal::job_dir(state_dir, job))
         .map(|j| crate::runs::of_key(j.records, journal.run()))
         .unwrap_or_default();
-    let requeue_allowed = || match slurm.show_job(job) {
+    let requeueable = || match slurm.show_job(job) {
         Ok(info) => info.requeue,
         Err(e) => {
             eprintln!("resilio: cannot read job {job} from Slurm: {e}");
@@ -746,114 +176,20 @@ pub fn after_attempt(
         },
         ..a
     });
-    let Some(d) = decide_attempt(
-        &records,
+    let facts = Facts {
+        records: &records,
         attempt,
         step,
         max_restarts,
-        alloc.as_ref(),
-        requeue_allowed,
-        journal,
-    ) else {
-        journal.record(
-            "job_end",
-            json!({ "exit_code": step.exit_code, "reason": "completed" }),
-            true,
-        );
+        alloc: alloc.as_ref(),
+    };
+    let Some(d) = decide::decide(&facts, requeueable) else {
+        act::job_end(journal, step.exit_code, "completed");
         return Next::Exit(step.exit_code);
     };
-    let (j, evidence, action) = (d.judgment, d.evidence, d.action);
-    match action {
-        Action::Finish => {
-            journal.record(
-                "job_end",
-                json!({ "exit_code": step.exit_code, "reason": "completed" }),
-                true,
-            );
-        }
-        // Local mode's decision (never taken for a Slurm job): the failure stands.
-        Action::Stop { reason } | Action::RestartInPlace { reason } => {
-            eprintln!("resilio: job {job} not requeued: {reason}");
-            journal.record(
-                "job_end",
-                json!({ "exit_code": step.exit_code, "reason": reason }),
-                true,
-            );
-        }
-        Action::RestartInAllocation {
-            exclude,
-            nodes,
-            reason,
-        } => {
-            let before = alloc
-                .as_ref()
-                .map(|a| a.excluded.clone())
-                .unwrap_or_default();
-            for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": node, "reason": j.class, "evidence": evidence, "scope": "step" }),
-                    true,
-                );
-            }
-            let next = crate::slurm::step::Relaunch {
-                attempt: attempt + 1,
-                failed_at_us: (d.primary.at * 1e6) as i64,
-                nodes,
-                exclude,
-            };
-            journal.record(
-                "restart",
-                json!({ "next_attempt": next.attempt, "reason": reason, "in_allocation": true,
-                        "exclude": next.exclude, "nodes": nodes }),
-                true,
-            );
-            eprintln!(
-                "resilio: relaunching the step of job {job} inside the allocation (attempt {}): {reason}",
-                next.attempt
-            );
-            return Next::Relaunch(next);
-        }
-        Action::Requeue { exclude, reason } => {
-            let exclude = schedulable_exclusion(slurm, job, exclude, journal);
-            let before = alloc
-                .as_ref()
-                .map(|a| a.excluded.clone())
-                .unwrap_or_default();
-            for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": node, "reason": j.class, "evidence": evidence }),
-                    true,
-                );
-            }
-            journal.record(
-                "requeue",
-                json!({ "reason": reason, "exclude": exclude }),
-                true,
-            );
-            eprintln!("resilio: requeueing job {job}: {reason}");
-            if !requeue(slurm, job, &exclude, journal) {
-                journal.record(
-                    "job_end",
-                    json!({ "exit_code": step.exit_code, "reason": "requeue failed" }),
-                    true,
-                );
-            }
-        }
-    }
-    Next::Exit(step.exit_code)
-}
-
-/// What the node history asks of a job at its start.
-#[derive(Debug, PartialEq, Eq)]
-pub enum AtStart {
-    /// Nothing listed in the allocation (or nothing to be done about it).
-    Run,
-    /// Run the step on `nodes` nodes, leaving `exclude` out.
-    LeaveOut { exclude: Vec<String>, nodes: u32 },
-    /// The job went back to the queue, excluding the listed nodes.
-    Requeued,
+    act::journal_decision(journal, &d);
+    let before = alloc.map(|a| a.excluded).unwrap_or_default();
+    act::carry_out(d, job, attempt, step.exit_code, &before, slurm, journal)
 }
 
 /// `[nodes] exclude_at_start`: before the first step of an allocation,
@@ -871,171 +207,20 @@ pub fn history_at_start(
     slurm: &dyn Slurm,
     journal: &mut Writer,
 ) -> AtStart {
-    let listed: Vec<&crate::node_history::NodeHistory> =
-        history.iter().filter(|h| h.score >= threshold).collect();
-    let here: Vec<&&crate::node_history::NodeHistory> = listed
-        .iter()
-        .filter(|h| alloc_nodes.contains(&h.node))
-        .collect();
-    if here.is_empty() {
-        journal.record(
-            "node_history_checked",
-            json!({ "listed": listed.iter().map(|h| h.node.as_str()).collect::<Vec<_>>(), "in_allocation": [] }),
-            false,
-        );
-        return AtStart::Run;
-    }
-    let names: Vec<String> = here.iter().map(|h| h.node.clone()).collect();
-    let evidence = |h: &crate::node_history::NodeHistory| {
-        format!(
-            "node history score {:.2} (threshold {threshold}): {}",
-            h.score,
-            h.events.last().map(|e| e.evidence.as_str()).unwrap_or("")
-        )
-    };
-    let requested = crate::slurm::step::requested_nodes(argv);
-    if let Some(k) = requested.filter(|_| crate::slurm::step::can_leave_out(argv)) {
-        // The user's own `srun --exclude` leaves nodes out too.
-        let theirs = crate::slurm::step::user_excluded_nodes(argv);
-        let left = alloc_nodes
-            .iter()
-            .filter(|n| !names.contains(n) && !theirs.contains(n))
-            .count() as u32;
-        if left >= k {
-            for h in &here {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": h.node, "reason": "node_history", "evidence": evidence(h), "scope": "step" }),
-                    true,
-                );
-            }
-            return AtStart::LeaveOut {
-                exclude: names,
-                nodes: k,
-            };
-        }
-    }
-    let requeued_before = records
-        .iter()
-        .any(|r| r.kind == "requeue" && r.str("by") == Some("node_history"));
-    let requeueable = slurm.show_job(job).is_ok_and(|i| i.requeue);
-    if requeued_before || !requeueable {
-        journal.record(
-            "node_history_warning",
-            json!({
-                "nodes": names,
-                "reason": if requeued_before { "requeued once for the node history already" }
-                          else { "no spare node for the step and the job cannot be requeued" },
-            }),
-            true,
-        );
-        eprintln!(
-            "resilio: the allocation holds node(s) the history lists ({}); running anyway",
-            names.join(",")
-        );
-        return AtStart::Run;
-    }
-    let exclude = schedulable_exclusion(slurm, job, names, journal);
-    if exclude.is_empty() {
-        return AtStart::Run;
-    }
-    for h in here.iter().filter(|h| exclude.contains(&h.node)) {
-        journal.record(
-            "node_excluded",
-            json!({ "excluded_node": h.node, "reason": "node_history", "evidence": evidence(h) }),
-            true,
-        );
-    }
-    let reason = format!(
-        "node history lists {} in this allocation and no spare node remains for the step",
-        exclude.join(",")
-    );
-    // Not a failure: a decision that costs no restart budget.
-    journal.record(
-        "decision",
-        json!({
-            "outcome": { "class": "clean", "signature": "node history", "last_step": null, "blamed_nodes": exclude },
-            "decision": { "action": "requeue", "reason": reason },
-        }),
-        true,
-    );
-    journal.record(
-        "requeue",
-        json!({ "reason": reason, "exclude": exclude, "by": "node_history" }),
-        true,
-    );
-    eprintln!("resilio: requeueing job {job}: {reason}");
-    if requeue(slurm, job, &exclude, journal) {
-        return AtStart::Requeued;
-    }
-    // The requeue was refused: the job runs where it is rather than not at all.
-    eprintln!("resilio: running job {job} on its allocation anyway");
-    AtStart::Run
-}
-
-/// `scontrol requeue`, then the exclusion while Slurm tears the job down.
-/// False when the job could not be requeued (said on stderr and journaled).
-fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], journal: &mut Writer) -> bool {
-    let requeued = match slurm.requeue(job) {
-        Ok(()) => Ok(()),
-        // Slurm may have requeued the job itself (a node failure):
-        // the exclusion still applies to the next attempt.
-        Err(e) => match slurm.show_job(job) {
-            Ok(info) if info.state.starts_with("PENDING") || info.state.starts_with("REQUEUE") => {
-                journal.record(
-                    "requeue",
-                    json!({ "by": "slurm", "state": info.state }),
-                    true,
-                );
-                Ok(())
-            }
-            _ => Err(e),
-        },
-    };
-    if let Err(e) = requeued {
-        eprintln!("resilio: requeue of job {job} failed: {e}");
-        journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
-        return false;
-    }
-    // The exclusion can only be set once the job is no longer running:
-    // right after the requeue, while Slurm tears it down.
-    if exclude.is_empty() {
-        return true;
-    }
-    let mut last_err = None;
-    for _ in 0..20 {
-        match slurm.exclude_more(job, exclude) {
-            Ok(all) => {
-                journal.record(
-                    "exclusion_set",
-                    json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }),
-                    true,
-                );
-                return true;
-            }
-            Err(e) => {
-                last_err = Some(e);
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
-    }
-    if let Some(e) = last_err {
-        eprintln!(
-            "resilio: could not exclude {} from job {job}: {e}",
-            exclude.join(",")
-        );
-        journal.record("exclusion_failed", json!({ "error": e.to_string() }), true);
-    }
-    // Requeued: the next attempt may land on the node again, which the
-    // journal says.
-    true
+    let requeueable = || slurm.show_job(job).is_ok_and(|i| i.requeue);
+    let plan = decide::plan_at_start(history, threshold, alloc_nodes, argv, records, requeueable);
+    act::start_plan(plan, job, slurm, journal)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::job::act::schedulable_exclusion;
+    use crate::policy::failure::{Class, Verdict};
+    use crate::policy::restart::Action;
     use crate::slurm::fake::FakeSlurm;
     use crate::slurm::JobInfo;
+    use serde_json::json;
 
     fn rank_exit(
         dir: &Path,
