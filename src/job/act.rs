@@ -171,6 +171,17 @@ pub fn schedulable_exclusion(
 /// `scontrol requeue`, then the exclusion while Slurm tears the job down.
 /// False when the job could not be requeued (said on stderr and journaled).
 pub fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], journal: &mut Writer) -> bool {
+    requeue_with(slurm, job, exclude, journal, std::thread::sleep)
+}
+
+/// [`requeue`], pausing between tries of the exclusion with `sleep`.
+fn requeue_with(
+    slurm: &dyn Slurm,
+    job: &str,
+    exclude: &[String],
+    journal: &mut Writer,
+    sleep: impl FnMut(std::time::Duration),
+) -> bool {
     let requeued = match slurm.requeue(job) {
         Ok(()) => Ok(()),
         // Slurm may have requeued the job itself (a node failure):
@@ -197,7 +208,7 @@ pub fn requeue(slurm: &dyn Slurm, job: &str, exclude: &[String], journal: &mut W
     if exclude.is_empty() {
         return true;
     }
-    match Retry::EXCLUSION.run(|| slurm.exclude_more(job, exclude), std::thread::sleep) {
+    match Retry::EXCLUSION.run(|| slurm.exclude_more(job, exclude), sleep) {
         Ok(all) => journal.record(
             "exclusion_set",
             json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }),
@@ -353,6 +364,126 @@ pub fn journal_seen_by_slurm(
                 "source": "sacct",
             }),
             true,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::journal::{self, Record};
+    use crate::slurm::fake::FakeSlurm;
+    use crate::slurm::JobInfo;
+
+    fn fake(state: &str) -> FakeSlurm {
+        FakeSlurm::with_job(JobInfo {
+            job_id: "5".into(),
+            requeue: true,
+            state: state.into(),
+            excluded: vec!["n9".into()],
+            ..JobInfo::default()
+        })
+    }
+
+    fn kinds(dir: &std::path::Path) -> Vec<Record> {
+        journal::read_job(dir).unwrap().records
+    }
+
+    #[test]
+    fn a_refused_exclusion_is_tried_on_the_schedule_and_journaled() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "batch.jsonl", 0, None, None);
+        let f = fake("RUNNING");
+        f.fail("set_excluded", "Job is no longer pending execution");
+        let mut slept = std::time::Duration::ZERO;
+        let nodes = vec!["n2".to_string()];
+        assert!(requeue_with(&f, "5", &nodes, &mut w, |d| slept += d));
+        let calls = f.calls();
+        assert_eq!(calls[0], "requeue 5");
+        assert_eq!(
+            calls
+                .iter()
+                .filter(|c| c.starts_with("set_excluded"))
+                .count(),
+            20
+        );
+        assert_eq!(slept, std::time::Duration::from_secs(2));
+        let recs = kinds(dir.path());
+        assert_eq!(recs.len(), 1);
+        assert_eq!(recs[0].kind, "exclusion_failed");
+    }
+
+    #[test]
+    fn a_job_slurm_requeued_itself_still_gets_its_exclusion() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "batch.jsonl", 0, None, None);
+        let f = fake("PENDING");
+        f.fail("requeue", "Job is pending execution");
+        let nodes = vec!["n2".to_string()];
+        assert!(requeue_with(&f, "5", &nodes, &mut w, |_| unreachable!()));
+        assert_eq!(
+            f.calls(),
+            [
+                "requeue 5",
+                "show_job 5",
+                "show_job 5",
+                "set_excluded 5 n9,n2"
+            ]
+        );
+        let recs = kinds(dir.path());
+        let k: Vec<&str> = recs.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(k, ["requeue", "exclusion_set"]);
+        assert_eq!(recs[0].str("by"), Some("slurm"));
+        assert_eq!(recs[1].str("exc_node_list"), Some("n[2,9]"));
+        // Refused and still running: the requeue failed.
+        let f = fake("RUNNING");
+        f.fail("requeue", "Access/permission denied");
+        assert!(!requeue_with(&f, "5", &nodes, &mut w, |_| unreachable!()));
+        assert_eq!(kinds(dir.path()).last().unwrap().kind, "requeue_failed");
+    }
+
+    #[test]
+    fn the_node_history_plan_is_carried_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "batch.jsonl", 0, None, None);
+        let here = vec![Listed {
+            node: "n2".into(),
+            evidence: "node history score 1.50 (threshold 1): Xid 79".into(),
+        }];
+        let f = fake("RUNNING");
+        let out = start_plan(
+            StartPlan::LeaveOut {
+                here: here.clone(),
+                nodes: 3,
+            },
+            "5",
+            &f,
+            &mut w,
+        );
+        assert_eq!(
+            out,
+            AtStart::LeaveOut {
+                exclude: vec!["n2".into()],
+                nodes: 3
+            }
+        );
+        assert!(f.calls().is_empty());
+        let out = start_plan(StartPlan::Requeue { here }, "5", &f, &mut w);
+        assert_eq!(out, AtStart::Requeued);
+        let recs = kinds(dir.path());
+        let k: Vec<(&str, Option<&str>)> = recs
+            .iter()
+            .map(|r| (r.kind.as_str(), r.str("scope").or(r.str("by"))))
+            .collect();
+        assert_eq!(
+            k,
+            [
+                ("node_excluded", Some("step")),
+                ("node_excluded", None),
+                ("decision", None),
+                ("requeue", Some("node_history")),
+                ("exclusion_set", None)
+            ]
         );
     }
 }
