@@ -14,14 +14,16 @@
 //! user's own MASTER_ADDR/MASTER_PORT are kept, and a stop from outside
 //! exits with the trainer's own status.
 
+use super::act;
+use super::batch::{self, StepEnd};
+use super::decide::Decision;
 use crate::config::Config;
 use crate::coordinator::state::{Effect, JobView};
 use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
-use crate::job::batch::{self as supervisor, StepEnd};
 use crate::journal::{self, Writer};
 use crate::policy::failure::{Class, Verdict};
-use crate::policy::restart::Action;
+use crate::policy::restart::{Action, AttemptOutcome};
 use crate::util::cmd::own_group;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -46,6 +48,48 @@ pub struct LocalOptions {
 
 pub fn run(opts: LocalOptions) -> Result<i32> {
     crate::agent::runtime()?.block_on(run_async(opts))
+}
+
+async fn run_async(opts: LocalOptions) -> Result<i32> {
+    let local = Local::new(opts)?;
+    let mut log = local.writer("launcher.jsonl");
+    let argv_text: Vec<String> = local
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    log.record(
+        "job_start",
+        json!({ "world_size": local.n, "mode": "local", "argv": argv_text, "max_restarts": local.cfg.max_restarts }),
+        true,
+    );
+    let coordinator = local.start_coordinator(&mut log)?;
+    let signals = Signals::install()?;
+    let advice = local.cfg.coordinator.policy.checkpoint_advised.then(|| {
+        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
+            &local.cfg.state_dir,
+            &local.job,
+        )))
+    });
+    let mut run = Run {
+        log,
+        coordinator,
+        advice,
+        signals,
+        attempt: 0,
+        stopped_from_outside: None,
+        ints: 0,
+        remembered: Vec::new(),
+    };
+    let final_code = loop {
+        let mut a = local.start_attempt(&mut run);
+        local.supervise(&mut run, &mut a).await;
+        if let Some(code) = local.after_attempt(&mut run, a) {
+            break code;
+        }
+    };
+    run.coordinator = None;
+    Ok(final_code)
 }
 
 /// A port free right now, for MASTER_PORT: from 20000..32000, below Linux's
@@ -78,64 +122,201 @@ fn code_of(status: WaitStatus) -> Option<i32> {
     }
 }
 
-async fn run_async(opts: LocalOptions) -> Result<i32> {
-    let cfg = opts.config;
-    let n = opts.ntasks.max(1);
-    let job = match opts.job_id {
-        Some(j) => j,
-        None => format!(
-            "local-{}-{}",
-            chrono::Utc::now().format("%Y%m%d-%H%M%S"),
-            std::process::id()
-        ),
-    };
-    journal::validate_job_id(&job).map_err(Error::Usage)?;
-    let exe = std::env::current_exe()
-        .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
-    let node = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| {
-            h.to_str()
-                .map(|s| s.split('.').next().unwrap_or(s).to_string())
+/// What stays the same across the attempts of a local run.
+struct Local {
+    cfg: Config,
+    argv: Vec<OsString>,
+    agent_args: Vec<OsString>,
+    /// Ranks.
+    n: u32,
+    /// One rank: what a plain wrapper promises (see the module's doc).
+    single: bool,
+    job: String,
+    exe: std::path::PathBuf,
+    node: String,
+    job_dir: std::path::PathBuf,
+    /// The run key, for the launcher and its ranks (handed down as RESILIO_RUN_ID).
+    run_key: Option<String>,
+    /// The journal can be written.
+    journal_ok: bool,
+    /// One rank: its agent's group takes the terminal (when this process
+    /// has it) and hands it on to the trainer, as a plain wrapper would.
+    take_tty: bool,
+}
+
+/// The signals the launcher handles.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+    usr1: tokio::signal::unix::Signal,
+    usr2: tokio::signal::unix::Signal,
+    cont: tokio::signal::unix::Signal,
+    chld: tokio::signal::unix::Signal,
+}
+
+/// What woke the supervising loop.
+enum Wake {
+    /// A child changed state, or the periodic tick: look again.
+    Look,
+    Term,
+    Int,
+    /// A signal passed on to every rank.
+    Forward(Signal),
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        let sig = |k: SignalKind| {
+            signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
+        };
+        Ok(Signals {
+            term: sig(SignalKind::terminate())?,
+            int: sig(SignalKind::interrupt())?,
+            hup: sig(SignalKind::hangup())?,
+            usr1: sig(SignalKind::user_defined1())?,
+            usr2: sig(SignalKind::user_defined2())?,
+            cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
+            chld: sig(SignalKind::child())?,
         })
-        .unwrap_or_else(|| "localhost".into());
-    let single = n == 1;
-    let job_dir = journal::job_dir(&cfg.state_dir, &job);
-    // One run key for the launcher and its ranks (handed down as RESILIO_RUN_ID).
-    let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
-    if run.fresh {
-        crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
     }
-    // An unwritable state dir: the rank's agent says so (once) and
-    // supervises without a journal; this process writes none either.
-    let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
-        && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
-    let writer = |name: &str| {
-        if journal_ok {
-            Writer::open(&job_dir, name, 0, None, Some(node.clone())).with_run(run.key.as_deref())
+
+    /// The next signal, or 100 ms without one.
+    async fn wait(&mut self) -> Wake {
+        tokio::select! {
+            _ = self.chld.recv() => Wake::Look,
+            _ = self.term.recv() => Wake::Term,
+            _ = self.int.recv() => Wake::Int,
+            _ = self.hup.recv() => Wake::Forward(Signal::SIGHUP),
+            _ = self.usr1.recv() => Wake::Forward(Signal::SIGUSR1),
+            _ = self.usr2.recv() => Wake::Forward(Signal::SIGUSR2),
+            _ = self.cont.recv() => Wake::Forward(Signal::SIGCONT),
+            _ = tokio::time::sleep(Duration::from_millis(100)) => Wake::Look,
+        }
+    }
+}
+
+/// The run's moving parts, carried from attempt to attempt.
+struct Run {
+    log: Writer,
+    coordinator: Option<Coordinator>,
+    /// `checkpoint_every = "advised"`: re-evaluated at each attempt's start
+    /// and every few minutes while it runs.
+    advice: Option<crate::coordinator::Advice>,
+    signals: Signals,
+    attempt: u32,
+    /// A stop from outside (the signal's name): no restart follows.
+    stopped_from_outside: Option<&'static str>,
+    ints: u32,
+    /// Outcomes decided here, for when the journal cannot be read back.
+    remembered: Vec<AttemptOutcome>,
+}
+
+/// One attempt while it is supervised.
+struct Attempt {
+    ranks: Vec<Rank>,
+    started: Instant,
+    failed_at: Option<Instant>,
+    failure_note: Option<String>,
+    kill_at: Option<Instant>,
+    teardown_sent: bool,
+}
+
+impl Attempt {
+    fn running(&self) -> impl Iterator<Item = &Rank> {
+        self.ranks.iter().filter(|r| r.exit.is_none())
+    }
+
+    /// Pass `s` on to every rank still running.
+    fn forward(&self, s: Signal) {
+        for r in self.running() {
+            let _ = kill(r.pid, s);
+        }
+    }
+
+    /// SIGKILL every rank's whole group.
+    fn kill_groups(&self) {
+        for r in self.running() {
+            let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
+        }
+    }
+}
+
+impl Local {
+    fn new(opts: LocalOptions) -> Result<Local> {
+        let n = opts.ntasks.max(1);
+        let job = match opts.job_id {
+            Some(j) => j,
+            None => format!(
+                "local-{}-{}",
+                chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+                std::process::id()
+            ),
+        };
+        journal::validate_job_id(&job).map_err(Error::Usage)?;
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+        let node = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| {
+                h.to_str()
+                    .map(|s| s.split('.').next().unwrap_or(s).to_string())
+            })
+            .unwrap_or_else(|| "localhost".into());
+        let job_dir = journal::job_dir(&opts.config.state_dir, &job);
+        let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+        if run.fresh {
+            crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
+        }
+        // An unwritable state dir: the rank's agent says so (once) and
+        // supervises without a journal; this process writes none either.
+        let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
+            && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
+        Ok(Local {
+            cfg: opts.config,
+            argv: opts.argv,
+            agent_args: opts.agent_args,
+            n,
+            single: n == 1,
+            job,
+            exe,
+            node,
+            job_dir,
+            run_key: run.key,
+            journal_ok,
+            take_tty: n == 1 && crate::process::owns_terminal(),
+        })
+    }
+
+    fn writer(&self, name: &str) -> Writer {
+        if self.journal_ok {
+            Writer::open(&self.job_dir, name, 0, None, Some(self.node.clone()))
+                .with_run(self.run_key.as_deref())
         } else {
             Writer::disabled()
         }
-    };
-    let mut log = writer("launcher.jsonl");
-    let argv_text: Vec<String> = opts
-        .argv
-        .iter()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    log.record(
-        "job_start",
-        json!({ "world_size": n, "mode": "local", "argv": argv_text, "max_restarts": cfg.max_restarts }),
-        true,
-    );
+    }
 
-    let coordinator = if cfg.coordinator.enabled {
+    /// The job's coordinator, in this process; `None` when it is turned
+    /// off or cannot start (the ranks supervise alone).
+    fn start_coordinator(&self, log: &mut Writer) -> Result<Option<Coordinator>> {
+        let cfg = &self.cfg;
+        if !cfg.coordinator.enabled {
+            return Ok(None);
+        }
         let bind =
             crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
-        let view = JobView::new(&job, n, 0, cfg.coordinator.policy.clone(), Instant::now());
-        let w = writer("coordinator.jsonl");
-        match Coordinator::start(view, bind, w, journal_ok.then_some(job_dir.as_path())) {
-            Ok(c) => Some(c),
+        let view = JobView::new(
+            &self.job,
+            self.n,
+            0,
+            cfg.coordinator.policy.clone(),
+            Instant::now(),
+        );
+        let w = self.writer("coordinator.jsonl");
+        let dir = self.journal_ok.then_some(self.job_dir.as_path());
+        match Coordinator::start(view, bind, w, dir) {
+            Ok(c) => Ok(Some(c)),
             Err(e) => {
                 eprintln!("resilio: coordinator: {e}; ranks supervise alone");
                 log.record(
@@ -143,47 +324,67 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                     json!({ "error": format!("coordinator: {e}") }),
                     false,
                 );
-                None
+                Ok(None)
             }
         }
-    } else {
-        None
-    };
+    }
 
-    let sig = |k: SignalKind| {
-        signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
-    };
-    let mut s_term = sig(SignalKind::terminate())?;
-    let mut s_int = sig(SignalKind::interrupt())?;
-    let mut s_hup = sig(SignalKind::hangup())?;
-    let mut s_usr1 = sig(SignalKind::user_defined1())?;
-    let mut s_usr2 = sig(SignalKind::user_defined2())?;
-    let mut s_cont = sig(SignalKind::from_raw(libc::SIGCONT))?;
-    let mut s_chld = sig(SignalKind::child())?;
-    // One rank: its agent's group takes the terminal (when this process
-    // has it) and hands it on to the trainer, as a plain wrapper would.
-    let take_tty = single && crate::process::owns_terminal();
-    // A user's own rendezvous address is kept for one rank (nothing else
-    // on this machine joins it).
-    let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
-    // Outcomes decided here, for when the journal cannot be read back.
-    let mut remembered: Vec<crate::policy::restart::AttemptOutcome> = Vec::new();
+    /// The agent of rank `r`, with the torchrun variables.
+    fn rank_command(&self, r: u32, attempt: u32, port: u16, c: Option<&Coordinator>) -> Command {
+        let (n, single) = (self.n, self.single);
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run")
+            .args(&self.agent_args)
+            .arg("--")
+            .args(&self.argv)
+            .envs([
+                ("RANK", r.to_string()),
+                ("LOCAL_RANK", r.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("GROUP_RANK", "0".into()),
+                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                ("RESILIO_JOB_ID", self.job.clone()),
+                ("RESILIO_ATTEMPT", attempt.to_string()),
+                (
+                    "RESILIO_STATE_DIR",
+                    self.cfg.state_dir.to_string_lossy().into_owned(),
+                ),
+                (
+                    ENV_LAUNCHER,
+                    if single { LAUNCHER_SINGLE } else { "1" }.into(),
+                ),
+            ])
+            .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+            // Ranks run in process groups of their own (so a Ctrl-C
+            // reaches them once, through the launcher). Several ranks
+            // are not in the terminal's foreground, so none may read
+            // it; one rank gets stdin and the terminal.
+            .stdin(if single {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        // The launcher gone (even by SIGKILL): the agents stop their ranks.
+        own_group(&mut cmd, Signal::SIGTERM, self.take_tty);
+        // A user's own rendezvous address is kept for one rank (nothing
+        // else on this machine joins it).
+        let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
+        if !keep_master("MASTER_ADDR") {
+            cmd.env("MASTER_ADDR", "127.0.0.1");
+        }
+        if !keep_master("MASTER_PORT") {
+            cmd.env("MASTER_PORT", port.to_string());
+        }
+        if let Some(c) = c {
+            cmd.envs(c.env());
+        }
+        cmd
+    }
 
-    let grace = cfg.kill_grace;
-    let mut attempt = 0u32;
-    let mut stopped_from_outside: Option<&'static str> = None;
-    let mut ints = 0u32;
-    let final_code;
-    let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
-        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
-            &cfg.state_dir,
-            &job,
-        )))
-    });
-    loop {
-        // `checkpoint_every = "advised"`: evaluated at each attempt's start
-        // and every few minutes while it runs.
-        if let (Some(c), Some(a)) = (&coordinator, advice.as_mut()) {
+    /// Start every rank's agent for the run's current attempt.
+    fn start_attempt(&self, run: &mut Run) -> Attempt {
+        if let (Some(c), Some(a)) = (&run.coordinator, run.advice.as_mut()) {
             a.now();
             a.poll(c, Instant::now());
         }
@@ -191,51 +392,8 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         let started = Instant::now();
         let mut ranks: Vec<Rank> = Vec::new();
         let mut spawn_error = None;
-        for r in 0..n {
-            let mut cmd = Command::new(&exe);
-            cmd.arg("run")
-                .args(&opts.agent_args)
-                .arg("--")
-                .args(&opts.argv)
-                .envs([
-                    ("RANK", r.to_string()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("WORLD_SIZE", n.to_string()),
-                    ("LOCAL_WORLD_SIZE", n.to_string()),
-                    ("GROUP_RANK", "0".into()),
-                    ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
-                    ("RESILIO_JOB_ID", job.clone()),
-                    ("RESILIO_ATTEMPT", attempt.to_string()),
-                    (
-                        "RESILIO_STATE_DIR",
-                        cfg.state_dir.to_string_lossy().into_owned(),
-                    ),
-                    (
-                        ENV_LAUNCHER,
-                        if single { LAUNCHER_SINGLE } else { "1" }.into(),
-                    ),
-                ])
-                .envs(run.key.iter().map(|k| (crate::runs::ENV_RUN, k)))
-                // Ranks run in process groups of their own (so a Ctrl-C
-                // reaches them once, through the launcher). Several ranks
-                // are not in the terminal's foreground, so none may read
-                // it; one rank gets stdin and the terminal.
-                .stdin(if single {
-                    Stdio::inherit()
-                } else {
-                    Stdio::null()
-                });
-            // The launcher gone (even by SIGKILL): the agents stop their ranks.
-            own_group(&mut cmd, Signal::SIGTERM, take_tty);
-            if !keep_master("MASTER_ADDR") {
-                cmd.env("MASTER_ADDR", "127.0.0.1");
-            }
-            if !keep_master("MASTER_PORT") {
-                cmd.env("MASTER_PORT", port.to_string());
-            }
-            if let Some(c) = &coordinator {
-                cmd.envs(c.env());
-            }
+        for r in 0..self.n {
+            let mut cmd = self.rank_command(r, run.attempt, port, run.coordinator.as_ref());
             match cmd.spawn() {
                 Ok(child) => ranks.push(Rank {
                     rank: r,
@@ -248,237 +406,208 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 }
             }
         }
-        log.record(
+        run.log.record(
             "launch",
             json!({
-                "ranks": n, "master_port": port,
+                "ranks": self.n, "master_port": port,
                 "agent_pids": ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>(),
             }),
             true,
         );
-
-        // Supervise the attempt until every agent is gone.
-        let mut failed_at: Option<Instant> = None;
-        let mut failure_note: Option<String> = None;
-        let mut kill_at: Option<Instant> = None;
+        let mut a = Attempt {
+            ranks,
+            started,
+            failed_at: None,
+            failure_note: None,
+            kill_at: None,
+            teardown_sent: false,
+        };
         if let Some(e) = spawn_error {
             eprintln!("resilio: {e}");
-            failure_note = Some(e);
-            failed_at = Some(Instant::now());
+            a.failure_note = Some(e);
+            a.failed_at = Some(Instant::now());
         }
-        let mut teardown_sent = false;
+        a
+    }
+
+    /// Supervise the attempt until every agent is gone.
+    async fn supervise(&self, run: &mut Run, a: &mut Attempt) {
         loop {
-            // Reap.
-            for r in ranks.iter_mut().filter(|r| r.exit.is_none()) {
-                if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
-                    if let Some(c) = code_of(st) {
-                        r.exit = Some(c);
-                        if c != 0 && failed_at.is_none() && stopped_from_outside.is_none() {
-                            failed_at = Some(Instant::now());
-                            failure_note = Some(format!("rank {} exited {c}", r.rank));
-                        }
-                    }
-                }
-            }
-            if let (Some(c), Some(a)) = (&coordinator, advice.as_mut()) {
-                a.poll(c, Instant::now());
-            }
-            if let Some(c) = &coordinator {
-                while let Ok(e) = c.effects.try_recv() {
-                    if let Effect::Failed { reason, .. } = e {
-                        if failed_at.is_none() {
-                            failed_at = Some(Instant::now());
-                            failure_note = Some(reason);
-                        }
-                    }
-                }
-            }
-            if ranks.iter().all(|r| r.exit.is_some()) {
-                break;
+            self.look(run, a);
+            if a.ranks.iter().all(|r| r.exit.is_some()) {
+                return;
             }
             let now = Instant::now();
-            if (failed_at.is_some() || stopped_from_outside.is_some()) && !teardown_sent {
-                // Stop every rank now (the coordinator's stop went out too);
-                // the agents give their trainers the grace, then kill. One
-                // rank failed alone: its agent is ending it already (after
-                // a stall, once the diagnostics are taken, and not at all
-                // when the trainer finishes on its own meanwhile).
-                teardown_sent = true;
-                if !single {
-                    for r in ranks.iter().filter(|r| r.exit.is_none()) {
-                        let _ = kill(r.pid, Signal::SIGTERM);
-                    }
-                    kill_at = Some(now + grace + Duration::from_secs(5));
-                }
-                if let Some(note) = &failure_note {
-                    log.record(
-                        "teardown",
-                        json!({ "reason": note, "ranks_left": ranks.iter().filter(|r| r.exit.is_none()).count() }),
-                        true,
-                    );
-                }
+            if (a.failed_at.is_some() || run.stopped_from_outside.is_some()) && !a.teardown_sent {
+                self.tear_down(run, a, now);
             }
-            if kill_at.is_some_and(|t| now >= t) {
-                for r in ranks.iter().filter(|r| r.exit.is_none()) {
-                    let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
-                }
+            if a.kill_at.is_some_and(|t| now >= t) {
+                a.kill_groups();
             }
-            let forward = |ranks: &[Rank], s: Signal| {
-                for r in ranks.iter().filter(|r| r.exit.is_none()) {
-                    let _ = kill(r.pid, s);
-                }
-            };
-            tokio::select! {
-                _ = s_chld.recv() => {}
-                _ = s_term.recv() => { stopped_from_outside.get_or_insert("SIGTERM"); forward(&ranks, Signal::SIGTERM); teardown_sent = true; kill_at.get_or_insert(Instant::now() + grace + Duration::from_secs(5)); }
-                _ = s_int.recv() => {
-                    ints += 1;
-                    stopped_from_outside.get_or_insert("SIGINT");
-                    // One rank: its agent counts them (a second one kills
-                    // the trainer's whole group at once, and reaps it).
-                    if ints >= 2 && !single {
-                        for r in ranks.iter().filter(|r| r.exit.is_none()) {
-                            let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
-                        }
-                    } else {
-                        forward(&ranks, Signal::SIGINT);
+            let wake = run.signals.wait().await;
+            self.on_wake(run, a, wake);
+        }
+    }
+
+    /// Reap the agents that ended, and hear the coordinator: the first
+    /// failure is noted (not after a stop from outside).
+    fn look(&self, run: &mut Run, a: &mut Attempt) {
+        for r in a.ranks.iter_mut().filter(|r| r.exit.is_none()) {
+            if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
+                if let Some(c) = code_of(st) {
+                    r.exit = Some(c);
+                    if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+                        a.failed_at = Some(Instant::now());
+                        a.failure_note = Some(format!("rank {} exited {c}", r.rank));
                     }
-                    teardown_sent = true;
-                    kill_at.get_or_insert(Instant::now() + grace + Duration::from_secs(5));
                 }
-                _ = s_hup.recv() => forward(&ranks, Signal::SIGHUP),
-                _ = s_usr1.recv() => forward(&ranks, Signal::SIGUSR1),
-                _ = s_usr2.recv() => forward(&ranks, Signal::SIGUSR2),
-                _ = s_cont.recv() => forward(&ranks, Signal::SIGCONT),
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
             }
         }
-        if take_tty {
-            for r in &ranks {
+        if let (Some(c), Some(adv)) = (&run.coordinator, run.advice.as_mut()) {
+            adv.poll(c, Instant::now());
+        }
+        if let Some(c) = &run.coordinator {
+            while let Ok(e) = c.effects.try_recv() {
+                if let Effect::Failed { reason, .. } = e {
+                    if a.failed_at.is_none() {
+                        a.failed_at = Some(Instant::now());
+                        a.failure_note = Some(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop every rank now (the coordinator's stop went out too); the
+    /// agents give their trainers the grace, then kill. One rank failed
+    /// alone: its agent is ending it already (after a stall, once the
+    /// diagnostics are taken, and not at all when the trainer finishes on
+    /// its own meanwhile).
+    fn tear_down(&self, run: &mut Run, a: &mut Attempt, now: Instant) {
+        a.teardown_sent = true;
+        if !self.single {
+            a.forward(Signal::SIGTERM);
+            a.kill_at = Some(now + self.cfg.kill_grace + Duration::from_secs(5));
+        }
+        if let Some(note) = &a.failure_note {
+            run.log.record(
+                "teardown",
+                json!({ "reason": note, "ranks_left": a.running().count() }),
+                true,
+            );
+        }
+    }
+
+    fn on_wake(&self, run: &mut Run, a: &mut Attempt, wake: Wake) {
+        let kill_at = Instant::now() + self.cfg.kill_grace + Duration::from_secs(5);
+        match wake {
+            Wake::Look => {}
+            Wake::Term => {
+                run.stopped_from_outside.get_or_insert("SIGTERM");
+                a.forward(Signal::SIGTERM);
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
+            Wake::Int => {
+                run.ints += 1;
+                run.stopped_from_outside.get_or_insert("SIGINT");
+                // One rank: its agent counts them (a second one kills
+                // the trainer's whole group at once, and reaps it).
+                if run.ints >= 2 && !self.single {
+                    a.kill_groups();
+                } else {
+                    a.forward(Signal::SIGINT);
+                }
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
+            Wake::Forward(s) => a.forward(s),
+        }
+    }
+
+    /// The attempt has ended: journal it, and either end the job (its exit
+    /// code) or restart in place (`None`).
+    fn after_attempt(&self, run: &mut Run, a: Attempt) -> Option<i32> {
+        if self.take_tty {
+            for r in &a.ranks {
                 crate::process::reclaim_terminal(r.pid);
             }
         }
         let ended = Instant::now();
-        let codes: Vec<i32> = ranks.iter().filter_map(|r| r.exit).collect();
+        let codes: Vec<i32> = a.ranks.iter().filter_map(|r| r.exit).collect();
         // The job's status is the failure's, not the echo of resilio's own
         // teardown (SIGTERM, then SIGKILL after the grace) of the other ranks:
         // 124 for a hang, the culprit's code for a crash.
         let worst = [|c: i32| c != 0 && c != 143 && c != 137, |c: i32| c != 0]
             .iter()
-            .find_map(|keep| ranks.iter().filter_map(|r| r.exit).find(|c| keep(*c)))
+            .find_map(|keep| a.ranks.iter().filter_map(|r| r.exit).find(|c| keep(*c)))
             .unwrap_or(0);
-        log.record(
+        let teardown_s = a.failed_at.map(|f| ended.duration_since(f).as_secs_f64());
+        run.log.record(
             "attempt_end",
             json!({
                 "exit_codes": codes,
-                "runtime_s": ended.duration_since(started).as_secs_f64(),
-                "teardown_s": failed_at.map(|f| ended.duration_since(f).as_secs_f64()),
+                "runtime_s": ended.duration_since(a.started).as_secs_f64(),
+                "teardown_s": teardown_s,
             }),
             true,
         );
-        if worst == 0 && failed_at.is_none() && stopped_from_outside.is_none() {
-            log.record(
-                "job_end",
-                json!({ "exit_code": 0, "reason": "completed" }),
-                true,
-            );
-            final_code = 0;
-            break;
+        if worst == 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+            act::job_end(&mut run.log, 0, "completed");
+            return Some(0);
         }
-        if let Some(s) = stopped_from_outside {
-            log.record(
-                "job_end",
-                json!({ "exit_code": worst, "reason": format!("stopped by {s}") }),
-                true,
-            );
+        if let Some(s) = run.stopped_from_outside {
+            act::job_end(&mut run.log, worst, &format!("stopped by {s}"));
             // One rank: the trainer's own status (it may end cleanly on
             // the signal), as a plain wrapper would exit.
-            final_code = if worst == 0 && !single {
+            return Some(if worst == 0 && !self.single {
                 128 + 15
             } else {
                 worst
-            };
-            break;
+            });
         }
-        // Judge and decide from the ranks' journals, as the Slurm supervisor does.
-        let records = journal::read_job(&job_dir)
-            .map(|j| crate::runs::of_key(j.records, log.run()))
+        let (code, reason) = self.after_failure(run, &a, worst, teardown_s)?;
+        act::job_end(&mut run.log, code, &reason);
+        Some(code)
+    }
+
+    /// Judge and decide from the ranks' journals, as the Slurm supervisor
+    /// does: how the job ends, or `None` when it restarts in place.
+    fn after_failure(
+        &self,
+        run: &mut Run,
+        a: &Attempt,
+        worst: i32,
+        teardown_s: Option<f64>,
+    ) -> Option<(i32, String)> {
+        let records = journal::read_job(&self.job_dir)
+            .map(|j| crate::runs::of_key(j.records, run.log.run()))
             .unwrap_or_default();
-        // What the launcher saw itself, when no rank journaled its end
-        // (an unwritable journal, a command that could not be started).
-        let fallback = if matches!(worst, 126 | 127) {
-            Verdict {
-                class: Class::UserError,
-                reason: "the command could not be started".into(),
-                evidence: Some(format!(
-                    "exit code {worst}: command not found or not executable"
-                )),
-            }
-        } else {
-            Verdict {
-                class: Class::Infrastructure,
-                reason: failure_note
-                    .clone()
-                    .unwrap_or_else(|| "a rank failed".into()),
-                evidence: None,
-            }
-        };
+        let fallback = fallback_verdict(worst, a.failure_note.as_deref());
         let step = StepEnd {
             ended: chrono::Utc::now(),
             exit_code: worst,
             verdict: &fallback,
             tail: &[],
-            node: &node,
+            node: &self.node,
             pre_timeout: false,
         };
-        let decided = supervisor::decide_local(
+        let decided = batch::decide_local(
             &records,
-            attempt,
+            run.attempt,
             &step,
-            cfg.max_restarts,
-            &remembered,
-            &mut log,
+            self.cfg.max_restarts,
+            &run.remembered,
+            &mut run.log,
         );
         if let Some(d) = &decided {
-            remembered.push(d.outcome.clone());
+            run.remembered.push(d.outcome.clone());
         }
-        let code = decided
-            .as_ref()
-            .and_then(|d| {
-                // A hang ends as a stall does (124, as timeout(1)), even when
-                // the culprit was stopped by the coordinator, not by its agent.
-                if d.outcome.class == Class::Hang {
-                    return Some(crate::error::EXIT_STALLED);
-                }
-                ranks
-                    .iter()
-                    .find(|r| r.rank == d.primary.rank)
-                    .and_then(|r| r.exit)
-                    .filter(|c| *c != 0)
-            })
-            .unwrap_or(if worst == 0 { 1 } else { worst });
+        let code = exit_code(decided.as_ref(), &a.ranks, worst);
         let class = decided.as_ref().map(|d| d.outcome.class);
-        // How the job ends, unless it restarts.
-        let end: Option<(i32, String)> = match decided.map(|d| d.action) {
+        match decided.map(|d| d.action) {
             Some(Action::RestartInPlace { reason }) => {
-                attempt += 1;
-                if single {
-                    eprintln!("resilio: restarting in place (attempt {attempt}): {reason}");
-                } else {
-                    eprintln!(
-                        "resilio: restarting all {n} ranks in place (attempt {attempt}): {reason}"
-                    );
-                }
-                log.record(
-                    "restart",
-                    json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
-                            "teardown_s": failed_at.map(|f| ended.duration_since(f).as_secs_f64()) }),
-                    true,
-                );
-                log.set_attempt(attempt);
-                if let Some(c) = &coordinator {
-                    c.new_attempt(attempt);
-                }
+                self.restart_in_place(run, &reason, teardown_s);
                 None
             }
             Some(Action::Stop { reason }) => {
@@ -486,10 +615,10 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
                 // budget of 0 (none was asked for), nor for one rank's own
                 // error or a stop from outside in its first attempt: the
                 // trainer's output, or the person who stopped it, tells.
-                let self_evident = single
-                    && attempt == 0
+                let self_evident = self.single
+                    && run.attempt == 0
                     && matches!(class, Some(Class::UserError | Class::Preempted));
-                if cfg.max_restarts > 0 && !self_evident {
+                if self.cfg.max_restarts > 0 && !self_evident {
                     eprintln!("resilio: not restarting: {reason}");
                 }
                 Some((code, reason))
@@ -503,17 +632,67 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
             // end says so.
             Some(Action::Finish) | None if worst == 0 => Some((0, "completed".into())),
             Some(Action::Finish) | None => Some((code, "failed".into())),
-        };
-        if let Some((code, reason)) = end {
-            log.record(
-                "job_end",
-                json!({ "exit_code": code, "reason": reason }),
-                true,
-            );
-            final_code = code;
-            break;
         }
     }
-    drop(coordinator);
-    Ok(final_code)
+
+    fn restart_in_place(&self, run: &mut Run, reason: &str, teardown_s: Option<f64>) {
+        run.attempt += 1;
+        let attempt = run.attempt;
+        if self.single {
+            eprintln!("resilio: restarting in place (attempt {attempt}): {reason}");
+        } else {
+            eprintln!(
+                "resilio: restarting all {} ranks in place (attempt {attempt}): {reason}",
+                self.n
+            );
+        }
+        run.log.record(
+            "restart",
+            json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
+                    "teardown_s": teardown_s }),
+            true,
+        );
+        run.log.set_attempt(attempt);
+        if let Some(c) = &run.coordinator {
+            c.new_attempt(attempt);
+        }
+    }
+}
+
+/// What the launcher saw itself, for when no rank journaled its end (an
+/// unwritable journal, a command that could not be started).
+fn fallback_verdict(worst: i32, failure_note: Option<&str>) -> Verdict {
+    if matches!(worst, 126 | 127) {
+        Verdict {
+            class: Class::UserError,
+            reason: "the command could not be started".into(),
+            evidence: Some(format!(
+                "exit code {worst}: command not found or not executable"
+            )),
+        }
+    } else {
+        Verdict {
+            class: Class::Infrastructure,
+            reason: failure_note.unwrap_or("a rank failed").to_string(),
+            evidence: None,
+        }
+    }
+}
+
+/// The job's exit code after a failure: 124 for a hang (as a stall ends,
+/// as timeout(1)), even when the culprit was stopped by the coordinator,
+/// not by its agent; else the primary rank's own non-zero code, else the
+/// worst.
+fn exit_code(d: Option<&Decision>, ranks: &[Rank], worst: i32) -> i32 {
+    d.and_then(|d| {
+        if d.outcome.class == Class::Hang {
+            return Some(crate::error::EXIT_STALLED);
+        }
+        ranks
+            .iter()
+            .find(|r| r.rank == d.primary.rank)
+            .and_then(|r| r.exit)
+            .filter(|c| *c != 0)
+    })
+    .unwrap_or(if worst == 0 { 1 } else { worst })
 }
