@@ -308,3 +308,117 @@ pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {
         })
         .max()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn rec(kind: &str, rank: Option<u32>, node: &str, at: i64, data: Value) -> Record {
+        Record {
+            v: 1,
+            ts: chrono::DateTime::from_timestamp(1_800_000_000 + at, 0).unwrap(),
+            kind: kind.into(),
+            attempt: 0,
+            rank,
+            node: (!node.is_empty()).then(|| node.into()),
+            data: data.as_object().cloned().unwrap_or_default(),
+        }
+    }
+
+    fn exit(rank: u32, node: &str, at: i64, class: &str) -> Record {
+        rec(
+            "rank_exit",
+            Some(rank),
+            node,
+            at,
+            json!({ "class": class, "class_reason": "", "last_step": 7 }),
+        )
+    }
+
+    fn step<'a>(v: &'a Verdict, tail: &'a [String], exit_code: i32) -> StepEnd<'a> {
+        StepEnd {
+            exit_code,
+            verdict: v,
+            tail,
+            node: "n1",
+            pre_timeout: false,
+            ended: chrono::DateTime::from_timestamp(1_800_000_100, 0).unwrap(),
+        }
+    }
+
+    fn own() -> Verdict {
+        Verdict {
+            class: Class::Unknown,
+            reason: "exit 1".into(),
+            evidence: None,
+        }
+    }
+
+    #[test]
+    fn the_rank_that_hung_first_is_the_cause_and_its_waiting_peers_echoes() {
+        let records = [
+            exit(0, "n1", 10, "hang"),
+            exit(1, "n2", 11, "hang"),
+            exit(2, "n3", 12, "clean"),
+            rec(
+                "hang",
+                None,
+                "",
+                9,
+                json!({ "verdict": { "blamed_ranks": [1, 2], "reason": "rank 1 stopped at step 7" } }),
+            ),
+        ];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 1));
+        let classes: Vec<Class> = failures.iter().map(|f| f.verdict.class).collect();
+        // Rank 2 finished cleanly: no one's hang even though blamed.
+        assert_eq!(classes, [Class::Secondary, Class::Hang, Class::Clean]);
+        let j = j.unwrap();
+        assert_eq!((j.primary, j.class), (1, Class::Hang));
+        assert_eq!(j.blamed_nodes, ["n2"]);
+    }
+
+    #[test]
+    fn a_straggler_left_out_is_the_cause() {
+        let records = [
+            exit(0, "n1", 10, "preempted"),
+            exit(1, "n2", 10, "preempted"),
+            rec(
+                "straggler_exclusion",
+                None,
+                "",
+                9,
+                json!({ "straggler_node": "n2", "about_rank": 1, "evidence": "2.1x slower" }),
+            ),
+        ];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 143));
+        let j = j.unwrap();
+        let p = &failures[j.primary];
+        assert_eq!((p.rank, p.node.as_str()), (1, "n2"));
+        assert_eq!(
+            p.verdict.evidence.as_deref(),
+            Some("straggler: 2.1x slower")
+        );
+        assert_eq!(j.blamed_nodes, ["n2"]);
+        assert_eq!(failures[0].verdict.class, Class::Secondary);
+    }
+
+    #[test]
+    fn silent_ranks_come_from_srun_dated_by_the_step_end_and_else_the_own_view() {
+        let tail = vec!["srun: error: n3: task 2: Exited with exit code 137".to_string()];
+        let v = own();
+        let records = [exit(0, "n1", 10, "clean")];
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &tail, 137));
+        let p = &failures[j.unwrap().primary];
+        assert_eq!((p.rank, p.verdict.class), (2, Class::Infrastructure));
+        assert_eq!(p.at, 1_800_000_100.0);
+        // Nothing journaled, no srun line: the supervisor's own view.
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 1));
+        let p = &failures[j.unwrap().primary];
+        assert_eq!((p.rank, p.verdict.class), (u32::MAX, Class::Unknown));
+        // A clean step with clean ranks: nothing to judge.
+        assert!(judge_attempt(&records, 0, &step(&v, &[], 0)).1.is_none());
+    }
+}
