@@ -32,9 +32,11 @@ use serde_json::json;
 use std::ffi::OsString;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tokio::signal::unix::{signal, SignalKind};
 
 pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
+
+mod signals;
+use signals::{Signals, Wake};
 
 /// What `resilio run --ntasks N` was asked to do.
 pub struct LocalOptions {
@@ -142,58 +144,6 @@ struct Local {
     /// One rank: its agent's group takes the terminal (when this process
     /// has it) and hands it on to the trainer, as a plain wrapper would.
     take_tty: bool,
-}
-
-/// The signals the launcher handles.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
-    usr1: tokio::signal::unix::Signal,
-    usr2: tokio::signal::unix::Signal,
-    cont: tokio::signal::unix::Signal,
-    chld: tokio::signal::unix::Signal,
-}
-
-/// What woke the supervising loop.
-enum Wake {
-    /// A child changed state, or the periodic tick: look again.
-    Look,
-    Term,
-    Int,
-    /// A signal passed on to every rank.
-    Forward(Signal),
-}
-
-impl Signals {
-    fn install() -> Result<Signals> {
-        let sig = |k: SignalKind| {
-            signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
-        };
-        Ok(Signals {
-            term: sig(SignalKind::terminate())?,
-            int: sig(SignalKind::interrupt())?,
-            hup: sig(SignalKind::hangup())?,
-            usr1: sig(SignalKind::user_defined1())?,
-            usr2: sig(SignalKind::user_defined2())?,
-            cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
-            chld: sig(SignalKind::child())?,
-        })
-    }
-
-    /// The next signal, or 100 ms without one.
-    async fn wait(&mut self) -> Wake {
-        tokio::select! {
-            _ = self.chld.recv() => Wake::Look,
-            _ = self.term.recv() => Wake::Term,
-            _ = self.int.recv() => Wake::Int,
-            _ = self.hup.recv() => Wake::Forward(Signal::SIGHUP),
-            _ = self.usr1.recv() => Wake::Forward(Signal::SIGUSR1),
-            _ = self.usr2.recv() => Wake::Forward(Signal::SIGUSR2),
-            _ = self.cont.recv() => Wake::Forward(Signal::SIGCONT),
-            _ = tokio::time::sleep(Duration::from_millis(100)) => Wake::Look,
-        }
-    }
 }
 
 /// The run's moving parts, carried from attempt to attempt.
