@@ -16,11 +16,13 @@
 //! - [`diagnostics`]: what is gathered on a stall (output tail, py-spy, dump signal).
 //! - [`health`]: the optional site health check, before start and after a failure.
 //! - [`slurm`]: the Slurm adapter (environment, hostlists, commands behind a trait).
-//! - [`supervisor`]: the job-level decision after a step: judge, decide, requeue, exclude.
+//! - [`job`]: the job level: the batch-level supervisor after a step
+//!   (judge, decide purely, then act through Slurm and the journal) and
+//!   local mode (`--ntasks N`) with restarts in place. The old paths
+//!   [`supervisor`] and [`launcher`] still name its two halves.
 //! - [`coordinator`]: one per job: agents' reports over HTTP (token), the
 //!   cross-rank view (crash teardown, job-wide hang judgment, stragglers,
-//!   coordinated checkpoints), `/metrics`; [`launcher`]: local mode
-//!   (`--ntasks N`) with restarts in place; [`status`]: `resilio status` and
+//!   coordinated checkpoints), `/metrics`; [`status`]: `resilio status` and
 //!   `resilio checkpoint`; [`advice`]: the advised checkpoint interval
 //!   the hosts hand the coordinator (read from journals and node history).
 //! - [`journal`]: the append-only, crash-safe per-job journal; [`state_dir`]:
@@ -49,8 +51,8 @@ pub mod duration;
 pub mod error;
 pub mod event;
 pub mod health;
+pub mod job;
 pub mod journal;
-pub mod launcher;
 pub mod node_history;
 pub mod policy;
 pub mod process;
@@ -61,5 +63,9 @@ pub mod runs;
 pub mod slurm;
 pub mod state_dir;
 pub mod status;
-pub mod supervisor;
 pub mod util;
+
+/// The batch-level supervisor under its old path (`crate::supervisor::...`).
+pub use job::batch as supervisor;
+/// Local mode under its old path (`crate::launcher::...`).
+pub use job::local as launcher;

@@ -1,0 +1,648 @@
+//! Local mode: `resilio run --ntasks N -- COMMAND` launches N ranks on this
+//! machine, each under its own rank agent (`resilio run -- COMMAND` with the
+//! torchrun variables), with the coordinator in this process. When a rank
+//! fails, the others are stopped at once, the attempt is judged and, within
+//! the restart budget, every rank is relaunched in place with a fresh
+//! MASTER_PORT. The journal is the same as under Slurm, so `resilio report`
+//! and `resilio timeline` read it the same way.
+//!
+//! A plain `resilio run -- COMMAND` outside Slurm is local mode with one
+//! rank. One rank keeps what a plain wrapper promises: stdin and the
+//! terminal go to the trainer (its agent's group takes the terminal's
+//! foreground, and the trainer's group takes it from there), output is
+//! passed through unbuffered, every signal reaches the trainer once, a
+//! user's own MASTER_ADDR/MASTER_PORT are kept, and a stop from outside
+//! exits with the trainer's own status.
+
+use super::act;
+use super::batch::{self, StepEnd};
+use super::decide::Decision;
+use crate::config::Config;
+use crate::coordinator::state::{Effect, JobView};
+use crate::coordinator::Coordinator;
+use crate::error::{Error, Result};
+use crate::journal::{self, Writer};
+use crate::policy::failure::{Class, Verdict};
+use crate::policy::restart::{Action, AttemptOutcome};
+use crate::util::cmd::own_group;
+use nix::sys::signal::{kill, Signal};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+use serde_json::json;
+use std::ffi::OsString;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
+
+mod signals;
+use signals::{Signals, Wake};
+
+/// What `resilio run --ntasks N` was asked to do.
+pub struct LocalOptions {
+    pub argv: Vec<OsString>,
+    pub config: Config,
+    pub job_id: Option<String>,
+    pub ntasks: u32,
+    /// Flags passed on to every rank's agent (`--config`, timeouts, ...).
+    pub agent_args: Vec<OsString>,
+}
+
+pub fn run(opts: LocalOptions) -> Result<i32> {
+    crate::agent::runtime()?.block_on(run_async(opts))
+}
+
+async fn run_async(opts: LocalOptions) -> Result<i32> {
+    let local = Local::new(opts)?;
+    let mut log = local.writer("launcher.jsonl");
+    let argv_text: Vec<String> = local
+        .argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    log.record(
+        "job_start",
+        json!({ "world_size": local.n, "mode": "local", "argv": argv_text, "max_restarts": local.cfg.max_restarts }),
+        true,
+    );
+    let coordinator = local.start_coordinator(&mut log)?;
+    let signals = Signals::install()?;
+    let advice = local.cfg.coordinator.policy.checkpoint_advised.then(|| {
+        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
+            &local.cfg.state_dir,
+            &local.job,
+        )))
+    });
+    let mut run = Run {
+        log,
+        coordinator,
+        advice,
+        signals,
+        attempt: 0,
+        stopped_from_outside: None,
+        ints: 0,
+        remembered: Vec::new(),
+    };
+    let final_code = loop {
+        let mut a = local.start_attempt(&mut run);
+        local.supervise(&mut run, &mut a).await;
+        if let Some(code) = local.after_attempt(&mut run, a) {
+            break code;
+        }
+    };
+    run.coordinator = None;
+    Ok(final_code)
+}
+
+/// A port free right now, for MASTER_PORT: from 20000..32000, below Linux's
+/// ephemeral range, so that no outgoing connection can take it between this
+/// check and the trainer's bind (the kernel's own pick, from the ephemeral
+/// range, could be). Starts at a place that differs per process and call.
+fn free_port() -> u16 {
+    let seed = std::process::id() as u64
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+    let start = (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % 12_000;
+    (0..12_000u64)
+        .map(|k| 20_000 + ((start + k) % 12_000) as u16)
+        .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+        .unwrap_or(29_500)
+}
+
+struct Rank {
+    rank: u32,
+    pid: Pid,
+    exit: Option<i32>,
+}
+
+fn code_of(status: WaitStatus) -> Option<i32> {
+    match status {
+        WaitStatus::Exited(_, c) => Some(c),
+        WaitStatus::Signaled(_, s, _) => Some(128 + s as i32),
+        _ => None,
+    }
+}
+
+/// What stays the same across the attempts of a local run.
+struct Local {
+    cfg: Config,
+    argv: Vec<OsString>,
+    agent_args: Vec<OsString>,
+    /// Ranks.
+    n: u32,
+    /// One rank: what a plain wrapper promises (see the module's doc).
+    single: bool,
+    job: String,
+    exe: std::path::PathBuf,
+    node: String,
+    job_dir: std::path::PathBuf,
+    /// The run key, for the launcher and its ranks (handed down as RESILIO_RUN_ID).
+    run_key: Option<String>,
+    /// The journal can be written.
+    journal_ok: bool,
+    /// One rank: its agent's group takes the terminal (when this process
+    /// has it) and hands it on to the trainer, as a plain wrapper would.
+    take_tty: bool,
+}
+
+/// The run's moving parts, carried from attempt to attempt.
+struct Run {
+    log: Writer,
+    coordinator: Option<Coordinator>,
+    /// `checkpoint_every = "advised"`: re-evaluated at each attempt's start
+    /// and every few minutes while it runs.
+    advice: Option<crate::coordinator::Advice>,
+    signals: Signals,
+    attempt: u32,
+    /// A stop from outside (the signal's name): no restart follows.
+    stopped_from_outside: Option<&'static str>,
+    ints: u32,
+    /// Outcomes decided here, for when the journal cannot be read back.
+    remembered: Vec<AttemptOutcome>,
+}
+
+/// One attempt while it is supervised.
+struct Attempt {
+    ranks: Vec<Rank>,
+    started: Instant,
+    failed_at: Option<Instant>,
+    failure_note: Option<String>,
+    kill_at: Option<Instant>,
+    teardown_sent: bool,
+}
+
+impl Attempt {
+    fn running(&self) -> impl Iterator<Item = &Rank> {
+        self.ranks.iter().filter(|r| r.exit.is_none())
+    }
+
+    /// Pass `s` on to every rank still running.
+    fn forward(&self, s: Signal) {
+        for r in self.running() {
+            let _ = kill(r.pid, s);
+        }
+    }
+
+    /// SIGKILL every rank's whole group.
+    fn kill_groups(&self) {
+        for r in self.running() {
+            let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
+        }
+    }
+}
+
+impl Local {
+    fn new(opts: LocalOptions) -> Result<Local> {
+        let n = opts.ntasks.max(1);
+        let job = match opts.job_id {
+            Some(j) => j,
+            None => format!(
+                "local-{}-{}",
+                chrono::Utc::now().format("%Y%m%d-%H%M%S"),
+                std::process::id()
+            ),
+        };
+        journal::validate_job_id(&job).map_err(Error::Usage)?;
+        let exe = std::env::current_exe()
+            .map_err(|e| Error::Other(format!("cannot find own binary: {e}")))?;
+        let node = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| {
+                h.to_str()
+                    .map(|s| s.split('.').next().unwrap_or(s).to_string())
+            })
+            .unwrap_or_else(|| "localhost".into());
+        let job_dir = journal::job_dir(&opts.config.state_dir, &job);
+        let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
+        if run.fresh {
+            crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
+        }
+        // An unwritable state dir: the rank's agent says so (once) and
+        // supervises without a journal; this process writes none either.
+        let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
+            && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
+        Ok(Local {
+            cfg: opts.config,
+            argv: opts.argv,
+            agent_args: opts.agent_args,
+            n,
+            single: n == 1,
+            job,
+            exe,
+            node,
+            job_dir,
+            run_key: run.key,
+            journal_ok,
+            take_tty: n == 1 && crate::process::owns_terminal(),
+        })
+    }
+
+    fn writer(&self, name: &str) -> Writer {
+        if self.journal_ok {
+            Writer::open(&self.job_dir, name, 0, None, Some(self.node.clone()))
+                .with_run(self.run_key.as_deref())
+        } else {
+            Writer::disabled()
+        }
+    }
+
+    /// The job's coordinator, in this process; `None` when it is turned
+    /// off or cannot start (the ranks supervise alone).
+    fn start_coordinator(&self, log: &mut Writer) -> Result<Option<Coordinator>> {
+        let cfg = &self.cfg;
+        if !cfg.coordinator.enabled {
+            return Ok(None);
+        }
+        let bind =
+            crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
+        let view = JobView::new(
+            &self.job,
+            self.n,
+            0,
+            cfg.coordinator.policy.clone(),
+            Instant::now(),
+        );
+        let w = self.writer("coordinator.jsonl");
+        let dir = self.journal_ok.then_some(self.job_dir.as_path());
+        match Coordinator::start(view, bind, w, dir) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                eprintln!("resilio: coordinator: {e}; ranks supervise alone");
+                log.record(
+                    "monitor_error",
+                    json!({ "error": format!("coordinator: {e}") }),
+                    false,
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// The agent of rank `r`, with the torchrun variables.
+    fn rank_command(&self, r: u32, attempt: u32, port: u16, c: Option<&Coordinator>) -> Command {
+        let (n, single) = (self.n, self.single);
+        let mut cmd = Command::new(&self.exe);
+        cmd.arg("run")
+            .args(&self.agent_args)
+            .arg("--")
+            .args(&self.argv)
+            .envs([
+                ("RANK", r.to_string()),
+                ("LOCAL_RANK", r.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("GROUP_RANK", "0".into()),
+                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                ("RESILIO_JOB_ID", self.job.clone()),
+                ("RESILIO_ATTEMPT", attempt.to_string()),
+                (
+                    "RESILIO_STATE_DIR",
+                    self.cfg.state_dir.to_string_lossy().into_owned(),
+                ),
+                (
+                    ENV_LAUNCHER,
+                    if single { LAUNCHER_SINGLE } else { "1" }.into(),
+                ),
+            ])
+            .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+            // Ranks run in process groups of their own (so a Ctrl-C
+            // reaches them once, through the launcher). Several ranks
+            // are not in the terminal's foreground, so none may read
+            // it; one rank gets stdin and the terminal.
+            .stdin(if single {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        // The launcher gone (even by SIGKILL): the agents stop their ranks.
+        own_group(&mut cmd, Signal::SIGTERM, self.take_tty);
+        // A user's own rendezvous address is kept for one rank (nothing
+        // else on this machine joins it).
+        let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
+        if !keep_master("MASTER_ADDR") {
+            cmd.env("MASTER_ADDR", "127.0.0.1");
+        }
+        if !keep_master("MASTER_PORT") {
+            cmd.env("MASTER_PORT", port.to_string());
+        }
+        if let Some(c) = c {
+            cmd.envs(c.env());
+        }
+        cmd
+    }
+
+    /// Start every rank's agent for the run's current attempt.
+    fn start_attempt(&self, run: &mut Run) -> Attempt {
+        if let (Some(c), Some(a)) = (&run.coordinator, run.advice.as_mut()) {
+            a.now();
+            a.poll(c, Instant::now());
+        }
+        let port = free_port();
+        let started = Instant::now();
+        let mut ranks: Vec<Rank> = Vec::new();
+        let mut spawn_error = None;
+        for r in 0..self.n {
+            let mut cmd = self.rank_command(r, run.attempt, port, run.coordinator.as_ref());
+            match cmd.spawn() {
+                Ok(child) => ranks.push(Rank {
+                    rank: r,
+                    pid: Pid::from_raw(child.id() as i32),
+                    exit: None,
+                }),
+                Err(e) => {
+                    spawn_error = Some(format!("cannot start the agent of rank {r}: {e}"));
+                    break;
+                }
+            }
+        }
+        run.log.record(
+            "launch",
+            json!({
+                "ranks": self.n, "master_port": port,
+                "agent_pids": ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>(),
+            }),
+            true,
+        );
+        let mut a = Attempt {
+            ranks,
+            started,
+            failed_at: None,
+            failure_note: None,
+            kill_at: None,
+            teardown_sent: false,
+        };
+        if let Some(e) = spawn_error {
+            eprintln!("resilio: {e}");
+            a.failure_note = Some(e);
+            a.failed_at = Some(Instant::now());
+        }
+        a
+    }
+
+    /// Supervise the attempt until every agent is gone.
+    async fn supervise(&self, run: &mut Run, a: &mut Attempt) {
+        loop {
+            self.look(run, a);
+            if a.ranks.iter().all(|r| r.exit.is_some()) {
+                return;
+            }
+            let now = Instant::now();
+            if (a.failed_at.is_some() || run.stopped_from_outside.is_some()) && !a.teardown_sent {
+                self.tear_down(run, a, now);
+            }
+            if a.kill_at.is_some_and(|t| now >= t) {
+                a.kill_groups();
+            }
+            let wake = run.signals.wait().await;
+            self.on_wake(run, a, wake);
+        }
+    }
+
+    /// Reap the agents that ended, and hear the coordinator: the first
+    /// failure is noted (not after a stop from outside).
+    fn look(&self, run: &mut Run, a: &mut Attempt) {
+        for r in a.ranks.iter_mut().filter(|r| r.exit.is_none()) {
+            if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
+                if let Some(c) = code_of(st) {
+                    r.exit = Some(c);
+                    if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+                        a.failed_at = Some(Instant::now());
+                        a.failure_note = Some(format!("rank {} exited {c}", r.rank));
+                    }
+                }
+            }
+        }
+        if let (Some(c), Some(adv)) = (&run.coordinator, run.advice.as_mut()) {
+            adv.poll(c, Instant::now());
+        }
+        if let Some(c) = &run.coordinator {
+            while let Ok(e) = c.effects.try_recv() {
+                if let Effect::Failed { reason, .. } = e {
+                    if a.failed_at.is_none() {
+                        a.failed_at = Some(Instant::now());
+                        a.failure_note = Some(reason);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop every rank now (the coordinator's stop went out too); the
+    /// agents give their trainers the grace, then kill. One rank failed
+    /// alone: its agent is ending it already (after a stall, once the
+    /// diagnostics are taken, and not at all when the trainer finishes on
+    /// its own meanwhile).
+    fn tear_down(&self, run: &mut Run, a: &mut Attempt, now: Instant) {
+        a.teardown_sent = true;
+        if !self.single {
+            a.forward(Signal::SIGTERM);
+            a.kill_at = Some(now + self.cfg.kill_grace + Duration::from_secs(5));
+        }
+        if let Some(note) = &a.failure_note {
+            run.log.record(
+                "teardown",
+                json!({ "reason": note, "ranks_left": a.running().count() }),
+                true,
+            );
+        }
+    }
+
+    fn on_wake(&self, run: &mut Run, a: &mut Attempt, wake: Wake) {
+        let kill_at = Instant::now() + self.cfg.kill_grace + Duration::from_secs(5);
+        match wake {
+            Wake::Look => {}
+            Wake::Term => {
+                run.stopped_from_outside.get_or_insert("SIGTERM");
+                a.forward(Signal::SIGTERM);
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
+            Wake::Int => {
+                run.ints += 1;
+                run.stopped_from_outside.get_or_insert("SIGINT");
+                // One rank: its agent counts them (a second one kills
+                // the trainer's whole group at once, and reaps it).
+                if run.ints >= 2 && !self.single {
+                    a.kill_groups();
+                } else {
+                    a.forward(Signal::SIGINT);
+                }
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
+            Wake::Forward(s) => a.forward(s),
+        }
+    }
+
+    /// The attempt has ended: journal it, and either end the job (its exit
+    /// code) or restart in place (`None`).
+    fn after_attempt(&self, run: &mut Run, a: Attempt) -> Option<i32> {
+        if self.take_tty {
+            for r in &a.ranks {
+                crate::process::reclaim_terminal(r.pid);
+            }
+        }
+        let ended = Instant::now();
+        let codes: Vec<i32> = a.ranks.iter().filter_map(|r| r.exit).collect();
+        // The job's status is the failure's, not the echo of resilio's own
+        // teardown (SIGTERM, then SIGKILL after the grace) of the other ranks:
+        // 124 for a hang, the culprit's code for a crash.
+        let worst = [|c: i32| c != 0 && c != 143 && c != 137, |c: i32| c != 0]
+            .iter()
+            .find_map(|keep| a.ranks.iter().filter_map(|r| r.exit).find(|c| keep(*c)))
+            .unwrap_or(0);
+        let teardown_s = a.failed_at.map(|f| ended.duration_since(f).as_secs_f64());
+        run.log.record(
+            "attempt_end",
+            json!({
+                "exit_codes": codes,
+                "runtime_s": ended.duration_since(a.started).as_secs_f64(),
+                "teardown_s": teardown_s,
+            }),
+            true,
+        );
+        if worst == 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+            act::job_end(&mut run.log, 0, "completed");
+            return Some(0);
+        }
+        if let Some(s) = run.stopped_from_outside {
+            act::job_end(&mut run.log, worst, &format!("stopped by {s}"));
+            // One rank: the trainer's own status (it may end cleanly on
+            // the signal), as a plain wrapper would exit.
+            return Some(if worst == 0 && !self.single {
+                128 + 15
+            } else {
+                worst
+            });
+        }
+        let (code, reason) = self.after_failure(run, &a, worst, teardown_s)?;
+        act::job_end(&mut run.log, code, &reason);
+        Some(code)
+    }
+
+    /// Judge and decide from the ranks' journals, as the Slurm supervisor
+    /// does: how the job ends, or `None` when it restarts in place.
+    fn after_failure(
+        &self,
+        run: &mut Run,
+        a: &Attempt,
+        worst: i32,
+        teardown_s: Option<f64>,
+    ) -> Option<(i32, String)> {
+        let records = journal::read_job(&self.job_dir)
+            .map(|j| crate::runs::of_key(j.records, run.log.run()))
+            .unwrap_or_default();
+        let fallback = fallback_verdict(worst, a.failure_note.as_deref());
+        let step = StepEnd {
+            ended: chrono::Utc::now(),
+            exit_code: worst,
+            verdict: &fallback,
+            tail: &[],
+            node: &self.node,
+            pre_timeout: false,
+        };
+        let decided = batch::decide_local(
+            &records,
+            run.attempt,
+            &step,
+            self.cfg.max_restarts,
+            &run.remembered,
+            &mut run.log,
+        );
+        if let Some(d) = &decided {
+            run.remembered.push(d.outcome.clone());
+        }
+        let code = exit_code(decided.as_ref(), &a.ranks, worst);
+        let class = decided.as_ref().map(|d| d.outcome.class);
+        match decided.map(|d| d.action) {
+            Some(Action::RestartInPlace { reason }) => {
+                self.restart_in_place(run, &reason, teardown_s);
+                None
+            }
+            Some(Action::Stop { reason }) => {
+                // Said when a restart could have been expected. Not for a
+                // budget of 0 (none was asked for), nor for one rank's own
+                // error or a stop from outside in its first attempt: the
+                // trainer's output, or the person who stopped it, tells.
+                let self_evident = self.single
+                    && run.attempt == 0
+                    && matches!(class, Some(Class::UserError | Class::Preempted));
+                if self.cfg.max_restarts > 0 && !self_evident {
+                    eprintln!("resilio: not restarting: {reason}");
+                }
+                Some((code, reason))
+            }
+            // Never decided in local mode; the failure stands.
+            Some(Action::Requeue { reason, .. } | Action::RestartInAllocation { reason, .. }) => {
+                Some((code, reason))
+            }
+            // Nothing failed after all (a stalled trainer that finished on
+            // its own while its stall was being judged): every rank's own
+            // end says so.
+            Some(Action::Finish) | None if worst == 0 => Some((0, "completed".into())),
+            Some(Action::Finish) | None => Some((code, "failed".into())),
+        }
+    }
+
+    fn restart_in_place(&self, run: &mut Run, reason: &str, teardown_s: Option<f64>) {
+        run.attempt += 1;
+        let attempt = run.attempt;
+        if self.single {
+            eprintln!("resilio: restarting in place (attempt {attempt}): {reason}");
+        } else {
+            eprintln!(
+                "resilio: restarting all {} ranks in place (attempt {attempt}): {reason}",
+                self.n
+            );
+        }
+        run.log.record(
+            "restart",
+            json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
+                    "teardown_s": teardown_s }),
+            true,
+        );
+        run.log.set_attempt(attempt);
+        if let Some(c) = &run.coordinator {
+            c.new_attempt(attempt);
+        }
+    }
+}
+
+/// What the launcher saw itself, for when no rank journaled its end (an
+/// unwritable journal, a command that could not be started).
+fn fallback_verdict(worst: i32, failure_note: Option<&str>) -> Verdict {
+    if matches!(worst, 126 | 127) {
+        Verdict {
+            class: Class::UserError,
+            reason: "the command could not be started".into(),
+            evidence: Some(format!(
+                "exit code {worst}: command not found or not executable"
+            )),
+        }
+    } else {
+        Verdict {
+            class: Class::Infrastructure,
+            reason: failure_note.unwrap_or("a rank failed").to_string(),
+            evidence: None,
+        }
+    }
+}
+
+/// The job's exit code after a failure: 124 for a hang (as a stall ends,
+/// as timeout(1)), even when the culprit was stopped by the coordinator,
+/// not by its agent; else the primary rank's own non-zero code, else the
+/// worst.
+fn exit_code(d: Option<&Decision>, ranks: &[Rank], worst: i32) -> i32 {
+    d.and_then(|d| {
+        if d.outcome.class == Class::Hang {
+            return Some(crate::error::EXIT_STALLED);
+        }
+        ranks
+            .iter()
+            .find(|r| r.rank == d.primary.rank)
+            .and_then(|r| r.exit)
+            .filter(|c| *c != 0)
+    })
+    .unwrap_or(if worst == 0 { 1 } else { worst })
+}

@@ -1,0 +1,23 @@
+//! The job level: what happens above the ranks once a step (or, in local
+//! mode, an attempt of every rank) has ended. Facts are read, a pure
+//! decision is taken from them, and then it is carried out:
+//!
+//! - [`judge`]: which failure of an attempt was primary, from the ranks'
+//!   journals and srun's lines (pure).
+//! - [`decide`]: the decisions, pure: after an attempt, at an allocation's
+//!   start (the node history, allocations Slurm ended alone), how many
+//!   nodes a requeue may exclude.
+//! - [`act`]: carrying them out: journal records, Slurm calls, stderr.
+//! - [`retry`]: the schedule a Slurm call is tried again on.
+//! - [`batch`]: the batch-level `resilio run` around `srun` in the batch
+//!   script, wiring the above together (`crate::supervisor` is its old path).
+//! - [`local`]: local mode (`resilio run --ntasks N`, and a plain `resilio
+//!   run` outside Slurm): N agents, the coordinator, restarts in place
+//!   (`crate::launcher` is its old path).
+
+pub mod act;
+pub mod batch;
+pub mod decide;
+pub mod judge;
+pub mod local;
+pub mod retry;
