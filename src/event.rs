@@ -374,7 +374,7 @@ events! {
         evidence: String,
         reason: String,
         blamed_nodes: Vec<String>,
-        secondary: Vec<Value>,
+        secondary: Vec<String>,
     }
 
     /// What was decided after an attempt.
@@ -583,6 +583,24 @@ pub struct HangRank {
     pub more: Map<String, Value>,
 }
 
+impl From<&crate::policy::restart::AttemptOutcome> for Outcome {
+    /// The outcome as the restart policy writes it (its own serialization).
+    fn from(o: &crate::policy::restart::AttemptOutcome) -> Outcome {
+        serde_json::to_value(o)
+            .and_then(serde_json::from_value)
+            .unwrap_or_default()
+    }
+}
+
+impl From<&crate::policy::restart::Action> for Action {
+    /// The action as the restart policy writes it (its own serialization).
+    fn from(a: &crate::policy::restart::Action) -> Action {
+        serde_json::to_value(a)
+            .and_then(serde_json::from_value)
+            .unwrap_or_default()
+    }
+}
+
 impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
     fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdict {
         HangVerdict {
@@ -616,6 +634,9 @@ pub struct Outcome {
     pub class: Option<Class>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signature: Option<String>,
+    /// The deciding line or reason as written, for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
     #[serde(default)]
     pub last_step: Option<u64>,
     #[serde(default)]

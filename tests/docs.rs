@@ -1,5 +1,5 @@
-//! The docs keep up with the code: every journal record kind that `src/`
-//! writes is named in docs/journal.md.
+//! The docs keep up with the code: every journal record kind of the schema
+//! (`src/event.rs`) is named in docs/journal.md, and nothing else is.
 
 use std::path::{Path, PathBuf};
 
@@ -45,8 +45,17 @@ fn every_record_kind_written_is_documented_in_journal_md() {
     let doc =
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/journal.md"))
             .unwrap();
+    // Writers build typed events (`src/event.rs`, checked against the docs
+    // below); a kind still written by name must be one of the schema's.
     let kinds = written_kinds();
-    assert!(kinds.len() > 40, "the scan found too few kinds: {kinds:?}");
+    let unknown: Vec<_> = kinds
+        .iter()
+        .filter(|(k, _)| !resilio::event::KINDS.contains(&k.as_str()))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "kinds written by name but not in src/event.rs: {unknown:?}"
+    );
     let missing: Vec<_> = kinds
         .iter()
         .filter(|(k, _)| !doc.contains(&format!("`{k}`")))

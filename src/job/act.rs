@@ -8,10 +8,10 @@
 
 use super::decide::{self, Decision, Listed, SeenBySlurm, StartPlan};
 use super::retry::Retry;
+use crate::event as ev;
 use crate::journal::Writer;
 use crate::policy::restart::Action;
 use crate::slurm::{AcctRecord, Slurm};
-use serde_json::json;
 
 /// What the job-level supervisor does once it has decided.
 #[derive(Debug, PartialEq, Eq)]
@@ -36,32 +36,36 @@ pub enum AtStart {
 /// Journal the judgment and the decision on an attempt.
 pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     let (j, primary) = (&d.judgment, &d.primary);
-    journal.record(
-        "judgment",
-        json!({
-            "class": j.class,
-            "primary_rank": (primary.rank != u32::MAX).then_some(primary.rank),
-            "primary_node": primary.node,
-            "why": j.why,
-            "evidence": d.evidence,
-            "reason": primary.verdict.reason,
-            "blamed_nodes": j.blamed_nodes,
-            "secondary": d.secondary,
-        }),
+    journal.write(
+        ev::Judgment {
+            class: Some(j.class),
+            primary_rank: (primary.rank != u32::MAX).then_some(primary.rank),
+            primary_node: Some(primary.node.clone()),
+            why: Some(j.why.clone()),
+            evidence: Some(d.evidence.clone()),
+            reason: Some(primary.verdict.reason.clone()),
+            blamed_nodes: Some(j.blamed_nodes.clone()),
+            secondary: Some(d.secondary.clone()),
+        },
         true,
     );
-    journal.record(
-        "decision",
-        json!({ "outcome": d.outcome, "decision": d.action }),
+    journal.write(
+        ev::Decision {
+            outcome: Some((&d.outcome).into()),
+            decision: Some((&d.action).into()),
+            ..Default::default()
+        },
         true,
     );
 }
 
 /// The job has ended (no restart follows from this process).
 pub fn job_end(journal: &mut Writer, exit_code: i32, reason: &str) {
-    journal.record(
-        "job_end",
-        json!({ "exit_code": exit_code, "reason": reason }),
+    journal.write(
+        ev::JobEnd {
+            exit_code: Some(exit_code),
+            reason: Some(reason.to_string()),
+        },
         true,
     );
 }
@@ -91,9 +95,13 @@ pub fn carry_out(
             reason,
         } => {
             for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": node, "reason": class, "evidence": d.evidence, "scope": "step" }),
+                journal.write(
+                    ev::NodeExcluded {
+                        excluded_node: Some(node.clone()),
+                        scope: Some("step".into()),
+                        reason: Some(class.name().into()),
+                        evidence: Some(d.evidence.clone()),
+                    },
                     true,
                 );
             }
@@ -103,10 +111,15 @@ pub fn carry_out(
                 nodes,
                 exclude,
             };
-            journal.record(
-                "restart",
-                json!({ "next_attempt": next.attempt, "reason": reason, "in_allocation": true,
-                        "exclude": next.exclude, "nodes": nodes }),
+            journal.write(
+                ev::Restart {
+                    next_attempt: Some(next.attempt),
+                    reason: Some(reason.clone()),
+                    in_allocation: Some(true),
+                    exclude: Some(next.exclude.clone()),
+                    nodes: Some(nodes),
+                    ..Default::default()
+                },
                 true,
             );
             eprintln!(
@@ -118,15 +131,22 @@ pub fn carry_out(
         Action::Requeue { exclude, reason } => {
             let exclude = schedulable_exclusion(slurm, job, exclude, journal);
             for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": node, "reason": class, "evidence": d.evidence }),
+                journal.write(
+                    ev::NodeExcluded {
+                        excluded_node: Some(node.clone()),
+                        scope: None,
+                        reason: Some(class.name().into()),
+                        evidence: Some(d.evidence.clone()),
+                    },
                     true,
                 );
             }
-            journal.record(
-                "requeue",
-                json!({ "reason": reason, "exclude": exclude }),
+            journal.write(
+                ev::Requeue {
+                    reason: Some(reason.clone()),
+                    exclude: Some(exclude.clone()),
+                    ..Default::default()
+                },
                 true,
             );
             eprintln!("resilio: requeueing job {job}: {reason}");
@@ -155,13 +175,15 @@ pub fn schedulable_exclusion(
     };
     let kept = decide::limit_exclusion(&info, &all, &exclude);
     if kept.len() < exclude.len() {
-        journal.record(
-            "exclusion_limited",
-            json!({
-                "wanted": exclude,
-                "kept": kept,
-                "reason": format!("the job needs {} node(s); excluding more would leave it unschedulable", info.num_nodes),
-            }),
+        journal.write(
+            ev::ExclusionLimited {
+                wanted: Some(exclude.clone()),
+                kept: Some(kept.clone()),
+                reason: Some(format!(
+                    "the job needs {} node(s); excluding more would leave it unschedulable",
+                    info.num_nodes
+                )),
+            },
             true,
         );
     }
@@ -188,9 +210,12 @@ fn requeue_with(
         // the exclusion still applies to the next attempt.
         Err(e) => match slurm.show_job(job) {
             Ok(info) if info.state.starts_with("PENDING") || info.state.starts_with("REQUEUE") => {
-                journal.record(
-                    "requeue",
-                    json!({ "by": "slurm", "state": info.state }),
+                journal.write(
+                    ev::Requeue {
+                        by: Some("slurm".into()),
+                        state: Some(info.state.clone()),
+                        ..Default::default()
+                    },
                     true,
                 );
                 Ok(())
@@ -200,7 +225,12 @@ fn requeue_with(
     };
     if let Err(e) = requeued {
         eprintln!("resilio: requeue of job {job} failed: {e}");
-        journal.record("requeue_failed", json!({ "error": e.to_string() }), true);
+        journal.write(
+            ev::RequeueFailed {
+                error: Some(e.to_string()),
+            },
+            true,
+        );
         return false;
     }
     // The exclusion can only be set once the job is no longer running:
@@ -209,9 +239,10 @@ fn requeue_with(
         return true;
     }
     match Retry::EXCLUSION.run(|| slurm.exclude_more(job, exclude), sleep) {
-        Ok(all) => journal.record(
-            "exclusion_set",
-            json!({ "exc_node_list": crate::slurm::hostlist::compress(&all) }),
+        Ok(all) => journal.write(
+            ev::ExclusionSet {
+                exc_node_list: Some(crate::slurm::hostlist::compress(&all)),
+            },
             true,
         ),
         Err(Some(e)) => {
@@ -219,7 +250,12 @@ fn requeue_with(
                 "resilio: could not exclude {} from job {job}: {e}",
                 exclude.join(",")
             );
-            journal.record("exclusion_failed", json!({ "error": e.to_string() }), true);
+            journal.write(
+                ev::ExclusionFailed {
+                    error: Some(e.to_string()),
+                },
+                true,
+            );
         }
         Err(None) => {}
     }
@@ -232,18 +268,24 @@ fn requeue_with(
 pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut Writer) -> AtStart {
     match plan {
         StartPlan::Run { listed } => {
-            journal.record(
-                "node_history_checked",
-                json!({ "listed": listed, "in_allocation": [] }),
+            journal.write(
+                ev::NodeHistoryChecked {
+                    listed: Some(listed),
+                    in_allocation: Some(Vec::new()),
+                },
                 false,
             );
             AtStart::Run
         }
         StartPlan::LeaveOut { here, nodes } => {
             for h in &here {
-                journal.record(
-                    "node_excluded",
-                    json!({ "excluded_node": h.node, "reason": "node_history", "evidence": h.evidence, "scope": "step" }),
+                journal.write(
+                    ev::NodeExcluded {
+                        excluded_node: Some(h.node.clone()),
+                        scope: Some("step".into()),
+                        reason: Some("node_history".into()),
+                        evidence: Some(h.evidence.clone()),
+                    },
                     true,
                 );
             }
@@ -253,9 +295,11 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
             }
         }
         StartPlan::Warn { nodes, reason } => {
-            journal.record(
-                "node_history_warning",
-                json!({ "nodes": nodes, "reason": reason }),
+            journal.write(
+                ev::NodeHistoryWarning {
+                    nodes: Some(nodes.clone()),
+                    reason: Some(reason.to_string()),
+                },
                 true,
             );
             eprintln!(
@@ -283,9 +327,13 @@ fn requeue_for_history(
         return AtStart::Run;
     }
     for h in here.iter().filter(|h| exclude.contains(&h.node)) {
-        journal.record(
-            "node_excluded",
-            json!({ "excluded_node": h.node, "reason": "node_history", "evidence": h.evidence }),
+        journal.write(
+            ev::NodeExcluded {
+                excluded_node: Some(h.node.clone()),
+                scope: None,
+                reason: Some("node_history".into()),
+                evidence: Some(h.evidence.clone()),
+            },
             true,
         );
     }
@@ -293,17 +341,30 @@ fn requeue_for_history(
         "node history lists {} in this allocation and no spare node remains for the step",
         exclude.join(",")
     );
-    journal.record(
-        "decision",
-        json!({
-            "outcome": { "class": "clean", "signature": "node history", "last_step": null, "blamed_nodes": exclude },
-            "decision": { "action": "requeue", "reason": reason },
-        }),
+    journal.write(
+        ev::Decision {
+            outcome: Some(ev::Outcome {
+                class: Some(crate::event::Class::Clean),
+                signature: Some("node history".into()),
+                blamed_nodes: exclude.clone(),
+                ..Default::default()
+            }),
+            decision: Some(ev::Action {
+                action: Some("requeue".into()),
+                reason: Some(reason.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
         true,
     );
-    journal.record(
-        "requeue",
-        json!({ "reason": reason, "exclude": exclude, "by": "node_history" }),
+    journal.write(
+        ev::Requeue {
+            by: Some("node_history".into()),
+            reason: Some(reason.clone()),
+            exclude: Some(exclude.clone()),
+            ..Default::default()
+        },
         true,
     );
     eprintln!("resilio: requeueing job {job}: {reason}");
@@ -323,46 +384,53 @@ pub fn journal_seen_by_slurm(
     journal: &mut Writer,
 ) {
     let a = seen.attempt;
-    journal.record(
-        "previous_attempt",
-        json!({
-            "about_attempt": a,
-            "about_allocation": alloc,
-            "state": row.state,
-            "exit_code": row.exit_code,
-            "nodes": crate::slurm::hostlist::compress(&row.nodes),
-            "start": row.start,
-            "end": row.end,
-            "failed_nodes": seen.failed_nodes,
-            "source": "sacct",
-        }),
+    journal.write(
+        ev::PreviousAttempt {
+            about_attempt: Some(a),
+            about_allocation: Some(alloc),
+            state: Some(row.state.clone()),
+            exit_code: Some(row.exit_code.clone()),
+            nodes: Some(crate::slurm::hostlist::compress(&row.nodes)),
+            failed_nodes: Some(seen.failed_nodes.clone()),
+            start: Some(row.start.clone()),
+            end: Some(row.end.clone()),
+            source: Some("sacct".into()),
+        },
         true,
     );
     if seen.failure {
-        journal.record(
-            "failure",
-            json!({
-                "about_attempt": a,
-                "failure_kind": if seen.node_fail { "node_failure" } else { "slurm" },
-                "class": seen.class,
-                "cause": if seen.node_fail { "node failure" } else { row.state.as_str() },
-                "blamed_node": seen.failed_nodes.first(),
-                "failed_nodes": seen.failed_nodes,
-                "evidence": seen.evidence,
-                "source": "sacct",
-            }),
+        let (kind, cause) = if seen.node_fail {
+            ("node_failure", "node failure")
+        } else {
+            ("slurm", row.state.as_str())
+        };
+        journal.write(
+            ev::Failure {
+                about_attempt: Some(a),
+                failure_kind: Some(kind.into()),
+                class: Some(seen.class),
+                cause: Some(cause.into()),
+                blamed_node: seen.failed_nodes.first().cloned(),
+                failed_nodes: Some(seen.failed_nodes.clone()),
+                evidence: Some(seen.evidence.clone()),
+                source: Some("sacct".into()),
+                ..Default::default()
+            },
             true,
         );
     }
     if let Some(outcome) = &seen.outcome {
-        journal.record(
-            "decision",
-            json!({
-                "about_attempt": a,
-                "outcome": outcome,
-                "decision": { "action": "requeue", "reason": format!("requeued by Slurm ({})", row.state) },
-                "source": "sacct",
-            }),
+        journal.write(
+            ev::Decision {
+                about_attempt: Some(a),
+                outcome: Some(outcome.into()),
+                decision: Some(ev::Action {
+                    action: Some("requeue".into()),
+                    reason: Some(format!("requeued by Slurm ({})", row.state)),
+                    ..Default::default()
+                }),
+                source: Some("sacct".into()),
+            },
             true,
         );
     }

@@ -20,6 +20,7 @@
 
 use super::act;
 use super::decide::{self, Decision, Facts};
+use crate::event::Event;
 use crate::journal::{self, Record, Writer};
 use crate::policy::restart::{Allocation, AttemptOutcome};
 use crate::slurm::Slurm;
@@ -30,9 +31,10 @@ pub use super::judge::{earlier_outcomes, judge_attempt, srun_failures, StepEnd};
 
 /// The allocation a batch-level `job_start` record was written in.
 fn allocation_of(r: &Record) -> Option<u32> {
-    (r.kind == "job_start")
-        .then(|| r.u64("allocation").map(|a| a as u32))
-        .flatten()
+    match r.event()? {
+        Event::JobStart(j) => j.allocation,
+        _ => None,
+    }
 }
 
 /// The attempt a fresh allocation (Slurm's requeue count `allocation`)
@@ -60,10 +62,11 @@ fn last_attempt_in(records: &[Record], allocation: u32) -> u32 {
 /// The allocations before `allocation` that no `previous_attempt` record
 /// is about yet.
 fn unrecorded_allocations(records: &[Record], allocation: u32) -> Vec<u32> {
-    let seen: Vec<u32> = records
-        .iter()
-        .filter(|r| r.kind == "previous_attempt")
-        .filter_map(|r| r.u64("about_allocation").map(|a| a as u32))
+    let seen: Vec<u32> = journal::events(records)
+        .filter_map(|(_, e)| match e {
+            Event::PreviousAttempt(p) => p.about_allocation,
+            _ => None,
+        })
         .collect();
     (0..allocation).filter(|a| !seen.contains(a)).collect()
 }
@@ -92,9 +95,11 @@ pub fn reconcile_previous(
     let mut rows = match slurm.accounting(job) {
         Ok(rows) => rows,
         Err(e) => {
-            journal.record(
-                "previous_attempt_unknown",
-                serde_json::json!({ "attempts": missing, "error": e.to_string() }),
+            journal.write(
+                crate::event::PreviousAttemptUnknown {
+                    attempts: Some(missing),
+                    error: Some(e.to_string()),
+                },
                 false,
             );
             return;

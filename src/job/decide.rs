@@ -16,7 +16,8 @@
 //! Slurm call.
 
 use super::judge::{self, StepEnd};
-use crate::journal::Record;
+use crate::event::Event;
+use crate::journal::{self, Record};
 use crate::node_history::NodeHistory;
 use crate::policy::failure::{Class, Judgment, RankFailure};
 use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
@@ -127,13 +128,15 @@ pub fn decide_local(
     max_restarts: u32,
     remembered: &[AttemptOutcome],
 ) -> Option<Decision> {
-    let unhealthy = records.iter().any(|r| {
-        r.attempt == attempt
-            && r.kind == "health_check"
-            && r.get("result")
+    let unhealthy = journal::events(records).any(|(r, e)| match e {
+        Event::HealthCheck(h) if r.attempt == attempt => {
+            h.result
+                .as_ref()
                 .and_then(|h| h.get("ok"))
                 .and_then(|ok| ok.as_bool())
                 == Some(false)
+        }
+        _ => false,
     });
     decide_with(records, attempt, step, |outcome, earlier| {
         let mut earlier = earlier.to_vec();
@@ -285,9 +288,8 @@ pub fn plan_at_start(
             return StartPlan::LeaveOut { here, nodes: k };
         }
     }
-    let requeued_before = records
-        .iter()
-        .any(|r| r.kind == "requeue" && r.str("by") == Some("node_history"));
+    let requeued_before = journal::events(records)
+        .any(|(_, e)| matches!(e, Event::Requeue(q) if q.by.as_deref() == Some("node_history")));
     let requeueable = requeueable();
     if requeued_before || !requeueable {
         return StartPlan::Warn {
@@ -355,25 +357,25 @@ pub fn seen_by_slurm(
     // A node Slurm now reports failed was part of this attempt: its failure
     // is recorded unless a failure on it is journaled already (the
     // supervisor may have seen only the peers' echoes).
-    let blamed_before = records
-        .iter()
-        .filter(|r| r.kind == "failure" && judge::about(r) == attempt)
-        .any(|r| {
-            r.str("blamed_node")
-                .is_some_and(|n| failed_nodes.iter().any(|f| f == n))
-        });
+    let blamed_before = journal::events(records).any(|(r, e)| match e {
+        Event::Failure(f) if f.about_attempt.unwrap_or(r.attempt) == attempt => {
+            f.blamed_node.is_some_and(|n| failed_nodes.contains(&n))
+        }
+        _ => false,
+    });
     let failure = if decided {
         !failed_nodes.is_empty() && !blamed_before
     } else {
         class != Class::Clean
     };
     let outcome = (!decided).then(|| {
-        let last_step = records
-            .iter()
-            .filter(|r| r.attempt == attempt)
-            .filter_map(|r| {
-                r.u64("last_step")
-                    .or_else(|| (r.kind == "progress").then(|| r.u64("step")).flatten())
+        let last_step = journal::events(records)
+            .filter(|(r, _)| r.attempt == attempt)
+            .filter_map(|(_, e)| match e {
+                Event::RankExit(x) => x.last_step,
+                Event::Stall(x) => x.last_step,
+                Event::Progress(x) => x.step,
+                _ => None,
             })
             .max();
         let detail = if node_fail {

@@ -8,7 +8,8 @@
 //! primary failure among them; [`earlier_outcomes`] reads back what earlier
 //! attempts were judged, for the crash-loop guard and the budget.
 
-use crate::journal::Record;
+use crate::event::Event;
+use crate::journal::{self, Record};
 use crate::policy::failure::{self, Class, Judgment, RankFailure, Verdict};
 use crate::policy::restart::AttemptOutcome;
 
@@ -24,20 +25,6 @@ pub struct StepEnd<'a> {
     /// When the step ended (srun's failure lines are dated by it): passed
     /// in, so that judging reads no clock.
     pub ended: chrono::DateTime<chrono::Utc>,
-}
-
-/// A `Class` by its journaled name.
-pub(crate) fn class_of(name: &str) -> Option<Class> {
-    Some(match name {
-        "clean" => Class::Clean,
-        "user_error" => Class::UserError,
-        "unknown" => Class::Unknown,
-        "infrastructure" => Class::Infrastructure,
-        "hang" => Class::Hang,
-        "secondary" => Class::Secondary,
-        "preempted" => Class::Preempted,
-        _ => return None,
-    })
 }
 
 pub(crate) fn secs(r: &Record) -> f64 {
@@ -125,18 +112,18 @@ pub fn judge_attempt(
 
 /// The ranks' own verdicts, from their `rank_exit` records.
 fn journaled_failures(records: &[Record], attempt: u32) -> Vec<RankFailure> {
-    records
-        .iter()
-        .filter(|r| r.attempt == attempt && r.kind == "rank_exit" && r.rank.is_some())
-        .filter_map(|r| {
+    journal::events(records)
+        .filter(|(r, _)| r.attempt == attempt)
+        .filter_map(|(r, e)| {
+            let Event::RankExit(x) = e else { return None };
             Some(RankFailure {
                 rank: r.rank?,
                 node: r.node.clone().unwrap_or_default(),
                 at: secs(r),
                 verdict: Verdict {
-                    class: class_of(r.str("class")?)?,
-                    reason: r.str("class_reason").unwrap_or("").to_string(),
-                    evidence: r.str("evidence").map(str::to_string),
+                    class: x.class?,
+                    reason: x.class_reason.unwrap_or_default(),
+                    evidence: x.evidence,
                 },
             })
         })
@@ -149,25 +136,17 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
     let Some(h) = records
         .iter()
         .rev()
-        .find(|r| r.kind == "hang" && r.attempt == attempt)
+        .filter(|r| r.kind == "hang" && r.attempt == attempt)
+        .find_map(|r| match r.event() {
+            Some(Event::Hang(h)) => Some(h),
+            _ => None,
+        })
     else {
         return;
     };
-    let v = h.get("verdict");
-    let blamed: Vec<u32> = v
-        .and_then(|v| v.get("blamed_ranks"))
-        .and_then(|b| b.as_array())
-        .map(|a| {
-            a.iter()
-                .filter_map(|x| x.as_u64().map(|x| x as u32))
-                .collect()
-        })
-        .unwrap_or_default();
-    let why = v
-        .and_then(|v| v.get("reason"))
-        .and_then(|r| r.as_str())
-        .unwrap_or("")
-        .to_string();
+    let v = h.verdict.unwrap_or_default();
+    let blamed = v.blamed_ranks;
+    let why = v.reason.unwrap_or_default();
     if blamed.is_empty() {
         return;
     }
@@ -196,15 +175,19 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
 /// The coordinator stopped the step to leave a confirmed straggler node
 /// out: that node is the cause, every rank stopped with it an echo.
 fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankFailure>) {
-    let Some(x) = records
+    let Some((r, x)) = records
         .iter()
         .rev()
-        .find(|r| r.kind == "straggler_exclusion" && r.attempt == attempt)
+        .filter(|r| r.kind == "straggler_exclusion" && r.attempt == attempt)
+        .find_map(|r| match r.event() {
+            Some(Event::StragglerExclusion(x)) => Some((r, x)),
+            _ => None,
+        })
     else {
         return;
     };
-    let node = x.str("straggler_node").unwrap_or("").to_string();
-    let rank = x.u64("about_rank").map_or(u32::MAX, |r| r as u32);
+    let node = x.straggler_node.clone().unwrap_or_default();
+    let rank = x.about_rank.unwrap_or(u32::MAX);
     failures.retain(|f| f.rank != rank);
     for f in failures.iter_mut() {
         if !matches!(f.verdict.class, Class::Clean | Class::UserError) {
@@ -218,11 +201,11 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
     failures.push(RankFailure {
         rank,
         node,
-        at: secs(x),
+        at: secs(r),
         verdict: Verdict {
             class: Class::Infrastructure,
             reason: "confirmed straggler node (the coordinator's judgment)".into(),
-            evidence: x.str("evidence").map(|e| format!("straggler: {e}")),
+            evidence: x.evidence.map(|e| format!("straggler: {e}")),
         },
     });
 }
@@ -260,36 +243,27 @@ fn add_unjournaled(step: &StepEnd<'_>, failures: &mut Vec<RankFailure>) {
 /// The attempt a record is about: `about_attempt` when a later attempt
 /// recorded it (a reconstructed decision), else its own.
 pub(crate) fn about(r: &Record) -> u32 {
-    r.u64("about_attempt").map_or(r.attempt, |a| a as u32)
+    r.event()
+        .and_then(|e| e.about_attempt())
+        .unwrap_or(r.attempt)
 }
 
 /// The outcomes of earlier attempts, from their `decision` records.
 pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome> {
-    records
-        .iter()
-        .filter(|r| r.kind == "decision" && about(r) < attempt)
-        .filter_map(|r| {
-            let o = r.get("outcome")?;
-            let signature = o.get("signature")?.as_str()?.to_string();
+    journal::events(records)
+        .filter_map(|(r, e)| {
+            let Event::Decision(d) = e else { return None };
+            let about = d.about_attempt.unwrap_or(r.attempt);
+            let o = d.outcome.filter(|_| about < attempt)?;
+            let signature = o.signature?;
             Some(AttemptOutcome {
-                attempt: about(r),
-                class: class_of(o.get("class")?.as_str()?)?,
+                attempt: about,
+                class: o.class?,
                 // Journals written before `detail` existed: the signature.
-                detail: o
-                    .get("detail")
-                    .and_then(|d| d.as_str())
-                    .map_or_else(|| signature.clone(), str::to_string),
+                detail: o.detail.unwrap_or_else(|| signature.clone()),
                 signature,
-                last_step: o.get("last_step").and_then(|v| v.as_u64()),
-                blamed_nodes: o
-                    .get("blamed_nodes")
-                    .and_then(|v| v.as_array())
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|n| n.as_str().map(String::from))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
+                last_step: o.last_step,
+                blamed_nodes: o.blamed_nodes,
             })
         })
         .collect()
@@ -298,12 +272,11 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
 /// The highest step any rank of `attempt` reached: the ranks' own
 /// `last_step`, or the progress journaled.
 pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {
-    records
-        .iter()
-        .filter(|r| r.attempt == attempt)
-        .filter_map(|r| match r.kind.as_str() {
-            "rank_exit" => r.u64("last_step"),
-            "progress" => r.u64("step"),
+    journal::events(records)
+        .filter(|(r, _)| r.attempt == attempt)
+        .filter_map(|(_, e)| match e {
+            Event::RankExit(x) => x.last_step,
+            Event::Progress(p) => p.step,
             _ => None,
         })
         .max()

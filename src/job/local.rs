@@ -21,6 +21,7 @@ use crate::config::Config;
 use crate::coordinator::state::{Effect, JobView};
 use crate::coordinator::Coordinator;
 use crate::error::{Error, Result};
+use crate::event as ev;
 use crate::journal::{self, Writer};
 use crate::policy::failure::{Class, Verdict};
 use crate::policy::restart::{Action, AttemptOutcome};
@@ -28,7 +29,6 @@ use crate::util::cmd::own_group;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
-use serde_json::json;
 use std::ffi::OsString;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -60,9 +60,14 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         .iter()
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    log.record(
-        "job_start",
-        json!({ "world_size": local.n, "mode": "local", "argv": argv_text, "max_restarts": local.cfg.max_restarts }),
+    log.write(
+        ev::JobStart {
+            world_size: Some(local.n),
+            mode: Some("local".into()),
+            argv: Some(argv_text),
+            max_restarts: Some(local.cfg.max_restarts),
+            ..Default::default()
+        },
         true,
     );
     let coordinator = local.start_coordinator(&mut log)?;
@@ -269,9 +274,10 @@ impl Local {
             Ok(c) => Ok(Some(c)),
             Err(e) => {
                 eprintln!("resilio: coordinator: {e}; ranks supervise alone");
-                log.record(
-                    "monitor_error",
-                    json!({ "error": format!("coordinator: {e}") }),
+                log.write(
+                    ev::MonitorError {
+                        error: Some(format!("coordinator: {e}")),
+                    },
                     false,
                 );
                 Ok(None)
@@ -356,12 +362,12 @@ impl Local {
                 }
             }
         }
-        run.log.record(
-            "launch",
-            json!({
-                "ranks": self.n, "master_port": port,
-                "agent_pids": ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>(),
-            }),
+        run.log.write(
+            ev::Launch {
+                ranks: Some(self.n),
+                master_port: Some(port),
+                agent_pids: Some(ranks.iter().map(|r| r.pid.as_raw()).collect()),
+            },
             true,
         );
         let mut a = Attempt {
@@ -440,9 +446,12 @@ impl Local {
             a.kill_at = Some(now + self.cfg.kill_grace + Duration::from_secs(5));
         }
         if let Some(note) = &a.failure_note {
-            run.log.record(
-                "teardown",
-                json!({ "reason": note, "ranks_left": a.running().count() }),
+            run.log.write(
+                ev::Teardown {
+                    reason: Some(note.clone()),
+                    ranks_left: Some(a.running().count() as u32),
+                    ..Default::default()
+                },
                 true,
             );
         }
@@ -493,13 +502,12 @@ impl Local {
             .find_map(|keep| a.ranks.iter().filter_map(|r| r.exit).find(|c| keep(*c)))
             .unwrap_or(0);
         let teardown_s = a.failed_at.map(|f| ended.duration_since(f).as_secs_f64());
-        run.log.record(
-            "attempt_end",
-            json!({
-                "exit_codes": codes,
-                "runtime_s": ended.duration_since(a.started).as_secs_f64(),
-                "teardown_s": teardown_s,
-            }),
+        run.log.write(
+            ev::AttemptEnd {
+                exit_codes: Some(codes),
+                runtime_s: Some(ended.duration_since(a.started).as_secs_f64()),
+                teardown_s,
+            },
             true,
         );
         if worst == 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
@@ -596,10 +604,14 @@ impl Local {
                 self.n
             );
         }
-        run.log.record(
-            "restart",
-            json!({ "next_attempt": attempt, "reason": reason, "in_place": true,
-                    "teardown_s": teardown_s }),
+        run.log.write(
+            ev::Restart {
+                next_attempt: Some(attempt),
+                reason: Some(reason.to_string()),
+                in_place: Some(true),
+                teardown_s,
+                ..Default::default()
+            },
             true,
         );
         run.log.set_attempt(attempt);
