@@ -2,10 +2,10 @@
 //! becomes one line on stderr and a distinct exit code (see [`crate::error`]).
 
 use crate::agent::{self, RunOptions};
+use crate::analysis::report;
 use crate::config::{self, Config};
 use crate::error::{Error, Result, EXIT_USAGE};
 use crate::journal;
-use crate::report;
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -338,7 +338,7 @@ impl Shown {
         v
     }
 
-    fn report(&self, slurm: Option<&crate::accounting::SlurmTimes>) -> report::Report {
+    fn report(&self, slurm: Option<&crate::analysis::accounting::SlurmTimes>) -> report::Report {
         let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
         r.skipped_lines = self.skipped.clone();
         r.run = Some(self.run.clone());
@@ -360,8 +360,11 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
             }
         } else {
             // Only the allocations that agree with the journal (as the report).
-            let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default())
-                .map(|s| crate::accounting::consistent_slurm_times(&shown.records, &s).0);
+            let slurm =
+                crate::analysis::accounting::slurm_times(job, &crate::slurm::SlurmCli::default())
+                    .map(|s| {
+                        crate::analysis::accounting::consistent_slurm_times(&shown.records, &s).0
+                    });
             print!(
                 "{}",
                 report::render_timeline_with_notes(
@@ -373,12 +376,13 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
             );
         }
     } else {
-        let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
+        let slurm =
+            crate::analysis::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
         let mut r = shown.report(slurm.as_ref());
         let state_dir = state_dir_of(&a.state_dir)?;
         report::apply_fleet(
             &mut r,
-            crate::node_history::fleet_rate(
+            crate::analysis::node_history::fleet_rate(
                 &state_dir,
                 job,
                 chrono::Utc::now(),
@@ -399,9 +403,9 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
 fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
     let shown = Shown::load(a)?;
     let job = &shown.job;
-    let slurm = crate::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
+    let slurm = crate::analysis::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
     let r = shown.report(slurm.as_ref());
-    let page = crate::report_html::render(job, &shown.records, &r);
+    let page = crate::analysis::html::render(job, &shown.records, &r);
     if file == std::path::Path::new("-") {
         print!("{page}");
         return Ok(0);
@@ -422,7 +426,7 @@ fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
 }
 
 fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
-    use crate::node_history;
+    use crate::analysis::node_history;
     use crate::slurm::{NodeState, Slurm, SlurmCli};
     let half_life = flag_timeout("half-life", &a.half_life, "")?;
     if !(a.threshold.is_finite() && a.threshold > 0.0) {

@@ -9,9 +9,10 @@
 //! restarted in place from the checkpoint and finish, and the report and
 //! timeline are printed from the journal.
 
+use crate::analysis::report;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::{journal, report};
+use crate::journal;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;

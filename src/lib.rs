@@ -38,9 +38,8 @@
 //! `docs/architecture.md` follows one event from a trainer's output line to
 //! a journal record.
 
-pub mod accounting;
-pub mod advice;
 pub mod agent;
+pub mod analysis;
 pub mod cli;
 pub mod config;
 pub mod context;
@@ -53,17 +52,17 @@ pub mod event;
 pub mod health;
 pub mod job;
 pub mod journal;
-pub mod node_history;
 pub mod policy;
 pub mod process;
 pub mod progress;
-pub mod report;
-pub mod report_html;
 pub mod runs;
 pub mod slurm;
 pub mod state_dir;
 pub mod status;
 pub mod util;
+
+// Paths the rank agent still uses; they go once it is under `rank/`.
+pub use analysis::{advice, node_history};
 
 /// The batch-level supervisor under its old path (`crate::supervisor::...`).
 pub use job::batch as supervisor;

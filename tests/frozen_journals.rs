@@ -13,7 +13,8 @@
 //! Slurm's own records and the node history are left out (they depend on
 //! the cluster and the date): this is the journal's part of each output.
 
-use resilio::{journal, report, report_html};
+use resilio::analysis::{html as report_html, report};
+use resilio::journal;
 use std::path::{Path, PathBuf};
 
 fn root() -> PathBuf {
@@ -100,7 +101,7 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
 /// fixed date, and each job's count of interruptions blamed on nodes.
 #[test]
 fn the_node_history_of_the_earlier_builds_journals_is_as_it_was() {
-    use resilio::node_history;
+    use resilio::analysis::node_history;
     let now: chrono::DateTime<chrono::Utc> = "2026-11-24T00:00:00Z".parse().unwrap();
     let (h, _) = node_history::build(
         &root(),

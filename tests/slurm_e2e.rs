@@ -478,7 +478,7 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         if rows.len() == 2
             && rows
                 .iter()
-                .all(|r| resilio::accounting::slurm_time(&r.end).is_some())
+                .all(|r| resilio::analysis::accounting::slurm_time(&r.end).is_some())
         {
             break;
         }
@@ -488,8 +488,8 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         .iter()
         .filter_map(|r| {
             Some((
-                resilio::accounting::slurm_time(&r.start)?,
-                resilio::accounting::slurm_time(&r.end)?,
+                resilio::analysis::accounting::slurm_time(&r.start)?,
+                resilio::analysis::accounting::slurm_time(&r.end)?,
             ))
         })
         .collect();
@@ -851,7 +851,7 @@ fn a_node_crash_is_recorded_from_slurms_own_records() {
     assert_eq!(failed, [victim.as_str()], "{:?}", prev[0]);
     assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
     // And the report blames it.
-    let r = resilio::report::build(&job.id, &recs, 0, None);
+    let r = resilio::analysis::report::build(&job.id, &recs, 0, None);
     assert!(
         r.failures
             .iter()

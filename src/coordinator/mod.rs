@@ -218,7 +218,7 @@ pub struct Evaluation {
 }
 
 /// Where the advice comes from. The host hands it in: the coordinator reads
-/// no journal and no node history itself (`crate::advice` reads both).
+/// no journal and no node history itself (`crate::analysis::advice` reads both).
 pub trait AdviceSource: Send + Sync + 'static {
     /// At the start of an attempt: also refresh what stays the same for the
     /// whole attempt (the node history's failure rate, which reads every
@@ -422,10 +422,9 @@ mod tests {
         let view = JobView::new("j", 1, 0, Default::default(), t0);
         let w = Writer::open(&dir, "coordinator.jsonl", 0, None, Some("n1".into()));
         let c = Coordinator::start(view, "127.0.0.1:0".parse().unwrap(), w, None).unwrap();
-        let mut advice = Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
-            state.path(),
-            "j",
-        )));
+        let mut advice = Advice::new(std::sync::Arc::new(
+            crate::analysis::advice::JournalAdvice::new(state.path(), "j"),
+        ));
         advice.poll(&c, t0);
         assert_eq!(c.with_view(|v| (v.checkpoint_every(), Vec::new())), None);
 

@@ -203,7 +203,7 @@ pub fn after_attempt(
 /// else by one requeue with `ExcNodeList` (never twice for this reason).
 #[allow(clippy::too_many_arguments)]
 pub fn history_at_start(
-    history: &[crate::node_history::NodeHistory],
+    history: &[crate::analysis::node_history::NodeHistory],
     threshold: f64,
     job: &str,
     alloc_nodes: &[String],
@@ -470,7 +470,7 @@ mod tests {
         let state = tempfile::tempdir().unwrap();
         let dir = journal::job_dir(state.path(), "77");
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, Some("n1".into()));
-        let history = vec![crate::node_history::NodeHistory {
+        let history = vec![crate::analysis::node_history::NodeHistory {
             node: "n2".into(),
             score: 3.0,
             failures_by_class: Default::default(),
@@ -773,7 +773,7 @@ mod tests {
         reconcile_previous(&read(state.path()), "77", 1, &f, &mut w);
         assert_eq!(journal::read_job(&dir).unwrap().records.len(), n);
         // The report shows the failure on the node that failed, in attempt 0.
-        let r = crate::report::build("77", &recs, 0, None);
+        let r = crate::analysis::report::build("77", &recs, 0, None);
         assert_eq!(r.failures[0].node.as_deref(), Some("n2"));
         assert_eq!(r.failures[0].attempt, 0);
     }

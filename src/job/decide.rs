@@ -16,9 +16,9 @@
 //! Slurm call.
 
 use super::judge::{self, StepEnd};
+use crate::analysis::node_history::NodeHistory;
 use crate::event::Event;
 use crate::journal::{self, Record};
-use crate::node_history::NodeHistory;
 use crate::policy::failure::{Class, Judgment, RankFailure};
 use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
 use crate::slurm::{AcctRecord, JobInfo, NodeInfo};
@@ -399,7 +399,7 @@ pub fn seen_by_slurm(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::node_history::NodeEvent;
+    use crate::analysis::node_history::NodeEvent;
     use crate::policy::failure::Verdict;
     use serde_json::{json, Value};
     use std::cell::Cell;

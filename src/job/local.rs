@@ -73,10 +73,9 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     let coordinator = local.start_coordinator(&mut log)?;
     let signals = Signals::install()?;
     let advice = local.cfg.coordinator.policy.checkpoint_advised.then(|| {
-        crate::coordinator::Advice::new(std::sync::Arc::new(crate::advice::JournalAdvice::new(
-            &local.cfg.state_dir,
-            &local.job,
-        )))
+        crate::coordinator::Advice::new(std::sync::Arc::new(
+            crate::analysis::advice::JournalAdvice::new(&local.cfg.state_dir, &local.job),
+        ))
     });
     let mut run = Run {
         log,

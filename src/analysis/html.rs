@@ -5,9 +5,9 @@
 //! progressing, checkpointing, stalled, down, queued; failure markers and
 //! the supervisor's actions, each with a tooltip giving cause and evidence.
 
+use crate::analysis::report::Report;
 use crate::event::{Class, Event};
 use crate::journal::Record;
-use crate::report::Report;
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -265,7 +265,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
             }
         }
     }
-    let queued: Vec<&crate::accounting::Segment> = report
+    let queued: Vec<&crate::analysis::accounting::Segment> = report
         .segments
         .iter()
         .filter(|s| s.bucket == "queue_wait")
@@ -347,7 +347,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
     let _ = writeln!(
         h,
         "<p class=\"summary\">{}</p>",
-        esc(&crate::report::summary_line(report))
+        esc(&crate::analysis::report::summary_line(report))
     );
     let _ = writeln!(
         h,
@@ -366,7 +366,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
         .as_ref()
         .and_then(|r| crate::runs::note(&report.job, &report.runs, r.index.saturating_sub(1)));
     for note in run_note.into_iter().chain(
-        crate::report::skipped_notes(&report.skipped_lines, report.bad_journal_lines)
+        crate::analysis::report::skipped_notes(&report.skipped_lines, report.bad_journal_lines)
             .into_iter()
             .filter(|l| !l.is_empty()),
     ) {
@@ -374,7 +374,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
     }
     h.push_str("<ul class=\"buckets\">");
     let mut buckets: Vec<(&str, f64)> = vec![("productive", report.productive_s)];
-    for b in &crate::accounting::BUCKETS[1..] {
+    for b in &crate::analysis::accounting::BUCKETS[1..] {
         buckets.push((b, report.lost_s.get(*b).copied().unwrap_or(0.0)));
     }
     for (b, v) in &buckets {
@@ -651,12 +651,12 @@ mod tests {
             ));
         }
         r.sort_by_key(|x| x.ts);
-        let report = crate::report::build("7", &r, 0, None);
+        let report = crate::analysis::report::build("7", &r, 0, None);
         let h = render("7", &r, &report);
         assert!(h.starts_with("<!doctype html>"));
         assert!(!h.contains("<script"));
         assert!(!h.contains("src="), "nothing fetched");
-        assert!(h.contains(&crate::report::summary_line(&report)));
+        assert!(h.contains(&crate::analysis::report::summary_line(&report)));
         for state in [
             "startup",
             "progressing",
@@ -681,7 +681,7 @@ mod tests {
             x.node = Some(format!("gpu{:03}", rank / 8));
             r.push(x);
         }
-        let report = crate::report::build("8", &r, 0, None);
+        let report = crate::analysis::report::build("8", &r, 0, None);
         let h = render("8", &r, &report);
         assert!(h.contains("gpu007") && !h.contains("rank 63"));
         assert!(h.contains("(one per node)"));

@@ -2,7 +2,7 @@
 //! `resilio report` (attempts, steps, stalls, exits, time accounting) and
 //! `resilio timeline` (one line per event that matters, by attempt).
 //!
-//! Time accounting (ETTR and where the rest went) is [`crate::accounting`]'s.
+//! Time accounting (ETTR and where the rest went) is [`crate::analysis::accounting`]'s.
 
 use crate::event::Event;
 use crate::journal::Record;
@@ -75,7 +75,7 @@ pub struct Report {
     /// Where the times came from.
     pub time_source: String,
     /// The job's wall time, stretch by stretch, each in one bucket.
-    pub segments: Vec<crate::accounting::Segment>,
+    pub segments: Vec<crate::analysis::accounting::Segment>,
     /// Journal lines that did not parse (torn by a crash, garbled, or
     /// foreign), over all files; `skipped_lines` says where.
     pub bad_journal_lines: usize,
@@ -94,7 +94,7 @@ pub struct Report {
     /// Mean time to failure for a job of this size, pooling this job's
     /// failures with the node history's (other jobs under the state dir).
     pub mttf_pooled_s: Option<f64>,
-    pub fleet: Option<crate::node_history::FleetRate>,
+    pub fleet: Option<crate::analysis::node_history::FleetRate>,
     /// Attempts that ended in a failure (echoes of one failure count once).
     pub failed_attempts: usize,
     /// Relaunches without the queue (in place, or inside the allocation).
@@ -240,13 +240,13 @@ pub fn build(
     job: &str,
     records: &[Record],
     bad_lines: usize,
-    slurm: Option<&crate::accounting::SlurmTimes>,
+    slurm: Option<&crate::analysis::accounting::SlurmTimes>,
 ) -> Report {
     let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
     for r in records {
         by_attempt.entry(r.attempt).or_default().push(r);
     }
-    let acc = crate::accounting::account(records, slurm);
+    let acc = crate::analysis::accounting::account(records, slurm);
     let mut attempts: Vec<Attempt> = by_attempt
         .iter()
         .map(|(a, recs)| attempt_of(recs, *a))
@@ -377,7 +377,7 @@ fn restart_cost(r: &Report) -> f64 {
 
 /// Pool this job's failure rate with the fleet's (the node history of the
 /// other jobs) for a job of this job's size, and advise on that.
-pub fn apply_fleet(r: &mut Report, fleet: crate::node_history::FleetRate) {
+pub fn apply_fleet(r: &mut Report, fleet: crate::analysis::node_history::FleetRate) {
     let nodes = r
         .attempts
         .iter()
@@ -406,12 +406,12 @@ pub fn apply_fleet(r: &mut Report, fleet: crate::node_history::FleetRate) {
 /// The periodic checkpoint interval to use now (`[coordinator]
 /// checkpoint_every = "advised"`): Daly's interval from the job's journal so
 /// far and `fleet` (the node history's failure rate, see
-/// [`crate::node_history::fleet_rate`]), with the journal record's data
+/// [`crate::analysis::node_history::fleet_rate`]), with the journal record's data
 /// saying why.
 pub fn advised_interval(
     state_dir: &std::path::Path,
     job: &str,
-    fleet: crate::node_history::FleetRate,
+    fleet: crate::analysis::node_history::FleetRate,
 ) -> (Option<std::time::Duration>, Value) {
     // The run going on is the latest (a job id used again starts another).
     let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
@@ -523,7 +523,7 @@ pub fn render_text(r: &Report) -> String {
         r.productive_s,
         pct(r.productive_s, r.wall_s)
     );
-    for k in &crate::accounting::BUCKETS[1..] {
+    for k in &crate::analysis::accounting::BUCKETS[1..] {
         let v = r.lost_s.get(*k).copied().unwrap_or(0.0);
         let _ = writeln!(s, "  {:<18} {:>10.1}s {:>6.1}%", k, v, pct(v, r.wall_s));
     }
@@ -923,7 +923,7 @@ fn describe_event(event: &Event) -> Option<String> {
 pub fn render_timeline(
     job: &str,
     records: &[Record],
-    slurm: Option<&crate::accounting::SlurmTimes>,
+    slurm: Option<&crate::analysis::accounting::SlurmTimes>,
 ) -> String {
     render_timeline_with_notes(job, records, slurm, &[])
 }
@@ -933,7 +933,7 @@ pub fn render_timeline(
 pub fn render_timeline_with_notes(
     job: &str,
     records: &[Record],
-    slurm: Option<&crate::accounting::SlurmTimes>,
+    slurm: Option<&crate::analysis::accounting::SlurmTimes>,
     notes: &[String],
 ) -> String {
     let mut s = String::new();
@@ -1200,7 +1200,7 @@ mod tests {
         // 2 x 100, 10 in 2,000 node-seconds, so 100 s for 2 nodes.
         apply_fleet(
             &mut r,
-            crate::node_history::FleetRate {
+            crate::analysis::node_history::FleetRate {
                 failures: 9.0,
                 node_seconds: 1800.0,
                 jobs: 4,
@@ -1213,7 +1213,7 @@ mod tests {
         // A healthier fleet lengthens the advised interval.
         apply_fleet(
             &mut r,
-            crate::node_history::FleetRate {
+            crate::analysis::node_history::FleetRate {
                 failures: 0.0,
                 node_seconds: 99_800.0,
                 jobs: 40,

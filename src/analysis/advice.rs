@@ -5,8 +5,8 @@
 //! size (`node_history::fleet_rate`), so that the live coordinator never
 //! reads journals or reports itself.
 
+use crate::analysis::node_history::FleetRate;
 use crate::coordinator::{AdviceSource, Evaluation};
-use crate::node_history::FleetRate;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -31,14 +31,15 @@ impl JournalAdvice {
     }
 
     fn evaluate(&self, fleet: FleetRate) -> Evaluation {
-        let (every, why) = crate::report::advised_interval(&self.state_dir, &self.job, fleet);
+        let (every, why) =
+            crate::analysis::report::advised_interval(&self.state_dir, &self.job, fleet);
         Evaluation { every, why }
     }
 }
 
 impl AdviceSource for JournalAdvice {
     fn at_attempt_start(&self) -> Evaluation {
-        let fleet = crate::node_history::fleet_rate(
+        let fleet = crate::analysis::node_history::fleet_rate(
             &self.state_dir,
             &self.job,
             chrono::Utc::now(),

@@ -152,8 +152,8 @@ pub fn events_from_sacct(
         if known.iter().any(|k| k == base) || r.nodes.is_empty() {
             continue;
         }
-        let Some(ts) = crate::accounting::slurm_time(&r.end)
-            .or_else(|| crate::accounting::slurm_time(&r.start))
+        let Some(ts) = crate::analysis::accounting::slurm_time(&r.end)
+            .or_else(|| crate::analysis::accounting::slurm_time(&r.start))
         else {
             continue;
         };

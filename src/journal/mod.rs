@@ -1,0 +1,280 @@
+//! The per-job journal: append-only JSON Lines, one file per writer.
+//!
+//! Layout: `STATE_DIR/jobs/JOB/rank-R.jsonl` for each rank's agent (and
+//! later `coordinator.jsonl`); readers merge every `*.jsonl` in the job's
+//! directory, ordered by timestamp. One file per writer keeps records whole
+//! on shared filesystems (NFS gives no atomic `O_APPEND` across nodes).
+//!
+//! Crash safety: each record is one `write(2)` of a complete line to a file
+//! opened with `O_APPEND`; records that matter are `fdatasync`ed before
+//! resilio acts on them. A writer that finds its file ending in a partial
+//! line (a kill in the middle of a write) cuts it off before appending, and
+//! readers skip a final line that does not parse. So after a `kill -9` at any
+//! moment every record is either whole or absent.
+//!
+//! Fail open: if the journal cannot be written, resilio says so once on
+//! stderr and keeps supervising; when writing works again it records a
+//! `journal_gap` with the number of records lost.
+//!
+//! `writer.rs` appends, `reader.rs` reads and merges; a record's fields are
+//! typed by [`crate::event`].
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::path::{Path, PathBuf};
+
+use crate::event::Event;
+pub use crate::event::SCHEMA_VERSION;
+
+mod reader;
+mod writer;
+
+pub use reader::{list_jobs, read_job, JobJournal, SkippedLines};
+pub use writer::Writer;
+
+/// One journal record. Fields beyond the common ones depend on `kind`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Record {
+    /// Schema version.
+    pub v: u32,
+    /// When it happened (UTC).
+    pub ts: DateTime<Utc>,
+    /// What happened: `rank_start`, `progress`, `stall`, `rank_exit`, ...
+    pub kind: String,
+    /// Attempt number (0 for the first run, +1 per requeue or restart).
+    pub attempt: u32,
+    /// The rank it concerns, when it concerns one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The node it concerns, when it concerns one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Kind-specific fields.
+    #[serde(flatten)]
+    pub data: Map<String, Value>,
+}
+
+impl Record {
+    /// A field of the kind-specific data.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.data.get(key)
+    }
+
+    /// A numeric field.
+    pub fn f64(&self, key: &str) -> Option<f64> {
+        self.data.get(key).and_then(Value::as_f64)
+    }
+
+    /// An integer field.
+    pub fn u64(&self, key: &str) -> Option<u64> {
+        self.data.get(key).and_then(Value::as_u64)
+    }
+
+    /// A string field.
+    pub fn str(&self, key: &str) -> Option<&str> {
+        self.data.get(key).and_then(Value::as_str)
+    }
+
+    /// The run key stamped on the record (see [`crate::runs`]).
+    pub fn run(&self) -> Option<&str> {
+        self.str("run")
+    }
+
+    /// The record's kind and fields, typed (see [`crate::event`]); `None`
+    /// for a kind this build does not know.
+    pub fn event(&self) -> Option<Event> {
+        Event::from_fields(&self.kind, &self.data)
+    }
+}
+
+/// Each record with its typed event; records of a kind this build does not
+/// know are left out.
+pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, Event)> + '_ {
+    records.iter().filter_map(|r| Some((r, r.event()?)))
+}
+
+/// Check a job id before it becomes part of a path.
+pub fn validate_job_id(job: &str) -> Result<(), String> {
+    let ok = !job.is_empty()
+        && job.len() <= 128
+        && !job.starts_with('.')
+        && job
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b'+'));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid job id '{job}': use letters, digits, '.', '_', '-', '+' (at most 128)"
+        ))
+    }
+}
+
+/// The directory holding a job's journal.
+pub fn job_dir(state_dir: &Path, job: &str) -> PathBuf {
+    state_dir.join("jobs").join(job)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::fs::OpenOptions;
+    use std::io::Write;
+
+    #[test]
+    fn records_round_trip_and_merge_by_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut a = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), Some("n1".into()));
+        let mut b = Writer::open(dir.path(), "rank-1.jsonl", 0, Some(1), Some("n2".into()));
+        a.record("rank_start", json!({"pid": 1}), true);
+        b.record("rank_start", json!({"pid": 2}), true);
+        a.record("progress", json!({"step": 5}), false);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records.len(), 3);
+        assert_eq!(j.bad_lines, 0);
+        assert_eq!(
+            j.records
+                .iter()
+                .map(|r| r.kind.as_str())
+                .collect::<Vec<_>>(),
+            ["rank_start", "rank_start", "progress"]
+        );
+        assert_eq!(j.records[2].u64("step"), Some(5));
+        assert_eq!(j.records[2].rank, Some(0));
+        assert_eq!(j.records[0].v, SCHEMA_VERSION);
+    }
+
+    #[test]
+    fn torn_tail_is_cut_on_reopen_and_skipped_by_readers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rank-0.jsonl");
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        drop(w);
+        // Simulate a kill in the middle of a write.
+        let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+        f.write_all(b"{\"v\":1,\"ts\":\"2026-").unwrap();
+        drop(f);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!((j.records.len(), j.bad_lines), (1, 1));
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 1, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!((j.records.len(), j.bad_lines), (2, 0));
+    }
+
+    #[test]
+    fn unreadable_lines_and_files_are_skipped_counted_and_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        for step in 1..=3 {
+            w.record("progress", json!({ "step": step }), false);
+        }
+        drop(w);
+        // A garbled middle line, a line that is JSON but not a record, and
+        // a torn last line.
+        let path = dir.path().join("rank-0.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[1] = lines[1].replace("\"kind\"", "\u{1}garbled");
+        lines.push("{\"v\":1}".into());
+        let mut text = lines.join("\n");
+        text.push_str("\n{\"v\":1,\"ts\":\"2026-");
+        std::fs::write(&path, text).unwrap();
+        // A file of garbage, an empty one, and one that cannot be read.
+        std::fs::write(dir.path().join("rank-1.jsonl"), "not json\n\0\0\0\n").unwrap();
+        std::fs::write(dir.path().join("rank-2.jsonl"), "").unwrap();
+        std::fs::create_dir(dir.path().join("rank-3.jsonl")).unwrap();
+
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records.len(), 2);
+        assert_eq!(j.bad_lines, 5);
+        let by_name = |n: &str| {
+            j.skipped
+                .iter()
+                .find(|f| f.file.ends_with(n))
+                .unwrap_or_else(|| panic!("{n} not listed: {:#?}", j.skipped))
+        };
+        let r0 = by_name("rank-0.jsonl");
+        assert_eq!(
+            (r0.lines, r0.records, r0.torn_last_line),
+            (3, 2, true),
+            "{r0:#?}"
+        );
+        assert_eq!(r0.line_numbers, [2, 4, 5]);
+        assert!(
+            r0.describe().ends_with(
+                "rank-0.jsonl: 3 lines skipped (lines 2, 4, 5; the last one cut short by a crash)"
+            ),
+            "{}",
+            r0.describe()
+        );
+        let r1 = by_name("rank-1.jsonl");
+        assert!(r1
+            .describe()
+            .ends_with("rank-1.jsonl: no readable record, 2 lines skipped (lines 1, 2)"));
+        assert!(by_name("rank-2.jsonl")
+            .describe()
+            .ends_with("rank-2.jsonl: no readable record (empty)"));
+        let r3 = by_name("rank-3.jsonl");
+        assert!(r3.error.is_some() && r3.describe().contains("rank-3.jsonl: unreadable ("));
+        assert_eq!(j.skipped.len(), 4);
+    }
+
+    #[test]
+    fn a_torn_last_line_alone_is_described_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        drop(w);
+        let mut f = OpenOptions::new()
+            .append(true)
+            .open(dir.path().join("rank-0.jsonl"))
+            .unwrap();
+        f.write_all(b"{\"v\":1,\"ts\"").unwrap();
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.skipped.len(), 1);
+        assert!(j.skipped[0]
+            .describe()
+            .ends_with("rank-0.jsonl: 1 line skipped (the last line, cut short by a crash)"));
+    }
+
+    #[test]
+    fn records_carry_the_writers_run_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "rank-0.jsonl", 0, Some(0), None).with_run(Some("k1"));
+        w.record("rank_start", json!({}), true);
+        w.set_run(None);
+        w.record("rank_exit", json!({}), true);
+        let j = read_job(dir.path()).unwrap();
+        assert_eq!(j.records[0].str("run"), Some("k1"));
+        assert_eq!(j.records[1].get("run"), None);
+    }
+
+    #[test]
+    fn unwritable_dir_fails_open() {
+        let w = Writer::open(
+            Path::new("/proc/resilio-no-such"),
+            "rank-0.jsonl",
+            0,
+            None,
+            None,
+        );
+        assert!(!w.is_ok());
+        let mut w = w;
+        w.record("stall", json!({}), true);
+        assert_eq!(w.dropped(), 1);
+    }
+
+    #[test]
+    fn job_ids_are_validated() {
+        for ok in ["12345", "local-20261122-005100-42", "12345_7", "a.b+c"] {
+            assert!(validate_job_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "../x", "a/b", ".hidden", "a b", "x\n"] {
+            assert!(validate_job_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! Reading a job's journal: every `*.jsonl` of its directory merged by
+//! time; unreadable lines skipped and counted per file.
+
+use super::Record;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// What reading a job's journal found.
+#[derive(Debug, Default)]
+pub struct JobJournal {
+    /// Every whole record, ordered by time (stable for equal times).
+    pub records: Vec<Record>,
+    /// Lines that did not parse as a record (a torn final line, garbled
+    /// or foreign content), over all files.
+    pub bad_lines: usize,
+    /// The files read.
+    pub files: Vec<PathBuf>,
+    /// Per file: the lines skipped, or why the file could not be read.
+    /// Only files with something skipped are listed.
+    pub skipped: Vec<SkippedLines>,
+}
+
+/// Lines of one journal file that were skipped.
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct SkippedLines {
+    pub file: PathBuf,
+    /// Lines that did not parse as a record (the torn last line included).
+    pub lines: usize,
+    /// Their line numbers (1-based), the first [`MAX_LINE_NUMBERS`].
+    pub line_numbers: Vec<usize>,
+    /// The last line was cut short (no newline): a write interrupted by a
+    /// crash. Writers cut it off before appending again.
+    pub torn_last_line: bool,
+    /// Records read from the file.
+    pub records: usize,
+    /// The file could not be read at all (permission denied, a directory, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How many line numbers [`SkippedLines`] keeps per file.
+pub const MAX_LINE_NUMBERS: usize = 20;
+
+impl SkippedLines {
+    /// One line for people, such as `.../rank-0.jsonl: 1 line skipped (line 7)`
+    /// or `.../rank-1.jsonl: no readable record (empty)`.
+    pub fn describe(&self) -> String {
+        let name = self.file.display();
+        if let Some(e) = &self.error {
+            return format!("{name}: unreadable ({e})");
+        }
+        if self.lines == 0 {
+            return format!("{name}: no readable record (empty)");
+        }
+        let head = if self.records == 0 {
+            format!("{name}: no readable record, ")
+        } else {
+            format!("{name}: ")
+        };
+        let count = match self.lines {
+            1 => "1 line skipped".to_string(),
+            n => format!("{n} lines skipped"),
+        };
+        let torn_only = self.torn_last_line && self.lines == 1;
+        let detail = if torn_only {
+            " (the last line, cut short by a crash)".to_string()
+        } else {
+            let mut n: Vec<String> = self.line_numbers.iter().map(|l| l.to_string()).collect();
+            if self.lines > self.line_numbers.len() {
+                n.push("...".into());
+            }
+            format!(
+                " (line{} {}{})",
+                if self.lines == 1 { "" } else { "s" },
+                n.join(", "),
+                if self.torn_last_line {
+                    "; the last one cut short by a crash"
+                } else {
+                    ""
+                }
+            )
+        };
+        format!("{head}{count}{detail}")
+    }
+}
+
+/// Read and merge every `*.jsonl` of a job's directory. Lines that do not
+/// parse as a record are skipped and counted per file; a file that cannot
+/// be read is skipped and named. Fails only when the directory cannot be
+/// listed.
+pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
+    let mut out = JobJournal::default();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    files.sort();
+    for path in &files {
+        let mut skip = SkippedLines {
+            file: path.clone(),
+            ..SkippedLines::default()
+        };
+        match std::fs::read(path) {
+            Ok(text) => read_lines(&text, &mut out.records, &mut skip),
+            Err(e) => skip.error = Some(e.to_string()),
+        }
+        out.bad_lines += skip.lines;
+        if skip.lines > 0 || skip.error.is_some() || skip.records == 0 {
+            out.skipped.push(skip);
+        }
+    }
+    out.records.sort_by_key(|r| r.ts);
+    out.files = files;
+    Ok(out)
+}
+
+/// Parse one file's lines into `records`, noting what was skipped.
+fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
+    let ends_whole = text.last().is_none_or(|&b| b == b'\n');
+    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
+    let last = lines.len().saturating_sub(1);
+    for (i, line) in lines.iter().enumerate() {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        match serde_json::from_slice::<Record>(line) {
+            Ok(r) => {
+                records.push(r);
+                skip.records += 1;
+            }
+            Err(_) => {
+                skip.lines += 1;
+                if skip.line_numbers.len() < MAX_LINE_NUMBERS {
+                    skip.line_numbers.push(i + 1);
+                }
+                if i == last && !ends_whole {
+                    skip.torn_last_line = true;
+                }
+            }
+        }
+    }
+}
+
+/// Jobs under a state dir, most recently written last.
+pub fn list_jobs(state_dir: &Path) -> Vec<(String, std::time::SystemTime)> {
+    let Ok(entries) = std::fs::read_dir(state_dir.join("jobs")) else {
+        return Vec::new();
+    };
+    let mut jobs: Vec<(String, std::time::SystemTime)> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let newest = std::fs::read_dir(e.path())
+                .ok()?
+                .filter_map(|f| f.ok()?.metadata().ok()?.modified().ok())
+                .max()?;
+            Some((name, newest))
+        })
+        .collect();
+    jobs.sort_by_key(|(_, t)| *t);
+    jobs
+}
