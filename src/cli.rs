@@ -20,6 +20,9 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// More of resilio's own diagnostics (-v debug, -vv trace); RESILIO_LOG overrides
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
@@ -626,7 +629,6 @@ fn runs_locally() -> bool {
 
 /// Entry point: returns the process exit code.
 pub fn main() -> i32 {
-    init_tracing();
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
@@ -651,6 +653,7 @@ pub fn main() -> i32 {
             return EXIT_USAGE;
         }
     };
+    crate::log::init(cli.verbose);
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -658,14 +661,4 @@ pub fn main() -> i32 {
             e.exit_code()
         }
     }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("RESILIO_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
 }

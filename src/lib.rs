@@ -52,6 +52,7 @@ pub mod event;
 pub mod health;
 pub mod job;
 pub mod journal;
+pub mod log;
 pub mod policy;
 pub mod process;
 pub mod progress;

@@ -369,8 +369,8 @@ pub fn warn_if_reused(job_dir: &Path, job: &str, key: Option<&str>) -> bool {
     if earlier == 0 {
         return false;
     }
-    eprintln!(
-        "resilio: job id {job} already has a journal from an earlier run; this run is reported separately (resilio report {job} --run N shows another)"
+    tracing::warn!(
+        "job id {job} already has a journal from an earlier run; this run is reported separately (resilio report {job} --run N shows another)"
     );
     true
 }

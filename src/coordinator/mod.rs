@@ -126,12 +126,12 @@ impl Coordinator {
                 {
                     Ok(rt) => rt,
                     Err(e) => {
-                        eprintln!("resilio: coordinator runtime: {e}; ranks supervise locally");
+                        tracing::warn!("coordinator runtime: {e}; ranks supervise locally");
                         return;
                     }
                 };
                 if let Err(e) = rt.block_on(server::serve(listener, s, stop_rx)) {
-                    eprintln!("resilio: coordinator stopped: {e}; ranks supervise locally");
+                    tracing::warn!("coordinator stopped: {e}; ranks supervise locally");
                 }
             })?;
         let mut files = Vec::new();

@@ -86,7 +86,7 @@ pub fn carry_out(
         Action::Finish => job_end(journal, exit_code, "completed"),
         // Local mode's decision (never taken for a Slurm job): the failure stands.
         Action::Stop { reason } | Action::RestartInPlace { reason } => {
-            eprintln!("resilio: job {job} not requeued: {reason}");
+            tracing::warn!("job {job} not requeued: {reason}");
             job_end(journal, exit_code, &reason);
         }
         Action::RestartInAllocation {
@@ -122,8 +122,8 @@ pub fn carry_out(
                 },
                 true,
             );
-            eprintln!(
-                "resilio: relaunching the step of job {job} inside the allocation (attempt {}): {reason}",
+            tracing::info!(
+                "relaunching the step of job {job} inside the allocation (attempt {}): {reason}",
                 next.attempt
             );
             return Next::Relaunch(next);
@@ -149,7 +149,7 @@ pub fn carry_out(
                 },
                 true,
             );
-            eprintln!("resilio: requeueing job {job}: {reason}");
+            tracing::info!("requeueing job {job}: {reason}");
             if !requeue(slurm, job, &exclude, journal) {
                 job_end(journal, exit_code, "requeue failed");
             }
@@ -224,7 +224,7 @@ fn requeue_with(
         },
     };
     if let Err(e) = requeued {
-        eprintln!("resilio: requeue of job {job} failed: {e}");
+        tracing::warn!("requeue of job {job} failed: {e}");
         journal.write(
             ev::RequeueFailed {
                 error: Some(e.to_string()),
@@ -246,8 +246,8 @@ fn requeue_with(
             true,
         ),
         Err(Some(e)) => {
-            eprintln!(
-                "resilio: could not exclude {} from job {job}: {e}",
+            tracing::warn!(
+                "could not exclude {} from job {job}: {e}",
                 exclude.join(",")
             );
             journal.write(
@@ -302,8 +302,8 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
                 },
                 true,
             );
-            eprintln!(
-                "resilio: the allocation holds node(s) the history lists ({}); running anyway",
+            tracing::warn!(
+                "the allocation holds node(s) the history lists ({}); running anyway",
                 nodes.join(",")
             );
             AtStart::Run
@@ -367,11 +367,11 @@ fn requeue_for_history(
         },
         true,
     );
-    eprintln!("resilio: requeueing job {job}: {reason}");
+    tracing::info!("requeueing job {job}: {reason}");
     if requeue(slurm, job, &exclude, journal) {
         return AtStart::Requeued;
     }
-    eprintln!("resilio: running job {job} on its allocation anyway");
+    tracing::info!("running job {job} on its allocation anyway");
     AtStart::Run
 }
 

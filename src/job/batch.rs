@@ -169,7 +169,7 @@ pub fn after_attempt(
     let requeueable = || match slurm.show_job(job) {
         Ok(info) => info.requeue,
         Err(e) => {
-            eprintln!("resilio: cannot read job {job} from Slurm: {e}");
+            tracing::warn!("cannot read job {job} from Slurm: {e}");
             false
         }
     };

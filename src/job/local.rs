@@ -272,7 +272,7 @@ impl Local {
         match Coordinator::start(view, bind, w, dir) {
             Ok(c) => Ok(Some(c)),
             Err(e) => {
-                eprintln!("resilio: coordinator: {e}; ranks supervise alone");
+                tracing::warn!("coordinator: {e}; ranks supervise alone");
                 log.write(
                     ev::MonitorError {
                         error: Some(format!("coordinator: {e}")),
@@ -311,6 +311,7 @@ impl Local {
                 ),
             ])
             .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+            .envs(crate::log::child_env())
             // Ranks run in process groups of their own (so a Ctrl-C
             // reaches them once, through the launcher). Several ranks
             // are not in the terminal's foreground, so none may read
@@ -361,6 +362,12 @@ impl Local {
                 }
             }
         }
+        tracing::debug!(
+            "attempt {}: {} rank agent(s) started (pids {:?}), MASTER_PORT {port}",
+            run.attempt,
+            ranks.len(),
+            ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>()
+        );
         run.log.write(
             ev::Launch {
                 ranks: Some(self.n),
@@ -378,7 +385,7 @@ impl Local {
             teardown_sent: false,
         };
         if let Some(e) = spawn_error {
-            eprintln!("resilio: {e}");
+            tracing::warn!("{e}");
             a.failure_note = Some(e);
             a.failed_at = Some(Instant::now());
         }
@@ -576,7 +583,7 @@ impl Local {
                     && run.attempt == 0
                     && matches!(class, Some(Class::UserError | Class::Preempted));
                 if self.cfg.max_restarts > 0 && !self_evident {
-                    eprintln!("resilio: not restarting: {reason}");
+                    tracing::warn!("not restarting: {reason}");
                 }
                 Some((code, reason))
             }
@@ -596,10 +603,10 @@ impl Local {
         run.attempt += 1;
         let attempt = run.attempt;
         if self.single {
-            eprintln!("resilio: restarting in place (attempt {attempt}): {reason}");
+            tracing::info!("restarting in place (attempt {attempt}): {reason}");
         } else {
-            eprintln!(
-                "resilio: restarting all {} ranks in place (attempt {attempt}): {reason}",
+            tracing::info!(
+                "restarting all {} ranks in place (attempt {attempt}): {reason}",
                 self.n
             );
         }

@@ -126,8 +126,8 @@ impl Writer {
         self.file = None;
         if !self.warned {
             self.warned = true;
-            eprintln!(
-                "resilio: cannot write journal {}: {e}; supervision continues without it",
+            tracing::warn!(
+                "cannot write journal {}: {e}; supervision continues without it",
                 self.path.display()
             );
         }

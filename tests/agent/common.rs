@@ -34,6 +34,7 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
         "RESILIO_CONTROL",
         "RESILIO_LOCAL_LAUNCHER",
         "RESILIO_SOCKET",
+        "RESILIO_LOG",
         "SLURM_STEP_ID",
         "SLURM_LOCALID",
         "SLURM_NODEID",

@@ -315,3 +315,31 @@ fn ctrl_c_on_a_terminal_stops_and_is_not_restarted() {
     assert_eq!(kinds(&recs, "rank_start").len(), 1);
     assert!(kinds(&recs, "restart").is_empty());
 }
+
+/// resilio's own diagnostics are `tracing` events, one plain line each:
+/// `info` and up by default, `-v` adds `debug`, `RESILIO_LOG` overrides.
+#[test]
+fn diagnostics_follow_v_and_resilio_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |job: &str, opts: &[&str], env: Option<&str>| {
+        let mut c = resilio_run(tmp.path(), job);
+        c.args(opts)
+            .args(["--max-restarts", "1", "--", "sh", "-c", "exit 3"]);
+        if let Some(v) = env {
+            c.env("RESILIO_LOG", v);
+        }
+        let (o, _) = output_within(&mut c, Duration::from_secs(60));
+        assert_eq!(o.status.code(), Some(3), "{}", stderr_of(&o));
+        stderr_of(&o)
+    };
+    let restart = "resilio: restarting in place (attempt 1): ";
+    let launched = "resilio: debug: attempt 0: 1 rank agent(s) started";
+    let plain = run("log-plain", &[], None);
+    assert!(plain.contains(restart), "{plain}");
+    assert!(!plain.contains("resilio: debug:"), "{plain}");
+    let verbose = run("log-v", &["-v"], None);
+    assert!(verbose.contains(restart), "{verbose}");
+    assert!(verbose.contains(launched), "{verbose}");
+    let off = run("log-off", &["-v"], Some("off"));
+    assert!(!off.contains("resilio:"), "{off}");
+}
