@@ -370,7 +370,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                     });
             print!(
                 "{}",
-                report::render_timeline_with_notes(
+                crate::analysis::timeline::render_with_notes(
                     job,
                     &shown.records,
                     slurm.as_ref(),

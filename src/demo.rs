@@ -214,7 +214,10 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
     println!("== resilio report {job}\n");
     print!("{}", report::render_text(&r));
     println!("\n== resilio timeline {job}\n");
-    print!("{}", report::render_timeline(&job, &j.records, None));
+    print!(
+        "{}",
+        crate::analysis::timeline::render(&job, &j.records, None)
+    );
     println!(
         "\n== again, from the journal alone:\n   resilio report --state-dir {} {job} [--json]\n   resilio timeline --state-dir {} {job}",
         state_dir.display(),

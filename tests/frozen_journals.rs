@@ -13,7 +13,7 @@
 //! Slurm's own records and the node history are left out (they depend on
 //! the cluster and the date): this is the journal's part of each output.
 
-use resilio::analysis::{html as report_html, report};
+use resilio::analysis::{html as report_html, report, timeline};
 use resilio::journal;
 use std::path::{Path, PathBuf};
 
@@ -68,7 +68,7 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
             ("report.json", serde_json::to_string_pretty(&r).unwrap()),
             (
                 "timeline.txt",
-                report::render_timeline_with_notes(&job, &j.records, None, &[]),
+                timeline::render_with_notes(&job, &j.records, None, &[]),
             ),
         ];
         for (ext, got) in outputs {

@@ -9,3 +9,4 @@ pub mod advice;
 pub mod html;
 pub mod node_history;
 pub mod report;
+pub mod timeline;
