@@ -497,8 +497,47 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
     let checked = slurm.map(|s| consistent(&attempts, s));
     let slurm = checked.as_ref().map(|c| &c.0);
     let mismatch = checked.as_ref().and_then(|c| c.1.clone());
-    let allocs = slurm.map_or(&no_allocs, |s| &s.allocations);
-    let time_source = match (slurm, &mismatch) {
+    let allocs = Allocs(slurm.map_or(&no_allocs, |s| &s.allocations));
+    let time_source = time_source_of(slurm, mismatch.as_deref());
+    let (Some(first), Some(last)) = (attempts.first(), attempts.last()) else {
+        return Accounting {
+            start: None,
+            end: None,
+            wall_s: 0.0,
+            productive_s: 0.0,
+            lost_s: BUCKETS[1..].iter().map(|b| (b.to_string(), 0.0)).collect(),
+            by_attempt: BTreeMap::new(),
+            segments: Vec::new(),
+            time_source,
+        };
+    };
+    let start = allocs
+        .start(first)
+        .map_or(first.start, |s| s.min(first.start));
+    let end = allocs.end(last).map_or(last.end, |e| e.max(last.end));
+    let mut t = Track {
+        cursor: start,
+        segments: Vec::new(),
+        checkpoints: blocking_checkpoints(&attempts),
+    };
+    for (i, m) in attempts.iter().enumerate() {
+        let next = attempts.get(i + 1);
+        t.to(m.start, "startup", Some(m.attempt));
+        match m.first_step() {
+            None => never_stepped(&mut t, m),
+            Some(first) => stepped(&mut t, m, first, next),
+        }
+        if let Some(n) = next {
+            between(&mut t, m, n, &allocs);
+        }
+    }
+    t.to(end, "after_last_step", Some(last.attempt));
+    totals(t.segments, start, end, time_source)
+}
+
+/// Where the times came from, in words.
+fn time_source_of(slurm: Option<&SlurmTimes>, mismatch: Option<&str>) -> String {
+    match (slurm, mismatch) {
         (Some(s), None) if !s.allocations.is_empty() => {
             format!("{} (allocation start and end) and the journal", s.source)
         }
@@ -508,159 +547,164 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
         ),
         (_, Some(why)) => format!("journal (Slurm's records were not used: {why})"),
         _ => "journal".to_string(),
-    };
-    let empty = Accounting {
-        start: None,
-        end: None,
-        wall_s: 0.0,
-        productive_s: 0.0,
-        lost_s: BUCKETS[1..].iter().map(|b| (b.to_string(), 0.0)).collect(),
-        by_attempt: BTreeMap::new(),
-        segments: Vec::new(),
-        time_source: time_source.clone(),
-    };
-    let (Some(first), Some(last)) = (attempts.first(), attempts.last()) else {
-        return empty;
-    };
-    // An attempt's allocation: recorded by the batch-level supervisor, else
-    // Slurm's requeue count, which was the attempt number.
-    let alloc_of = |m: &Marks| m.allocation.unwrap_or(m.attempt);
-    let alloc_start = |m: &Marks| allocs.get(&alloc_of(m)).map(|a| a.start);
-    let alloc_end = |m: &Marks| allocs.get(&alloc_of(m)).and_then(|a| a.end);
-    let start = alloc_start(first).map_or(first.start, |s| s.min(first.start));
-    let end = alloc_end(last).map_or(last.end, |e| e.max(last.end));
-    let checkpoints: Vec<(DateTime<Utc>, DateTime<Utc>)> = {
-        let mut v: Vec<_> = attempts
-            .iter()
-            .flat_map(|m| m.checkpoints.iter().filter(|c| c.3).map(|c| (c.1, c.2)))
-            .collect();
-        v.sort();
-        // Ranks confirm the same checkpoint: merge overlaps.
-        let mut merged: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
-        for (a, b) in v {
-            match merged.last_mut() {
-                Some(l) if a <= l.1 => l.1 = l.1.max(b),
-                _ => merged.push((a, b)),
-            }
-        }
-        merged
-    };
-    let mut t = Track {
-        cursor: start,
-        segments: Vec::new(),
-        checkpoints,
-    };
-    for (i, m) in attempts.iter().enumerate() {
-        let a = Some(m.attempt);
-        let next = attempts.get(i + 1);
-        t.to(m.start, "startup", a);
-        let first_step = m.first_step();
-        let last_progress = m.last_progress();
-        match first_step {
-            None => {
-                // Never stepped: startup until the failure was acted on.
-                let stop = m.stall_declared.or(m.crashed_at).unwrap_or(m.end);
-                t.to(stop, "startup", a);
-                if let Some(acted) = m.acted_at.filter(|_| m.failed) {
-                    t.to(acted, "detection", a);
-                }
-                let tail = if !m.end_recorded {
-                    "unexplained"
-                } else if m.failed {
-                    "teardown"
-                } else {
-                    "after_last_step"
-                };
-                t.to(m.end, tail, a);
-            }
-            Some((first_at, first_no)) => {
-                let began = m
-                    .step_time_ns()
-                    .map_or(first_at, |st| first_at - chrono::Duration::nanoseconds(st));
-                t.to(began, "startup", a);
-                let last = last_progress.unwrap_or(first_at);
-                // An attempt with no recorded end that was followed by
-                // another was ended by something: judged like a failure.
-                let failed = m.failed || (!m.end_recorded && next.is_some());
-                if !failed {
-                    t.to(last, "productive", a);
-                    let tail = if m.end_recorded {
-                        "after_last_step"
-                    } else {
-                        "unexplained"
-                    };
-                    t.to(m.end, tail, a);
-                } else {
-                    // The last step whose result survived.
-                    let saved = |upto: Option<u64>| {
-                        m.checkpoints
-                            .iter()
-                            .map(|c| c.0)
-                            .filter(|s| upto.is_none_or(|u| *s <= u))
-                            .max()
-                    };
-                    let survived = match next.and_then(|n| n.first_step()) {
-                        Some((_, resumed)) => saved(Some(resumed)).max(resumed.checked_sub(1)),
-                        None => saved(None),
-                    };
-                    let survived_at = survived
-                        .filter(|s| *s >= first_no)
-                        .and_then(|s| m.completed(s));
-                    if let Some(at) = survived_at {
-                        t.to(at.min(last), "productive", a);
-                    }
-                    // A hang begins at the last step; a crash when it happened.
-                    let hung = m.stall_declared.is_some()
-                        && m.crashed_at.is_none_or(|c| Some(c) >= m.stall_declared);
-                    if hung {
-                        t.to(last, "rework", a);
-                        let declared = m.stall_declared.expect("hung");
-                        t.to(declared, "stalled", a);
-                        t.to(m.acted_at.unwrap_or(declared), "detection", a);
-                    } else {
-                        let failed_at = m.crashed_at.unwrap_or(last).max(last);
-                        t.to(failed_at, "rework", a);
-                        if let Some(acted) = m.acted_at {
-                            t.to(acted, "detection", a);
-                        }
-                    }
-                    let tail = if m.end_recorded {
-                        "teardown"
-                    } else {
-                        "unexplained"
-                    };
-                    t.to(m.end, tail, a);
-                }
-            }
-        }
-        if let Some(n) = next {
-            let same_allocation = m.relaunched
-                || (!m.requeued && m.allocation.is_some() && m.allocation == n.allocation);
-            if same_allocation {
-                let gap = if m.end_recorded {
-                    "restart"
-                } else {
-                    "unexplained"
-                };
-                t.to(n.start, gap, Some(n.attempt));
-            } else {
-                match (alloc_end(m), alloc_start(n)) {
-                    (Some(e), Some(s)) => {
-                        t.to(e, "restart", a);
-                        t.to(s, "queue_wait", None);
-                    }
-                    // Without Slurm's times the gap is the queue's, with
-                    // Slurm's teardown and the batch script's start in it.
-                    _ => t.to(n.start, "queue_wait", None),
-                }
-            }
+    }
+}
+
+/// Slurm's allocations, looked up by an attempt's allocation: recorded by
+/// the batch-level supervisor, else Slurm's requeue count, which was the
+/// attempt number.
+struct Allocs<'a>(&'a BTreeMap<u32, Allocation>);
+
+impl Allocs<'_> {
+    fn of(&self, m: &Marks) -> Option<&Allocation> {
+        self.0.get(&m.allocation.unwrap_or(m.attempt))
+    }
+    fn start(&self, m: &Marks) -> Option<DateTime<Utc>> {
+        self.of(m).map(|a| a.start)
+    }
+    fn end(&self, m: &Marks) -> Option<DateTime<Utc>> {
+        self.of(m).and_then(|a| a.end)
+    }
+}
+
+/// The checkpoints that blocked training, overlaps merged (ranks confirm
+/// the same checkpoint).
+fn blocking_checkpoints(attempts: &[Marks]) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+    let mut v: Vec<_> = attempts
+        .iter()
+        .flat_map(|m| m.checkpoints.iter().filter(|c| c.3).map(|c| (c.1, c.2)))
+        .collect();
+    v.sort();
+    let mut merged: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
+    for (a, b) in v {
+        match merged.last_mut() {
+            Some(l) if a <= l.1 => l.1 = l.1.max(b),
+            _ => merged.push((a, b)),
         }
     }
-    t.to(end, "after_last_step", Some(last.attempt));
+    merged
+}
 
+/// An attempt that never stepped: startup until the failure was acted on.
+fn never_stepped(t: &mut Track, m: &Marks) {
+    let a = Some(m.attempt);
+    let stop = m.stall_declared.or(m.crashed_at).unwrap_or(m.end);
+    t.to(stop, "startup", a);
+    if let Some(acted) = m.acted_at.filter(|_| m.failed) {
+        t.to(acted, "detection", a);
+    }
+    let tail = if !m.end_recorded {
+        "unexplained"
+    } else if m.failed {
+        "teardown"
+    } else {
+        "after_last_step"
+    };
+    t.to(m.end, tail, a);
+}
+
+/// An attempt that stepped, its first step `(time, number)`.
+fn stepped(
+    t: &mut Track,
+    m: &Marks,
+    (first_at, first_no): (DateTime<Utc>, u64),
+    next: Option<&Marks>,
+) {
+    let a = Some(m.attempt);
+    let began = m
+        .step_time_ns()
+        .map_or(first_at, |st| first_at - chrono::Duration::nanoseconds(st));
+    t.to(began, "startup", a);
+    let last = m.last_progress().unwrap_or(first_at);
+    // An attempt with no recorded end that was followed by
+    // another was ended by something: judged like a failure.
+    let failed = m.failed || (!m.end_recorded && next.is_some());
+    if !failed {
+        t.to(last, "productive", a);
+        let tail = if m.end_recorded {
+            "after_last_step"
+        } else {
+            "unexplained"
+        };
+        t.to(m.end, tail, a);
+        return;
+    }
+    // The last step whose result survived.
+    let saved = |upto: Option<u64>| {
+        m.checkpoints
+            .iter()
+            .map(|c| c.0)
+            .filter(|s| upto.is_none_or(|u| *s <= u))
+            .max()
+    };
+    let survived = match next.and_then(|n| n.first_step()) {
+        Some((_, resumed)) => saved(Some(resumed)).max(resumed.checked_sub(1)),
+        None => saved(None),
+    };
+    let survived_at = survived
+        .filter(|s| *s >= first_no)
+        .and_then(|s| m.completed(s));
+    if let Some(at) = survived_at {
+        t.to(at.min(last), "productive", a);
+    }
+    // A hang begins at the last step; a crash when it happened.
+    let hung =
+        m.stall_declared.is_some() && m.crashed_at.is_none_or(|c| Some(c) >= m.stall_declared);
+    if hung {
+        t.to(last, "rework", a);
+        let declared = m.stall_declared.expect("hung");
+        t.to(declared, "stalled", a);
+        t.to(m.acted_at.unwrap_or(declared), "detection", a);
+    } else {
+        let failed_at = m.crashed_at.unwrap_or(last).max(last);
+        t.to(failed_at, "rework", a);
+        if let Some(acted) = m.acted_at {
+            t.to(acted, "detection", a);
+        }
+    }
+    let tail = if m.end_recorded {
+        "teardown"
+    } else {
+        "unexplained"
+    };
+    t.to(m.end, tail, a);
+}
+
+/// From attempt `m`'s end to `n`'s start: a restart in the same
+/// allocation, or the queue.
+fn between(t: &mut Track, m: &Marks, n: &Marks, allocs: &Allocs<'_>) {
+    let same_allocation =
+        m.relaunched || (!m.requeued && m.allocation.is_some() && m.allocation == n.allocation);
+    if same_allocation {
+        let gap = if m.end_recorded {
+            "restart"
+        } else {
+            "unexplained"
+        };
+        t.to(n.start, gap, Some(n.attempt));
+        return;
+    }
+    match (allocs.end(m), allocs.start(n)) {
+        (Some(e), Some(s)) => {
+            t.to(e, "restart", Some(m.attempt));
+            t.to(s, "queue_wait", None);
+        }
+        // Without Slurm's times the gap is the queue's, with
+        // Slurm's teardown and the batch script's start in it.
+        _ => t.to(n.start, "queue_wait", None),
+    }
+}
+
+/// The segments summed per bucket, and per attempt.
+fn totals(
+    segments: Vec<Segment>,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    time_source: String,
+) -> Accounting {
     let mut total: BTreeMap<String, i64> = BUCKETS.iter().map(|b| (b.to_string(), 0)).collect();
     let mut by_attempt: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
-    for s in &t.segments {
+    for s in &segments {
         let d = ns(s.start, s.end);
         *total.entry(s.bucket.to_string()).or_default() += d;
         if let Some(a) = s.attempt {
@@ -688,7 +732,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
             .map(|(k, v)| (k, v as f64 / 1e9))
             .collect(),
         by_attempt,
-        segments: t.segments,
+        segments,
         time_source,
     }
 }
