@@ -66,3 +66,70 @@ pub struct HangVerdict {
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
+
+/// A coordinated checkpoint settled (`checkpoint_complete`, `checkpoint_incomplete`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointSettled {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed_ranks: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing_ranks: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_to_last_confirmation_s: Option<f64>,
+}
+
+/// What the coordinator knew of one rank when it judged a hang (`hang.ranks`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HangRank {
+    pub rank: u32,
+    pub node: String,
+    pub last_step: Option<u64>,
+    /// Seconds on the coordinator's clock when its last step was seen.
+    pub last_progress_s: Option<f64>,
+    pub stalled: bool,
+    pub exited: bool,
+    pub waiting_on_peer: Option<bool>,
+    pub silent: bool,
+    /// What its agent's probe found, in words.
+    pub probe: Option<String>,
+    #[serde(flatten)]
+    pub more: Map<String, Value>,
+}
+
+impl From<&crate::policy::restart::AttemptOutcome> for Outcome {
+    /// The outcome as the restart policy writes it (its own serialization).
+    fn from(o: &crate::policy::restart::AttemptOutcome) -> Outcome {
+        serde_json::to_value(o)
+            .and_then(serde_json::from_value)
+            .unwrap_or_default()
+    }
+}
+
+impl From<&crate::policy::restart::Action> for Action {
+    /// The action as the restart policy writes it (its own serialization).
+    fn from(a: &crate::policy::restart::Action) -> Action {
+        serde_json::to_value(a)
+            .and_then(serde_json::from_value)
+            .unwrap_or_default()
+    }
+}
+
+impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
+    fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdict {
+        HangVerdict {
+            rule: Some(v.rule.to_string()),
+            blamed_ranks: v.blamed_ranks.clone(),
+            blamed_nodes: v.blamed_nodes.clone(),
+            stalled_ranks: v.stalled_ranks.clone(),
+            reason: Some(v.reason.clone()),
+            more: Map::new(),
+        }
+    }
+}
