@@ -540,11 +540,14 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     agent_args,
                 });
             }
-            agent::run(RunOptions {
-                argv: a.command,
-                config,
-                job_id: a.job_id,
-            })
+            agent::run(
+                RunOptions {
+                    argv: a.command,
+                    config,
+                    job_id: a.job_id,
+                },
+                &crate::slurm::SlurmCli::default(),
+            )
         }
         Command::Report(a) => report_cmd(&a, false),
         Command::Timeline(a) => match &a.html {

@@ -38,7 +38,6 @@
 
 pub mod accounting;
 pub mod advice;
-pub mod agent;
 pub mod cli;
 pub mod config;
 pub mod context;
@@ -54,10 +53,13 @@ pub mod node_history;
 pub mod policy;
 pub mod process;
 pub mod progress;
+pub mod rank;
 pub mod report;
 pub mod report_html;
 pub mod runs;
 pub mod slurm;
+/// The rank agent under its former name.
+pub use rank as agent;
 pub mod state_dir;
 pub mod status;
 pub mod supervisor;
