@@ -3,8 +3,9 @@
 //! # Layout
 //!
 //! - [`cli`]: the command line (thin; parses, dispatches, maps errors to exit codes).
-//! - [`agent`]: the rank agent behind `resilio run`: one event loop that
-//!   wires the pieces below together.
+//! - [`rank`]: the rank agent behind `resilio run` (also reachable as
+//!   `agent`): setup, a pure lifecycle machine, and the event loop that
+//!   carries its actions out.
 //! - [`process`]: process wrapping: own process group, child subreaper,
 //!   reaping by pid, signalling the whole tree.
 //! - [`progress`]: progress sources: output parsing ([`progress::output`]),

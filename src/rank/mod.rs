@@ -13,6 +13,7 @@
 //!   checks before the start, the trainer and its sources.
 //! - [`lifecycle`]: the decisions, pure, clock injected: stall, probe,
 //!   judgment, stop, grace, kill; signals; pre-timeout; coordinator loss.
+//! - [`sources`]: the progress socket, output pumps, progress file, checkpoint directory.
 //! - [`run`]: the loop, and the effects that carry the lifecycle's actions out.
 //! - [`events`]: progress events into the stall policy, the journal and the report.
 //! - [`progress_log`]: the sampled `progress` records.
@@ -30,6 +31,7 @@ mod progress_log;
 mod records;
 mod run;
 mod setup;
+mod sources;
 
 use crate::config::Config;
 use crate::error::{Error, Result};

@@ -4,6 +4,7 @@
 //! history), the trainer itself, and the sources that watch it.
 
 use super::progress_log::Clock;
+use super::sources::progress_socket;
 use super::Next;
 use crate::config::Config;
 use crate::context::{env_is_set, Identity};
@@ -269,12 +270,54 @@ fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
         })
 }
 
-/// Signals are registered before the child exists so none is lost.
-fn signals(notes: UnboundedReceiver<Note>) -> Result<Inputs> {
+/// The coordinator's link and the report it carries; the hosted
+/// coordinator and its checkpoint advice.
+fn connect(cfg: &Config, b: &Base, monitor_errors: &mut Vec<String>) -> Linked {
+    let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
+        Advice::new(Arc::new(crate::advice::JournalAdvice::new(
+            &cfg.state_dir,
+            &b.id.job,
+        )))
+    });
+    let (hosted, target) = coordinator(cfg, b, &mut advice, monitor_errors);
+    let outbox = Arc::new(Outbox::default());
+    let (notes_tx, notes_rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
+    let link = target.map(|t| Link::new(t, cfg.coordinator.report_interval));
+    if let Some(l) = &link {
+        outbox.update(|r| {
+            r.v = crate::coordinator::protocol::VERSION;
+            r.rank = b.id.rank;
+            r.node = b.id.node.clone();
+            r.attempt = b.id.attempt;
+            r.phase = "train".into();
+        });
+        l.spawn(outbox.clone(), notes_tx.clone());
+    }
+    drop(notes_tx);
+    Linked {
+        hosted,
+        advice,
+        outbox,
+        link,
+        notes: notes_rx,
+    }
+}
+
+struct Linked {
+    hosted: Option<Coordinator>,
+    advice: Option<Advice>,
+    outbox: Arc<Outbox>,
+    link: Option<Link>,
+    notes: UnboundedReceiver<Note>,
+}
+
+/// Signals are registered before the child exists so none is lost; then
+/// resilio becomes the child subreaper (orphans of the trainer are its to reap).
+fn signals(notes: UnboundedReceiver<Note>, monitor_errors: &mut Vec<String>) -> Result<Inputs> {
     let sig = |k: SignalKind| {
         signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
     };
-    Ok(Inputs {
+    let inputs = Inputs {
         term: sig(SignalKind::terminate())?,
         int: sig(SignalKind::interrupt())?,
         hup: sig(SignalKind::hangup())?,
@@ -283,63 +326,11 @@ fn signals(notes: UnboundedReceiver<Note>) -> Result<Inputs> {
         cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
         chld: sig(SignalKind::child())?,
         notes,
-    })
-}
-
-/// The local directory for the progress socket (short paths: sun_path is 108 bytes).
-fn socket_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let d = PathBuf::from(d).join("resilio");
-        if std::fs::create_dir_all(&d).is_ok() {
-            return d;
-        }
-    }
-    let base = std::env::var_os("TMPDIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join(format!("resilio-{}", nix::unistd::getuid()))
-}
-
-fn make_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let meta = std::fs::metadata(dir)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
-}
-
-/// The progress socket (fail open: without it, output and file still work).
-fn progress_socket(
-    id: &Identity,
-    tx: &progress::Sender,
-    monitor_errors: &mut Vec<String>,
-) -> (PathBuf, bool) {
-    let sock_dir = socket_dir();
-    let mut sock_path = sock_dir.join(format!(
-        "{}.{}.{}.sock",
-        id.job,
-        id.rank,
-        std::process::id()
-    ));
-    if sock_path.as_os_str().len() > 100 {
-        sock_path = sock_dir.join(format!("{}.sock", std::process::id()));
-    }
-    let socket = make_private_dir(&sock_dir).and_then(|_| progress::socket::bind(&sock_path));
-    let socket_ok = match socket.and_then(|sock| progress::socket::spawn_listener(sock, tx.clone()))
-    {
-        Ok(_) => true,
-        Err(e) => {
-            monitor_errors.push(format!("progress socket {}: {e}", sock_path.display()));
-            false
-        }
     };
-    (sock_path, socket_ok)
+    if let Err(e) = process::set_subreaper() {
+        monitor_errors.push(format!("cannot become child subreaper: {e}"));
+    }
+    Ok(inputs)
 }
 
 /// Variables for the trainer's environment.
@@ -394,31 +385,14 @@ pub(crate) fn setup(
 ) -> Result<Setup> {
     let mut b = base(&cfg, job_id)?;
     let mut monitor_errors: Vec<String> = Vec::new();
-    let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
-        Advice::new(Arc::new(crate::advice::JournalAdvice::new(
-            &cfg.state_dir,
-            &b.id.job,
-        )))
-    });
-    let (hosted, target) = coordinator(&cfg, &b, &mut advice, &mut monitor_errors);
-    let outbox = Arc::new(Outbox::default());
-    let (notes_tx, notes_rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
-    let link = target.map(|t| Link::new(t, cfg.coordinator.report_interval));
-    if let Some(l) = &link {
-        outbox.update(|r| {
-            r.v = crate::coordinator::protocol::VERSION;
-            r.rank = b.id.rank;
-            r.node = b.id.node.clone();
-            r.attempt = b.id.attempt;
-            r.phase = "train".into();
-        });
-        l.spawn(outbox.clone(), notes_tx.clone());
-    }
-    drop(notes_tx);
-    let inputs = signals(notes_rx)?;
-    if let Err(e) = process::set_subreaper() {
-        monitor_errors.push(format!("cannot become child subreaper: {e}"));
-    }
+    let Linked {
+        hosted,
+        advice,
+        outbox,
+        link,
+        notes,
+    } = connect(&cfg, &b, &mut monitor_errors);
+    let inputs = signals(notes, &mut monitor_errors)?;
     let tx = progress::Sender::new();
     let (sock_path, socket_ok) = progress_socket(&b.id, &tx, &mut monitor_errors);
     let control_path = sock_path.with_extension("ctl");
@@ -460,20 +434,7 @@ pub(crate) fn setup(
     let spawned = match process::spawn(&run_argv, &env) {
         Ok(s) => s,
         Err(e) => {
-            let code = e.exit_code();
-            journal.record(
-                "rank_exit",
-                json!({ "exit_code": code, "cause": "spawn_failed", "error": e.to_string(), "argv": argv_text }),
-                true,
-            );
-            journal.record(
-                "failure",
-                json!({ "cause": "spawn_failed", "exit_code": code, "detail": e.to_string() }),
-                true,
-            );
-            if single_rank_job {
-                journal.record("job_end", json!({ "exit_code": code }), true);
-            }
+            spawn_failed(&mut journal, &e, &argv_text, single_rank_job);
             remove_socket();
             return Err(e);
         }
@@ -509,12 +470,26 @@ pub(crate) fn setup(
     };
     let file_mode = rank.watch(spawned.stdout, spawned.stderr, &mut monitor_errors);
     rank.rank_start(&argv_text, file_mode, &torchrun);
-    for e in &monitor_errors {
-        eprintln!("resilio: {e}; supervision continues without it");
-        rank.journal
-            .record("monitor_error", json!({ "error": e }), false);
-    }
+    rank.monitor_errors(&monitor_errors);
     Ok(Setup::Ready(Box::new(rank), inputs))
+}
+
+/// The trainer could not be started: the rank's end, recorded.
+fn spawn_failed(journal: &mut Writer, e: &Error, argv_text: &[String], single_rank_job: bool) {
+    let code = e.exit_code();
+    journal.record(
+        "rank_exit",
+        json!({ "exit_code": code, "cause": "spawn_failed", "error": e.to_string(), "argv": argv_text }),
+        true,
+    );
+    journal.record(
+        "failure",
+        json!({ "cause": "spawn_failed", "exit_code": code, "detail": e.to_string() }),
+        true,
+    );
+    if single_rank_job {
+        journal.record("job_end", json!({ "exit_code": code }), true);
+    }
 }
 
 fn text_of(argv: &[OsString]) -> Vec<String> {
@@ -654,71 +629,13 @@ fn step_argv(
 }
 
 impl Rank {
-    /// The output pumps, the progress file and the checkpoint directory;
-    /// the progress file's watch mode.
-    fn watch(
-        &mut self,
-        stdout: std::fs::File,
-        stderr: std::fs::File,
-        monitor_errors: &mut Vec<String>,
-    ) -> Option<String> {
-        let cfg = &self.cfg;
-        let parser = output::Parser::new(
-            cfg.progress.regex.clone(),
-            cfg.progress.checkpoint_regex.clone(),
-            cfg.progress.eval_regex.clone(),
-        );
-        for (pipe, fd, source) in [
-            (stdout, 1, progress::Source::Stdout),
-            (stderr, 2, progress::Source::Stderr),
-        ] {
-            match output::spawn_pump(
-                pipe,
-                fd,
-                source,
-                parser.clone(),
-                self.tail.clone(),
-                self.tx.clone(),
-                crate::context::shares_output(),
-            ) {
-                Ok(h) => self.pumps.push(h),
-                Err(e) => monitor_errors.push(format!("output pump: {e}")),
-            }
+    /// What supervision goes on without, said once at the start.
+    fn monitor_errors(&mut self, errors: &[String]) {
+        for e in errors {
+            eprintln!("resilio: {e}; supervision continues without it");
+            self.journal
+                .record("monitor_error", json!({ "error": e }), false);
         }
-        let mut file_mode = None;
-        if let Some(path) = &cfg.progress.file {
-            file_mode = Some(progress::file::effective_mode(path, cfg.progress.file_poll).1);
-            match progress::file::watch(
-                path,
-                cfg.progress.file_poll,
-                cfg.progress.file_poll_interval,
-                output::Parser::new(cfg.progress.regex.clone(), None, None),
-                self.tx.clone(),
-            ) {
-                Ok(w) => self.file_watch = Some(w),
-                Err(e) => monitor_errors.push(format!("progress file {}: {e}", path.display())),
-            }
-        }
-        // Checkpoints the trainer saves on its own (rank 0 only: the directory
-        // is usually shared, and one record per checkpoint is enough).
-        if let Some(dir) = cfg
-            .checkpoint_watch_dir
-            .as_ref()
-            .filter(|_| self.id.rank == 0)
-        {
-            match progress::checkpoint_dir::watch(
-                dir,
-                cfg.checkpoint_watch_regex.clone(),
-                cfg.checkpoint_watch_poll,
-                self.tx.clone(),
-            ) {
-                Ok(w) => self.ckpt_watch = Some(w),
-                Err(e) => {
-                    monitor_errors.push(format!("checkpoint directory {}: {e}", dir.display()))
-                }
-            }
-        }
-        file_mode
     }
 
     fn rank_start(
