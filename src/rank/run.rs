@@ -348,25 +348,18 @@ impl<'a> Agent<'a> {
         match a {
             Action::Forward(sig) => {
                 process::signal_group(pid, sig);
-                journal.record(
-                    "signal",
-                    json!({ "signal": sig.as_str(), "forwarded": true }),
-                    false,
-                );
+                journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": true }), false);
             }
-            Action::LeftToSlurm(sig) => journal.record(
-                "signal",
-                json!({ "signal": sig.as_str(), "forwarded": false, "delivered_by": "slurm" }),
-                false,
-            ),
+            Action::LeftToSlurm(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "delivered_by": "slurm" }), false),
             Action::Deferred(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "deferred": "stall diagnostics in progress" }), false),
             Action::KillOnSecondInt => {
                 process::signal_tree(pid, Signal::SIGKILL, &self.skip());
                 self.r.journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
             }
-            Action::StopJudged { detail } => {
-                journal.record("stop_judged", json!({ "detail": detail }), false)
-            }
+            Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
+            Action::CheckpointSignal { received, forward } => self.checkpoint_signal(received, forward),
+            Action::Stalled { stall, at } => self.stalled(&stall, at),
+            Action::StopJudged { detail } => journal.record("stop_judged", json!({ "detail": detail }), false),
             Action::StopStalled { grace } => {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
@@ -376,84 +369,67 @@ impl<'a> Agent<'a> {
                 process::signal_group(pid, Signal::SIGTERM);
                 journal.record("stop", json!({ "reason": "coordinator", "detail": detail, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
             }
+            Action::Probe { reason } => self.probe(reason),
+            Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
+            Action::LiveOnJobProgress => self.live_on_job_progress(),
             Action::CoordinatorLost { error } => {
                 eprintln!("resilio: coordinator unreachable ({error}); supervising this rank locally, retrying");
                 journal.record("coordinator_unreachable", json!({ "error": error }), false);
             }
-            Action::CoordinatorBack {
-                gap_s,
-                failed_requests,
-            } => journal.record(
-                "coordinator_reachable",
-                json!({ "gap_s": gap_s, "failed_requests": failed_requests }),
-                false,
-            ),
-            Action::Resumed { late } => journal.record(
-                "resumed",
-                json!({ "late_s": late.as_secs_f64() }),
-                false,
-            ),
-            Action::TermRemaining => {
-                process::signal_tree(pid, Signal::SIGTERM, &self.skip());
-            }
+            Action::CoordinatorBack { gap_s, failed_requests } => journal.record("coordinator_reachable", json!({ "gap_s": gap_s, "failed_requests": failed_requests }), false),
+            Action::Resumed { late } => journal.record("resumed", json!({ "late_s": late.as_secs_f64() }), false),
+            Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
+            Action::StopForPreTimeout { checkpoint_step } => self.stop_for_pre_timeout(checkpoint_step),
+            Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
             Action::Kill { record } => {
                 if let Some(grace) = record {
-                    journal.record(
-                        "stop",
-                        json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }),
-                        false,
-                    );
+                    journal.record("stop", json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }), false);
                 }
                 process::signal_tree(pid, Signal::SIGKILL, &self.skip());
             }
             Action::GiveUp => {
-                let left: Vec<i32> = process::live_children(&self.skip())
-                    .iter()
-                    .map(|p| p.pid)
-                    .collect();
-                self.r.journal.record(
-                    "unkillable",
-                    json!({ "pids": left, "note": "still alive 10 s after SIGKILL; not waited for" }),
-                    true,
-                );
-                eprintln!("resilio: processes {left:?} survived SIGKILL; exiting without them");
+                self.give_up();
                 return false;
             }
-            other => self.act_more(other),
         }
         true
     }
 
-    /// The actions that take more than a record and a signal.
-    fn act_more(&mut self, a: Action) {
-        let pid = self.r.pid;
-        match a {
-            Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
-            Action::CheckpointSignal { received, forward } => {
-                self.r.journal.record(
-                    "checkpoint_requested",
-                    json!({ "reason": "signal", "received": received.as_str(), "sent": if forward { Some(received.as_str()) } else { None } }),
-                    true,
-                );
-                if forward {
-                    process::signal_group(pid, received);
-                }
-            }
-            Action::Stalled { stall, at } => self.stalled(&stall, at),
-            Action::Probe { reason } => self.probe(reason),
-            Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
-            Action::LiveOnJobProgress => self.r.outbox.update(|r| {
-                if r.state == RankState::Starting {
-                    r.state = RankState::Running;
-                    r.silent = true;
-                }
-            }),
-            Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
-            Action::StopForPreTimeout { checkpoint_step } => {
-                self.stop_for_pre_timeout(checkpoint_step)
-            }
-            _ => unreachable!("handled in act"),
+    /// The checkpoint signal in a step: a request, recorded; the trainer
+    /// signalled unless Slurm did.
+    fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
+        self.r.journal.record(
+            "checkpoint_requested",
+            json!({ "reason": "signal", "received": received.as_str(), "sent": if forward { Some(received.as_str()) } else { None } }),
+            true,
+        );
+        if forward {
+            process::signal_group(self.r.pid, received);
         }
+    }
+
+    fn live_on_job_progress(&self) {
+        self.r.outbox.update(|r| {
+            if r.state == RankState::Starting {
+                r.state = RankState::Running;
+                r.silent = true;
+            }
+        });
+    }
+
+    /// Descendants survived SIGKILL for 10 s (uninterruptible sleep in a
+    /// driver, a hung filesystem): recorded, not waited for.
+    fn give_up(&mut self) {
+        let left: Vec<i32> = process::live_children(&self.skip())
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        self.r.journal.record(
+            "unkillable",
+            json!({ "pids": left, "note": "still alive 10 s after SIGKILL; not waited for" }),
+            true,
+        );
+        eprintln!("resilio: processes {left:?} survived SIGKILL; exiting without them");
     }
 
     /// In a batch script, Slurm's pre-timeout signal: the checkpoint signal
