@@ -44,24 +44,24 @@ pub mod config;
 pub mod context;
 pub mod coordinator;
 pub mod demo;
-pub mod diagnostics;
 pub mod duration;
 pub mod error;
-pub mod health;
 pub mod journal;
 pub mod launcher;
 pub mod node_history;
 pub mod policy;
-pub mod process;
 pub mod progress;
 pub mod rank;
 pub mod report;
 pub mod report_html;
 pub mod runs;
 pub mod slurm;
-/// The rank agent under its former name.
-pub use rank as agent;
 pub mod state_dir;
 pub mod status;
 pub mod supervisor;
 pub mod util;
+
+/// The rank agent under its former name.
+pub use rank as agent;
+/// The rank agent's process wrapping, diagnostics and health check, by their short paths.
+pub use rank::{diagnostics, health, process};

@@ -18,15 +18,21 @@
 //! - [`events`]: progress events into the stall policy, the journal and the report.
 //! - [`progress_log`]: the sampled `progress` records.
 //! - [`records`]: the stall's record, the diagnostics and control files.
+//! - [`process`], [`diagnostics`], [`health`]: process wrapping (group,
+//!   subreaper, reaping, signalling the tree), what is gathered on a stall,
+//!   the site health check (also reachable as `crate::process` etc.).
 //! - [`finish`]: `rank_exit`, `failure`, the last report, the job-level decision.
 //!
 //! The pumps (one thread per output stream) only pass bytes through and
 //! report steps; the socket listener and file watcher only report. Nothing
 //! but the loop touches the trainer's processes.
 
+pub mod diagnostics;
 mod events;
 mod finish;
+pub mod health;
 pub mod lifecycle;
+pub mod process;
 mod progress_log;
 mod records;
 mod run;
