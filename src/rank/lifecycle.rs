@@ -5,13 +5,15 @@
 //! returns [`Action`]s, which `rank::run` carries out.
 //!
 //! ```text
-//! Monitoring ─ stall ─▶ Diagnosing ─ done ─▶ (linked) AwaitingJudgment ─ stop_judged / timeout ─▶ Stopping
-//!     │                     │                      └─ (alone, or coordinator lost) ───────────────▶ Stopping
-//!     │                     └─ TERM/INT/stop: deferred until done
-//!     ├─ TERM / INT / coordinator stop / pre-timeout ─▶ Stopping ─ grace ─▶ Killed
-//!     └─ main child exits (any state) ─▶ Draining ─ grace ─▶ Killed ─ 10 s ─▶ given up
+//! Monitoring ─ stall ─▶ Stalled: Diagnosing ─ done ─▶ Stopped (alone, coordinator lost, stop asked)
+//!     │                    │  TERM/INT/stop wait   └──▶ AwaitingJudgment ─ stop_judged / wait over ─▶ Stopped
+//!     │                    └─ trainer exits on its own ─▶ Diagnosed (the stall is cancelled)
+//!     └─ TERM / INT / coordinator stop / pre-timeout ─▶ Stopping(reason)
+//! beside the state: the main child's exit (TERM to what is left), SIGKILL
+//! after the grace, given up 10 s after SIGKILL.
 //! ```
 
+pub use super::ending::Ending;
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::process::Exit;
 use chrono::{DateTime, Utc};
@@ -27,6 +29,36 @@ pub enum StopReason {
     Stall,
     /// The coordinator stopped the step (another rank failed).
     Coordinator,
+}
+
+/// Where the rank's lifecycle stands (the trainer's exit, and the SIGKILL
+/// deadlines, are kept beside it: the main child can exit in any state).
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    /// Watching the trainer's progress for a stall.
+    Monitoring,
+    /// Stopping the trainer for a reason other than a stall (SIGTERM sent
+    /// or left to Slurm, SIGKILL after the grace).
+    Stopping(StopReason),
+    /// The stall policy fired at `at`.
+    Stalled {
+        stall: Stall,
+        at: Instant,
+        step: StallStep,
+    },
+}
+
+/// How far the handling of a stall has come.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StallStep {
+    /// Diagnostics are being taken; a stop asked meanwhile waits for them.
+    Diagnosing { stop_asked: bool },
+    /// Linked: the stop waits for the coordinator's judgment, until `until`.
+    AwaitingJudgment { until: Instant },
+    /// SIGTERM sent to the stalled trainer.
+    Stopped,
+    /// The trainer exited on its own before it was stopped.
+    Diagnosed,
 }
 
 /// What the machine needs to know about the rank's setting (fixed for the run).
@@ -184,76 +216,23 @@ pub struct Plan {
     pub wake: Instant,
 }
 
-/// How the rank ended, for `rank_exit` and `failure`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Ending {
-    pub exit: Exit,
-    /// The stall that stopped it (none if the trainer ended on its own meanwhile).
-    pub stall: Option<Stall>,
-    /// The trainer exited on its own during the stall's diagnostics.
-    pub stall_cancelled: bool,
-    pub stop: Option<StopReason>,
-    /// When it failed: the stall, or the main child's exit.
-    pub failed_at: Option<Instant>,
-    /// Slurm's pre-timeout signal came.
-    pub pre_timeout: bool,
-}
-
-impl Ending {
-    /// resilio's exit code.
-    pub fn code(&self) -> i32 {
-        if self.stall.is_some() {
-            crate::error::EXIT_STALLED
-        } else {
-            self.exit.code()
-        }
-    }
-
-    /// The `cause` of `rank_exit`.
-    pub fn cause(&self) -> String {
-        match (&self.stop, self.exit) {
-            (Some(StopReason::Stall), _) => "stalled".to_string(),
-            (Some(StopReason::Signal(name)), _) => format!("stopped by {name}"),
-            (Some(StopReason::Coordinator), _) => "stopped by the coordinator".into(),
-            (None, Exit::Code(0)) => "completed".into(),
-            (None, Exit::Code(_)) => "exited with error".into(),
-            (None, Exit::Signal(..)) => "killed by signal".into(),
-        }
-    }
-
-    /// Stopped by a signal from outside or by the coordinator (not a failure of its own).
-    pub fn stopped_on_request(&self) -> bool {
-        matches!(
-            self.stop,
-            Some(StopReason::Signal(_) | StopReason::Coordinator)
-        )
-    }
-}
-
 /// The rank's lifecycle. The stall policy is part of it (its clock is the
 /// same injected one); progress reaches the policy through `policy`.
 pub struct Lifecycle {
     s: Settings,
     pub policy: StallPolicy,
+    state: State,
     main_exit: Option<(Exit, Instant)>,
-    stop: Option<StopReason>,
-    stall: Option<(Stall, Instant)>,
     kill_at: Option<Instant>,
     killed: bool,
     killed_at: Option<Instant>,
     /// The grace of the stop under way, for the SIGKILL record.
     grace_used: Duration,
-    stall_stop_sent: bool,
-    /// Linked, a stalled rank is stopped on the coordinator's word, or when this runs out.
-    stall_stop_at: Option<Instant>,
     coordinator_down: bool,
     /// This rank has lived on the job's progress (it reports none of its own).
     silent_known: bool,
-    /// A stop (signal or the coordinator's) came while diagnostics ran.
-    stop_asked: bool,
     drain_kill_at: Option<Instant>,
     ints: u32,
-    diag_pending: bool,
     pre_timeout: Option<PreTimeout>,
     /// The journal is read for checkpoint_done at most once a second.
     next_done_check: Instant,
@@ -268,20 +247,15 @@ impl Lifecycle {
             grace_used: s.grace,
             s,
             policy,
+            state: State::Monitoring,
             main_exit: None,
-            stop: None,
-            stall: None,
             kill_at: None,
             killed: false,
             killed_at: None,
-            stall_stop_sent: false,
-            stall_stop_at: None,
             coordinator_down: false,
             silent_known: false,
-            stop_asked: false,
             drain_kill_at: None,
             ints: 0,
-            diag_pending: false,
             pre_timeout: None,
             next_done_check: now,
             planned: None,
@@ -290,7 +264,12 @@ impl Lifecycle {
 
     /// Watching the trainer for stalls (not stopping it, and it lives).
     pub fn monitoring(&self) -> bool {
-        self.main_exit.is_none() && self.stop.is_none()
+        self.main_exit.is_none() && self.state == State::Monitoring
+    }
+
+    /// Where the lifecycle stands.
+    pub fn state(&self) -> &State {
+        &self.state
     }
 
     /// The main child exited, or a stop is under way: reap once a second.
@@ -300,12 +279,18 @@ impl Lifecycle {
 
     /// The stall's diagnostics are running.
     pub fn diagnosing(&self) -> bool {
-        self.diag_pending
+        matches!(
+            self.state,
+            State::Stalled {
+                step: StallStep::Diagnosing { .. },
+                ..
+            }
+        )
     }
 
     /// A stall was declared (progress is no longer taken).
     pub fn stalled(&self) -> bool {
-        self.stall.is_some()
+        matches!(self.state, State::Stalled { .. })
     }
 
     /// The main child's exit has been seen.
@@ -315,14 +300,24 @@ impl Lifecycle {
 
     /// The loop may end: the main child is gone, diagnostics are done and no child is left.
     pub fn finished(&self, children_left: bool) -> bool {
-        self.main_exit.is_some() && !self.diag_pending && !children_left
+        self.main_exit.is_some() && !self.diagnosing() && !children_left
+    }
+
+    /// The stall's step, when stalled.
+    fn stall_step(&mut self) -> Option<&mut StallStep> {
+        match &mut self.state {
+            State::Stalled { step, .. } => Some(step),
+            _ => None,
+        }
     }
 
     fn stop_stalled(&mut self, now: Instant, out: &mut Vec<Action>) {
         out.push(Action::StopStalled {
             grace: self.s.stall_grace,
         });
-        self.stall_stop_sent = true;
+        if let Some(step) = self.stall_step() {
+            *step = StallStep::Stopped;
+        }
         if self.kill_at.is_none() {
             self.grace_used = self.s.stall_grace;
         }
@@ -365,18 +360,18 @@ impl Lifecycle {
         if sig == Sig::Int && self.ints >= 2 {
             self.killed = true;
             out.push(Action::KillOnSecondInt);
-        } else if self.diag_pending {
+        } else if let Some(StallStep::Diagnosing { stop_asked }) = self.stall_step() {
             // The stall's evidence is being taken (srun stopping the step
             // because a peer failed, say): the stop follows as soon as it
             // is done, within the grace.
-            self.stop_asked = true;
+            *stop_asked = true;
             out.push(Action::Deferred(signal));
         } else {
             out.push(self.forward_unless(signal));
             self.kill_at.get_or_insert(now + self.s.grace);
         }
-        if self.stop.is_none() && self.main_exit.is_none() {
-            self.stop = Some(StopReason::Signal(name));
+        if self.monitoring() {
+            self.state = State::Stopping(StopReason::Signal(name));
         }
         out
     }
@@ -437,24 +432,27 @@ impl Lifecycle {
                 out.push(Action::Checkpoint { id, step, reason })
             }
             CommandKind::Stop { reason } => {
-                if self.diag_pending {
-                    self.stop_asked = true;
-                } else if self.main_exit.is_none() && self.stall.is_some() && !self.stall_stop_sent
-                {
-                    out.push(Action::StopJudged { detail: reason });
-                    self.stop_stalled(now, &mut out);
-                } else if self.main_exit.is_none() && self.stop.is_none() {
-                    // The attempt failed elsewhere: this rank is most
-                    // likely blocked in a collective with the failed one.
-                    out.push(Action::StopForCoordinator {
-                        detail: reason,
-                        grace: self.s.stall_grace,
-                    });
-                    self.stop = Some(StopReason::Coordinator);
-                    if self.kill_at.is_none() {
-                        self.grace_used = self.s.stall_grace;
+                let (alive, monitoring) = (self.main_exit.is_none(), self.monitoring());
+                match self.stall_step() {
+                    Some(StallStep::Diagnosing { stop_asked }) => *stop_asked = true,
+                    Some(step) if alive && *step != StallStep::Stopped => {
+                        out.push(Action::StopJudged { detail: reason });
+                        self.stop_stalled(now, &mut out);
                     }
-                    self.kill_at.get_or_insert(now + self.s.stall_grace);
+                    _ if monitoring => {
+                        // The attempt failed elsewhere: this rank is most
+                        // likely blocked in a collective with the failed one.
+                        out.push(Action::StopForCoordinator {
+                            detail: reason,
+                            grace: self.s.stall_grace,
+                        });
+                        self.state = State::Stopping(StopReason::Coordinator);
+                        if self.kill_at.is_none() {
+                            self.grace_used = self.s.stall_grace;
+                        }
+                        self.kill_at.get_or_insert(now + self.s.stall_grace);
+                    }
+                    _ => {}
                 }
             }
             CommandKind::Diagnose { reason } => {
@@ -479,17 +477,25 @@ impl Lifecycle {
 
     /// The stall's diagnostics are done (and recorded).
     pub fn on_diagnostics_done(&mut self, now: Instant) -> Vec<Action> {
-        self.diag_pending = false;
         let mut out = Vec::new();
+        let stop_asked = matches!(
+            self.stall_step(),
+            Some(StallStep::Diagnosing { stop_asked: true })
+        );
         if self.main_exit.is_none() {
-            if self.s.linked && !self.coordinator_down && !self.stop_asked {
+            if self.s.linked && !self.coordinator_down && !stop_asked {
                 let wait = self.s.judgment_wait;
-                self.stall_stop_at = Some(now + wait);
+                if let Some(step) = self.stall_step() {
+                    *step = StallStep::AwaitingJudgment { until: now + wait };
+                }
                 out.push(Action::DeferStallStop { max_wait: wait });
             } else {
                 self.stop_stalled(now, &mut out);
             }
         } else {
+            if let Some(step) = self.stall_step() {
+                *step = StallStep::Diagnosed;
+            }
             self.kill_at.get_or_insert(now + self.s.grace);
         }
         out
@@ -525,7 +531,13 @@ impl Lifecycle {
         } else {
             now + Duration::from_secs(1)
         };
-        let stall_stop = self.stall_stop_at.filter(|_| !self.stall_stop_sent);
+        let stall_stop = match self.state {
+            State::Stalled {
+                step: StallStep::AwaitingJudgment { until },
+                ..
+            } => Some(until),
+            _ => None,
+        };
         for t in [self.kill_at, self.drain_kill_at, stall_stop]
             .into_iter()
             .flatten()
@@ -576,9 +588,11 @@ impl Lifecycle {
         // output (ranks report on their own sockets): the rank agents do.
         if self.monitoring() && !self.s.batch_level {
             if let Some(s) = self.policy.check(now) {
-                self.stop = Some(StopReason::Stall);
-                self.stall = Some((s.clone(), now));
-                self.diag_pending = true;
+                self.state = State::Stalled {
+                    stall: s.clone(),
+                    at: now,
+                    step: StallStep::Diagnosing { stop_asked: false },
+                };
                 out.push(Action::Stalled { stall: s, at: now });
             }
         }
@@ -613,13 +627,14 @@ impl Lifecycle {
         out.push(Action::StopForPreTimeout {
             checkpoint_step: done,
         });
-        self.stop = Some(StopReason::Signal("pre-timeout"));
+        self.state = State::Stopping(StopReason::Signal("pre-timeout"));
         self.kill_at.get_or_insert(now + self.s.grace);
     }
 
     fn deadlines_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
-        if due(self.stall_stop_at) && !self.stall_stop_sent && self.main_exit.is_none() {
+        let judgment_due = matches!(self.state, State::Stalled { step: StallStep::AwaitingJudgment { until }, .. } if now >= until);
+        if judgment_due && self.main_exit.is_none() {
             self.stop_stalled(now, out);
         }
         if due(self.kill_at) || due(self.drain_kill_at) {
@@ -652,17 +667,23 @@ impl Lifecycle {
             matches!((exit, dump_signal), (Exit::Signal(s, _), Some(d)) if s == d as i32);
         let mut e = Ending {
             exit,
-            stall: self.stall.as_ref().map(|s| s.0.clone()),
+            stall: None,
             stall_cancelled: false,
-            stop: self.stop.clone(),
-            failed_at: self.stall.as_ref().map(|s| s.1).or(Some(exited_at)),
+            stop: None,
+            failed_at: Some(exited_at),
             pre_timeout: self.pre_timeout.is_some(),
         };
-        if self.stall.is_some() && !self.stall_stop_sent && !by_dump_signal {
-            e.stall = None;
-            e.stall_cancelled = true;
-            e.stop = None;
-            e.failed_at = Some(exited_at);
+        match &self.state {
+            State::Monitoring => {}
+            State::Stopping(reason) => e.stop = Some(reason.clone()),
+            State::Stalled { step, .. } if *step != StallStep::Stopped && !by_dump_signal => {
+                e.stall_cancelled = true;
+            }
+            State::Stalled { stall, at, .. } => {
+                e.stall = Some(stall.clone());
+                e.stop = Some(StopReason::Stall);
+                e.failed_at = Some(*at);
+            }
         }
         Some(e)
     }

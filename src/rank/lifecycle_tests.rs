@@ -123,6 +123,55 @@ fn alone_the_stalled_rank_is_stopped_when_diagnostics_are_done_then_killed_after
     );
 }
 
+fn step(m: &Lifecycle) -> StallStep {
+    match m.state() {
+        State::Stalled { step, .. } => *step,
+        other => panic!("not stalled: {other:?}"),
+    }
+}
+
+#[test]
+fn the_stall_walks_through_its_steps() {
+    let (mut m, at) = stalled(linked());
+    assert_eq!(step(&m), StallStep::Diagnosing { stop_asked: false });
+    m.on_diagnostics_done(at);
+    assert_eq!(
+        step(&m),
+        StallStep::AwaitingJudgment {
+            until: at + JUDGMENT
+        }
+    );
+    m.on_command(stop("judged"), at + secs(1));
+    assert_eq!(step(&m), StallStep::Stopped);
+    m.on_main_exit(Exit::Signal(15, false), at + secs(2), false);
+    assert_eq!(step(&m), StallStep::Stopped);
+}
+
+#[test]
+fn a_stop_asked_during_diagnostics_is_remembered_in_the_step() {
+    let (mut m, at) = stalled(linked());
+    m.on_signal(Sig::Int, at, wall());
+    assert_eq!(step(&m), StallStep::Diagnosing { stop_asked: true });
+    let (mut m, at) = stalled(linked());
+    m.on_command(stop("peer"), at);
+    assert_eq!(step(&m), StallStep::Diagnosing { stop_asked: true });
+}
+
+#[test]
+fn stops_from_outside_name_their_reason() {
+    let (mut m, t0) = machine(linked());
+    assert_eq!(m.state(), &State::Monitoring);
+    m.on_signal(Sig::Int, t0, wall());
+    assert_eq!(m.state(), &State::Stopping(StopReason::Signal("SIGINT")));
+    // A later stop does not rename it.
+    m.on_command(stop("x"), t0);
+    m.on_signal(Sig::Term, t0, wall());
+    assert_eq!(m.state(), &State::Stopping(StopReason::Signal("SIGINT")));
+    let (mut m, t0) = machine(linked());
+    m.on_command(stop("x"), t0);
+    assert_eq!(m.state(), &State::Stopping(StopReason::Coordinator));
+}
+
 #[test]
 fn linked_the_stop_waits_for_the_coordinators_judgment() {
     let (mut m, at) = stalled(linked());
@@ -236,6 +285,7 @@ fn a_trainer_that_exits_during_diagnostics_keeps_its_own_status() {
     assert!(!m.finished(false), "diagnostics still running");
     assert!(m.on_diagnostics_done(at + secs(2)).is_empty());
     assert!(m.finished(false));
+    assert_eq!(step(&m), StallStep::Diagnosed);
     let e = m.ending(None).unwrap();
     assert!(e.stall_cancelled && e.stall.is_none() && e.stop.is_none());
     assert_eq!((e.code(), e.cause().as_str()), (0, "completed"));

@@ -28,6 +28,7 @@
 //! but the loop touches the trainer's processes.
 
 pub mod diagnostics;
+mod ending;
 mod events;
 mod finish;
 pub mod health;
