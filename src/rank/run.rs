@@ -597,3 +597,7 @@ impl<'a> Agent<'a> {
         }
     }
 }
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;
