@@ -45,7 +45,7 @@ use crate::error::{Error, Result};
 use crate::slurm::Slurm;
 use std::ffi::OsString;
 
-pub use crate::supervisor::Next;
+use crate::supervisor::Next;
 
 /// What `resilio run` was asked to do.
 pub struct RunOptions {
