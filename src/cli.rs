@@ -1,11 +1,11 @@
 //! The command line. Parses, resolves configuration, dispatches; every error
 //! becomes one line on stderr and a distinct exit code (see [`crate::error`]).
 
-use crate::agent::{self, RunOptions};
 use crate::analysis::report;
 use crate::config::{self, Config};
 use crate::error::{Error, Result, EXIT_USAGE};
 use crate::journal;
+use crate::rank::{self, RunOptions};
 use clap::{Args, Parser, Subcommand};
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -521,7 +521,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     ));
                 }
                 let agent_args = agent_args(&a, &config);
-                return crate::launcher::run(crate::launcher::LocalOptions {
+                return crate::job::local::run(crate::job::local::LocalOptions {
                     argv: a.command,
                     config,
                     job_id: a.job_id,
@@ -539,7 +539,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                         .ok()
                         .filter(|j| !j.is_empty())
                 });
-                return crate::launcher::run(crate::launcher::LocalOptions {
+                return crate::job::local::run(crate::job::local::LocalOptions {
                     argv: a.command,
                     config,
                     job_id,
@@ -547,11 +547,14 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     agent_args,
                 });
             }
-            agent::run(RunOptions {
-                argv: a.command,
-                config,
-                job_id: a.job_id,
-            })
+            rank::run(
+                RunOptions {
+                    argv: a.command,
+                    config,
+                    job_id: a.job_id,
+                },
+                &crate::slurm::SlurmCli::default(),
+            )
         }
         Command::Report(a) => report_cmd(&a, false),
         Command::Timeline(a) => match &a.html {
@@ -622,7 +625,7 @@ fn runs_locally() -> bool {
         .unwrap_or(1);
     !set("SLURM_JOB_ID")
         && !set("SLURM_STEP_ID")
-        && !set(crate::launcher::ENV_LAUNCHER)
+        && !set(crate::job::local::ENV_LAUNCHER)
         && !set(crate::coordinator::ENV_URL)
         && world <= 1
 }

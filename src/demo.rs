@@ -192,7 +192,7 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         "--checkpoint-file".into(),
         ckpt.into(),
     ];
-    let code = crate::launcher::run(crate::launcher::LocalOptions {
+    let code = crate::job::local::run(crate::job::local::LocalOptions {
         argv,
         config: cfg,
         job_id: Some(job.clone()),

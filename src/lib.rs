@@ -3,34 +3,35 @@
 //! # Layout
 //!
 //! - [`cli`]: the command line (thin; parses, dispatches, maps errors to exit codes).
-//! - [`agent`]: the rank agent behind `resilio run`: one event loop that
-//!   wires the pieces below together.
-//! - [`process`]: process wrapping: own process group, child subreaper,
-//!   reaping by pid, signalling the whole tree.
+//! - [`rank`]: the rank agent behind `resilio run`: setup, a pure lifecycle
+//!   machine ([`rank::lifecycle`]), the event loop that carries its actions
+//!   out, process wrapping ([`rank::process`]), what is gathered on a stall
+//!   ([`rank::diagnostics`]) and the site health check ([`rank::health`]).
 //! - [`progress`]: progress sources: output parsing ([`progress::output`]),
 //!   the datagram socket ([`progress::socket`]), the progress file
 //!   ([`progress::file`]), their default patterns ([`progress::patterns`]),
 //!   and the tracker that decides liveness and which source names the step
 //!   ([`progress::tracker`]).
-//! - [`policy`]: detection policies as pure functions of events and an injected clock.
-//! - [`diagnostics`]: what is gathered on a stall (output tail, py-spy, dump signal).
-//! - [`health`]: the optional site health check, before start and after a failure.
-//! - [`slurm`]: the Slurm adapter (environment, hostlists, commands behind a trait).
+//! - [`policy`]: detection and decision policies as pure functions of events
+//!   and an injected clock.
 //! - [`job`]: the job level: the batch-level supervisor after a step
 //!   (judge, decide purely, then act through Slurm and the journal) and
-//!   local mode (`--ntasks N`) with restarts in place. The old paths
-//!   [`supervisor`] and [`launcher`] still name its two halves.
+//!   local mode (`--ntasks N`) with restarts in place.
 //! - [`coordinator`]: one per job: agents' reports over HTTP (token), the
 //!   cross-rank view (crash teardown, job-wide hang judgment, stragglers,
 //!   coordinated checkpoints), `/metrics`; [`status`]: `resilio status` and
-//!   `resilio checkpoint`; [`advice`]: the advised checkpoint interval
-//!   the hosts hand the coordinator (read from journals and node history).
-//! - [`journal`]: the append-only, crash-safe per-job journal; [`state_dir`]:
-//!   where journals live, and a site-wide state dir shared by every user.
-//! - [`report`]: reports and timelines computed from journals alone; [`runs`]:
-//!   telling apart the runs of a job id used more than once.
-//! - [`config`], [`duration`], [`context`], [`error`]: configuration, durations,
-//!   the rank's identity, errors and exit codes.
+//!   `resilio checkpoint`.
+//! - [`slurm`]: the Slurm adapter (environment, hostlists, commands behind a trait).
+//! - [`event`]: the journal's schema, one typed struct per record kind;
+//!   [`journal`]: the append-only, crash-safe per-job journal (writer,
+//!   reader); [`state_dir`]: where journals live, and a site-wide state dir
+//!   shared by every user; [`runs`]: telling apart the runs of a job id used
+//!   more than once.
+//! - [`analysis`]: what journals say after the fact: the report and ETTR
+//!   accounting, timelines (text, HTML), node history, checkpoint advice.
+//! - [`config`], [`duration`], [`context`], [`error`], [`log`]: configuration,
+//!   durations, the rank's identity, errors and exit codes, resilio's own
+//!   diagnostics.
 //! - [`demo`]: `resilio demo`, a scripted run with an injected hang.
 //! - [`util`]: running a command with a timeout ([`util::cmd`]) and spawning
 //!   in a process group of its own that dies with resilio.
@@ -38,34 +39,23 @@
 //! `docs/architecture.md` follows one event from a trainer's output line to
 //! a journal record.
 
-pub mod agent;
 pub mod analysis;
 pub mod cli;
 pub mod config;
 pub mod context;
 pub mod coordinator;
 pub mod demo;
-pub mod diagnostics;
 pub mod duration;
 pub mod error;
 pub mod event;
-pub mod health;
 pub mod job;
 pub mod journal;
 pub mod log;
 pub mod policy;
-pub mod process;
 pub mod progress;
+pub mod rank;
 pub mod runs;
 pub mod slurm;
 pub mod state_dir;
 pub mod status;
 pub mod util;
-
-// Paths the rank agent still uses; they go once it is under `rank/`.
-pub use analysis::{advice, node_history};
-
-/// The batch-level supervisor under its old path (`crate::supervisor::...`).
-pub use job::batch as supervisor;
-/// Local mode under its old path (`crate::launcher::...`).
-pub use job::local as launcher;

@@ -10,10 +10,10 @@
 //! - [`act`]: carrying them out: journal records, Slurm calls, stderr.
 //! - [`retry`]: the schedule a Slurm call is tried again on.
 //! - [`batch`]: the batch-level `resilio run` around `srun` in the batch
-//!   script, wiring the above together (`crate::supervisor` is its old path).
+//!   script, wiring the above together (`crate::job::batch` is its old path).
 //! - [`local`]: local mode (`resilio run --ntasks N`, and a plain `resilio
 //!   run` outside Slurm): N agents, the coordinator, restarts in place
-//!   (`crate::launcher` is its old path).
+//!   (`crate::job::local` is its old path).
 
 pub mod act;
 pub mod batch;

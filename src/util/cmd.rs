@@ -11,7 +11,7 @@
 //! id, cannot be taken by another process, so killing the group at the
 //! deadline reaches the command's own processes and nothing else.
 
-use crate::diagnostics::Helpers;
+use crate::rank::diagnostics::Helpers;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::signal::{killpg, raise, signal, SigHandler, Signal};
@@ -399,7 +399,7 @@ mod tests {
 
     /// `pid` is no process running `comm` (gone, a zombie, or reused).
     fn gone(pid: i32, comm: &str) -> bool {
-        crate::process::read_stat(pid).is_none_or(|p| p.state == 'Z' || p.comm != comm)
+        crate::rank::process::read_stat(pid).is_none_or(|p| p.state == 'Z' || p.comm != comm)
     }
 
     #[test]

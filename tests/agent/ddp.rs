@@ -69,7 +69,7 @@ fn find_torch() -> Result<Torch, (bool, String)> {
     let beside = python.parent().map(|d| d.join("py-spy"));
     let py_spy = match beside.filter(|p| p.is_file()) {
         Some(p) => p,
-        None => match resilio::diagnostics::which("py-spy") {
+        None => match resilio::rank::diagnostics::which("py-spy") {
             Some(p) => p,
             None => {
                 return fail(format!(

@@ -7,7 +7,7 @@
 //! while it runs, so that the agent's orphan reaper leaves it alone.
 
 use crate::config::DiagnosticsConfig;
-use crate::process;
+use crate::rank::process;
 use crate::util::cmd;
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};

@@ -1,0 +1,53 @@
+//! How a rank ended, as the lifecycle saw it: the exit code resilio
+//! returns, the `cause` of `rank_exit`, whether it was stopped on request.
+
+use super::lifecycle::StopReason;
+use crate::policy::stall::Stall;
+use crate::rank::process::Exit;
+use std::time::Instant;
+
+/// How the rank ended, for `rank_exit` and `failure`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ending {
+    pub exit: Exit,
+    /// The stall that stopped it (none if the trainer ended on its own meanwhile).
+    pub stall: Option<Stall>,
+    /// The trainer exited on its own during the stall's diagnostics.
+    pub stall_cancelled: bool,
+    pub stop: Option<StopReason>,
+    /// When it failed: the stall, or the main child's exit.
+    pub failed_at: Option<Instant>,
+    /// Slurm's pre-timeout signal came.
+    pub pre_timeout: bool,
+}
+
+impl Ending {
+    /// resilio's exit code.
+    pub fn code(&self) -> i32 {
+        if self.stall.is_some() {
+            crate::error::EXIT_STALLED
+        } else {
+            self.exit.code()
+        }
+    }
+
+    /// The `cause` of `rank_exit`.
+    pub fn cause(&self) -> String {
+        match (&self.stop, self.exit) {
+            (Some(StopReason::Stall), _) => "stalled".to_string(),
+            (Some(StopReason::Signal(name)), _) => format!("stopped by {name}"),
+            (Some(StopReason::Coordinator), _) => "stopped by the coordinator".into(),
+            (None, Exit::Code(0)) => "completed".into(),
+            (None, Exit::Code(_)) => "exited with error".into(),
+            (None, Exit::Signal(..)) => "killed by signal".into(),
+        }
+    }
+
+    /// Stopped by a signal from outside or by the coordinator (not a failure of its own).
+    pub fn stopped_on_request(&self) -> bool {
+        matches!(
+            self.stop,
+            Some(StopReason::Signal(_) | StopReason::Coordinator)
+        )
+    }
+}

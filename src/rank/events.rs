@@ -1,0 +1,265 @@
+//! Progress events from the queue, carried into the stall policy, the
+//! sampled progress log, the journal and the coordinator's report.
+
+use super::progress_log::{Clock, Observed, ProgressLog};
+use crate::coordinator::client::Outbox;
+use crate::coordinator::protocol::RankState;
+use crate::journal::Writer;
+use crate::policy::stall::{Phase, PhaseClass, StallPolicy};
+use crate::progress::tracker::{Namer, StepRole};
+use crate::progress::{self, Event, Kind};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Faults of the progress sources: malformed messages counted by kind, and
+/// failed sources already reported (each is said once).
+#[derive(Default)]
+pub(crate) struct SourceFaults {
+    pub malformed: BTreeMap<&'static str, u64>,
+    pub reported: Vec<String>,
+}
+
+/// Feed every queued event to the policy and the journal, oldest first.
+pub(crate) struct Sinks<'a> {
+    pub policy: &'a mut StallPolicy,
+    pub plog: &'a mut ProgressLog,
+    pub journal: &'a mut Writer,
+    pub clock: &'a Clock,
+    pub faults: &'a mut SourceFaults,
+    /// The report for the coordinator, when linked.
+    pub outbox: Option<&'a Outbox>,
+}
+
+pub(crate) fn drain_events(tx: &progress::Sender, sinks: &mut Sinks<'_>) {
+    for ev in tx.drain() {
+        handle_event(ev, sinks);
+    }
+}
+
+/// The kind of source, for the stall policy's phase ends.
+fn origin(source: progress::Source) -> &'static str {
+    Namer::of(source).map_or(source.name(), Namer::name)
+}
+
+fn handle_event(ev: Event, k: &mut Sinks<'_>) {
+    let (at, source) = (ev.at, ev.source);
+    match ev.kind {
+        Kind::Step {
+            step,
+            metrics,
+            with_phase,
+        } => on_step(k, at, source, step, metrics, with_phase),
+        Kind::Phase { name, step } => on_phase(k, at, source, name, step),
+        Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
+        Kind::Malformed { fault, sample } => {
+            let (journal, faults) = (&mut *k.journal, &mut *k.faults);
+            let n = faults.malformed.entry(fault).or_insert(0);
+            *n += 1;
+            if *n == 1 {
+                eprintln!(
+                    "resilio: ignoring malformed progress message ({fault}): {sample:?}; further ones of this kind are only counted"
+                );
+                journal.record(
+                    "malformed_message",
+                    json!({ "fault": fault, "sample": sample }),
+                    false,
+                );
+            }
+        }
+        Kind::SourceFailed(msg) => {
+            let (journal, faults) = (&mut *k.journal, &mut *k.faults);
+            if !faults.reported.contains(&msg) {
+                eprintln!("resilio: {msg}; supervision continues without it");
+                journal.record("monitor_error", json!({ "error": msg }), false);
+                faults.reported.push(msg);
+            }
+        }
+    }
+}
+
+fn on_step(
+    k: &mut Sinks<'_>,
+    at: Instant,
+    source: progress::Source,
+    step: Option<u64>,
+    metrics: Vec<(String, f64)>,
+    with_phase: Option<String>,
+) {
+    let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);
+    // A step sent with a long phase names what the phase is about
+    // (`phase=checkpoint step=10`), not the trainer's step.
+    let role = match with_phase.as_deref().map(|p| policy.config().classify(p)) {
+        Some(PhaseClass::Long(_)) => StepRole::Annotation,
+        _ => StepRole::Report,
+    };
+    let o = plog.tracker.on_step(source, step, role);
+    if let Some((from, to)) = o.namer_changed {
+        journal.record_at(
+            clock.wall(at),
+            "progress_source",
+            json!({
+                "steps_from": to.name(),
+                "before": from.map(|f| f.name()),
+                "reason": match to {
+                    Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
+                    Namer::Output => "steps read from the trainer's output name the step",
+                    Namer::File => "the progress file names the step until the output or the socket does",
+                },
+            }),
+            false,
+        );
+    }
+    let sent_compute = metrics.iter().any(|(k, _)| k == "compute_s");
+    if sent_compute {
+        plog.tracker.on_compute_metric();
+    }
+    if !o.alive && !sent_compute {
+        return;
+    }
+    let prev = plog.last_named_at;
+    if o.alive {
+        policy.on_progress(at, o.step, o.named_advanced, origin(source));
+    }
+    if let Some(out) = k.outbox {
+        // compute_s may come on the socket after the same step was
+        // read from the output: counted once per step either way.
+        let compute = metrics
+            .iter()
+            .find(|(k, _)| k == "compute_s")
+            .map(|(_, v)| *v)
+            .filter(|c| c.is_finite() && *c >= 0.0)
+            .filter(|_| out.take_compute_step(step));
+        let last = policy.last_step();
+        let stepped = o.named_advanced;
+        let long = matches!(policy.phase(), Phase::Named(..));
+        out.update(|r| {
+            if o.alive {
+                if r.state == RankState::Starting {
+                    r.state = RankState::Running;
+                }
+                r.silent = false;
+                r.step = last;
+                r.long_phase = long;
+            }
+            if stepped {
+                if let Some(p) = prev {
+                    r.intervals.0 += 1;
+                    r.intervals.1 += at.saturating_duration_since(p).as_secs_f64();
+                }
+            }
+            if let Some(c) = compute {
+                r.compute.0 += 1;
+                r.compute.1 += c;
+            }
+        });
+        if o.alive {
+            *out.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
+        }
+    }
+    if o.named_advanced {
+        plog.last_named_at = Some(at);
+    }
+    if o.alive {
+        plog.observe(
+            journal,
+            clock,
+            Observed {
+                at,
+                step: o.step,
+                source: source.name(),
+                metrics,
+            },
+        );
+    }
+}
+
+fn on_phase(
+    k: &mut Sinks<'_>,
+    at: Instant,
+    source: progress::Source,
+    name: String,
+    step: Option<u64>,
+) {
+    let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);
+    let before = policy.phase().clone();
+    let class = policy.on_phase(at, &name, step, origin(source));
+    match class {
+        PhaseClass::InStep { known } => {
+            if !known && !plog.unknown_phases.contains(&name) {
+                eprintln!(
+                    "resilio: phase '{name}' is not a known phase: judged by the step limit; declare it in [stall] in_step_phases, or give it a limit of its own in [stall.phase_timeouts]"
+                );
+                journal.record_at(
+                    clock.wall(at),
+                    "unknown_phase",
+                    json!({ "phase": name, "judged_as": "inside a step", "config": ["stall.in_step_phases", "stall.phase_timeouts"] }),
+                    false,
+                );
+                plog.unknown_phases.push(name.clone());
+            }
+            if let Some(c) = plog.tracker.on_in_step_phase(at, &name) {
+                if let Some(out) = k.outbox {
+                    out.update(|r| {
+                        r.compute.0 += 1;
+                        r.compute.1 += c;
+                    });
+                }
+            }
+        }
+        PhaseClass::Train | PhaseClass::Long(_) => plog.tracker.on_other_phase(),
+    }
+    if let Some(out) = k.outbox {
+        let shown = match class {
+            PhaseClass::InStep { .. } => name.clone(),
+            _ => policy.phase().name().to_string(),
+        };
+        let long = matches!(policy.phase(), Phase::Named(..));
+        out.update(|r| {
+            r.phase = shown;
+            r.long_phase = long;
+        });
+    }
+    if policy.phase() != &before {
+        if policy.phase().name() == "checkpoint" {
+            plog.checkpoint_began = Some((at, step.max(policy.last_step())));
+        }
+        journal.record_at(
+            clock.wall(at),
+            "phase",
+            json!({ "phase": policy.phase().name(), "source": source.name(), "step": step.max(policy.last_step()) }),
+            false,
+        );
+    }
+}
+
+fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, step: Option<u64>) {
+    let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);
+    // Its duration, and whether training went on meanwhile (an
+    // asynchronous save) or waited for it.
+    let began = plog.checkpoint_began.take();
+    journal.record_at(
+        clock.wall(at),
+        "checkpoint_done",
+        json!({
+            "step": step, "source": source.name(),
+            "duration_s": began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
+            "blocked_training": began.map(|(_, at_step)| policy.last_step() <= at_step),
+        }),
+        true,
+    );
+    if policy.phase().name() == "checkpoint" {
+        policy.on_phase(at, "train", None, origin(source));
+    }
+    if let (Some(o), Some(s)) = (k.outbox, step) {
+        o.update(|r| {
+            r.phase = policy.phase().name().to_string();
+            r.long_phase = matches!(policy.phase(), Phase::Named(..));
+            r.checkpoints.push(s);
+            if r.checkpoints.len() > 16 {
+                r.checkpoints.remove(0);
+            }
+        });
+        o.urgent.notify_one();
+    }
+}

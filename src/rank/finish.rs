@@ -1,0 +1,231 @@
+//! The rank's end: the last output and progress, `rank_exit` and
+//! `failure`, the last report to the coordinator, and at batch level the
+//! job-level decision.
+
+use super::lifecycle::Ending;
+use super::run::Agent;
+use super::Next;
+use crate::coordinator::protocol::{ExitInfo, RankState};
+use crate::policy::failure;
+use crate::rank::process::{self, Exit};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+impl Agent<'_> {
+    /// Let the pumps finish what the pipes still hold, take the last
+    /// events, and remove the socket and the control file.
+    fn wind_down(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        for p in std::mem::take(&mut self.r.pumps) {
+            while !p.is_finished() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if p.is_finished() {
+                let _ = p.join();
+            }
+        }
+        self.drain_last();
+        let r = &mut *self.r;
+        r.file_watch = None;
+        r.ckpt_watch = None;
+        self.plog.flush(&mut r.journal, &r.clock);
+        r.tx.close();
+        if r.socket_ok {
+            // Wake the listener thread so it sees the queue closed.
+            if let Ok(s) = std::os::unix::net::UnixDatagram::unbound() {
+                let _ = s.send_to(b"", &r.sock_path);
+            }
+            let _ = std::fs::remove_file(&r.sock_path);
+        }
+        let _ = std::fs::remove_file(&r.control_path);
+        process::restore_terminal(r.pid);
+    }
+
+    /// Record how the rank ended and report it; at batch level, decide what
+    /// comes after the step.
+    pub async fn finish(mut self) -> Next {
+        self.wind_down();
+        let dump_signal = self.r.cfg.diagnostics.dump_signal;
+        let e = self
+            .lc
+            .ending(dump_signal)
+            .expect("loop ends only after the main child exited");
+        if e.stall_cancelled {
+            self.r.journal.record(
+                "stall_cancelled",
+                json!({ "status": e.exit.describe(), "note": "the trainer exited on its own during stall diagnostics" }),
+                true,
+            );
+        }
+        let verdict = self.verdict(&e);
+        self.rank_exit(&e, &verdict);
+        self.report_exit(&e, &verdict).await;
+        let code = e.code();
+        if self.r.batch_level {
+            return self.after_step(&e, &verdict);
+        }
+        if self.r.single_rank_job {
+            self.r
+                .journal
+                .record("job_end", json!({ "exit_code": code }), true);
+        }
+        Next::Exit(code)
+    }
+
+    /// The failure's class; after a failure, the health check again (a
+    /// failing one blames the node).
+    fn verdict(&mut self, e: &Ending) -> failure::Verdict {
+        let r = &mut *self.r;
+        let after_check = if r.checks_node && e.exit.code() != 0 && !e.stopped_on_request() {
+            let h = crate::rank::health::run(&r.cfg.health);
+            if let Some(h) = &h {
+                r.journal.record(
+                    "health_check",
+                    json!({ "when": "after_failure", "result": h }),
+                    true,
+                );
+            }
+            h
+        } else {
+            None
+        };
+        failure::classify(
+            &failure::RankEnd {
+                exit_code: e.exit.code(),
+                signal: match e.exit {
+                    Exit::Signal(s, _) => Some(s),
+                    Exit::Code(_) => None,
+                },
+                stalled: e.stall.is_some(),
+                stop_requested: e.stopped_on_request(),
+                health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
+                tail: r.tail.last_lines(r.cfg.diagnostics.tail_lines.max(20)),
+            },
+            &r.cfg
+                .failure_patterns
+                .clone()
+                .unwrap_or_else(failure::Patterns::defaults),
+        )
+    }
+
+    /// `rank_exit`, and `failure` for a failure of the rank's own.
+    fn rank_exit(&mut self, e: &Ending, verdict: &failure::Verdict) {
+        let (code, cause) = (e.code(), e.cause());
+        let ended = Instant::now();
+        let r = &mut *self.r;
+        let (policy, plog, launched) = (&self.lc.policy, &self.plog, r.launched);
+        let lost = r.journal.dropped();
+        r.journal.record_at(
+            r.clock.wall(ended),
+            "rank_exit",
+            json!({
+                "exit_code": code,
+                "status": e.exit.describe(),
+                "cause": cause,
+                "failed_at": r.clock.wall(e.failed_at.unwrap_or(ended)),
+                "class": verdict.class,
+                "class_reason": verdict.reason,
+                "evidence": verdict.evidence,
+                "steps_seen": policy.steps_seen(),
+                "last_step": policy.last_step(),
+                "first_step_s": plog.first_at.map(|t| t.duration_since(launched).as_secs_f64()),
+                "last_progress_s": plog.last_at.map(|t| t.duration_since(launched).as_secs_f64()),
+                "runtime_s": ended.duration_since(launched).as_secs_f64(),
+                "malformed_messages": self.faults.malformed,
+                "journal_lost_records": lost,
+            }),
+            true,
+        );
+        if code == 0 || e.stopped_on_request() {
+            return;
+        }
+        let kind = if e.stall.is_some() {
+            "stall"
+        } else if matches!(e.exit, Exit::Signal(..)) {
+            "signal"
+        } else {
+            "crash"
+        };
+        r.journal.record(
+            "failure",
+            json!({
+                "failure_kind": kind,
+                "cause": cause,
+                "class": verdict.class,
+                "class_reason": verdict.reason,
+                "evidence": verdict.evidence,
+                "exit_code": code,
+                "detail": match &e.stall { Some(s) => format!("{} after {:.1}s without progress", s.kind.name(), s.timeout.as_secs_f64()), None => e.exit.describe() },
+            }),
+            true,
+        );
+    }
+
+    /// The last report, sent now: the coordinator tears the step down on it.
+    async fn report_exit(&mut self, e: &Ending, verdict: &failure::Verdict) {
+        let r = &mut *self.r;
+        let Some(l) = &r.link else {
+            return;
+        };
+        r.outbox.update(|o| {
+            o.state = RankState::Exited;
+            o.exit = Some(ExitInfo {
+                code: e.code(),
+                class: verdict.class.name().to_string(),
+                cause: e.cause(),
+                evidence: verdict.evidence.clone(),
+                stopped: e.stopped_on_request(),
+            });
+        });
+        if let Err(err) = l.send(&r.outbox.snapshot(), Duration::from_secs(2)).await {
+            r.journal.record(
+                "coordinator_unreachable",
+                json!({ "error": err, "note": "the exit was not reported" }),
+                false,
+            );
+        }
+    }
+
+    /// Batch level: judge the step and decide (requeue, relaunch, stop).
+    fn after_step(&mut self, e: &Ending, verdict: &failure::Verdict) -> Next {
+        let r = &mut *self.r;
+        let tail_lines = r.tail.last_lines(200);
+        let step = crate::job::batch::StepEnd {
+            ended: chrono::Utc::now(),
+            exit_code: e.code(),
+            verdict,
+            tail: &tail_lines,
+            node: &r.id.node,
+            pre_timeout: e.pre_timeout,
+        };
+        let argv = &r.argv;
+        let step_out = &r.step_out;
+        // The step can run again inside the allocation (see docs/slurm.md).
+        let alloc = (r.cfg.restart_in_allocation && !r.slurm.job_nodes.is_empty()).then(|| {
+            crate::policy::restart::Allocation {
+                nodes: r.slurm.job_nodes.clone(),
+                excluded: step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default(),
+                withheld: crate::slurm::step::user_excluded_nodes(argv),
+                // The step's size as launched (the journal's count of nodes
+                // that started a rank can miss a node that died early).
+                step_nodes: step_out
+                    .as_ref()
+                    .map(|o| o.1)
+                    .filter(|n| *n > 0)
+                    .or_else(|| crate::slurm::step::requested_nodes(argv))
+                    .unwrap_or(0),
+                can_exclude: crate::slurm::step::can_leave_out(argv),
+            }
+        });
+        crate::job::batch::after_attempt(
+            &r.cfg.state_dir,
+            &r.id.job,
+            r.id.attempt,
+            &step,
+            r.cfg.max_restarts,
+            alloc,
+            self.slurm_cli,
+            &mut r.journal,
+        )
+    }
+}

@@ -1,0 +1,694 @@
+//! The rank's lifecycle as a pure machine: what the agent decides on a
+//! signal, a coordinator's word, the end of diagnostics, the main child's
+//! exit and the passing of time. It never sleeps, never reads the clock
+//! (every `Instant` is handed in) and touches no process or file: it
+//! returns [`Action`]s, which `rank::run` carries out.
+//!
+//! ```text
+//! Monitoring ─ stall ─▶ Stalled: Diagnosing ─ done ─▶ Stopped (alone, coordinator lost, stop asked)
+//!     │                    │  TERM/INT/stop wait   └──▶ AwaitingJudgment ─ stop_judged / wait over ─▶ Stopped
+//!     │                    └─ trainer exits on its own ─▶ Diagnosed (the stall is cancelled)
+//!     └─ TERM / INT / coordinator stop / pre-timeout ─▶ Stopping(reason)
+//! beside the state: the main child's exit (TERM to what is left), SIGKILL
+//! after the grace, given up 10 s after SIGKILL.
+//! ```
+
+pub use super::ending::Ending;
+use crate::policy::stall::{Stall, StallPolicy};
+use crate::rank::process::Exit;
+use chrono::{DateTime, Utc};
+use nix::sys::signal::Signal;
+use std::time::{Duration, Instant};
+
+/// Why the agent is stopping the trainer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StopReason {
+    /// A signal from outside (forwarded), by name.
+    Signal(&'static str),
+    /// The stall policy fired.
+    Stall,
+    /// The coordinator stopped the step (another rank failed).
+    Coordinator,
+}
+
+/// Where the rank's lifecycle stands (the trainer's exit, and the SIGKILL
+/// deadlines, are kept beside it: the main child can exit in any state).
+#[derive(Clone, Debug, PartialEq)]
+pub enum State {
+    /// Watching the trainer's progress for a stall.
+    Monitoring,
+    /// Stopping the trainer for a reason other than a stall (SIGTERM sent
+    /// or left to Slurm, SIGKILL after the grace).
+    Stopping(StopReason),
+    /// The stall policy fired at `at`.
+    Stalled {
+        stall: Stall,
+        at: Instant,
+        step: StallStep,
+    },
+}
+
+/// How far the handling of a stall has come.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StallStep {
+    /// Diagnostics are being taken; a stop asked meanwhile waits for them.
+    Diagnosing { stop_asked: bool },
+    /// Linked: the stop waits for the coordinator's judgment, until `until`.
+    AwaitingJudgment { until: Instant },
+    /// SIGTERM sent to the stalled trainer.
+    Stopped,
+    /// The trainer exited on its own before it was stopped.
+    Diagnosed,
+}
+
+/// What the machine needs to know about the rank's setting (fixed for the run).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// `kill_grace`: TERM to KILL for stops from outside.
+    pub grace: Duration,
+    /// resilio's own stops (a stall, a teardown): `stall_kill_grace`, at most `grace`.
+    pub stall_grace: Duration,
+    /// The job-level supervisor in a batch script (judges no stall itself).
+    pub batch_level: bool,
+    /// Linked to a coordinator.
+    pub linked: bool,
+    /// This agent hosts the coordinator.
+    pub hosts_coordinator: bool,
+    /// In a step, Slurm delivers srun's signals to every process itself.
+    pub slurm_delivers: bool,
+    /// Inside a Slurm step.
+    pub in_step: bool,
+    /// How long a linked stalled rank waits for the coordinator's judgment.
+    pub judgment_wait: Duration,
+    /// Slurm's pre-timeout signal (batch level).
+    pub pre_timeout_signal: Signal,
+    /// The trainer's checkpoint signal, if any.
+    pub checkpoint_signal: Option<Signal>,
+    /// How long the pre-timeout checkpoint is waited for.
+    pub checkpoint_wait: Duration,
+    /// How often the loop wakes while monitoring (journal, report).
+    pub progress_every: Duration,
+}
+
+/// The signals the agent handles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sig {
+    Term,
+    Int,
+    Hup,
+    Usr1,
+    Usr2,
+    Cont,
+}
+
+/// What the agent does; carried out in order by `rank::run`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Forward the signal to the trainer's group and record it.
+    Forward(Signal),
+    /// Record that Slurm delivers the signal to the trainer itself.
+    LeftToSlurm(Signal),
+    /// Record a stop signal held back while the stall's diagnostics run.
+    Deferred(Signal),
+    /// A second SIGINT: SIGKILL the whole tree now, and record it.
+    KillOnSecondInt,
+    /// Slurm's pre-timeout signal in a batch script: the checkpoint signal
+    /// to the trainers, and a `checkpoint_requested` record.
+    PreTimeoutCheckpoint {
+        received: Signal,
+    },
+    /// The checkpoint signal in a step: record the request, signal the
+    /// trainer unless Slurm did.
+    CheckpointSignal {
+        received: Signal,
+        forward: bool,
+    },
+    /// The stall policy fired at `at`: record it and start the diagnostics
+    /// (and, when linked, the probe whose verdict goes to the coordinator).
+    Stalled {
+        stall: Stall,
+        at: Instant,
+    },
+    /// The coordinator judged the stall: record `stop_judged`.
+    StopJudged {
+        detail: String,
+    },
+    /// SIGTERM to the stalled trainer's tree, `stop` recorded.
+    StopStalled {
+        grace: Duration,
+    },
+    /// The stop of a stalled rank waits for the coordinator's judgment.
+    DeferStallStop {
+        max_wait: Duration,
+    },
+    /// The step failed elsewhere: SIGTERM to the trainer's group.
+    StopForCoordinator {
+        detail: String,
+        grace: Duration,
+    },
+    /// Probe the trainer now (the coordinator asks: a peer stalled).
+    Probe {
+        reason: String,
+    },
+    /// The coordinator asks for a checkpoint.
+    Checkpoint {
+        id: u64,
+        step: u64,
+        reason: String,
+    },
+    /// The rank lives on the job's progress (it reports none of its own).
+    LiveOnJobProgress,
+    /// The coordinator cannot be reached / is back.
+    CoordinatorLost {
+        error: String,
+    },
+    CoordinatorBack {
+        gap_s: f64,
+        failed_requests: u64,
+    },
+    /// The loop woke long after it planned: resilio was stopped or starved.
+    Resumed {
+        late: Duration,
+    },
+    /// Ask the hosted coordinator for a checkpoint of every rank.
+    CoordinateCheckpoint,
+    /// The pre-timeout checkpoint is done or waited for long enough: stop the step.
+    StopForPreTimeout {
+        checkpoint_step: Option<Option<u64>>,
+    },
+    /// The main child exited and others live on: SIGTERM to them.
+    TermRemaining,
+    /// SIGKILL to the tree (again each time round); `record` the first time.
+    Kill {
+        record: Option<Duration>,
+    },
+    /// Processes survived SIGKILL for 10 s: record them and end without them.
+    GiveUp,
+}
+
+/// What the journal said about the pre-timeout checkpoint (see [`Lifecycle::checkpoint_query`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Checked {
+    /// Not looked at this time round.
+    NotLooked,
+    /// Looked, no `checkpoint_done` yet.
+    NotDone,
+    /// Done (at the step, if it said).
+    Done(Option<u64>),
+}
+
+/// Slurm's pre-timeout signal: when it came, its wall time, and when the
+/// step is stopped at the latest.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PreTimeout {
+    asked_wall: DateTime<Utc>,
+    deadline: Instant,
+    done: bool,
+    coordinated: bool,
+}
+
+/// When the loop wakes next.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Plan {
+    /// Steps before this wake the loop (they could bring the deadline forward).
+    pub step_wake: Option<Instant>,
+    /// The timer.
+    pub wake: Instant,
+}
+
+/// The rank's lifecycle. The stall policy is part of it (its clock is the
+/// same injected one); progress reaches the policy through `policy`.
+pub struct Lifecycle {
+    s: Settings,
+    pub policy: StallPolicy,
+    state: State,
+    main_exit: Option<(Exit, Instant)>,
+    kill_at: Option<Instant>,
+    killed: bool,
+    killed_at: Option<Instant>,
+    /// The grace of the stop under way, for the SIGKILL record.
+    grace_used: Duration,
+    coordinator_down: bool,
+    /// This rank has lived on the job's progress (it reports none of its own).
+    silent_known: bool,
+    drain_kill_at: Option<Instant>,
+    ints: u32,
+    pre_timeout: Option<PreTimeout>,
+    /// The journal is read for checkpoint_done at most once a second.
+    next_done_check: Instant,
+    /// The last plan: its wake, and whether the rank was being monitored then.
+    planned: Option<(Instant, bool)>,
+}
+
+impl Lifecycle {
+    /// A rank whose trainer was launched at `policy.launched()`; `now` starts the clocks.
+    pub fn new(s: Settings, policy: StallPolicy, now: Instant) -> Self {
+        Lifecycle {
+            grace_used: s.grace,
+            s,
+            policy,
+            state: State::Monitoring,
+            main_exit: None,
+            kill_at: None,
+            killed: false,
+            killed_at: None,
+            coordinator_down: false,
+            silent_known: false,
+            drain_kill_at: None,
+            ints: 0,
+            pre_timeout: None,
+            next_done_check: now,
+            planned: None,
+        }
+    }
+
+    /// Watching the trainer for stalls (not stopping it, and it lives).
+    pub fn monitoring(&self) -> bool {
+        self.main_exit.is_none() && self.state == State::Monitoring
+    }
+
+    /// Where the lifecycle stands.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// The main child exited, or a stop is under way: reap once a second.
+    pub fn stopping(&self) -> bool {
+        !self.monitoring()
+    }
+
+    /// The stall's diagnostics are running.
+    pub fn diagnosing(&self) -> bool {
+        matches!(
+            self.state,
+            State::Stalled {
+                step: StallStep::Diagnosing { .. },
+                ..
+            }
+        )
+    }
+
+    /// A stall was declared (progress is no longer taken).
+    pub fn stalled(&self) -> bool {
+        matches!(self.state, State::Stalled { .. })
+    }
+
+    /// The main child's exit has been seen.
+    pub fn main_exited(&self) -> bool {
+        self.main_exit.is_some()
+    }
+
+    /// The loop may end: the main child is gone, diagnostics are done and no child is left.
+    pub fn finished(&self, children_left: bool) -> bool {
+        self.main_exit.is_some() && !self.diagnosing() && !children_left
+    }
+
+    /// The stall's step, when stalled.
+    fn stall_step(&mut self) -> Option<&mut StallStep> {
+        match &mut self.state {
+            State::Stalled { step, .. } => Some(step),
+            _ => None,
+        }
+    }
+
+    fn stop_stalled(&mut self, now: Instant, out: &mut Vec<Action>) {
+        out.push(Action::StopStalled {
+            grace: self.s.stall_grace,
+        });
+        if let Some(step) = self.stall_step() {
+            *step = StallStep::Stopped;
+        }
+        if self.kill_at.is_none() {
+            self.grace_used = self.s.stall_grace;
+        }
+        self.kill_at.get_or_insert(now + self.s.stall_grace);
+    }
+
+    fn forward_unless(&self, sig: Signal) -> Action {
+        if self.s.slurm_delivers {
+            Action::LeftToSlurm(sig)
+        } else {
+            Action::Forward(sig)
+        }
+    }
+
+    /// A signal to resilio, at `now` (`wall`: the wall clock then).
+    pub fn on_signal(&mut self, sig: Sig, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+        match sig {
+            Sig::Term | Sig::Int => self.on_stop_signal(sig, now),
+            Sig::Hup => vec![self.forward_unless(Signal::SIGHUP)],
+            Sig::Usr1 => self.on_user_signal(Signal::SIGUSR1, now, wall),
+            Sig::Usr2 => self.on_user_signal(Signal::SIGUSR2, now, wall),
+            Sig::Cont => {
+                // Resumed after a suspension (scontrol suspend, gang
+                // scheduling, Ctrl-Z): the time stopped is not a stall.
+                self.policy.on_resume(now);
+                vec![self.forward_unless(Signal::SIGCONT)]
+            }
+        }
+    }
+
+    fn on_stop_signal(&mut self, sig: Sig, now: Instant) -> Vec<Action> {
+        let (signal, name) = match sig {
+            Sig::Int => (Signal::SIGINT, "SIGINT"),
+            _ => (Signal::SIGTERM, "SIGTERM"),
+        };
+        let mut out = Vec::new();
+        if sig == Sig::Int {
+            self.ints += 1;
+        }
+        if sig == Sig::Int && self.ints >= 2 {
+            self.killed = true;
+            out.push(Action::KillOnSecondInt);
+        } else if let Some(StallStep::Diagnosing { stop_asked }) = self.stall_step() {
+            // The stall's evidence is being taken (srun stopping the step
+            // because a peer failed, say): the stop follows as soon as it
+            // is done, within the grace.
+            *stop_asked = true;
+            out.push(Action::Deferred(signal));
+        } else {
+            out.push(self.forward_unless(signal));
+            self.kill_at.get_or_insert(now + self.s.grace);
+        }
+        if self.monitoring() {
+            self.state = State::Stopping(StopReason::Signal(name));
+        }
+        out
+    }
+
+    /// SIGUSR1/SIGUSR2. In a batch script, Slurm's pre-timeout signal
+    /// becomes a checkpoint request: the checkpoint signal goes to srun,
+    /// which delivers it to every process of the step (trainers included),
+    /// or straight to a trainer the script runs itself. In a step, the
+    /// checkpoint signal is journaled as a request (Slurm delivered it to
+    /// the trainer already). Anything else is forwarded (or, in a step,
+    /// left to Slurm's delivery).
+    fn on_user_signal(&mut self, sig: Signal, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+        if self.s.batch_level && sig == self.s.pre_timeout_signal {
+            if self.pre_timeout.is_none() {
+                self.pre_timeout = Some(PreTimeout {
+                    asked_wall: wall,
+                    deadline: now + self.s.checkpoint_wait,
+                    done: false,
+                    coordinated: false,
+                });
+            }
+            return vec![Action::PreTimeoutCheckpoint { received: sig }];
+        }
+        if self.s.in_step && Some(sig) == self.s.checkpoint_signal {
+            return vec![Action::CheckpointSignal {
+                received: sig,
+                forward: !self.s.slurm_delivers,
+            }];
+        }
+        vec![self.forward_unless(sig)]
+    }
+
+    /// The coordinator cannot be reached.
+    pub fn on_coordinator_lost(&mut self, error: String) -> Vec<Action> {
+        self.coordinator_down = true;
+        vec![Action::CoordinatorLost { error }]
+    }
+
+    /// The coordinator answers again.
+    pub fn on_coordinator_back(&mut self, gap_s: f64, failed_requests: u64) -> Vec<Action> {
+        self.coordinator_down = false;
+        vec![Action::CoordinatorBack {
+            gap_s,
+            failed_requests,
+        }]
+    }
+
+    /// A command of the coordinator for this rank (new, in order).
+    pub fn on_command(
+        &mut self,
+        kind: crate::coordinator::protocol::CommandKind,
+        now: Instant,
+    ) -> Vec<Action> {
+        use crate::coordinator::protocol::CommandKind;
+        let mut out = Vec::new();
+        match kind {
+            CommandKind::Checkpoint { id, step, reason } => {
+                out.push(Action::Checkpoint { id, step, reason })
+            }
+            CommandKind::Stop { reason } => {
+                let (alive, monitoring) = (self.main_exit.is_none(), self.monitoring());
+                match self.stall_step() {
+                    Some(StallStep::Diagnosing { stop_asked }) => *stop_asked = true,
+                    Some(step) if alive && *step != StallStep::Stopped => {
+                        out.push(Action::StopJudged { detail: reason });
+                        self.stop_stalled(now, &mut out);
+                    }
+                    _ if monitoring => {
+                        // The attempt failed elsewhere: this rank is most
+                        // likely blocked in a collective with the failed one.
+                        out.push(Action::StopForCoordinator {
+                            detail: reason,
+                            grace: self.s.stall_grace,
+                        });
+                        self.state = State::Stopping(StopReason::Coordinator);
+                        if self.kill_at.is_none() {
+                            self.grace_used = self.s.stall_grace;
+                        }
+                        self.kill_at.get_or_insert(now + self.s.stall_grace);
+                    }
+                    _ => {}
+                }
+            }
+            CommandKind::Diagnose { reason } => {
+                if self.main_exit.is_none() {
+                    out.push(Action::Probe { reason });
+                }
+            }
+        }
+        out
+    }
+
+    /// The job's freshest progress (from the coordinator's reply). A rank
+    /// with no progress of its own (`own_progress` false) lives on it.
+    pub fn on_job_progress(&mut self, at: Instant, own_progress: bool) -> Vec<Action> {
+        if own_progress || at <= self.policy.launched() {
+            return Vec::new();
+        }
+        self.silent_known = true;
+        self.policy.on_peer_progress(at);
+        vec![Action::LiveOnJobProgress]
+    }
+
+    /// The stall's diagnostics are done (and recorded).
+    pub fn on_diagnostics_done(&mut self, now: Instant) -> Vec<Action> {
+        let mut out = Vec::new();
+        let stop_asked = matches!(
+            self.stall_step(),
+            Some(StallStep::Diagnosing { stop_asked: true })
+        );
+        if self.main_exit.is_none() {
+            if self.s.linked && !self.coordinator_down && !stop_asked {
+                let wait = self.s.judgment_wait;
+                if let Some(step) = self.stall_step() {
+                    *step = StallStep::AwaitingJudgment { until: now + wait };
+                }
+                out.push(Action::DeferStallStop { max_wait: wait });
+            } else {
+                self.stop_stalled(now, &mut out);
+            }
+        } else {
+            if let Some(step) = self.stall_step() {
+                *step = StallStep::Diagnosed;
+            }
+            self.kill_at.get_or_insert(now + self.s.grace);
+        }
+        out
+    }
+
+    /// The main child exited; `others_alive`: descendants remain (they get
+    /// TERM now, KILL after the grace).
+    pub fn on_main_exit(&mut self, exit: Exit, now: Instant, others_alive: bool) -> Vec<Action> {
+        self.main_exit = Some((exit, now));
+        if others_alive {
+            self.drain_kill_at = Some(now + self.s.grace);
+            vec![Action::TermRemaining]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// When to wake next (and remember it, to see a late wake in `tick`).
+    pub fn plan(&mut self, now: Instant) -> Plan {
+        let monitoring = self.monitoring();
+        let p = &self.policy;
+        // While monitoring, wake at the stall deadline (steps are drained
+        // then) and often enough to keep the journal's progress current;
+        // while stopping or draining, once a second to reap.
+        let step_wake = monitoring.then(|| {
+            p.deadline()
+                .checked_sub(p.min_future_limit())
+                .unwrap_or(now)
+        });
+        let waiting_checkpoint = self.s.batch_level && self.pre_timeout.is_some_and(|p| !p.done);
+        let mut wake = if monitoring && !waiting_checkpoint {
+            p.deadline().min(now + self.s.progress_every)
+        } else {
+            now + Duration::from_secs(1)
+        };
+        let stall_stop = match self.state {
+            State::Stalled {
+                step: StallStep::AwaitingJudgment { until },
+                ..
+            } => Some(until),
+            _ => None,
+        };
+        for t in [self.kill_at, self.drain_kill_at, stall_stop]
+            .into_iter()
+            .flatten()
+        {
+            wake = wake.min(t);
+        }
+        self.planned = Some((wake, monitoring));
+        Plan { step_wake, wake }
+    }
+
+    /// Whether to read the journal for the pre-timeout checkpoint now (at
+    /// most once a second, and at the deadline): the wall time it was
+    /// asked at, `checkpoint_done` records from then on count.
+    pub fn checkpoint_query(&mut self, now: Instant) -> Option<DateTime<Utc>> {
+        if !self.s.batch_level || self.main_exit.is_some() {
+            return None;
+        }
+        let p = self.pre_timeout.filter(|p| !p.done)?;
+        if now < self.next_done_check && now < p.deadline {
+            return None;
+        }
+        self.next_done_check = now + Duration::from_secs(1);
+        Some(p.asked_wall)
+    }
+
+    /// Time passed: `now`, after the events of this round were handled;
+    /// `checked` is the answer to [`Self::checkpoint_query`].
+    pub fn tick(&mut self, now: Instant, checked: Checked) -> Vec<Action> {
+        let mut out = Vec::new();
+        // Woken long after the planned time: resilio itself was stopped
+        // (suspend, SIGSTOP) or starved. Time it did not observe is not a
+        // stall; the clock restarts (the SIGCONT may not be handled yet).
+        if let Some((wake, true)) = self.planned {
+            if now > wake + Duration::from_millis(1500) {
+                self.policy.on_resume(now);
+                out.push(Action::Resumed {
+                    late: now.duration_since(wake),
+                });
+            }
+        }
+        // Fail open: a silent rank (it reports nothing; it lived on the job's
+        // progress) whose coordinator is unreachable cannot know whether the
+        // job progresses, and is not stopped for its silence meanwhile.
+        if self.coordinator_down && self.silent_known {
+            self.policy.on_peer_progress(now);
+        }
+        // The job-level supervisor does not judge hangs from srun's merged
+        // output (ranks report on their own sockets): the rank agents do.
+        if self.monitoring() && !self.s.batch_level {
+            if let Some(s) = self.policy.check(now) {
+                self.state = State::Stalled {
+                    stall: s.clone(),
+                    at: now,
+                    step: StallStep::Diagnosing { stop_asked: false },
+                };
+                out.push(Action::Stalled { stall: s, at: now });
+            }
+        }
+        self.pre_timeout_tick(now, checked, &mut out);
+        self.deadlines_tick(now, &mut out);
+        out
+    }
+
+    fn pre_timeout_tick(&mut self, now: Instant, checked: Checked, out: &mut Vec<Action>) {
+        let hosts = self.s.hosts_coordinator;
+        if let Some(p) = self
+            .pre_timeout
+            .as_mut()
+            .filter(|p| hosts && !p.coordinated)
+        {
+            // Besides the signal: the ranks' agents tell their trainers the step.
+            p.coordinated = true;
+            out.push(Action::CoordinateCheckpoint);
+        }
+        let Some(p) = self.pre_timeout.as_mut() else {
+            return;
+        };
+        let done = match checked {
+            Checked::NotLooked => return,
+            Checked::NotDone => None,
+            Checked::Done(step) => Some(step),
+        };
+        if p.done || self.main_exit.is_some() || (done.is_none() && now < p.deadline) {
+            return;
+        }
+        p.done = true;
+        out.push(Action::StopForPreTimeout {
+            checkpoint_step: done,
+        });
+        self.state = State::Stopping(StopReason::Signal("pre-timeout"));
+        self.kill_at.get_or_insert(now + self.s.grace);
+    }
+
+    fn deadlines_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
+        let judgment_due = matches!(self.state, State::Stalled { step: StallStep::AwaitingJudgment { until }, .. } if now >= until);
+        if judgment_due && self.main_exit.is_none() {
+            self.stop_stalled(now, out);
+        }
+        if due(self.kill_at) || due(self.drain_kill_at) {
+            let mut record = None;
+            if !self.killed {
+                self.killed = true;
+                self.killed_at = Some(now);
+                record = Some(self.grace_used);
+            }
+            // Again each time round: a process can appear during the sweep.
+            out.push(Action::Kill { record });
+        }
+        // A descendant that survives SIGKILL (uninterruptible sleep in a
+        // driver or a hung filesystem) must not keep resilio from reporting.
+        if self.main_exit.is_some()
+            && self
+                .killed_at
+                .is_some_and(|t| now.duration_since(t) > Duration::from_secs(10))
+        {
+            out.push(Action::GiveUp);
+        }
+    }
+
+    /// How the rank ended, once the main child has. A trainer that ended on
+    /// its own while the stall's evidence was being taken (not by resilio's
+    /// stop, nor by the diagnostics' `dump_signal`) keeps its own status.
+    pub fn ending(&self, dump_signal: Option<Signal>) -> Option<Ending> {
+        let (exit, exited_at) = self.main_exit?;
+        let by_dump_signal =
+            matches!((exit, dump_signal), (Exit::Signal(s, _), Some(d)) if s == d as i32);
+        let mut e = Ending {
+            exit,
+            stall: None,
+            stall_cancelled: false,
+            stop: None,
+            failed_at: Some(exited_at),
+            pre_timeout: self.pre_timeout.is_some(),
+        };
+        match &self.state {
+            State::Monitoring => {}
+            State::Stopping(reason) => e.stop = Some(reason.clone()),
+            State::Stalled { step, .. } if *step != StallStep::Stopped && !by_dump_signal => {
+                e.stall_cancelled = true;
+            }
+            State::Stalled { stall, at, .. } => {
+                e.stall = Some(stall.clone());
+                e.stop = Some(StopReason::Stall);
+                e.failed_at = Some(*at);
+            }
+        }
+        Some(e)
+    }
+}
+
+#[cfg(test)]
+#[path = "lifecycle_tests.rs"]
+mod tests;

@@ -1,0 +1,112 @@
+//! The sampled progress log: which counted progress becomes a `progress`
+//! record now, and which is held back until the next sample (or flushed
+//! before a stall or the rank's end).
+
+use crate::journal::Writer;
+use crate::progress::tracker::Tracker;
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// Monotonic instants to wall time, from one pair read at the start.
+pub(crate) struct Clock {
+    pub t0: Instant,
+    pub wall0: DateTime<Utc>,
+}
+
+impl Clock {
+    pub fn wall(&self, at: Instant) -> DateTime<Utc> {
+        let d = at.saturating_duration_since(self.t0);
+        self.wall0 + chrono::Duration::from_std(d).unwrap_or_default()
+    }
+}
+
+/// One counted progress observation, for the journal's sampled records.
+pub(crate) struct Observed {
+    /// When resilio saw it.
+    pub at: Instant,
+    /// The step's number after it (from the source that names the step).
+    pub step: Option<u64>,
+    /// The source that showed the progress.
+    pub source: &'static str,
+    /// Metrics sent with it (socket only).
+    pub metrics: Vec<(String, f64)>,
+}
+
+/// Progress bookkeeping for the journal (sampled records).
+pub(crate) struct ProgressLog {
+    pub interval: Duration,
+    pub last_written: Option<Instant>,
+    /// Latest counted progress not yet written: (at, step, source, metrics).
+    pub pending: Option<Observed>,
+    pub first_at: Option<Instant>,
+    pub last_at: Option<Instant>,
+    /// When the named step last advanced (step intervals for the coordinator).
+    pub last_named_at: Option<Instant>,
+    /// A checkpoint phase in progress: when it began, steps seen then.
+    /// When it began, and the step it is about: training went on meanwhile
+    /// (an asynchronous save) only if the step's number moved past it.
+    pub checkpoint_began: Option<(Instant, Option<u64>)>,
+    /// Liveness and the step's name (`progress::tracker`).
+    pub tracker: Tracker,
+    /// Phase names not declared anywhere, each warned about once.
+    pub unknown_phases: Vec<String>,
+}
+
+impl ProgressLog {
+    fn record(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
+        let mut data = json!({ "step": p.step, "source": p.source });
+        if first {
+            data["first"] = json!(true);
+        }
+        for (k, v) in &p.metrics {
+            data["metrics"][k] = json!(v);
+        }
+        journal.record_at(clock.wall(p.at), "progress", data, false);
+    }
+
+    pub fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
+        let at = p.at;
+        self.last_at = Some(at);
+        if self.first_at.is_none() {
+            self.first_at = Some(at);
+            Self::record(journal, clock, &p, true);
+            self.last_written = Some(at);
+            self.pending = None;
+        } else if self
+            .last_written
+            .is_none_or(|w| at.duration_since(w) >= self.interval)
+        {
+            Self::record(journal, clock, &p, false);
+            self.last_written = Some(at);
+            self.pending = None;
+        } else {
+            self.pending = Some(p);
+        }
+    }
+
+    /// Write the last progress if it was held back by sampling.
+    pub fn flush(&mut self, journal: &mut Writer, clock: &Clock) {
+        if let Some(p) = self.pending.take() {
+            Self::record(journal, clock, &p, false);
+            self.last_written = Some(p.at);
+        }
+    }
+}
+
+impl ProgressLog {
+    /// Nothing seen yet; a record at most every `interval` (the first always).
+    pub fn new(interval: Duration) -> Self {
+        ProgressLog {
+            interval,
+            last_written: None,
+            pending: None,
+            first_at: None,
+            last_at: None,
+            last_named_at: None,
+            checkpoint_began: None,
+            tracker: Tracker::new(),
+            unknown_phases: Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! What the agent writes besides single records: the stall's record and
+//! message, the diagnostics file, the control file, the stop of a stalled rank.
+
+use super::progress_log::{Clock, ProgressLog};
+use crate::context::Identity;
+use crate::journal::Writer;
+use crate::policy::stall::{Stall, StallPolicy};
+use crate::rank::diagnostics;
+use crate::rank::process;
+use chrono::Utc;
+use nix::sys::signal::Signal;
+use nix::unistd::Pid;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub(crate) fn on_stall(
+    s: &Stall,
+    policy: &StallPolicy,
+    plog: &mut ProgressLog,
+    journal: &mut Writer,
+    clock: &Clock,
+    id: &Identity,
+    now: Instant,
+) {
+    plog.flush(journal, clock);
+    let idle = now.duration_since(s.since);
+    journal.record_at(
+        clock.wall(now),
+        "stall",
+        json!({
+            "stall_kind": s.kind.name(),
+            "phase": policy.phase().name(),
+            "timeout_s": s.timeout.as_secs_f64(),
+            "idle_s": idle.as_secs_f64(),
+            "since": clock.wall(s.since),
+            "last_step": s.last_step,
+            "last_progress": plog.last_at.map(|t| clock.wall(t)),
+        }),
+        true,
+    );
+    let what = match s.last_step {
+        Some(step) => format!("no progress since step {step}"),
+        None => "no first step".to_string(),
+    };
+    eprintln!(
+        "resilio: rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it",
+        id.rank,
+        id.node,
+        crate::duration::format(idle),
+        crate::duration::format(s.timeout),
+        s.kind.name()
+    );
+}
+
+pub(crate) fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut cut = s.len() - max;
+    while !s.is_char_boundary(cut) {
+        cut += 1;
+    }
+    format!("...{}", &s[cut..])
+}
+
+pub(crate) fn truncate_lines(lines: &[String], max_total: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for l in lines.iter().rev() {
+        let l = truncate(l, 300);
+        total += l.len();
+        if total > max_total {
+            break;
+        }
+        out.push(l);
+    }
+    out.reverse();
+    out
+}
+
+pub(crate) fn write_diag_file(
+    dir: &std::path::Path,
+    id: &Identity,
+    tail: &[String],
+    d: &diagnostics::Diagnostics,
+) -> Option<PathBuf> {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "resilio stall diagnostics: job {} attempt {} rank {} node {}",
+        id.job, id.attempt, id.rank, id.node
+    );
+    let _ = writeln!(text, "\n== last {} lines of output ==", tail.len());
+    for l in tail {
+        let _ = writeln!(text, "{l}");
+    }
+    for p in &d.py_spy {
+        let _ = writeln!(
+            text,
+            "\n== py-spy dump --pid {} ({}) ==\n{}",
+            p.pid,
+            if p.ok { "ok" } else { "failed" },
+            p.output
+        );
+    }
+    if let Some(why) = &d.py_spy_skipped {
+        let _ = writeln!(text, "\n== py-spy not run: {why} ==");
+    }
+    std::fs::create_dir_all(dir).ok()?;
+    let name = format!(
+        "stall-a{}-r{}-{}.txt",
+        id.attempt,
+        id.rank,
+        Utc::now().format("%Y%m%dT%H%M%S%.3fZ")
+    );
+    let path = dir.join(name);
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).ok()?;
+    std::fs::rename(&tmp, &path).ok()?;
+    Some(path)
+}
+
+/// Replace the control file whole (temporary file, then rename), so the
+/// trainer never reads half a request.
+pub(crate) fn write_control(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("ctl.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Stop a stalled rank: SIGTERM to its whole tree (KILL follows after the grace).
+pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: Duration) {
+    process::signal_tree(pid, Signal::SIGTERM, skip);
+    journal.record(
+        "stop",
+        json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }),
+        false,
+    );
+}

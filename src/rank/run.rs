@@ -1,0 +1,603 @@
+//! The rank agent's loop: it waits on signals, progress, the coordinator's
+//! notes, diagnostics and a timer, hands what came to the [`Lifecycle`],
+//! and carries out the [`Action`]s it returns (signals to the trainer,
+//! journal records, diagnostics threads, the coordinator's report).
+
+use super::events::{drain_events, Sinks, SourceFaults};
+use super::lifecycle::{Action, Checked, Lifecycle, Settings, Sig};
+use super::progress_log::ProgressLog;
+use super::records::{
+    on_stall, stop_stalled, truncate, truncate_lines, write_control, write_diag_file,
+};
+use super::setup::{Inputs, Rank};
+use crate::coordinator::client::Note;
+use crate::coordinator::protocol::RankState;
+use crate::journal;
+use crate::policy::stall::StallPolicy;
+use crate::rank::diagnostics::{self, Diagnostics, Helpers, Probe, PySpyDump};
+use crate::rank::process;
+use crate::slurm::Slurm;
+use chrono::Utc;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+/// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
+type ProbeDone = (String, Probe, Vec<PySpyDump>);
+
+/// Where the diagnostics threads report back.
+pub(crate) struct Done {
+    diag: UnboundedReceiver<Diagnostics>,
+    probe: UnboundedReceiver<ProbeDone>,
+}
+
+/// What woke the loop.
+enum Woke {
+    Child,
+    Signal(Sig),
+    Progress,
+    Note(Note),
+    Probe(ProbeDone),
+    Diagnostics(Diagnostics),
+    Timer,
+}
+
+/// The loop's state besides the lifecycle: the I/O side.
+pub(crate) struct Agent<'a> {
+    pub r: Box<Rank>,
+    pub lc: Lifecycle,
+    pub plog: ProgressLog,
+    pub faults: SourceFaults,
+    pub(super) helpers: Helpers,
+    pub(super) diag_tx: UnboundedSender<Diagnostics>,
+    pub(super) probe_tx: UnboundedSender<ProbeDone>,
+    /// The stall's own probe, waiting for the stacks of its diagnostics.
+    pub(super) stall_probe: Option<Probe>,
+    pub(super) scratch: PathBuf,
+    /// Reaping scans /proc, so it runs only when a child may have changed
+    /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
+    pub(super) reap_due: bool,
+    pub(super) children_left: bool,
+    pub(super) commands_handled: u64,
+    pub(super) child_is_srun: bool,
+    pub(super) slurm_cli: &'a dyn Slurm,
+}
+
+/// The lifecycle's settings from the configuration and the rank's setting.
+fn settings(r: &Rank) -> Settings {
+    let cfg = &r.cfg;
+    let linked = r.link.is_some();
+    let mut every = cfg
+        .journal_progress_interval
+        .max(Duration::from_millis(100));
+    if linked {
+        // The coordinator's report carries the latest step.
+        every = every.min(cfg.coordinator.report_interval);
+    }
+    Settings {
+        grace: cfg.kill_grace,
+        // resilio's own stops (a stall, a teardown): a hung trainer rarely
+        // honours SIGTERM, and Lightning catches it and sleeps on.
+        stall_grace: cfg.stall_kill_grace.min(cfg.kill_grace),
+        batch_level: r.batch_level,
+        linked,
+        hosts_coordinator: r.hosted.is_some(),
+        // In a step, Slurm's process tracking delivers srun's signals to every
+        // process of the step, the trainer included: forwarding would double them.
+        slurm_delivers: r.slurm.in_step() && !cfg.slurm_forward_signals,
+        in_step: r.slurm.in_step(),
+        judgment_wait: cfg.coordinator.policy.hang_wait + Duration::from_secs(5),
+        pre_timeout_signal: cfg.pre_timeout_signal,
+        checkpoint_signal: cfg.checkpoint_signal,
+        checkpoint_wait: cfg.checkpoint_wait,
+        progress_every: every,
+    }
+}
+
+impl<'a> Agent<'a> {
+    pub fn new(r: Box<Rank>, slurm_cli: &'a dyn Slurm) -> (Self, Done) {
+        let policy = StallPolicy::new(r.cfg.stall.clone(), r.launched);
+        let lc = Lifecycle::new(settings(&r), policy, Instant::now());
+        let (diag_tx, diag) = unbounded_channel();
+        let (probe_tx, probe) = unbounded_channel();
+        let child_is_srun = r
+            .argv
+            .first()
+            .and_then(|p| std::path::Path::new(p).file_name())
+            .is_some_and(|n| n == "srun");
+        let agent = Agent {
+            plog: ProgressLog::new(r.cfg.journal_progress_interval),
+            scratch: r.job_dir.join("diag"),
+            r,
+            lc,
+            faults: SourceFaults::default(),
+            helpers: Helpers::default(),
+            diag_tx,
+            probe_tx,
+            stall_probe: None,
+            reap_due: true,
+            children_left: true,
+            commands_handled: 0,
+            child_is_srun,
+            slurm_cli,
+        };
+        (agent, Done { diag, probe })
+    }
+
+    /// Supervise until the main child and every descendant are gone.
+    pub async fn run(&mut self, inp: &mut Inputs, done: &mut Done) {
+        loop {
+            if self.reap_due {
+                self.reap();
+            }
+            if self.lc.finished(self.children_left) {
+                break;
+            }
+            let plan = self.lc.plan(Instant::now());
+            self.r.tx.wake_for_steps_before(plan.step_wake);
+            // A step queued just before the threshold moved is drained now.
+            let early = plan
+                .step_wake
+                .is_some_and(|t| self.r.tx.has_steps_before(t));
+            let (linked, diagnosing) = (self.r.link.is_some(), self.lc.diagnosing());
+            let woke = tokio::select! {
+                // Signals first: a SIGCONT after a suspension must restart the
+                // stall clock before the timer that expired meanwhile is judged.
+                biased;
+                _ = inp.chld.recv() => Woke::Child,
+                _ = inp.term.recv() => Woke::Signal(Sig::Term),
+                _ = inp.int.recv() => Woke::Signal(Sig::Int),
+                _ = inp.hup.recv() => Woke::Signal(Sig::Hup),
+                _ = inp.usr1.recv() => Woke::Signal(Sig::Usr1),
+                _ = inp.usr2.recv() => Woke::Signal(Sig::Usr2),
+                _ = inp.cont.recv() => Woke::Signal(Sig::Cont),
+                _ = self.r.tx.woken() => Woke::Progress,
+                Some(note) = inp.notes.recv(), if linked => Woke::Note(note),
+                Some(p) = done.probe.recv() => Woke::Probe(p),
+                _ = std::future::ready(()), if early => Woke::Progress,
+                Some(d) = done.diag.recv(), if diagnosing => Woke::Diagnostics(d),
+                _ = tokio::time::sleep_until(plan.wake.into()) => Woke::Timer,
+            };
+            self.on_woke(woke);
+            if !self.lc.stalled() {
+                self.drain();
+            }
+            if let Some(c) = &self.r.hosted {
+                // Effects for a host: this agent tears nothing down itself (the
+                // coordinator's stop reaches every rank), so they are only drained.
+                while c.effects.try_recv().is_ok() {}
+                if let Some(a) = self.r.advice.as_mut() {
+                    a.poll(c, Instant::now());
+                }
+            }
+            let now = Instant::now();
+            let checked = match self.lc.checkpoint_query(now) {
+                Some(since) => self.checkpoint_done_since(since),
+                None => Checked::NotLooked,
+            };
+            let actions = self.lc.tick(now, checked);
+            if !self.carry_out(actions) {
+                break;
+            }
+        }
+    }
+
+    fn on_woke(&mut self, woke: Woke) {
+        let actions = match woke {
+            Woke::Child => {
+                self.reap_due = true;
+                Vec::new()
+            }
+            Woke::Signal(s) => self.lc.on_signal(s, Instant::now(), Utc::now()),
+            Woke::Progress => Vec::new(),
+            Woke::Note(n) => self.on_note(n),
+            Woke::Probe((reason, p, dumps)) => {
+                self.r.journal.record("probe", json!({
+                    "reason": reason, "probe": &p,
+                    "py_spy": dumps.iter().map(|d| json!({"pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500)})).collect::<Vec<_>>(),
+                }), false);
+                self.report_probe(&p);
+                Vec::new()
+            }
+            Woke::Diagnostics(d) => {
+                self.reap_due = true;
+                self.record_diagnostics(&d);
+                self.lc.on_diagnostics_done(Instant::now())
+            }
+            Woke::Timer => {
+                if self.lc.stopping() {
+                    self.reap_due = true;
+                }
+                Vec::new()
+            }
+        };
+        self.carry_out(actions);
+    }
+
+    fn on_note(&mut self, note: Note) -> Vec<Action> {
+        match note {
+            Note::Unreachable { error } => self.lc.on_coordinator_lost(error),
+            Note::Reachable {
+                gap_s,
+                failed_requests,
+            } => self.lc.on_coordinator_back(gap_s, failed_requests),
+            Note::Command(c)
+                if c.seq > self.commands_handled
+                    && c.for_rank(self.r.id.rank, self.r.id.attempt) =>
+            {
+                self.commands_handled = c.seq;
+                self.r
+                    .outbox
+                    .update(|r| r.commands_seen = r.commands_seen.max(c.seq));
+                self.lc.on_command(c.kind, Instant::now())
+            }
+            Note::Command(_) => Vec::new(),
+            Note::JobProgress { at } => {
+                let own = self.plog.tracker.alive_count() != 0;
+                self.lc.on_job_progress(at, own)
+            }
+        }
+    }
+
+    /// The probe's verdict in the coordinator's report, sent at once.
+    fn report_probe(&self, p: &Probe) {
+        self.r.outbox.update(|r| {
+            r.waiting_on_peer = p.waiting_on_peer;
+            r.probe = Some(p.evidence.join("; "));
+            r.probed = true;
+        });
+        self.r.outbox.urgent.notify_one();
+    }
+
+    fn record_diagnostics(&mut self, d: &Diagnostics) {
+        let tail_lines = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+        if let Some(p) = self.stall_probe.take() {
+            let p = diagnostics::with_stacks(p, &d.py_spy, d.py_spy_skipped.as_deref());
+            let p = diagnostics::with_output(p, &tail_lines);
+            self.r
+                .journal
+                .record("probe", json!({ "reason": "stall", "probe": &p }), false);
+            self.report_probe(&p);
+        }
+        let file = write_diag_file(&self.scratch, &self.r.id, &tail_lines, d);
+        self.r.journal.record("diagnostics", json!({
+            "tail": truncate_lines(&tail_lines, 3000),
+            "py_spy": d.py_spy.iter().map(|p| json!({"pid": p.pid, "ok": p.ok, "output": truncate(&p.output, 1500)})).collect::<Vec<_>>(),
+            "py_spy_skipped": d.py_spy_skipped,
+            "dump_signal": d.dump_signal,
+            "file": file,
+        }), true);
+    }
+
+    fn drain(&mut self) {
+        let linked = self.r.link.is_some();
+        let r = &mut *self.r;
+        drain_events(
+            &r.tx,
+            &mut Sinks {
+                policy: &mut self.lc.policy,
+                plog: &mut self.plog,
+                journal: &mut r.journal,
+                clock: &r.clock,
+                faults: &mut self.faults,
+                outbox: linked.then_some(&*r.outbox),
+            },
+        );
+    }
+
+    /// Drain the last events (unless a stall stopped taking them).
+    pub fn drain_last(&mut self) {
+        if !self.lc.stalled() {
+            self.drain();
+        }
+    }
+
+    fn skip(&self) -> Vec<i32> {
+        self.helpers.with(|h| h.clone())
+    }
+
+    fn reap(&mut self) {
+        self.reap_due = false;
+        let (pid, skip) = (self.r.pid, self.skip());
+        if !self.lc.main_exited() {
+            if let Some(exit) = process::try_reap_main(pid) {
+                let now = Instant::now();
+                // Remaining descendants get TERM now, KILL after the grace.
+                process::reap_orphans(pid, &skip);
+                let others = !process::live_children(&skip).is_empty();
+                let actions = self.lc.on_main_exit(exit, now, others);
+                self.carry_out(actions);
+            }
+        }
+        self.helpers.with(|h| process::reap_orphans(pid, h));
+        if self.lc.main_exited() {
+            self.children_left = !process::live_children(&skip).is_empty();
+        }
+    }
+
+    /// The ranks' `checkpoint_done` since the pre-timeout signal, from the journal.
+    fn checkpoint_done_since(&self, since: chrono::DateTime<Utc>) -> Checked {
+        let attempt = self.r.id.attempt;
+        let done = journal::read_job(&self.r.job_dir).ok().and_then(|j| {
+            j.records
+                .iter()
+                .find(|r| r.kind == "checkpoint_done" && r.attempt == attempt && r.ts >= since)
+                .map(|r| r.u64("step"))
+        });
+        match done {
+            Some(step) => Checked::Done(step),
+            None => Checked::NotDone,
+        }
+    }
+
+    /// Carry the actions out, in order; `false`: the loop ends (given up).
+    fn carry_out(&mut self, actions: Vec<Action>) -> bool {
+        for a in actions {
+            if !self.act(a) {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn act(&mut self, a: Action) -> bool {
+        let pid = self.r.pid;
+        let journal = &mut self.r.journal;
+        match a {
+            Action::Forward(sig) => {
+                process::signal_group(pid, sig);
+                journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": true }), false);
+            }
+            Action::LeftToSlurm(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "delivered_by": "slurm" }), false),
+            Action::Deferred(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "deferred": "stall diagnostics in progress" }), false),
+            Action::KillOnSecondInt => {
+                process::signal_tree(pid, Signal::SIGKILL, &self.skip());
+                self.r.journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
+            }
+            Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
+            Action::CheckpointSignal { received, forward } => self.checkpoint_signal(received, forward),
+            Action::Stalled { stall, at } => self.stalled(&stall, at),
+            Action::StopJudged { detail } => journal.record("stop_judged", json!({ "detail": detail }), false),
+            Action::StopStalled { grace } => {
+                let skip = self.skip();
+                stop_stalled(&mut self.r.journal, pid, &skip, grace);
+            }
+            Action::DeferStallStop { max_wait } => journal.record("stop_deferred", json!({ "reason": "stall", "until": "the coordinator's judgment", "max_wait_s": max_wait.as_secs_f64() }), false),
+            Action::StopForCoordinator { detail, grace } => {
+                process::signal_group(pid, Signal::SIGTERM);
+                journal.record("stop", json!({ "reason": "coordinator", "detail": detail, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
+            }
+            Action::Probe { reason } => self.probe(reason),
+            Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
+            Action::LiveOnJobProgress => self.live_on_job_progress(),
+            Action::CoordinatorLost { error } => {
+                eprintln!("resilio: coordinator unreachable ({error}); supervising this rank locally, retrying");
+                journal.record("coordinator_unreachable", json!({ "error": error }), false);
+            }
+            Action::CoordinatorBack { gap_s, failed_requests } => journal.record("coordinator_reachable", json!({ "gap_s": gap_s, "failed_requests": failed_requests }), false),
+            Action::Resumed { late } => journal.record("resumed", json!({ "late_s": late.as_secs_f64() }), false),
+            Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
+            Action::StopForPreTimeout { checkpoint_step } => self.stop_for_pre_timeout(checkpoint_step),
+            Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
+            Action::Kill { record } => {
+                if let Some(grace) = record {
+                    journal.record("stop", json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }), false);
+                }
+                process::signal_tree(pid, Signal::SIGKILL, &self.skip());
+            }
+            Action::GiveUp => {
+                self.give_up();
+                return false;
+            }
+        }
+        true
+    }
+
+    /// The checkpoint signal in a step: a request, recorded; the trainer
+    /// signalled unless Slurm did.
+    fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
+        self.r.journal.record(
+            "checkpoint_requested",
+            json!({ "reason": "signal", "received": received.as_str(), "sent": if forward { Some(received.as_str()) } else { None } }),
+            true,
+        );
+        if forward {
+            process::signal_group(self.r.pid, received);
+        }
+    }
+
+    fn live_on_job_progress(&self) {
+        self.r.outbox.update(|r| {
+            if r.state == RankState::Starting {
+                r.state = RankState::Running;
+                r.silent = true;
+            }
+        });
+    }
+
+    /// Descendants survived SIGKILL for 10 s (uninterruptible sleep in a
+    /// driver, a hung filesystem): recorded, not waited for.
+    fn give_up(&mut self) {
+        let left: Vec<i32> = process::live_children(&self.skip())
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        self.r.journal.record(
+            "unkillable",
+            json!({ "pids": left, "note": "still alive 10 s after SIGKILL; not waited for" }),
+            true,
+        );
+        eprintln!("resilio: processes {left:?} survived SIGKILL; exiting without them");
+    }
+
+    /// In a batch script, Slurm's pre-timeout signal: the checkpoint signal
+    /// goes to srun (which delivers it to every process of the step) or
+    /// straight to a trainer the script runs itself.
+    fn pre_timeout_checkpoint(&mut self, received: Signal) {
+        let cfg = &self.r.cfg;
+        if let Some(ck) = cfg.checkpoint_signal {
+            process::signal_group(self.r.pid, ck);
+        }
+        self.r.journal.record(
+            "checkpoint_requested",
+            json!({
+                "reason": "pre_timeout",
+                "received": received.as_str(),
+                "sent": cfg.checkpoint_signal.map(|s| s.as_str()),
+                "via_srun": self.child_is_srun,
+            }),
+            true,
+        );
+    }
+
+    /// The stall policy fired: record it, probe (when linked) and take the
+    /// diagnostics on a thread of their own.
+    fn stalled(&mut self, s: &crate::policy::stall::Stall, now: Instant) {
+        let r = &mut *self.r;
+        on_stall(
+            s,
+            &self.lc.policy,
+            &mut self.plog,
+            &mut r.journal,
+            &r.clock,
+            &r.id,
+            now,
+        );
+        if r.link.is_some() {
+            // What the trainer is blocked on, before anything disturbs it.
+            // (Its verdict goes to the coordinator with the stacks
+            // the diagnostics take next.)
+            let p = diagnostics::probe(&self.helpers.with(|h| h.clone()));
+            r.outbox.update(|r| {
+                r.state = RankState::Stalled;
+                r.probe = Some(p.evidence.join("; "));
+            });
+            r.outbox.urgent.notify_one();
+            self.stall_probe = Some(p);
+        }
+        let dcfg = r.cfg.diagnostics.clone();
+        let h = self.helpers.clone();
+        let dtx = self.diag_tx.clone();
+        let scratch = self.scratch.clone();
+        let pid = r.pid;
+        let spawned = std::thread::Builder::new()
+            .name("diagnostics".into())
+            .spawn(move || {
+                let _ = std::fs::create_dir_all(&scratch);
+                let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
+                let _ = dtx.send(d);
+            });
+        if spawned.is_err() {
+            // No thread to be had (the very limit the trainer may have
+            // hit): stop without diagnostics rather than not at all.
+            let _ = self.diag_tx.send(Diagnostics {
+                py_spy_skipped: Some("no thread available for diagnostics".into()),
+                ..Default::default()
+            });
+        }
+    }
+
+    /// The coordinator asks for a probe: the system calls now, then py-spy
+    /// stacks, off the loop (py-spy takes a moment).
+    fn probe(&mut self, reason: String) {
+        let p = diagnostics::probe(&self.skip());
+        let lines = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+        let (dcfg, h, ptx, scratch) = (
+            self.r.cfg.diagnostics.clone(),
+            self.helpers.clone(),
+            self.probe_tx.clone(),
+            self.scratch.clone(),
+        );
+        let spawned = std::thread::Builder::new()
+            .name("probe".into())
+            .spawn(move || {
+                let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
+                let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
+                let p = diagnostics::with_output(p, &lines);
+                let _ = ptx.send((reason, p, dumps));
+            });
+        if spawned.is_err() {
+            self.r.outbox.update(|r| r.probed = true);
+            self.r.outbox.urgent.notify_one();
+        }
+    }
+
+    /// A coordinated checkpoint: the control file, and the checkpoint
+    /// signal when configured.
+    fn checkpoint(&mut self, ck: u64, step: u64, reason: String) {
+        let r = &mut *self.r;
+        let control_path = &r.control_path;
+        let written = write_control(
+            control_path,
+            &format!("checkpoint id={ck} step={step} reason={reason}\n"),
+        );
+        let signalled = r
+            .cfg
+            .coordinator
+            .signal_trainer
+            .then_some(r.cfg.checkpoint_signal)
+            .flatten();
+        if let Some(sig) = signalled {
+            process::signal_group(r.pid, sig);
+        }
+        r.journal.record(
+            "checkpoint_requested",
+            json!({
+                "id": ck, "step": step, "reason": reason, "coordinated": true,
+                "control_file": written.as_ref().ok().map(|_| control_path),
+                "control_error": written.err().map(|e| e.to_string()),
+                "signal": signalled.map(|s| s.as_str()),
+            }),
+            true,
+        );
+    }
+
+    /// Besides the signal: the ranks' agents tell their trainers the step.
+    fn coordinate_checkpoint(&mut self) {
+        let Some(c) = &self.r.hosted else {
+            return;
+        };
+        match c.request_checkpoint("pre_timeout") {
+            Ok((ck, step)) => self.r.journal.record(
+                "checkpoint_coordinated",
+                json!({ "id": ck, "step": step, "reason": "pre_timeout" }),
+                false,
+            ),
+            Err(e) => self.r.journal.record(
+                "checkpoint_coordinated",
+                json!({ "error": e, "reason": "pre_timeout" }),
+                false,
+            ),
+        }
+    }
+
+    fn stop_for_pre_timeout(&mut self, done: Option<Option<u64>>) {
+        self.r.journal.record(
+            "stop",
+            json!({
+                "reason": "pre_timeout",
+                "signal": "SIGTERM",
+                "checkpoint_step": done.flatten(),
+                "checkpoint_confirmed": done.is_some(),
+            }),
+            true,
+        );
+        // Stop the step gently: SIGTERM to every process of its
+        // steps (the agents journal their ranks' ends); srun
+        // itself would cancel the step with SIGKILL.
+        let gentle = self.child_is_srun
+            && self
+                .slurm_cli
+                .signal_steps(&self.r.id.job, Signal::SIGTERM)
+                .is_ok();
+        if !gentle {
+            process::signal_group(self.r.pid, Signal::SIGTERM);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "run_tests.rs"]
+mod tests;

@@ -1,0 +1,133 @@
+//! The progress sources around the trainer: the socket it reports on, the
+//! pumps on its output, the progress file and the checkpoint directory.
+//! Each fails open: without it, supervision goes on with the others.
+
+use super::setup::Rank;
+use crate::context::Identity;
+use crate::progress::{self, output};
+use std::path::{Path, PathBuf};
+
+/// The local directory for the progress socket (short paths: sun_path is 108 bytes).
+fn socket_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        let d = PathBuf::from(d).join("resilio");
+        if std::fs::create_dir_all(&d).is_ok() {
+            return d;
+        }
+    }
+    let base = std::env::var_os("TMPDIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join(format!("resilio-{}", nix::unistd::getuid()))
+}
+
+fn make_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// The progress socket (fail open: without it, output and file still work).
+pub(super) fn progress_socket(
+    id: &Identity,
+    tx: &progress::Sender,
+    monitor_errors: &mut Vec<String>,
+) -> (PathBuf, bool) {
+    let sock_dir = socket_dir();
+    let mut sock_path = sock_dir.join(format!(
+        "{}.{}.{}.sock",
+        id.job,
+        id.rank,
+        std::process::id()
+    ));
+    if sock_path.as_os_str().len() > 100 {
+        sock_path = sock_dir.join(format!("{}.sock", std::process::id()));
+    }
+    let socket = make_private_dir(&sock_dir).and_then(|_| progress::socket::bind(&sock_path));
+    let socket_ok = match socket.and_then(|sock| progress::socket::spawn_listener(sock, tx.clone()))
+    {
+        Ok(_) => true,
+        Err(e) => {
+            monitor_errors.push(format!("progress socket {}: {e}", sock_path.display()));
+            false
+        }
+    };
+    (sock_path, socket_ok)
+}
+
+impl Rank {
+    /// The output pumps, the progress file and the checkpoint directory;
+    /// the progress file's watch mode.
+    pub(super) fn watch(
+        &mut self,
+        stdout: std::fs::File,
+        stderr: std::fs::File,
+        monitor_errors: &mut Vec<String>,
+    ) -> Option<String> {
+        let cfg = &self.cfg;
+        let parser = output::Parser::new(
+            cfg.progress.regex.clone(),
+            cfg.progress.checkpoint_regex.clone(),
+            cfg.progress.eval_regex.clone(),
+        );
+        for (pipe, fd, source) in [
+            (stdout, 1, progress::Source::Stdout),
+            (stderr, 2, progress::Source::Stderr),
+        ] {
+            match output::spawn_pump(
+                pipe,
+                fd,
+                source,
+                parser.clone(),
+                self.tail.clone(),
+                self.tx.clone(),
+                crate::context::shares_output(),
+            ) {
+                Ok(h) => self.pumps.push(h),
+                Err(e) => monitor_errors.push(format!("output pump: {e}")),
+            }
+        }
+        let mut file_mode = None;
+        if let Some(path) = &cfg.progress.file {
+            file_mode = Some(progress::file::effective_mode(path, cfg.progress.file_poll).1);
+            match progress::file::watch(
+                path,
+                cfg.progress.file_poll,
+                cfg.progress.file_poll_interval,
+                output::Parser::new(cfg.progress.regex.clone(), None, None),
+                self.tx.clone(),
+            ) {
+                Ok(w) => self.file_watch = Some(w),
+                Err(e) => monitor_errors.push(format!("progress file {}: {e}", path.display())),
+            }
+        }
+        // Checkpoints the trainer saves on its own (rank 0 only: the directory
+        // is usually shared, and one record per checkpoint is enough).
+        if let Some(dir) = cfg
+            .checkpoint_watch_dir
+            .as_ref()
+            .filter(|_| self.id.rank == 0)
+        {
+            match progress::checkpoint_dir::watch(
+                dir,
+                cfg.checkpoint_watch_regex.clone(),
+                cfg.checkpoint_watch_poll,
+                self.tx.clone(),
+            ) {
+                Ok(w) => self.ckpt_watch = Some(w),
+                Err(e) => {
+                    monitor_errors.push(format!("checkpoint directory {}: {e}", dir.display()))
+                }
+            }
+        }
+        file_mode
+    }
+}
