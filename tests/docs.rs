@@ -103,3 +103,28 @@ fn the_schema_and_journal_md_name_the_same_kinds() {
         "docs/journal.md documents kinds src/event.rs does not have: {unknown:?}"
     );
 }
+
+/// resilio's own code writes typed events (`Writer::write`), never a
+/// record shaped by hand (`Writer::record`, kept for tests and tools).
+#[test]
+fn resilio_writes_every_record_through_the_schema() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    let call = regex::Regex::new(r"\.record(_at)?\(").unwrap();
+    let mut by_hand = Vec::new();
+    for f in files {
+        if f.ends_with("journal/writer.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        // Up to the file's test module (test code may shape records by hand).
+        let code = text.split("\n#[cfg(test)]\nmod ").next().unwrap_or("");
+        for (i, line) in code.lines().enumerate() {
+            if call.is_match(line) && !line.trim_start().starts_with("//") {
+                by_hand.push(format!("{}:{}: {}", f.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(by_hand.is_empty(), "records written by hand: {by_hand:#?}");
+}

@@ -79,7 +79,6 @@ fn describe_event(event: &Event) -> Option<String> {
             x.py_spy.as_ref().map_or(0, Vec::len),
             x.dump_signal
                 .as_ref()
-                .and_then(Value::as_str)
                 .map_or(String::new(), |s| format!(", sent {s}")),
             x.file
                 .as_ref()

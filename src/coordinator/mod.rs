@@ -163,7 +163,7 @@ impl Coordinator {
     }
 
     /// A journal record in the coordinator's journal.
-    pub fn record(&self, event: impl Into<crate::event::Event>, durable: bool) {
+    pub fn write(&self, event: impl Into<crate::event::Event>, durable: bool) {
         self.shared.apply(vec![Effect::Journal {
             event: event.into(),
             durable,
@@ -321,7 +321,7 @@ impl Advice {
                 serde_json::Value::Object(m) => m,
                 other => [("value".to_string(), other)].into_iter().collect(),
             };
-            c.record(crate::event::CheckpointIntervalAdvised { advice }, false);
+            c.write(crate::event::CheckpointIntervalAdvised { advice }, false);
         }
     }
 }

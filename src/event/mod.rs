@@ -136,7 +136,8 @@ events! {
         step: u64,
         /// The source that showed the progress: `stdout`, `stderr`, `socket`, `file`.
         source: String,
-        metrics: BTreeMap<String, f64>,
+        /// The trainer's numbers (`loss`, ...); a number that is not finite is `null`.
+        metrics: BTreeMap<String, Value>,
         first: bool,
     }
 
@@ -193,8 +194,8 @@ events! {
     Diagnostics = "diagnostics" {
         tail: Vec<String>,
         py_spy: Vec<Value>,
-        py_spy_skipped: Value,
-        dump_signal: Value,
+        py_spy_skipped: String,
+        dump_signal: String,
         file: String,
     }
 

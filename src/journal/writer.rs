@@ -145,8 +145,10 @@ impl Writer {
         self.record_at(ts, kind, Value::Object(event.into_fields()), durable)
     }
 
-    /// Append one record of `kind` with `data` (an object). `durable` records
-    /// are fsynced before this returns.
+    /// Append a record written by hand: `kind` with `data` (an object).
+    /// For tests and tools that shape records themselves (an older build's,
+    /// a malformed one); resilio writes typed events ([`Writer::write`]),
+    /// which a test checks.
     pub fn record(&mut self, kind: &str, data: Value, durable: bool) {
         self.record_at(Utc::now(), kind, data, durable)
     }

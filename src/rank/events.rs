@@ -4,11 +4,11 @@
 use super::progress_log::{Clock, Observed, ProgressLog};
 use crate::coordinator::client::Outbox;
 use crate::coordinator::protocol::RankState;
+use crate::event as ev;
 use crate::journal::Writer;
 use crate::policy::stall::{Phase, PhaseClass, StallPolicy};
 use crate::progress::tracker::{Namer, StepRole};
 use crate::progress::{self, Event, Kind};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -57,12 +57,14 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             let n = faults.malformed.entry(fault).or_insert(0);
             *n += 1;
             if *n == 1 {
-                eprintln!(
-                    "resilio: ignoring malformed progress message ({fault}): {sample:?}; further ones of this kind are only counted"
+                tracing::warn!(
+                    "ignoring malformed progress message ({fault}): {sample:?}; further ones of this kind are only counted"
                 );
-                journal.record(
-                    "malformed_message",
-                    json!({ "fault": fault, "sample": sample }),
+                journal.write(
+                    ev::MalformedMessage {
+                        fault: Some(fault.to_string()),
+                        sample: Some(sample),
+                    },
                     false,
                 );
             }
@@ -70,8 +72,13 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         Kind::SourceFailed(msg) => {
             let (journal, faults) = (&mut *k.journal, &mut *k.faults);
             if !faults.reported.contains(&msg) {
-                eprintln!("resilio: {msg}; supervision continues without it");
-                journal.record("monitor_error", json!({ "error": msg }), false);
+                tracing::warn!("{msg}; supervision continues without it");
+                journal.write(
+                    ev::MonitorError {
+                        error: Some(msg.clone()),
+                    },
+                    false,
+                );
                 faults.reported.push(msg);
             }
         }
@@ -95,18 +102,18 @@ fn on_step(
     };
     let o = plog.tracker.on_step(source, step, role);
     if let Some((from, to)) = o.namer_changed {
-        journal.record_at(
+        let reason = match to {
+            Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
+            Namer::Output => "steps read from the trainer's output name the step",
+            Namer::File => "the progress file names the step until the output or the socket does",
+        };
+        journal.write_at(
             clock.wall(at),
-            "progress_source",
-            json!({
-                "steps_from": to.name(),
-                "before": from.map(|f| f.name()),
-                "reason": match to {
-                    Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
-                    Namer::Output => "steps read from the trainer's output name the step",
-                    Namer::File => "the progress file names the step until the output or the socket does",
-                },
-            }),
+            ev::ProgressSource {
+                steps_from: Some(to.name().into()),
+                before: from.map(|f| f.name().into()),
+                reason: Some(reason.into()),
+            },
             false,
         );
     }
@@ -187,13 +194,19 @@ fn on_phase(
     match class {
         PhaseClass::InStep { known } => {
             if !known && !plog.unknown_phases.contains(&name) {
-                eprintln!(
-                    "resilio: phase '{name}' is not a known phase: judged by the step limit; declare it in [stall] in_step_phases, or give it a limit of its own in [stall.phase_timeouts]"
+                tracing::warn!(
+                    "phase '{name}' is not a known phase: judged by the step limit; declare it in [stall] in_step_phases, or give it a limit of its own in [stall.phase_timeouts]"
                 );
-                journal.record_at(
+                journal.write_at(
                     clock.wall(at),
-                    "unknown_phase",
-                    json!({ "phase": name, "judged_as": "inside a step", "config": ["stall.in_step_phases", "stall.phase_timeouts"] }),
+                    ev::UnknownPhase {
+                        phase: Some(name.clone()),
+                        judged_as: Some("inside a step".into()),
+                        config: Some(vec![
+                            "stall.in_step_phases".into(),
+                            "stall.phase_timeouts".into(),
+                        ]),
+                    },
                     false,
                 );
                 plog.unknown_phases.push(name.clone());
@@ -224,10 +237,13 @@ fn on_phase(
         if policy.phase().name() == "checkpoint" {
             plog.checkpoint_began = Some((at, step.max(policy.last_step())));
         }
-        journal.record_at(
+        journal.write_at(
             clock.wall(at),
-            "phase",
-            json!({ "phase": policy.phase().name(), "source": source.name(), "step": step.max(policy.last_step()) }),
+            ev::Phase {
+                phase: Some(policy.phase().name().to_string()),
+                source: Some(source.name().into()),
+                step: step.max(policy.last_step()),
+            },
             false,
         );
     }
@@ -238,14 +254,14 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
     // Its duration, and whether training went on meanwhile (an
     // asynchronous save) or waited for it.
     let began = plog.checkpoint_began.take();
-    journal.record_at(
+    journal.write_at(
         clock.wall(at),
-        "checkpoint_done",
-        json!({
-            "step": step, "source": source.name(),
-            "duration_s": began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
-            "blocked_training": began.map(|(_, at_step)| policy.last_step() <= at_step),
-        }),
+        ev::CheckpointDone {
+            step,
+            source: Some(source.name().into()),
+            duration_s: began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
+            blocked_training: began.map(|(_, at_step)| policy.last_step() <= at_step),
+        },
         true,
     );
     if policy.phase().name() == "checkpoint" {

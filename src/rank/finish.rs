@@ -6,9 +6,9 @@ use super::lifecycle::Ending;
 use super::run::Agent;
 use super::Next;
 use crate::coordinator::protocol::{ExitInfo, RankState};
+use crate::event as ev;
 use crate::policy::failure;
 use crate::rank::process::{self, Exit};
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 impl Agent<'_> {
@@ -51,9 +51,11 @@ impl Agent<'_> {
             .ending(dump_signal)
             .expect("loop ends only after the main child exited");
         if e.stall_cancelled {
-            self.r.journal.record(
-                "stall_cancelled",
-                json!({ "status": e.exit.describe(), "note": "the trainer exited on its own during stall diagnostics" }),
+            self.r.journal.write(
+                ev::StallCancelled {
+                    status: Some(e.exit.describe()),
+                    note: Some("the trainer exited on its own during stall diagnostics".into()),
+                },
                 true,
             );
         }
@@ -65,9 +67,13 @@ impl Agent<'_> {
             return self.after_step(&e, &verdict);
         }
         if self.r.single_rank_job {
-            self.r
-                .journal
-                .record("job_end", json!({ "exit_code": code }), true);
+            self.r.journal.write(
+                ev::JobEnd {
+                    exit_code: Some(code),
+                    reason: None,
+                },
+                true,
+            );
         }
         Next::Exit(code)
     }
@@ -79,9 +85,11 @@ impl Agent<'_> {
         let after_check = if r.checks_node && e.exit.code() != 0 && !e.stopped_on_request() {
             let h = crate::rank::health::run(&r.cfg.health);
             if let Some(h) = &h {
-                r.journal.record(
-                    "health_check",
-                    json!({ "when": "after_failure", "result": h }),
+                r.journal.write(
+                    ev::HealthCheck {
+                        when: Some("after_failure".into()),
+                        result: serde_json::to_value(h).ok(),
+                    },
                     true,
                 );
             }
@@ -115,25 +123,32 @@ impl Agent<'_> {
         let r = &mut *self.r;
         let (policy, plog, launched) = (&self.lc.policy, &self.plog, r.launched);
         let lost = r.journal.dropped();
-        r.journal.record_at(
+        let since_launch = |t: Instant| t.duration_since(launched).as_secs_f64();
+        r.journal.write_at(
             r.clock.wall(ended),
-            "rank_exit",
-            json!({
-                "exit_code": code,
-                "status": e.exit.describe(),
-                "cause": cause,
-                "failed_at": r.clock.wall(e.failed_at.unwrap_or(ended)),
-                "class": verdict.class,
-                "class_reason": verdict.reason,
-                "evidence": verdict.evidence,
-                "steps_seen": policy.steps_seen(),
-                "last_step": policy.last_step(),
-                "first_step_s": plog.first_at.map(|t| t.duration_since(launched).as_secs_f64()),
-                "last_progress_s": plog.last_at.map(|t| t.duration_since(launched).as_secs_f64()),
-                "runtime_s": ended.duration_since(launched).as_secs_f64(),
-                "malformed_messages": self.faults.malformed,
-                "journal_lost_records": lost,
-            }),
+            ev::RankExit {
+                exit_code: Some(code),
+                status: Some(e.exit.describe()),
+                cause: Some(cause.clone()),
+                failed_at: Some(r.clock.wall(e.failed_at.unwrap_or(ended))),
+                class: Some(verdict.class),
+                class_reason: Some(verdict.reason.clone()),
+                evidence: verdict.evidence.clone(),
+                steps_seen: Some(policy.steps_seen()),
+                last_step: policy.last_step(),
+                first_step_s: plog.first_at.map(since_launch),
+                last_progress_s: plog.last_at.map(since_launch),
+                runtime_s: Some(since_launch(ended)),
+                malformed_messages: Some(
+                    self.faults
+                        .malformed
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), *v))
+                        .collect(),
+                ),
+                journal_lost_records: Some(lost),
+                ..Default::default()
+            },
             true,
         );
         if code == 0 || e.stopped_on_request() {
@@ -146,17 +161,25 @@ impl Agent<'_> {
         } else {
             "crash"
         };
-        r.journal.record(
-            "failure",
-            json!({
-                "failure_kind": kind,
-                "cause": cause,
-                "class": verdict.class,
-                "class_reason": verdict.reason,
-                "evidence": verdict.evidence,
-                "exit_code": code,
-                "detail": match &e.stall { Some(s) => format!("{} after {:.1}s without progress", s.kind.name(), s.timeout.as_secs_f64()), None => e.exit.describe() },
-            }),
+        let detail = match &e.stall {
+            Some(s) => format!(
+                "{} after {:.1}s without progress",
+                s.kind.name(),
+                s.timeout.as_secs_f64()
+            ),
+            None => e.exit.describe(),
+        };
+        r.journal.write(
+            ev::Failure {
+                failure_kind: Some(kind.into()),
+                cause: Some(cause),
+                class: Some(verdict.class),
+                class_reason: Some(verdict.reason.clone()),
+                evidence: verdict.evidence.clone(),
+                exit_code: Some(code),
+                detail: Some(detail),
+                ..Default::default()
+            },
             true,
         );
     }
@@ -178,9 +201,11 @@ impl Agent<'_> {
             });
         });
         if let Err(err) = l.send(&r.outbox.snapshot(), Duration::from_secs(2)).await {
-            r.journal.record(
-                "coordinator_unreachable",
-                json!({ "error": err, "note": "the exit was not reported" }),
+            r.journal.write(
+                ev::CoordinatorUnreachable {
+                    error: Some(err.to_string()),
+                    note: Some("the exit was not reported".into()),
+                },
                 false,
             );
         }

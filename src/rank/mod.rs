@@ -81,7 +81,7 @@ fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
             .exec(),
         Err(e) => e,
     };
-    eprintln!("resilio: cannot relaunch the step inside the allocation: {err}");
+    tracing::error!("cannot relaunch the step inside the allocation: {err}");
     1
 }
 

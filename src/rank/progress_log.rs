@@ -2,10 +2,10 @@
 //! record now, and which is held back until the next sample (or flushed
 //! before a stall or the rank's end).
 
+use crate::event as ev;
 use crate::journal::Writer;
 use crate::progress::tracker::Tracker;
 use chrono::{DateTime, Utc};
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 /// Monotonic instants to wall time, from one pair read at the start.
@@ -54,15 +54,20 @@ pub(crate) struct ProgressLog {
 }
 
 impl ProgressLog {
-    fn record(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
-        let mut data = json!({ "step": p.step, "source": p.source });
-        if first {
-            data["first"] = json!(true);
-        }
-        for (k, v) in &p.metrics {
-            data["metrics"][k] = json!(v);
-        }
-        journal.record_at(clock.wall(p.at), "progress", data, false);
+    fn write(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
+        let metrics = (!p.metrics.is_empty()).then(|| {
+            p.metrics
+                .iter()
+                .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+                .collect()
+        });
+        let event = ev::Progress {
+            step: p.step,
+            source: Some(p.source.into()),
+            metrics,
+            first: first.then_some(true),
+        };
+        journal.write_at(clock.wall(p.at), event, false);
     }
 
     pub fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
@@ -70,14 +75,14 @@ impl ProgressLog {
         self.last_at = Some(at);
         if self.first_at.is_none() {
             self.first_at = Some(at);
-            Self::record(journal, clock, &p, true);
+            Self::write(journal, clock, &p, true);
             self.last_written = Some(at);
             self.pending = None;
         } else if self
             .last_written
             .is_none_or(|w| at.duration_since(w) >= self.interval)
         {
-            Self::record(journal, clock, &p, false);
+            Self::write(journal, clock, &p, false);
             self.last_written = Some(at);
             self.pending = None;
         } else {
@@ -88,7 +93,7 @@ impl ProgressLog {
     /// Write the last progress if it was held back by sampling.
     pub fn flush(&mut self, journal: &mut Writer, clock: &Clock) {
         if let Some(p) = self.pending.take() {
-            Self::record(journal, clock, &p, false);
+            Self::write(journal, clock, &p, false);
             self.last_written = Some(p.at);
         }
     }

@@ -3,6 +3,7 @@
 
 use super::progress_log::{Clock, ProgressLog};
 use crate::context::Identity;
+use crate::event as ev;
 use crate::journal::Writer;
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::rank::diagnostics;
@@ -10,7 +11,6 @@ use crate::rank::process;
 use chrono::Utc;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,26 +25,25 @@ pub(crate) fn on_stall(
 ) {
     plog.flush(journal, clock);
     let idle = now.duration_since(s.since);
-    journal.record_at(
+    journal.write_at(
         clock.wall(now),
-        "stall",
-        json!({
-            "stall_kind": s.kind.name(),
-            "phase": policy.phase().name(),
-            "timeout_s": s.timeout.as_secs_f64(),
-            "idle_s": idle.as_secs_f64(),
-            "since": clock.wall(s.since),
-            "last_step": s.last_step,
-            "last_progress": plog.last_at.map(|t| clock.wall(t)),
-        }),
+        ev::Stall {
+            stall_kind: Some(s.kind.name()),
+            phase: Some(policy.phase().name().to_string()),
+            timeout_s: Some(s.timeout.as_secs_f64()),
+            idle_s: Some(idle.as_secs_f64()),
+            since: Some(clock.wall(s.since)),
+            last_step: s.last_step,
+            last_progress: plog.last_at.map(|t| clock.wall(t)),
+        },
         true,
     );
     let what = match s.last_step {
         Some(step) => format!("no progress since step {step}"),
         None => "no first step".to_string(),
     };
-    eprintln!(
-        "resilio: rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it",
+    tracing::warn!(
+        "rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it",
         id.rank,
         id.node,
         crate::duration::format(idle),
@@ -133,9 +132,13 @@ pub(crate) fn write_control(path: &std::path::Path, text: &str) -> std::io::Resu
 /// Stop a stalled rank: SIGTERM to its whole tree (KILL follows after the grace).
 pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: Duration) {
     process::signal_tree(pid, Signal::SIGTERM, skip);
-    journal.record(
-        "stop",
-        json!({ "reason": "stall", "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }),
+    journal.write(
+        ev::Stop {
+            reason: Some("stall".into()),
+            signal: Some("SIGTERM".into()),
+            grace_s: Some(grace.as_secs_f64()),
+            ..Default::default()
+        },
         false,
     );
 }

@@ -12,6 +12,7 @@ use super::records::{
 use super::setup::{Inputs, Rank};
 use crate::coordinator::client::Note;
 use crate::coordinator::protocol::RankState;
+use crate::event as ev;
 use crate::journal;
 use crate::policy::stall::StallPolicy;
 use crate::rank::diagnostics::{self, Diagnostics, Helpers, Probe, PySpyDump};
@@ -194,10 +195,14 @@ impl<'a> Agent<'a> {
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
-                self.r.journal.record("probe", json!({
-                    "reason": reason, "probe": &p,
-                    "py_spy": dumps.iter().map(|d| json!({"pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500)})).collect::<Vec<_>>(),
-                }), false);
+                self.r.journal.write(
+                    ev::Probe {
+                        reason: Some(reason.to_string()),
+                        probe: serde_json::to_value(&p).ok(),
+                        py_spy: Some(dumps.iter().map(dump_record).collect()),
+                    },
+                    false,
+                );
                 self.report_probe(&p);
                 Vec::new()
             }
@@ -256,19 +261,27 @@ impl<'a> Agent<'a> {
         if let Some(p) = self.stall_probe.take() {
             let p = diagnostics::with_stacks(p, &d.py_spy, d.py_spy_skipped.as_deref());
             let p = diagnostics::with_output(p, &tail_lines);
-            self.r
-                .journal
-                .record("probe", json!({ "reason": "stall", "probe": &p }), false);
+            self.r.journal.write(
+                ev::Probe {
+                    reason: Some("stall".into()),
+                    probe: serde_json::to_value(&p).ok(),
+                    py_spy: None,
+                },
+                false,
+            );
             self.report_probe(&p);
         }
         let file = write_diag_file(&self.scratch, &self.r.id, &tail_lines, d);
-        self.r.journal.record("diagnostics", json!({
-            "tail": truncate_lines(&tail_lines, 3000),
-            "py_spy": d.py_spy.iter().map(|p| json!({"pid": p.pid, "ok": p.ok, "output": truncate(&p.output, 1500)})).collect::<Vec<_>>(),
-            "py_spy_skipped": d.py_spy_skipped,
-            "dump_signal": d.dump_signal,
-            "file": file,
-        }), true);
+        self.r.journal.write(
+            ev::Diagnostics {
+                tail: Some(truncate_lines(&tail_lines, 3000)),
+                py_spy: Some(d.py_spy.iter().map(dump_record).collect()),
+                py_spy_skipped: d.py_spy_skipped.clone(),
+                dump_signal: d.dump_signal.clone(),
+                file: file.map(|f| f.to_string_lossy().into_owned()),
+            },
+            true,
+        );
     }
 
     fn drain(&mut self) {
@@ -348,42 +361,106 @@ impl<'a> Agent<'a> {
         match a {
             Action::Forward(sig) => {
                 process::signal_group(pid, sig);
-                journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": true }), false);
+                journal.write(signal_event(sig.as_str(), true), false);
             }
-            Action::LeftToSlurm(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "delivered_by": "slurm" }), false),
-            Action::Deferred(sig) => journal.record("signal", json!({ "signal": sig.as_str(), "forwarded": false, "deferred": "stall diagnostics in progress" }), false),
+            Action::LeftToSlurm(sig) => {
+                let e = ev::Signal {
+                    delivered_by: Some("slurm".into()),
+                    ..signal_event(sig.as_str(), false)
+                };
+                journal.write(e, false);
+            }
+            Action::Deferred(sig) => {
+                let e = ev::Signal {
+                    deferred: Some("stall diagnostics in progress".into()),
+                    ..signal_event(sig.as_str(), false)
+                };
+                journal.write(e, false);
+            }
             Action::KillOnSecondInt => {
                 process::signal_tree(pid, Signal::SIGKILL, &self.skip());
-                self.r.journal.record("signal", json!({ "signal": "SIGINT", "forwarded": false, "action": "second SIGINT: SIGKILL" }), false);
+                let e = ev::Signal {
+                    action: Some("second SIGINT: SIGKILL".into()),
+                    ..signal_event("SIGINT", false)
+                };
+                self.r.journal.write(e, false);
             }
             Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
-            Action::CheckpointSignal { received, forward } => self.checkpoint_signal(received, forward),
+            Action::CheckpointSignal { received, forward } => {
+                self.checkpoint_signal(received, forward)
+            }
             Action::Stalled { stall, at } => self.stalled(&stall, at),
-            Action::StopJudged { detail } => journal.record("stop_judged", json!({ "detail": detail }), false),
+            Action::StopJudged { detail } => journal.write(
+                ev::StopJudged {
+                    detail: Some(detail),
+                },
+                false,
+            ),
             Action::StopStalled { grace } => {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
             }
-            Action::DeferStallStop { max_wait } => journal.record("stop_deferred", json!({ "reason": "stall", "until": "the coordinator's judgment", "max_wait_s": max_wait.as_secs_f64() }), false),
+            Action::DeferStallStop { max_wait } => journal.write(
+                ev::StopDeferred {
+                    reason: Some("stall".into()),
+                    until: Some("the coordinator's judgment".into()),
+                    max_wait_s: Some(max_wait.as_secs_f64()),
+                },
+                false,
+            ),
             Action::StopForCoordinator { detail, grace } => {
                 process::signal_group(pid, Signal::SIGTERM);
-                journal.record("stop", json!({ "reason": "coordinator", "detail": detail, "signal": "SIGTERM", "grace_s": grace.as_secs_f64() }), true);
+                let e = ev::Stop {
+                    reason: Some("coordinator".into()),
+                    detail: Some(detail),
+                    signal: Some("SIGTERM".into()),
+                    grace_s: Some(grace.as_secs_f64()),
+                    ..Default::default()
+                };
+                journal.write(e, true);
             }
             Action::Probe { reason } => self.probe(reason),
             Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
             Action::LiveOnJobProgress => self.live_on_job_progress(),
             Action::CoordinatorLost { error } => {
-                eprintln!("resilio: coordinator unreachable ({error}); supervising this rank locally, retrying");
-                journal.record("coordinator_unreachable", json!({ "error": error }), false);
+                tracing::warn!(
+                    "coordinator unreachable ({error}); supervising this rank locally, retrying"
+                );
+                let e = ev::CoordinatorUnreachable {
+                    error: Some(error.to_string()),
+                    note: None,
+                };
+                journal.write(e, false);
             }
-            Action::CoordinatorBack { gap_s, failed_requests } => journal.record("coordinator_reachable", json!({ "gap_s": gap_s, "failed_requests": failed_requests }), false),
-            Action::Resumed { late } => journal.record("resumed", json!({ "late_s": late.as_secs_f64() }), false),
+            Action::CoordinatorBack {
+                gap_s,
+                failed_requests,
+            } => journal.write(
+                ev::CoordinatorReachable {
+                    gap_s: Some(gap_s),
+                    failed_requests: Some(failed_requests),
+                },
+                false,
+            ),
+            Action::Resumed { late } => journal.write(
+                ev::Resumed {
+                    late_s: Some(late.as_secs_f64()),
+                },
+                false,
+            ),
             Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
-            Action::StopForPreTimeout { checkpoint_step } => self.stop_for_pre_timeout(checkpoint_step),
+            Action::StopForPreTimeout { checkpoint_step } => {
+                self.stop_for_pre_timeout(checkpoint_step)
+            }
             Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
             Action::Kill { record } => {
                 if let Some(grace) = record {
-                    journal.record("stop", json!({ "signal": "SIGKILL", "after_grace_s": grace.as_secs_f64() }), false);
+                    let e = ev::Stop {
+                        signal: Some("SIGKILL".into()),
+                        after_grace_s: Some(grace.as_secs_f64()),
+                        ..Default::default()
+                    };
+                    journal.write(e, false);
                 }
                 process::signal_tree(pid, Signal::SIGKILL, &self.skip());
             }
@@ -398,9 +475,13 @@ impl<'a> Agent<'a> {
     /// The checkpoint signal in a step: a request, recorded; the trainer
     /// signalled unless Slurm did.
     fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
-        self.r.journal.record(
-            "checkpoint_requested",
-            json!({ "reason": "signal", "received": received.as_str(), "sent": if forward { Some(received.as_str()) } else { None } }),
+        self.r.journal.write(
+            ev::CheckpointRequested {
+                reason: Some("signal".into()),
+                received: Some(received.as_str().into()),
+                sent: forward.then(|| received.as_str().into()),
+                ..Default::default()
+            },
             true,
         );
         if forward {
@@ -424,12 +505,14 @@ impl<'a> Agent<'a> {
             .iter()
             .map(|p| p.pid)
             .collect();
-        self.r.journal.record(
-            "unkillable",
-            json!({ "pids": left, "note": "still alive 10 s after SIGKILL; not waited for" }),
+        self.r.journal.write(
+            ev::Unkillable {
+                pids: Some(left.clone()),
+                note: Some("still alive 10 s after SIGKILL; not waited for".into()),
+            },
             true,
         );
-        eprintln!("resilio: processes {left:?} survived SIGKILL; exiting without them");
+        tracing::warn!("processes {left:?} survived SIGKILL; exiting without them");
     }
 
     /// In a batch script, Slurm's pre-timeout signal: the checkpoint signal
@@ -440,14 +523,14 @@ impl<'a> Agent<'a> {
         if let Some(ck) = cfg.checkpoint_signal {
             process::signal_group(self.r.pid, ck);
         }
-        self.r.journal.record(
-            "checkpoint_requested",
-            json!({
-                "reason": "pre_timeout",
-                "received": received.as_str(),
-                "sent": cfg.checkpoint_signal.map(|s| s.as_str()),
-                "via_srun": self.child_is_srun,
-            }),
+        self.r.journal.write(
+            ev::CheckpointRequested {
+                reason: Some("pre_timeout".into()),
+                received: Some(received.as_str().into()),
+                sent: cfg.checkpoint_signal.map(|s| s.as_str().into()),
+                via_srun: Some(self.child_is_srun),
+                ..Default::default()
+            },
             true,
         );
     }
@@ -542,14 +625,20 @@ impl<'a> Agent<'a> {
         if let Some(sig) = signalled {
             process::signal_group(r.pid, sig);
         }
-        r.journal.record(
-            "checkpoint_requested",
-            json!({
-                "id": ck, "step": step, "reason": reason, "coordinated": true,
-                "control_file": written.as_ref().ok().map(|_| control_path),
-                "control_error": written.err().map(|e| e.to_string()),
-                "signal": signalled.map(|s| s.as_str()),
-            }),
+        r.journal.write(
+            ev::CheckpointRequested {
+                id: Some(ck),
+                step: Some(step),
+                reason: Some(reason.to_string()),
+                coordinated: Some(true),
+                control_file: written
+                    .as_ref()
+                    .ok()
+                    .map(|_| control_path.to_string_lossy().into_owned()),
+                control_error: written.err().map(|e| e.to_string()),
+                signal: signalled.map(|s| s.as_str().into()),
+                ..Default::default()
+            },
             true,
         );
     }
@@ -560,28 +649,35 @@ impl<'a> Agent<'a> {
             return;
         };
         match c.request_checkpoint("pre_timeout") {
-            Ok((ck, step)) => self.r.journal.record(
-                "checkpoint_coordinated",
-                json!({ "id": ck, "step": step, "reason": "pre_timeout" }),
+            Ok((ck, step)) => self.r.journal.write(
+                ev::CheckpointCoordinated {
+                    id: Some(ck),
+                    step: Some(step),
+                    reason: Some("pre_timeout".into()),
+                    error: None,
+                },
                 false,
             ),
-            Err(e) => self.r.journal.record(
-                "checkpoint_coordinated",
-                json!({ "error": e, "reason": "pre_timeout" }),
+            Err(e) => self.r.journal.write(
+                ev::CheckpointCoordinated {
+                    error: Some(e.to_string()),
+                    reason: Some("pre_timeout".into()),
+                    ..Default::default()
+                },
                 false,
             ),
         }
     }
 
     fn stop_for_pre_timeout(&mut self, done: Option<Option<u64>>) {
-        self.r.journal.record(
-            "stop",
-            json!({
-                "reason": "pre_timeout",
-                "signal": "SIGTERM",
-                "checkpoint_step": done.flatten(),
-                "checkpoint_confirmed": done.is_some(),
-            }),
+        self.r.journal.write(
+            ev::Stop {
+                reason: Some("pre_timeout".into()),
+                signal: Some("SIGTERM".into()),
+                checkpoint_step: done.flatten(),
+                checkpoint_confirmed: Some(done.is_some()),
+                ..Default::default()
+            },
             true,
         );
         // Stop the step gently: SIGTERM to every process of its
@@ -596,6 +692,20 @@ impl<'a> Agent<'a> {
             process::signal_group(self.r.pid, Signal::SIGTERM);
         }
     }
+}
+
+/// A `signal` record.
+fn signal_event(signal: &str, forwarded: bool) -> ev::Signal {
+    ev::Signal {
+        signal: Some(signal.into()),
+        forwarded: Some(forwarded),
+        ..Default::default()
+    }
+}
+
+/// One py-spy dump as journaled (its output cut to 1,500 bytes).
+fn dump_record(d: &PySpyDump) -> serde_json::Value {
+    json!({ "pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500) })
 }
 
 #[cfg(test)]

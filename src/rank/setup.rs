@@ -11,6 +11,7 @@ use crate::context::{env_is_set, Identity};
 use crate::coordinator::client::{Link, Note, Outbox, Target};
 use crate::coordinator::{Advice, Coordinator};
 use crate::error::{Error, Result};
+use crate::event as ev;
 use crate::journal::{self, Writer};
 use crate::policy::failure;
 use crate::progress::{self, output};
@@ -104,7 +105,7 @@ fn base(cfg: &Config, job_id: Option<&str>) -> Result<Base> {
     // A malformed SLURM_* environment is Slurm's problem, not a reason to
     // refuse to run the trainer: warn and go on without the Slurm context.
     let slurm = SlurmContext::from_env().unwrap_or_else(|e| {
-        eprintln!("resilio: ignoring the Slurm environment: {e}");
+        tracing::warn!("ignoring the Slurm environment: {e}");
         SlurmContext::default()
     });
     let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
@@ -122,7 +123,7 @@ fn base(cfg: &Config, job_id: Option<&str>) -> Result<Base> {
         if let Ok(text) = std::env::var(crate::slurm::step::ENV_RELAUNCH) {
             match Relaunch::parse(&text) {
                 Ok(r) => relaunched = Some(r),
-                Err(e) => eprintln!("resilio: ignoring {e}"),
+                Err(e) => tracing::warn!("ignoring {e}"),
             }
         }
         id.attempt = match &relaunched {
@@ -477,18 +478,27 @@ pub(crate) fn setup(
 /// The trainer could not be started: the rank's end, recorded.
 fn spawn_failed(journal: &mut Writer, e: &Error, argv_text: &[String], single_rank_job: bool) {
     let code = e.exit_code();
-    journal.record(
-        "rank_exit",
-        json!({ "exit_code": code, "cause": "spawn_failed", "error": e.to_string(), "argv": argv_text }),
+    journal.write(
+        ev::RankExit {
+            exit_code: Some(code),
+            cause: Some("spawn_failed".into()),
+            error: Some(e.to_string()),
+            argv: Some(argv_text.to_vec()),
+            ..Default::default()
+        },
         true,
     );
-    journal.record(
-        "failure",
-        json!({ "cause": "spawn_failed", "exit_code": code, "detail": e.to_string() }),
+    journal.write(
+        ev::Failure {
+            cause: Some("spawn_failed".into()),
+            exit_code: Some(code),
+            detail: Some(e.to_string()),
+            ..Default::default()
+        },
         true,
     );
     if single_rank_job {
-        journal.record("job_end", json!({ "exit_code": code }), true);
+        journal.write(job_end(code), true);
     }
 }
 
@@ -509,15 +519,19 @@ fn before_start(
 ) -> Option<i32> {
     let (id, journal) = (&b.id, &mut b.journal);
     if b.single_rank_job {
-        let mut data = json!({ "world_size": id.world_size, "mode": if b.batch_level { "batch" } else { "single" } });
-        if b.batch_level {
-            data["allocation"] = json!(b.slurm.restart_count);
-            if let Some(r) = &b.relaunched {
-                data["relaunch_in_allocation"] = json!({ "exclude": r.exclude, "nodes": r.nodes });
-            }
-        }
+        let start = ev::JobStart {
+            world_size: Some(id.world_size),
+            mode: Some(if b.batch_level { "batch" } else { "single" }.into()),
+            allocation: b.batch_level.then_some(b.slurm.restart_count),
+            relaunch_in_allocation: b
+                .relaunched
+                .as_ref()
+                .filter(|_| b.batch_level)
+                .map(|r| json!({ "exclude": r.exclude, "nodes": r.nodes })),
+            ..Default::default()
+        };
         // Durable at batch level: it maps the allocation to its attempts.
-        journal.record("job_start", data, b.batch_level);
+        journal.write(start, b.batch_level);
     }
     if b.batch_level && b.relaunched.is_none() {
         crate::job::batch::reconcile_previous(
@@ -533,9 +547,11 @@ fn before_start(
         return None;
     }
     let h = crate::rank::health::run(&cfg.health)?;
-    journal.record(
-        "health_check",
-        json!({ "when": "before_start", "result": &h }),
+    journal.write(
+        ev::HealthCheck {
+            when: Some("before_start".into()),
+            result: serde_json::to_value(&h).ok(),
+        },
         true,
     );
     if h.ok {
@@ -547,24 +563,31 @@ fn before_start(
         h.status,
         h.output.lines().next().unwrap_or("")
     );
-    eprintln!(
-        "resilio: {evidence}; not starting the trainer on {}",
-        id.node
-    );
-    journal.record(
-        "rank_exit",
-        json!({ "exit_code": code, "cause": "unhealthy node", "class": failure::Class::Infrastructure,
-                "class_reason": "the node's health check failed", "evidence": evidence }),
+    tracing::warn!("{evidence}; not starting the trainer on {}", id.node);
+    journal.write(
+        ev::RankExit {
+            exit_code: Some(code),
+            cause: Some("unhealthy node".into()),
+            class: Some(failure::Class::Infrastructure),
+            class_reason: Some("the node's health check failed".into()),
+            evidence: Some(evidence.clone()),
+            ..Default::default()
+        },
         true,
     );
-    journal.record(
-        "failure",
-        json!({ "failure_kind": "health_check", "class": failure::Class::Infrastructure, "cause": "health check failed",
-                "evidence": evidence, "exit_code": code }),
+    journal.write(
+        ev::Failure {
+            failure_kind: Some("health_check".into()),
+            class: Some(failure::Class::Infrastructure),
+            cause: Some("health check failed".into()),
+            evidence: Some(evidence),
+            exit_code: Some(code),
+            ..Default::default()
+        },
         true,
     );
     if b.single_rank_job {
-        journal.record("job_end", json!({ "exit_code": code }), true);
+        journal.write(job_end(code), true);
     }
     Some(code)
 }
@@ -617,9 +640,12 @@ fn step_argv(
     match step_out {
         Some((exclude, nodes)) => crate::slurm::step::leave_out(argv, exclude, *nodes)
             .unwrap_or_else(|| {
-                journal.record(
-                    "monitor_error",
-                    json!({ "error": "the step command cannot leave nodes out; run as it was" }),
+                journal.write(
+                    ev::MonitorError {
+                        error: Some(
+                            "the step command cannot leave nodes out; run as it was".into(),
+                        ),
+                    },
                     false,
                 );
                 argv.to_vec()
@@ -632,9 +658,13 @@ impl Rank {
     /// What supervision goes on without, said once at the start.
     fn monitor_errors(&mut self, errors: &[String]) {
         for e in errors {
-            eprintln!("resilio: {e}; supervision continues without it");
-            self.journal
-                .record("monitor_error", json!({ "error": e }), false);
+            tracing::warn!("{e}; supervision continues without it");
+            self.journal.write(
+                ev::MonitorError {
+                    error: Some(e.clone()),
+                },
+                false,
+            );
         }
     }
 
@@ -645,25 +675,44 @@ impl Rank {
         torchrun: &[(&'static str, String)],
     ) {
         let (cfg, slurm) = (&self.cfg, &self.slurm);
-        self.journal.record_at(
-            self.clock.wall(self.launched),
-            "rank_start",
-            json!({
-                "pid": self.pid.as_raw(),
-                "argv": argv_text,
-                "cwd": std::env::current_dir().ok(),
-                "world_size": self.id.world_size,
-                "startup_timeout_s": cfg.stall.startup_timeout.as_secs_f64(),
-                "stall_timeout_s": cfg.stall.fixed_timeout.map(|d| d.as_secs_f64()),
-                "stall_mode": if cfg.stall.fixed_timeout.is_some() { "fixed" } else { "adaptive" },
-                "socket": self.socket_ok.then(|| self.sock_path.clone()),
-                "progress_file": cfg.progress.file,
-                "progress_file_watch": file_mode,
-                "slurm_step": slurm.step_id,
-                "step_nodes": (!slurm.step_nodes.is_empty()).then(|| crate::slurm::hostlist::compress(&slurm.step_nodes)),
-                "torchrun_env": torchrun.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<std::collections::BTreeMap<_, _>>(),
-            }),
-            true,
-        );
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        let start = ev::RankStart {
+            pid: Some(self.pid.as_raw()),
+            argv: Some(argv_text.to_vec()),
+            cwd: std::env::current_dir().ok().map(|d| path(&d)),
+            world_size: Some(self.id.world_size),
+            startup_timeout_s: Some(cfg.stall.startup_timeout.as_secs_f64()),
+            stall_timeout_s: cfg.stall.fixed_timeout.map(|d| d.as_secs_f64()),
+            stall_mode: Some(
+                if cfg.stall.fixed_timeout.is_some() {
+                    "fixed"
+                } else {
+                    "adaptive"
+                }
+                .into(),
+            ),
+            socket: self.socket_ok.then(|| path(&self.sock_path)),
+            progress_file: cfg.progress.file.as_deref().map(path),
+            progress_file_watch: file_mode,
+            slurm_step: slurm.step_id.clone(),
+            step_nodes: (!slurm.step_nodes.is_empty())
+                .then(|| crate::slurm::hostlist::compress(&slurm.step_nodes)),
+            torchrun_env: Some(
+                torchrun
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.clone()))
+                    .collect(),
+            ),
+        };
+        self.journal
+            .write_at(self.clock.wall(self.launched), start, true);
+    }
+}
+
+/// A `job_end` with only its exit code (a single-rank job's own end).
+fn job_end(code: i32) -> ev::JobEnd {
+    ev::JobEnd {
+        exit_code: Some(code),
+        reason: None,
     }
 }
