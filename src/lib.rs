@@ -4,9 +4,11 @@
 //!
 //! - [`cli`]: the command line (thin; parses, dispatches, maps errors to exit codes).
 //! - [`rank`]: the rank agent behind `resilio run`: setup, a pure lifecycle
-//!   machine ([`rank::lifecycle`]), the event loop that carries its actions
-//!   out, process wrapping ([`rank::process`]), what is gathered on a stall
-//!   ([`rank::diagnostics`]) and the site health check ([`rank::health`]).
+//!   machine, the event loop that carries its actions out, what is gathered
+//!   on a stall ([`rank::diagnostics`]) and the site health check
+//!   ([`rank::health`]).
+//! - [`process`]: process wrapping: own process group, child subreaper,
+//!   reaping by pid, signalling the whole tree, `/proc`.
 //! - [`progress`]: progress sources: output parsing ([`progress::output`]),
 //!   the datagram socket ([`progress::socket`]), the progress file
 //!   ([`progress::file`]), their default patterns ([`progress::patterns`]),
@@ -52,6 +54,7 @@ pub mod job;
 pub mod journal;
 pub mod log;
 pub mod policy;
+pub mod process;
 pub mod progress;
 pub mod rank;
 pub mod runs;

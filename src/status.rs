@@ -25,7 +25,7 @@ fn request(
     token: &str,
     body: Option<String>,
 ) -> Result<String> {
-    crate::rank::runtime()?.block_on(async {
+    crate::util::runtime()?.block_on(async {
         let client = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(5))

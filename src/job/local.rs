@@ -49,7 +49,7 @@ pub struct LocalOptions {
 }
 
 pub fn run(opts: LocalOptions) -> Result<i32> {
-    crate::rank::runtime()?.block_on(run_async(opts))
+    crate::util::runtime()?.block_on(run_async(opts))
 }
 
 async fn run_async(opts: LocalOptions) -> Result<i32> {
@@ -238,7 +238,7 @@ impl Local {
             job_dir,
             run_key: run.key,
             journal_ok,
-            take_tty: n == 1 && crate::rank::process::owns_terminal(),
+            take_tty: n == 1 && crate::process::owns_terminal(),
         })
     }
 
@@ -495,7 +495,7 @@ impl Local {
     fn after_attempt(&self, run: &mut Run, a: Attempt) -> Option<i32> {
         if self.take_tty {
             for r in &a.ranks {
-                crate::rank::process::reclaim_terminal(r.pid);
+                crate::process::reclaim_terminal(r.pid);
             }
         }
         let ended = Instant::now();

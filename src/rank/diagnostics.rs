@@ -7,26 +7,13 @@
 //! while it runs, so that the agent's orphan reaper leaves it alone.
 
 use crate::config::DiagnosticsConfig;
-use crate::rank::process;
-use crate::util::cmd;
+use crate::process;
+use crate::util::cmd::{self, Helpers};
 use nix::unistd::Pid;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+
 use std::time::Duration;
-
-/// Pids of resilio's own helper processes (not to be reaped by the agent).
-/// The lock is held across spawn and registration, and by the reaper.
-#[derive(Clone, Default)]
-pub struct Helpers(Arc<Mutex<Vec<i32>>>);
-
-impl Helpers {
-    /// Run `f` with the registry locked.
-    pub fn with<R>(&self, f: impl FnOnce(&mut Vec<i32>) -> R) -> R {
-        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut guard)
-    }
-}
 
 /// One py-spy run.
 #[derive(Clone, Debug, Serialize)]

@@ -3,7 +3,7 @@
 
 use super::lifecycle::StopReason;
 use crate::policy::stall::Stall;
-use crate::rank::process::Exit;
+use crate::process::Exit;
 use std::time::Instant;
 
 /// How the rank ended, for `rank_exit` and `failure`.

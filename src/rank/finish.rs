@@ -8,7 +8,7 @@ use super::Next;
 use crate::coordinator::protocol::{ExitInfo, RankState};
 use crate::event as ev;
 use crate::policy::failure;
-use crate::rank::process::{self, Exit};
+use crate::process::{self, Exit};
 use std::time::{Duration, Instant};
 
 impl Agent<'_> {

@@ -15,7 +15,7 @@
 
 pub use super::ending::Ending;
 use crate::policy::stall::{Stall, StallPolicy};
-use crate::rank::process::Exit;
+use crate::process::Exit;
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};

@@ -18,9 +18,9 @@
 //! - [`events`]: progress events into the stall policy, the journal and the report.
 //! - [`progress_log`]: the sampled `progress` records.
 //! - [`records`]: the stall's record, the diagnostics and control files.
-//! - [`process`], [`diagnostics`], [`health`]: process wrapping (group,
-//!   subreaper, reaping, signalling the tree), what is gathered on a stall,
-//!   the site health check (also reachable as `crate::rank::process` etc.).
+//! - [`diagnostics`], [`health`]: what is gathered on a stall, the site
+//!   health check. Process wrapping (group, subreaper, reaping, signalling
+//!   the tree) is [`crate::process`], shared with local mode.
 //! - [`finish`]: `rank_exit`, `failure`, the last report, the job-level decision.
 //!
 //! The pumps (one thread per output stream) only pass bytes through and
@@ -33,7 +33,6 @@ mod events;
 mod finish;
 pub mod health;
 pub mod lifecycle;
-pub mod process;
 mod progress_log;
 mod records;
 mod run;
@@ -41,7 +40,7 @@ mod setup;
 mod sources;
 
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::slurm::Slurm;
 use std::ffi::OsString;
 
@@ -61,7 +60,7 @@ pub struct RunOptions {
 /// when the trainer could not be started. `slurm` carries out the batch
 /// level's Slurm commands (requeue, exclusion, signalling the steps).
 pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
-    let next = runtime()?.block_on(run_async(opts, slurm))?;
+    let next = crate::util::runtime()?.block_on(run_async(opts, slurm))?;
     match next {
         Next::Exit(code) => Ok(code),
         Next::Relaunch(r) => Ok(relaunch(&r)),
@@ -83,14 +82,6 @@ fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
     };
     tracing::error!("cannot relaunch the step inside the allocation: {err}");
     1
-}
-
-/// The current-thread runtime every resilio command runs its loop on.
-pub fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Other(format!("cannot start runtime: {e}")))
 }
 
 async fn run_async(opts: RunOptions, slurm: &dyn Slurm) -> Result<Next> {

@@ -11,7 +11,6 @@
 //! id, cannot be taken by another process, so killing the group at the
 //! deadline reaches the command's own processes and nothing else.
 
-use crate::rank::diagnostics::Helpers;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
 use nix::sys::signal::{killpg, raise, signal, SigHandler, Signal};
@@ -377,6 +376,19 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
     })
 }
 
+/// Pids of resilio's own helper processes (not to be reaped by the agent).
+/// The lock is held across spawn and registration, and by the reaper.
+#[derive(Clone, Default)]
+pub struct Helpers(std::sync::Arc<std::sync::Mutex<Vec<i32>>>);
+
+impl Helpers {
+    /// Run `f` with the registry locked.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Vec<i32>) -> R) -> R {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -399,7 +411,7 @@ mod tests {
 
     /// `pid` is no process running `comm` (gone, a zombie, or reused).
     fn gone(pid: i32, comm: &str) -> bool {
-        crate::rank::process::read_stat(pid).is_none_or(|p| p.state == 'Z' || p.comm != comm)
+        crate::process::read_stat(pid).is_none_or(|p| p.state == 'Z' || p.comm != comm)
     }
 
     #[test]

@@ -4,3 +4,11 @@
 //!   process group of its own that dies with resilio.
 
 pub mod cmd;
+
+/// The current-thread runtime every resilio command runs its loop on.
+pub fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| crate::error::Error::Other(format!("cannot start runtime: {e}")))
+}
