@@ -1,6 +1,7 @@
 //! What the agent writes besides single records: the stall's record and
 //! message, the diagnostics file, the control file, the stop of a stalled rank.
 
+use super::lifecycle::Action;
 use super::progress_log::{Clock, ProgressLog};
 use crate::context::Identity;
 use crate::event as ev;
@@ -141,4 +142,158 @@ pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: 
         },
         false,
     );
+}
+
+/// The journal record an action of the lifecycle makes, when it makes one
+/// (durable or not): one place that says what each action leaves behind.
+pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
+    let signal = |s: &str| ev::Signal {
+        signal: Some(s.into()),
+        forwarded: Some(false),
+        ..Default::default()
+    };
+    Some(match a {
+        Action::Forward(sig) => (
+            ev::Signal {
+                forwarded: Some(true),
+                ..signal(sig.as_str())
+            }
+            .into(),
+            false,
+        ),
+        Action::LeftToSlurm(sig) => (
+            ev::Signal {
+                delivered_by: Some("slurm".into()),
+                ..signal(sig.as_str())
+            }
+            .into(),
+            false,
+        ),
+        Action::Deferred(sig) => (
+            ev::Signal {
+                deferred: Some("stall diagnostics in progress".into()),
+                ..signal(sig.as_str())
+            }
+            .into(),
+            false,
+        ),
+        Action::KillOnSecondInt => (
+            ev::Signal {
+                action: Some("second SIGINT: SIGKILL".into()),
+                ..signal("SIGINT")
+            }
+            .into(),
+            false,
+        ),
+        Action::StopJudged { detail } => (
+            ev::StopJudged {
+                detail: Some(detail.clone()),
+            }
+            .into(),
+            false,
+        ),
+        Action::DeferStallStop { max_wait } => (
+            ev::StopDeferred {
+                reason: Some("stall".into()),
+                until: Some("the coordinator's judgment".into()),
+                max_wait_s: Some(max_wait.as_secs_f64()),
+            }
+            .into(),
+            false,
+        ),
+        Action::StopForCoordinator { detail, grace } => (
+            ev::Stop {
+                reason: Some("coordinator".into()),
+                detail: Some(detail.clone()),
+                signal: Some("SIGTERM".into()),
+                grace_s: Some(grace.as_secs_f64()),
+                ..Default::default()
+            }
+            .into(),
+            true,
+        ),
+        Action::CoordinatorLost { error } => (
+            ev::CoordinatorUnreachable {
+                error: Some(error.to_string()),
+                note: None,
+            }
+            .into(),
+            false,
+        ),
+        Action::CoordinatorBack {
+            gap_s,
+            failed_requests,
+        } => (
+            ev::CoordinatorReachable {
+                gap_s: Some(*gap_s),
+                failed_requests: Some(*failed_requests),
+            }
+            .into(),
+            false,
+        ),
+        Action::Resumed { late } => (
+            ev::Resumed {
+                late_s: Some(late.as_secs_f64()),
+            }
+            .into(),
+            false,
+        ),
+        Action::Kill {
+            record: Some(grace),
+        } => (
+            ev::Stop {
+                signal: Some("SIGKILL".into()),
+                after_grace_s: Some(grace.as_secs_f64()),
+                ..Default::default()
+            }
+            .into(),
+            false,
+        ),
+        _ => return None,
+    })
+}
+
+/// One py-spy dump as journaled (its output cut to 1,500 bytes).
+pub(crate) fn dump_record(d: &diagnostics::PySpyDump) -> serde_json::Value {
+    serde_json::json!({ "pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500) })
+}
+
+/// The trainer could not be started: the rank's end, recorded.
+pub(crate) fn spawn_failed(
+    journal: &mut Writer,
+    e: &crate::error::Error,
+    argv_text: &[String],
+    single_rank_job: bool,
+) {
+    let code = e.exit_code();
+    journal.write(
+        ev::RankExit {
+            exit_code: Some(code),
+            cause: Some("spawn_failed".into()),
+            error: Some(e.to_string()),
+            argv: Some(argv_text.to_vec()),
+            ..Default::default()
+        },
+        true,
+    );
+    journal.write(
+        ev::Failure {
+            cause: Some("spawn_failed".into()),
+            exit_code: Some(code),
+            detail: Some(e.to_string()),
+            ..Default::default()
+        },
+        true,
+    );
+    if single_rank_job {
+        journal.write(job_end(code), true);
+    }
+}
+
+/// A `job_end` with only its exit code (a single-rank job's own end).
+pub(crate) fn job_end(code: i32) -> ev::JobEnd {
+    ev::JobEnd {
+        exit_code: Some(code),
+        reason: None,
+    }
 }

@@ -7,7 +7,7 @@ use super::events::{drain_events, Sinks, SourceFaults};
 use super::lifecycle::{Action, Checked, Lifecycle, Settings, Sig};
 use super::progress_log::ProgressLog;
 use super::records::{
-    on_stall, stop_stalled, truncate, truncate_lines, write_control, write_diag_file,
+    dump_record, on_stall, record_of, stop_stalled, truncate_lines, write_control, write_diag_file,
 };
 use super::setup::{Inputs, Rank};
 use crate::coordinator::client::Note;
@@ -21,7 +21,6 @@ use crate::slurm::Slurm;
 use crate::util::cmd::Helpers;
 use chrono::Utc;
 use nix::sys::signal::Signal;
-use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
@@ -358,117 +357,44 @@ impl<'a> Agent<'a> {
 
     fn act(&mut self, a: Action) -> bool {
         let pid = self.r.pid;
-        let journal = &mut self.r.journal;
+        if let Some((event, durable)) = record_of(&a) {
+            self.r.journal.write(event, durable);
+        }
         match a {
-            Action::Forward(sig) => {
-                process::signal_group(pid, sig);
-                journal.write(signal_event(sig.as_str(), true), false);
-            }
-            Action::LeftToSlurm(sig) => {
-                let e = ev::Signal {
-                    delivered_by: Some("slurm".into()),
-                    ..signal_event(sig.as_str(), false)
-                };
-                journal.write(e, false);
-            }
-            Action::Deferred(sig) => {
-                let e = ev::Signal {
-                    deferred: Some("stall diagnostics in progress".into()),
-                    ..signal_event(sig.as_str(), false)
-                };
-                journal.write(e, false);
-            }
-            Action::KillOnSecondInt => {
-                process::signal_tree(pid, Signal::SIGKILL, &self.skip());
-                let e = ev::Signal {
-                    action: Some("second SIGINT: SIGKILL".into()),
-                    ..signal_event("SIGINT", false)
-                };
-                self.r.journal.write(e, false);
-            }
+            Action::Forward(sig) => process::signal_group(pid, sig),
+            Action::KillOnSecondInt => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
             Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
             Action::CheckpointSignal { received, forward } => {
                 self.checkpoint_signal(received, forward)
             }
             Action::Stalled { stall, at } => self.stalled(&stall, at),
-            Action::StopJudged { detail } => journal.write(
-                ev::StopJudged {
-                    detail: Some(detail),
-                },
-                false,
-            ),
             Action::StopStalled { grace } => {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
             }
-            Action::DeferStallStop { max_wait } => journal.write(
-                ev::StopDeferred {
-                    reason: Some("stall".into()),
-                    until: Some("the coordinator's judgment".into()),
-                    max_wait_s: Some(max_wait.as_secs_f64()),
-                },
-                false,
-            ),
-            Action::StopForCoordinator { detail, grace } => {
-                process::signal_group(pid, Signal::SIGTERM);
-                let e = ev::Stop {
-                    reason: Some("coordinator".into()),
-                    detail: Some(detail),
-                    signal: Some("SIGTERM".into()),
-                    grace_s: Some(grace.as_secs_f64()),
-                    ..Default::default()
-                };
-                journal.write(e, true);
-            }
+            Action::StopForCoordinator { .. } => process::signal_group(pid, Signal::SIGTERM),
             Action::Probe { reason } => self.probe(reason),
             Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
             Action::LiveOnJobProgress => self.live_on_job_progress(),
-            Action::CoordinatorLost { error } => {
-                tracing::warn!(
-                    "coordinator unreachable ({error}); supervising this rank locally, retrying"
-                );
-                let e = ev::CoordinatorUnreachable {
-                    error: Some(error.to_string()),
-                    note: None,
-                };
-                journal.write(e, false);
-            }
-            Action::CoordinatorBack {
-                gap_s,
-                failed_requests,
-            } => journal.write(
-                ev::CoordinatorReachable {
-                    gap_s: Some(gap_s),
-                    failed_requests: Some(failed_requests),
-                },
-                false,
-            ),
-            Action::Resumed { late } => journal.write(
-                ev::Resumed {
-                    late_s: Some(late.as_secs_f64()),
-                },
-                false,
+            Action::CoordinatorLost { error } => tracing::warn!(
+                "coordinator unreachable ({error}); supervising this rank locally, retrying"
             ),
             Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
             Action::StopForPreTimeout { checkpoint_step } => {
                 self.stop_for_pre_timeout(checkpoint_step)
             }
             Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
-            Action::Kill { record } => {
-                if let Some(grace) = record {
-                    let e = ev::Stop {
-                        signal: Some("SIGKILL".into()),
-                        after_grace_s: Some(grace.as_secs_f64()),
-                        ..Default::default()
-                    };
-                    journal.write(e, false);
-                }
-                process::signal_tree(pid, Signal::SIGKILL, &self.skip());
-            }
+            Action::Kill { .. } => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
             Action::GiveUp => {
                 self.give_up();
                 return false;
             }
+            Action::LeftToSlurm(_)
+            | Action::Deferred(_)
+            | Action::StopJudged { .. }
+            | Action::DeferStallStop { .. }
+            | Action::CoordinatorBack { .. }
+            | Action::Resumed { .. } => {}
         }
         true
     }
@@ -693,20 +619,6 @@ impl<'a> Agent<'a> {
             process::signal_group(self.r.pid, Signal::SIGTERM);
         }
     }
-}
-
-/// A `signal` record.
-fn signal_event(signal: &str, forwarded: bool) -> ev::Signal {
-    ev::Signal {
-        signal: Some(signal.into()),
-        forwarded: Some(forwarded),
-        ..Default::default()
-    }
-}
-
-/// One py-spy dump as journaled (its output cut to 1,500 bytes).
-fn dump_record(d: &PySpyDump) -> serde_json::Value {
-    json!({ "pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500) })
 }
 
 #[cfg(test)]

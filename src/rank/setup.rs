@@ -4,6 +4,7 @@
 //! history), the trainer itself, and the sources that watch it.
 
 use super::progress_log::Clock;
+use super::records::{job_end, spawn_failed};
 use super::sources::progress_socket;
 use super::Next;
 use crate::config::Config;
@@ -475,33 +476,6 @@ pub(crate) fn setup(
     Ok(Setup::Ready(Box::new(rank), inputs))
 }
 
-/// The trainer could not be started: the rank's end, recorded.
-fn spawn_failed(journal: &mut Writer, e: &Error, argv_text: &[String], single_rank_job: bool) {
-    let code = e.exit_code();
-    journal.write(
-        ev::RankExit {
-            exit_code: Some(code),
-            cause: Some("spawn_failed".into()),
-            error: Some(e.to_string()),
-            argv: Some(argv_text.to_vec()),
-            ..Default::default()
-        },
-        true,
-    );
-    journal.write(
-        ev::Failure {
-            cause: Some("spawn_failed".into()),
-            exit_code: Some(code),
-            detail: Some(e.to_string()),
-            ..Default::default()
-        },
-        true,
-    );
-    if single_rank_job {
-        journal.write(job_end(code), true);
-    }
-}
-
 fn text_of(argv: &[OsString]) -> Vec<String> {
     argv.iter()
         .map(|a| a.to_string_lossy().into_owned())
@@ -706,13 +680,5 @@ impl Rank {
         };
         self.journal
             .write_at(self.clock.wall(self.launched), start, true);
-    }
-}
-
-/// A `job_end` with only its exit code (a single-rank job's own end).
-fn job_end(code: i32) -> ev::JobEnd {
-    ev::JobEnd {
-        exit_code: Some(code),
-        reason: None,
     }
 }
