@@ -297,3 +297,71 @@ pub(crate) fn job_end(code: i32) -> ev::JobEnd {
         reason: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::sys::signal::Signal;
+
+    fn kind(a: Action) -> Option<(&'static str, bool)> {
+        record_of(&a).map(|(e, durable)| (e.kind(), durable))
+    }
+
+    #[test]
+    fn each_action_leaves_its_record() {
+        let d = Duration::from_secs(5);
+        assert_eq!(
+            kind(Action::Forward(Signal::SIGUSR1)),
+            Some(("signal", false))
+        );
+        assert_eq!(
+            kind(Action::LeftToSlurm(Signal::SIGTERM)),
+            Some(("signal", false))
+        );
+        assert_eq!(
+            kind(Action::Deferred(Signal::SIGTERM)),
+            Some(("signal", false))
+        );
+        assert_eq!(kind(Action::KillOnSecondInt), Some(("signal", false)));
+        assert_eq!(
+            kind(Action::StopJudged { detail: "x".into() }),
+            Some(("stop_judged", false))
+        );
+        assert_eq!(
+            kind(Action::DeferStallStop { max_wait: d }),
+            Some(("stop_deferred", false))
+        );
+        assert_eq!(
+            kind(Action::StopForCoordinator {
+                detail: "x".into(),
+                grace: d
+            }),
+            Some(("stop", true))
+        );
+        assert_eq!(
+            kind(Action::CoordinatorLost { error: "e".into() }),
+            Some(("coordinator_unreachable", false))
+        );
+        assert_eq!(kind(Action::Resumed { late: d }), Some(("resumed", false)));
+        assert_eq!(
+            kind(Action::Kill { record: Some(d) }),
+            Some(("stop", false))
+        );
+        // Carried out with records of their own (or none).
+        assert_eq!(kind(Action::Kill { record: None }), None);
+        assert_eq!(kind(Action::TermRemaining), None);
+        assert_eq!(kind(Action::GiveUp), None);
+        assert_eq!(kind(Action::LiveOnJobProgress), None);
+    }
+
+    #[test]
+    fn a_forwarded_signal_says_so_and_one_left_to_slurm_says_who() {
+        let fields = |a: Action| record_of(&a).unwrap().0.into_fields();
+        let f = fields(Action::Forward(Signal::SIGUSR1));
+        assert_eq!(f["signal"], "SIGUSR1");
+        assert_eq!(f["forwarded"], true);
+        let f = fields(Action::LeftToSlurm(Signal::SIGTERM));
+        assert_eq!(f["forwarded"], false);
+        assert_eq!(f["delivered_by"], "slurm");
+    }
+}
