@@ -94,7 +94,9 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(2))
-        .pool_idle_timeout(Duration::from_secs(90))
+        // Under the coordinator's keep-alive timeout (10 s), so that a
+        // connection is never reused just as the coordinator closes it.
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .unwrap_or_default()
 }

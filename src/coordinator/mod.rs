@@ -106,6 +106,7 @@ impl Coordinator {
             unauthorized: AtomicU64::new(0),
             seq: seq_tx,
             host: Mutex::new(host_tx),
+            conns: Default::default(),
         });
         shared.apply(vec![Effect::Journal {
             event: crate::event::CoordinatorStart {

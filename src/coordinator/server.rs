@@ -29,6 +29,8 @@ pub struct Shared {
     /// The latest command sequence number, for long polls.
     pub seq: tokio::sync::watch::Sender<u64>,
     pub host: Mutex<mpsc::Sender<Effect>>,
+    /// The open connections (bounded).
+    pub conns: Conns,
 }
 
 impl Shared {
@@ -107,14 +109,44 @@ fn refuse() -> Response {
         .into_response()
 }
 
-/// Every route: the token first, before any body is read (the body is read
-/// by the handler's extractor, after this). A request without it never
+/// Every route: the token first, before any byte of a body is read; then
+/// the body, at most [`MAX_BODY`] (a longer `Content-Length` is refused
+/// unread) and within [`BODY_TIMEOUT`]. A request without the token never
 /// reaches a handler.
 async fn require_token(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     if !authorized(&s, req.headers()) {
         return refuse();
     }
-    next.run(req).await
+    let too_long = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is longer than {MAX_BODY} bytes\n"),
+        )
+            .into_response()
+    };
+    let announced = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_long();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, MAX_BODY)).await
+    {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return too_long(),
+        Err(_) => {
+            return (
+                StatusCode::REQUEST_TIMEOUT,
+                "the body did not arrive in time\n",
+            )
+                .into_response()
+        }
+    };
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
 }
 
 /// 400 with the one-line reason; counted, and the first few logged.
@@ -214,13 +246,14 @@ type Labels = Vec<(String, String)>;
 /// Prometheus text format, built from the view at scrape time.
 pub fn render_metrics(s: &Shared) -> String {
     let u = s.unauthorized.load(Ordering::Relaxed);
-    let (st, ettr, checkpoints, reports) = s.with_view(|v| {
+    let (st, ettr, checkpoints, reports, rejected) = s.with_view(|v| {
         (
             (
                 v.status(Instant::now(), u),
                 v.live_ettr(Instant::now()),
                 v.checkpoints,
                 v.reports,
+                v.rejected,
             ),
             Vec::new(),
         )
@@ -271,6 +304,20 @@ pub fn render_metrics(s: &Shared) -> String {
         "unauthorized_requests",
         "Requests refused for a missing or wrong token",
         u,
+    );
+    counter(
+        &mut reg,
+        "rejected_requests",
+        "Requests refused (400) for a value out of range",
+        rejected,
+    );
+    let (open, shed) = s.conns.counts();
+    gauge_f(&mut reg, "connections", "Connections open now", open as f64);
+    counter(
+        &mut reg,
+        "connections_shed",
+        "Connections closed or refused at the connection limit",
+        shed,
     );
     let step = Family::<Labels, Gauge>::default();
     let step_time = Family::<Labels, Gauge<f64, AtomicU64>>::default();
@@ -323,6 +370,8 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
 /// The largest request body (a report, a checkpoint's reason): 256 KiB. A
 /// longer `Content-Length` gets 413 before anything is read.
 pub const MAX_BODY: usize = 256 * 1024;
+/// How long a request's body may take to arrive once its header has.
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn router(s: Arc<Shared>) -> Router {
     Router::new()
@@ -389,7 +438,7 @@ struct Conn {
 /// new connection is refused (closed at once) only when every open one is
 /// answering a request.
 #[derive(Default)]
-struct Conns {
+pub struct Conns {
     open: Mutex<std::collections::HashMap<u64, Arc<Conn>>>,
     next: AtomicU64,
     shed: AtomicU64,
@@ -421,6 +470,12 @@ impl Conns {
         Some((id, c))
     }
 
+    /// Open now; closed or refused to make room so far.
+    pub fn counts(&self) -> (usize, u64) {
+        let open = self.open.lock().unwrap_or_else(|e| e.into_inner()).len();
+        (open, self.shed.load(Ordering::Relaxed))
+    }
+
     fn gone(&self, id: u64) {
         self.open
             .lock()
@@ -450,9 +505,9 @@ impl Drop for InFlight {
 /// [`Conns`]), each given [`HEADER_TIMEOUT`] to send a request's header and
 /// to stay idle between requests (hyper's HTTP/1 header timer, which starts
 /// whenever the connection waits for a request).
-async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limit: usize) {
+async fn accept_loop(listener: tokio::net::TcpListener, s: Arc<Shared>, limit: usize) {
     use hyper::service::Service as _;
-    let conns = Arc::new(Conns::default());
+    let app = router(s.clone());
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(hyper_util::rt::TokioTimer::new())
@@ -470,7 +525,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limit: usiz
                 continue;
             }
         };
-        let Some((id, conn)) = conns.admit(limit) else {
+        let Some((id, conn)) = s.conns.admit(limit) else {
             drop(stream); // every connection is answering a request
             continue;
         };
@@ -489,7 +544,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limit: usiz
             })
         };
         let builder = builder.clone();
-        let conns = conns.clone();
+        let s = s.clone();
         tokio::spawn(async move {
             let served =
                 builder.serve_connection(hyper_util::rt::TokioIo::new(stream), per_request);
@@ -497,7 +552,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limit: usiz
                 _ = served => {}
                 _ = conn.close.notified() => {}
             }
-            conns.gone(id);
+            s.conns.gone(id);
         });
     }
 }
@@ -532,7 +587,7 @@ pub async fn serve(
     };
     // Long polls stay open up to 20 s: a stop does not wait for them.
     tokio::select! {
-        _ = accept_loop(listener, router(s), limit) => {}
+        _ = accept_loop(listener, s, limit) => {}
         _ = stop => {}
     };
     ticker.abort();
