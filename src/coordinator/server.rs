@@ -566,12 +566,12 @@ pub async fn serve(
     listener.set_nonblocking(true)?;
     let listener = tokio::net::TcpListener::from_std(listener)?;
     let limit = {
-        let world = s
+        let ranks = s
             .view
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .world_size();
-        connection_limit(world, nofile())
+            .rank_limit();
+        connection_limit(ranks, nofile())
     };
     let ticker = {
         let s = s.clone();

@@ -104,6 +104,9 @@ pub struct JobView {
     pub job: String,
     cfg: CoordinatorConfig,
     world_size: u32,
+    /// Ranks are below this: the world size, unless the host could not
+    /// tell it ([`JobView::world_size_unknown`]).
+    rank_limit: u32,
     attempt: u32,
     started: Instant,
     ranks: BTreeMap<u32, Entry>,
@@ -150,6 +153,10 @@ pub const MAX_STEP: u64 = (1 << 53) - 1;
 /// How far a rank's step may jump above its last reported one in one report
 /// (2^40: steps counted in tokens or samples jump far, never this far).
 pub const MAX_STEP_JUMP: u64 = 1 << 40;
+/// The rank bound when the host could not tell the job's world size (a batch
+/// script without `SLURM_NTASKS`): far beyond any real job, far below the
+/// ids a stranger would make up.
+pub const MAX_RANKS: u32 = 1 << 20;
 /// The most checkpoint steps a report may list (agents send at most 16).
 pub const MAX_CHECKPOINTS: usize = 64;
 /// The longest `POST /v1/checkpoint` reason, in bytes.
@@ -212,6 +219,7 @@ impl JobView {
         JobView {
             job: job.to_string(),
             world_size,
+            rank_limit: world_size,
             attempt,
             started: now,
             ranks: BTreeMap::new(),
@@ -244,17 +252,29 @@ impl JobView {
         self.attempt
     }
 
-    pub fn world_size(&self) -> u32 {
-        self.world_size
+    /// The bound on rank ids: the world size, or [`MAX_RANKS`] when it is not known.
+    pub fn rank_limit(&self) -> u32 {
+        self.rank_limit
+    }
+
+    /// The world size given is a guess (the host could not tell it): ranks
+    /// are accepted below [`MAX_RANKS`] instead.
+    pub fn world_size_unknown(&mut self) {
+        self.rank_limit = self.rank_limit.max(MAX_RANKS);
     }
 
     fn check_rank(&self, rank: u32) -> Result<(), Invalid> {
-        if rank < self.world_size {
+        if rank < self.rank_limit {
             Ok(())
-        } else {
+        } else if self.rank_limit == self.world_size {
             Err(Invalid(format!(
                 "rank {rank} is out of range: the job has {} rank(s)",
                 self.world_size
+            )))
+        } else {
+            Err(Invalid(format!(
+                "rank {rank} is out of range: at most {} ranks",
+                self.rank_limit
             )))
         }
     }
@@ -1531,6 +1551,17 @@ mod range_tests {
         for rank in [2, 50, 99, u32::MAX] {
             refused(report(rank, 1), "out of range");
         }
+    }
+
+    #[test]
+    fn an_unknown_world_size_still_bounds_ranks() {
+        let t = Instant::now();
+        let mut v = JobView::new("j", 1, 0, CoordinatorConfig::default(), t);
+        v.world_size_unknown();
+        assert_eq!(v.check_report(&report(3, 1)), Ok(()));
+        assert_eq!(v.check_report(&report(MAX_RANKS - 1, 1)), Ok(()));
+        assert!(v.check_report(&report(MAX_RANKS, 1)).is_err());
+        assert!(v.check_report(&report(u32::MAX, 1)).is_err());
     }
 
     #[test]
