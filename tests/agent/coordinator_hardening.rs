@@ -353,3 +353,36 @@ fn values_out_of_range_get_400_and_the_view_is_unchanged() {
         (200, r#"{"commands":[],"job_progress_age_s":null}"#)
     );
 }
+
+/// An agent whose report is refused is told why, keeps supervising its rank
+/// alone (fail open), and its trainer finishes: here an agent of an attempt
+/// the coordinator's host never started.
+#[test]
+fn an_agent_refused_for_a_value_says_why_and_its_rank_trains_on() {
+    let c = Coord::start(2);
+    let state = tempfile::tempdir().unwrap();
+    let (out, _) = output_within(
+        run_trainer(
+            state.path(),
+            "hard",
+            &[],
+            &["--steps", "10", "--interval", "0.05"],
+        )
+        .env("RANK", "1")
+        .env("WORLD_SIZE", "2")
+        .env("RESILIO_ATTEMPT", "5")
+        .env("RESILIO_COORDINATOR", format!("http://{}", c.addr))
+        .env("RESILIO_COORDINATOR_TOKEN", &c.token),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(state.path(), "hard");
+    let down = kinds(&recs, "coordinator_unreachable");
+    assert!(
+        down.iter().any(|r| r
+            .str("error")
+            .is_some_and(|e| e.contains("HTTP 400") && e.contains("attempt 5 is not started"))),
+        "{down:?}"
+    );
+    assert!(c.status()["ranks"].as_array().unwrap().is_empty());
+}
