@@ -94,9 +94,25 @@ fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(2))
-        .pool_idle_timeout(Duration::from_secs(90))
+        // Under the coordinator's keep-alive timeout (10 s), so that a
+        // connection is never reused just as the coordinator closes it.
+        .pool_idle_timeout(Duration::from_secs(5))
         .build()
         .unwrap_or_default()
+}
+
+/// A refusal, with the coordinator's one-line reason (a 400 says which
+/// value was out of range).
+async fn refused(url: &str, resp: reqwest::Response) -> String {
+    let status = resp.status();
+    let body = resp.text().await.unwrap_or_default();
+    match body.lines().next().map(str::trim).filter(|l| !l.is_empty()) {
+        Some(why) => format!(
+            "{url}: HTTP {status}: {}",
+            why.chars().take(200).collect::<String>()
+        ),
+        None => format!("{url}: HTTP {status}"),
+    }
 }
 
 impl Link {
@@ -151,7 +167,7 @@ impl Link {
             .await
             .map_err(|e| format!("{url}: {e}"))?;
         if !resp.status().is_success() {
-            return Err(format!("{url}: HTTP {}", resp.status()));
+            return Err(refused(&url, resp).await);
         }
         let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
         let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;

@@ -72,6 +72,16 @@ pub fn bind_address(configured: &str, under_slurm: bool) -> Result<SocketAddr, S
         .ok_or_else(|| format!("host name {host} resolves to no address"))
 }
 
+/// Whether the job's world size is unknown to this process: the batch
+/// script of an sbatch job without a task count (`sbatch -N 4` alone sets
+/// no `SLURM_NTASKS`), whose steps may run any number of tasks. Its
+/// coordinator then bounds rank ids by [`state::MAX_RANKS`] (and sizes its
+/// connection limit by the open-file limit) rather than refuse real ranks.
+fn world_size_is_a_guess(get: &dyn Fn(&str) -> Option<String>) -> bool {
+    crate::slurm::SlurmContext::from_lookup(get)
+        .is_ok_and(|s| s.in_batch_script() && s.ntasks.is_none())
+}
+
 /// A running coordinator.
 pub struct Coordinator {
     pub url: String,
@@ -88,11 +98,14 @@ impl Coordinator {
     /// Bind, start serving in a thread of its own, and write the discovery
     /// files into `job_dir` (when given).
     pub fn start(
-        view: JobView,
+        mut view: JobView,
         bind: SocketAddr,
         journal: Writer,
         job_dir: Option<&Path>,
     ) -> std::io::Result<Coordinator> {
+        if world_size_is_a_guess(&|k| std::env::var(k).ok()) {
+            view.world_size_unknown();
+        }
         let token = new_token()?;
         let listener = std::net::TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
@@ -106,6 +119,7 @@ impl Coordinator {
             unauthorized: AtomicU64::new(0),
             seq: seq_tx,
             host: Mutex::new(host_tx),
+            conns: Default::default(),
         });
         shared.apply(vec![Effect::Journal {
             event: crate::event::CoordinatorStart {
@@ -481,6 +495,33 @@ mod tests {
         assert_eq!(advised.len(), 2, "{advised:?}");
         assert!(advised[0].get("interval_s").is_none_or(|v| v.is_null()));
         assert!(advised[1].f64("interval_s").is_some());
+    }
+
+    #[test]
+    fn the_world_size_is_a_guess_only_in_a_batch_script_without_a_task_count() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let batch: &'static [(&str, &str)] = &[("SLURM_JOB_ID", "7"), ("ENVIRONMENT", "BATCH")];
+        assert!(world_size_is_a_guess(&env(batch)));
+        let counted: &[(&str, &str)] = &[
+            ("SLURM_JOB_ID", "7"),
+            ("ENVIRONMENT", "BATCH"),
+            ("SLURM_NTASKS", "4"),
+        ];
+        assert!(!world_size_is_a_guess(&env(counted)));
+        let step: &[(&str, &str)] = &[
+            ("SLURM_JOB_ID", "7"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "4"),
+        ];
+        assert!(!world_size_is_a_guess(&env(step)));
+        assert!(!world_size_is_a_guess(&env(&[])));
     }
 
     #[test]

@@ -10,7 +10,11 @@
 //!   checkpoint; the reply names its id and step.
 //! - `GET /metrics`: Prometheus text format.
 //!
-//! Every request carries `Authorization: Bearer TOKEN`; others get 401.
+//! Every request carries `Authorization: Bearer TOKEN`; others get 401,
+//! before any body is read. A value out of range (a rank beyond the world
+//! size, an attempt not started, a duration that is not a finite,
+//! non-negative number, a step beyond 2^53 - 1) gets 400 with a one-line
+//! reason (`state::JobView::check_report`). Bounds: `docs/security.md`.
 
 use serde::{Deserialize, Serialize};
 

@@ -4,6 +4,7 @@
 mod client;
 mod common;
 mod coordinator;
+mod coordinator_hardening;
 mod ddp;
 mod exit_codes;
 mod health;
