@@ -40,7 +40,7 @@ pub enum RankState {
 pub struct ExitInfo {
     pub code: i32,
     /// Failure class (`clean`, `user_error`, `infrastructure`, `hang`, ...).
-    pub class: String,
+    pub class: crate::event::Class,
     pub cause: String,
     #[serde(default)]
     pub evidence: Option<String>,

@@ -12,7 +12,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 /// Whose fault a rank's end was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Class {
     /// Exit 0.
@@ -33,7 +33,14 @@ pub enum Class {
     /// failure again is taken for the user's code and stops (crash loop).
     /// A class name this build does not know (a later build's) reads as this.
     #[serde(other)]
+    #[default]
     Unknown,
+}
+
+impl std::fmt::Display for Class {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl Class {

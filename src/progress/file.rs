@@ -104,6 +104,7 @@ impl Reader {
             .trim()
             .parse::<u64>()
             .ok()
+            .filter(|s| *s <= super::MAX_STEP)
             .or_else(|| self.parser.step_in(&content));
         Some(Kind::Step {
             step,

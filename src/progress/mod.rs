@@ -10,6 +10,11 @@
 //! feeds them to the [`tracker`] (liveness and the step's name), the stall
 //! policy and the journal.
 
+/// The highest step number resilio takes from a trainer: 2^53 - 1, exact
+/// as a JSON number read as a double (the coordinator refuses reports above
+/// it). A larger number from any source is not a step.
+pub const MAX_STEP: u64 = (1 << 53) - 1;
+
 pub mod checkpoint_dir;
 pub mod file;
 pub mod output;

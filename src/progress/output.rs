@@ -113,7 +113,7 @@ impl Parser {
                 std::str::from_utf8(m.as_bytes()).ok()?.trim().parse().ok()
             };
             let step = num(e)?.checked_mul(num(t)?)?.checked_add(num(b)?)?;
-            return Some((step, e.start()));
+            return (step <= super::MAX_STEP).then_some((step, e.start()));
         }
         let m = caps
             .name("step")
@@ -125,8 +125,8 @@ impl Parser {
             .iter()
             .position(|b| !b.is_ascii_digit())
             .map_or(bytes.len(), |e| start + e);
-        let step = std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()?;
-        Some((step, m.start() + start))
+        let step: u64 = std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()?;
+        (step <= super::MAX_STEP).then_some((step, m.start() + start))
     }
 
     /// The last step in `text` with the start of the line it is on. Lines
@@ -684,6 +684,17 @@ mod tests {
             Some(Regex::new(DEFAULT_CHECKPOINT_REGEX).unwrap()),
             Some(Regex::new(DEFAULT_EVAL_REGEX).unwrap()),
         )
+    }
+
+    #[test]
+    fn numbers_beyond_the_step_bound_are_not_steps() {
+        let p = parser();
+        assert_eq!(
+            p.step_in(b"step 9007199254740991"),
+            Some(super::super::MAX_STEP)
+        );
+        assert_eq!(p.step_in(b"step 9007199254740992"), None);
+        assert_eq!(p.step_in(b"step 99999999999999999999999"), None);
     }
 
     #[test]

@@ -52,8 +52,8 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
                 _ => return malformed("bad_version"),
             },
             ("step", Some(v)) => match v.parse::<u64>() {
-                Ok(n) => step = Some(n),
-                Err(_) => return malformed("bad_step"),
+                Ok(n) if n <= super::MAX_STEP => step = Some(n),
+                _ => return malformed("bad_step"),
             },
             ("phase", Some(v)) => {
                 if !valid_phase(v) {
@@ -63,8 +63,8 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
             }
             ("checkpoint_done", None) => checkpoint_done = Some(None),
             ("checkpoint_done", Some(v)) => match v.parse::<u64>() {
-                Ok(n) => checkpoint_done = Some(Some(n)),
-                Err(_) => return malformed("bad_step"),
+                Ok(n) if n <= super::MAX_STEP => checkpoint_done = Some(Some(n)),
+                _ => return malformed("bad_step"),
             },
             (_, None) => return malformed("bad_token"),
             (k, Some(v)) => {
@@ -219,6 +219,11 @@ mod tests {
         assert_eq!(fault(b"   \n"), "empty");
         assert_eq!(fault(b"step=abc"), "bad_step");
         assert_eq!(fault(b"step=-1"), "bad_step");
+        assert_eq!(fault(b"step=9007199254740992"), "bad_step");
+        assert_eq!(
+            fault(b"checkpoint_done step=18446744073709551615"),
+            "bad_step"
+        );
         assert_eq!(fault(b"hello"), "bad_token");
         assert_eq!(fault(b"=3"), "bad_token");
         assert_eq!(fault(b"phase=a/b"), "bad_phase");

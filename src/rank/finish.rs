@@ -194,7 +194,7 @@ impl Agent<'_> {
             o.state = RankState::Exited;
             o.exit = Some(ExitInfo {
                 code: e.code(),
-                class: verdict.class.name().to_string(),
+                class: verdict.class,
                 cause: e.cause(),
                 evidence: verdict.evidence.clone(),
                 stopped: e.stopped_on_request(),

@@ -1,0 +1,796 @@
+//! The coordinator's view of a job: every rank's latest report, the
+//! commands issued, and the cross-rank decisions. Pure: reports and the
+//! current `Instant` in, journal records, commands and host effects out.
+//! The HTTP server (`server.rs`) and the hosts (the local launcher, the
+//! batch-level supervisor, rank 0's agent) are the I/O around it.
+
+use super::protocol::*;
+
+mod checkpoints;
+mod checks;
+mod judge;
+mod stragglers;
+
+use crate::event::{self as ev, Event};
+use crate::policy::hang::{HangVerdict, RankView};
+use crate::policy::straggler::{StragglerConfig, StragglerPolicy, Totals};
+pub use checks::*;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+/// Coordinator parameters (config `[coordinator]` and `[straggler]`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoordinatorConfig {
+    pub straggler: StragglerConfig,
+    /// Ask for a checkpoint when a straggler is flagged (before any exclusion).
+    pub checkpoint_on_straggler: bool,
+    /// Exclude a straggling node once confirmed (flagged again after a
+    /// restart): checkpoint, then stop the step so that the job-level
+    /// supervisor relaunches it without the node. Off: record and report.
+    pub exclude_confirmed_stragglers: bool,
+    /// After the first stall, how long to wait for the other ranks' probes.
+    pub hang_wait: Duration,
+    /// How far ahead of the fastest rank a coordinated checkpoint is placed.
+    pub checkpoint_lead: Duration,
+    /// How long ranks have to confirm a coordinated checkpoint.
+    pub checkpoint_wait: Duration,
+    /// Periodic coordinated checkpoints (`None`: off).
+    pub checkpoint_every: Option<Duration>,
+    /// Periodic checkpoints at the interval the accounting advises (Daly,
+    /// from the measured checkpoint cost and failure rate), set by the host
+    /// with [`JobView::set_checkpoint_every`] as soon as both are known.
+    pub checkpoint_advised: bool,
+    /// A rank not heard from for this long is reported lost.
+    pub lost_after: Duration,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        CoordinatorConfig {
+            straggler: StragglerConfig::default(),
+            checkpoint_on_straggler: true,
+            exclude_confirmed_stragglers: false,
+            hang_wait: Duration::from_secs(15),
+            checkpoint_lead: Duration::from_secs(2),
+            checkpoint_wait: Duration::from_secs(120),
+            checkpoint_every: None,
+            checkpoint_advised: false,
+            lost_after: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the host must do besides journaling.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// A journal record for the coordinator's journal.
+    Journal { event: Event, durable: bool },
+    /// The attempt failed; a stop went to every rank. The host tears the
+    /// step down (if it launched it) and decides on a restart.
+    Failed {
+        rank: u32,
+        node: String,
+        reason: String,
+        hang: Option<HangVerdict>,
+    },
+    /// A coordinated checkpoint was confirmed by every live rank, or its wait ran out.
+    CheckpointSettled { id: u64, step: u64, complete: bool },
+}
+
+fn journal(event: impl Into<Event>, durable: bool) -> Effect {
+    Effect::Journal {
+        event: event.into(),
+        durable,
+    }
+}
+
+struct Entry {
+    report: Report,
+    heard: Instant,
+    last_step_at: Option<Instant>,
+    lost: bool,
+}
+
+struct Pending {
+    id: u64,
+    step: u64,
+    reason: String,
+    asked: Instant,
+    deadline: Instant,
+    confirmed: BTreeMap<u32, Instant>,
+}
+
+struct Failing {
+    rank: u32,
+    judge_by: Instant,
+    judged: bool,
+}
+
+/// The coordinator's state for one job.
+pub struct JobView {
+    pub job: String,
+    cfg: CoordinatorConfig,
+    world_size: u32,
+    /// Ranks are below this: the world size, unless the host could not
+    /// tell it ([`JobView::world_size_unknown`]).
+    rank_limit: u32,
+    attempt: u32,
+    started: Instant,
+    ranks: BTreeMap<u32, Entry>,
+    commands: Vec<Command>,
+    seq: u64,
+    straggler: StragglerPolicy,
+    next_window: Instant,
+    /// Nodes flagged as stragglers in each attempt (confirmation across restarts).
+    slow_nodes_by_attempt: BTreeMap<u32, Vec<String>>,
+    pending: Option<Pending>,
+    last_checkpoint: Option<CheckpointStatus>,
+    next_id: u64,
+    next_periodic: Option<Instant>,
+    /// The periodic interval in force (configured, or advised).
+    periodic_every: Option<Duration>,
+    failing: Option<Failing>,
+    failed_at: Option<Instant>,
+    relaunch_measured: bool,
+    /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
+    excluding: Option<(String, String)>,
+    pub restarts: u32,
+    pub stalls: u64,
+    pub checkpoints: u64,
+    pub reports: u64,
+    /// Reports and requests refused as out of range (400).
+    pub rejected: u64,
+    /// Time with at least one rank progressing, for the live ETTR estimate.
+    progressing: Duration,
+    last_tick: Option<(Instant, bool)>,
+}
+
+fn median(mut xs: Vec<f64>) -> Option<f64> {
+    if xs.is_empty() {
+        return None;
+    }
+    xs.sort_by(f64::total_cmp);
+    Some(xs[xs.len() / 2])
+}
+
+impl JobView {
+    pub fn new(
+        job: &str,
+        world_size: u32,
+        attempt: u32,
+        cfg: CoordinatorConfig,
+        now: Instant,
+    ) -> Self {
+        JobView {
+            job: job.to_string(),
+            world_size,
+            rank_limit: world_size,
+            attempt,
+            started: now,
+            ranks: BTreeMap::new(),
+            commands: Vec::new(),
+            seq: 0,
+            straggler: StragglerPolicy::new(cfg.straggler.clone()),
+            next_window: now + cfg.straggler.window,
+            slow_nodes_by_attempt: BTreeMap::new(),
+            pending: None,
+            last_checkpoint: None,
+            next_id: 1,
+            next_periodic: cfg.checkpoint_every.map(|d| now + d),
+            periodic_every: cfg.checkpoint_every,
+            failing: None,
+            failed_at: None,
+            relaunch_measured: true,
+            excluding: None,
+            restarts: 0,
+            stalls: 0,
+            checkpoints: 0,
+            reports: 0,
+            rejected: 0,
+            progressing: Duration::ZERO,
+            last_tick: None,
+            cfg,
+        }
+    }
+
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The latest command sequence number.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Commands for `rank` newer than `after`.
+    pub fn commands_for(&self, rank: u32, attempt: u32, after: u64) -> Vec<Command> {
+        self.commands
+            .iter()
+            .filter(|c| c.seq > after && c.for_rank(rank, attempt))
+            .cloned()
+            .collect()
+    }
+
+    fn push(&mut self, ranks: Vec<u32>, kind: CommandKind) {
+        self.seq += 1;
+        self.commands.push(Command {
+            seq: self.seq,
+            attempt: self.attempt,
+            ranks,
+            kind,
+        });
+    }
+
+    /// This view starts a relaunch of a step that failed at `failed_at` (the
+    /// previous attempt's supervisor is gone): the first step is timed from it.
+    pub fn resume_after_failure(&mut self, failed_at: Instant, restarts: u32) {
+        self.failed_at = Some(failed_at);
+        self.relaunch_measured = false;
+        self.restarts = restarts;
+    }
+
+    /// The host relaunched the step: a new attempt starts.
+    pub fn new_attempt(&mut self, attempt: u32, now: Instant) -> Vec<Effect> {
+        self.attempt = attempt;
+        self.ranks.clear();
+        self.failing = None;
+        self.pending = None;
+        self.excluding = None;
+        self.restarts += 1;
+        self.relaunch_measured = false;
+        self.straggler.reset_totals();
+        self.next_window = now + self.cfg.straggler.window;
+        vec![journal(
+            ev::CoordinatorAttempt {
+                restarts: Some(self.restarts),
+            },
+            false,
+        )]
+    }
+
+    fn live(&self) -> impl Iterator<Item = (&u32, &Entry)> {
+        self.ranks
+            .iter()
+            .filter(|(_, e)| e.report.state != RankState::Exited && !e.lost)
+    }
+
+    /// One report from an agent.
+    pub fn on_report(&mut self, r: Report, now: Instant) -> Vec<Effect> {
+        let mut out = Vec::new();
+        if let Err(e) = self.check_report(&r) {
+            self.rejected += 1;
+            tracing::debug!("coordinator: report refused: {e}");
+            return out;
+        }
+        self.reports += 1;
+        if r.attempt < self.attempt {
+            return out; // a straggling report of an earlier attempt
+        }
+        let prev = self.ranks.get(&r.rank);
+        let stepped = r.step.is_some() && prev.is_none_or(|p| p.report.step != r.step);
+        // Progress of any source (not only a new step number: Lightning's
+        // bar between two optimizer steps) is when the rank was last alive.
+        let last_step_at = match r.progress_age_s.filter(|a| a.is_finite()) {
+            Some(age) => {
+                let age = Duration::from_secs_f64(age.clamp(0.0, 1e6));
+                Some(now.checked_sub(age).unwrap_or(now))
+            }
+            None => prev.and_then(|p| p.last_step_at),
+        };
+        let was_lost = prev.is_some_and(|p| p.lost);
+        let prev_state = prev.map(|p| p.report.state);
+        if was_lost {
+            out.push(journal(
+                ev::RankHeardAgain {
+                    about_rank: Some(r.rank),
+                    about_node: Some(r.node.clone()),
+                    silent_s: None,
+                },
+                false,
+            ));
+        }
+        if stepped && !self.relaunch_measured {
+            self.relaunch_measured = true;
+            if let Some(f) = self.failed_at {
+                let took = last_step_at.unwrap_or(now).saturating_duration_since(f);
+                out.push(journal(
+                    ev::Relaunched {
+                        failure_to_first_step_s: Some(took.as_secs_f64()),
+                        first_rank: Some(r.rank),
+                    },
+                    true,
+                ));
+            }
+        }
+        let rank = r.rank;
+        let node = r.node.clone();
+        let state = r.state;
+        let exit = r.exit.clone();
+        let checkpoints = r.checkpoints.clone();
+        self.ranks.insert(
+            rank,
+            Entry {
+                report: r,
+                heard: now,
+                last_step_at,
+                lost: false,
+            },
+        );
+        // Coordinated checkpoint confirmations.
+        if let Some(p) = self.pending.as_mut() {
+            if checkpoints.contains(&p.step) && !p.confirmed.contains_key(&rank) {
+                p.confirmed.insert(rank, now);
+            }
+        }
+        self.settle_checkpoint(now, false, &mut out);
+
+        if state == RankState::Stalled && prev_state != Some(RankState::Stalled) {
+            self.stalls += 1;
+            out.push(journal(
+                ev::StallReported {
+                    about_rank: Some(rank),
+                    about_node: Some(node.clone()),
+                },
+                false,
+            ));
+            if self.failing.is_none() {
+                self.failing = Some(Failing {
+                    rank,
+                    judge_by: now + self.cfg.hang_wait,
+                    judged: false,
+                });
+                let others: Vec<u32> = self
+                    .live()
+                    .map(|(r, _)| *r)
+                    .filter(|r| *r != rank)
+                    .collect();
+                if !others.is_empty() {
+                    self.push(
+                        others,
+                        CommandKind::Diagnose {
+                            reason: format!("rank {rank} stalled"),
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(e) = &exit {
+            if e.code != 0 && !e.stopped && self.failing.as_ref().is_none_or(|f| !f.judged) {
+                let stall_pending = self.failing.is_some();
+                if !stall_pending {
+                    // A crash: tear the step down now, not after the collective timeout.
+                    let reason = format!(
+                        "rank {rank} on {node} exited {} ({}: {})",
+                        e.code, e.class, e.cause
+                    );
+                    self.fail(rank, &node, reason, None, now, &mut out);
+                }
+            }
+        }
+        if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
+            self.judge_hang(now, &mut out);
+        }
+        out
+    }
+
+    /// Every live rank has answered the probe (a probe that could not tell
+    /// is an answer too: waiting for it longer would tell nothing more).
+    fn probes_complete(&self) -> bool {
+        self.live()
+            .all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some())
+    }
+
+    /// Seconds since any live rank last made progress in this attempt. A
+    /// rank in a long phase (a 45-minute evaluation on rank 0 while the
+    /// others wait in a barrier) counts as progressing now: it is judged by
+    /// that phase's own limit, and the silent ranks must outlast it.
+    pub fn job_progress_age(&self, now: Instant) -> Option<f64> {
+        if self
+            .live()
+            .any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running)
+        {
+            return Some(0.0);
+        }
+        self.live()
+            .filter_map(|(_, e)| e.last_step_at)
+            .max()
+            .map(|t| now.saturating_duration_since(t).as_secs_f64())
+    }
+
+    fn fail(
+        &mut self,
+        rank: u32,
+        node: &str,
+        reason: String,
+        hang: Option<HangVerdict>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        self.failing = Some(Failing {
+            rank,
+            judge_by: now,
+            judged: true,
+        });
+        self.failed_at = Some(now);
+        out.push(journal(
+            ev::Teardown {
+                reason: Some(reason.clone()),
+                first_rank: Some(rank),
+                about_node: Some(node.to_string()),
+                ranks_left: None,
+            },
+            true,
+        ));
+        self.push(
+            Vec::new(),
+            CommandKind::Stop {
+                reason: reason.clone(),
+            },
+        );
+        out.push(Effect::Failed {
+            rank,
+            node: node.to_string(),
+            reason,
+            hang,
+        });
+    }
+
+    /// Time-driven decisions: straggler windows, hang judgment, checkpoint
+    /// deadlines and periodic checkpoints, lost ranks. Call about once a second.
+    pub fn tick(&mut self, now: Instant) -> Vec<Effect> {
+        let mut out = Vec::new();
+        let progressing = self
+            .live()
+            .any(|(_, e)| e.report.state == RankState::Running);
+        if let Some((t, was)) = self.last_tick {
+            if was {
+                self.progressing += now.saturating_duration_since(t);
+            }
+        }
+        self.last_tick = Some((now, progressing));
+
+        if self
+            .failing
+            .as_ref()
+            .is_some_and(|f| !f.judged && now >= f.judge_by)
+        {
+            self.judge_hang(now, &mut out);
+        }
+        if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
+            self.settle_checkpoint(now, true, &mut out);
+        }
+        if now >= self.next_window {
+            self.next_window = now + self.cfg.straggler.window;
+            self.straggler_window(now, &mut out);
+        }
+        if let (Some(t), Some(every)) = (self.next_periodic, self.periodic_every) {
+            if now >= t {
+                self.next_periodic = Some(now + every);
+                if self.failing.is_none() {
+                    if let Ok((_, _, e)) = self.request_checkpoint("periodic", now) {
+                        out.extend(e);
+                    }
+                }
+            }
+        }
+        self.mark_lost(now, &mut out);
+        out
+    }
+
+    /// Ranks not heard from for `lost_after`, once each.
+    fn mark_lost(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        let lost_after = self.cfg.lost_after;
+        for (r, e) in self.ranks.iter_mut() {
+            if !e.lost
+                && e.report.state != RankState::Exited
+                && now.duration_since(e.heard) >= lost_after
+            {
+                e.lost = true;
+                out.push(journal(
+                    ev::RankLost {
+                        about_rank: Some(*r),
+                        about_node: Some(e.report.node.clone()),
+                        silent_s: Some(now.duration_since(e.heard).as_secs_f64()),
+                    },
+                    true,
+                ));
+            }
+        }
+    }
+
+    /// The live ETTR estimate: time with ranks progressing over uptime.
+    pub fn live_ettr(&self, now: Instant) -> f64 {
+        let up = now.duration_since(self.started).as_secs_f64();
+        if up <= 0.0 {
+            0.0
+        } else {
+            (self.progressing.as_secs_f64() / up).min(1.0)
+        }
+    }
+
+    pub fn status(&self, now: Instant, unauthorized: u64) -> Status {
+        let (sr, sn) = self.straggler.flagged();
+        let ranks: Vec<RankStatus> = self
+            .ranks
+            .iter()
+            .map(|(r, e)| {
+                let mean = |(n, s): (u64, f64)| (n > 0).then(|| s / n as f64);
+                let heard = now.duration_since(e.heard).as_secs_f64();
+                RankStatus {
+                    rank: *r,
+                    node: e.report.node.clone(),
+                    state: e.report.state,
+                    step: e.report.step,
+                    steps_per_s: mean(e.report.intervals)
+                        .filter(|m| *m > 0.0)
+                        .map(|m| 1.0 / m),
+                    mean_step_s: mean(e.report.intervals),
+                    mean_compute_s: mean(e.report.compute),
+                    phase: e.report.phase.clone(),
+                    progress_age_s: e.last_step_at.map(|t| now.duration_since(t).as_secs_f64()),
+                    last_report_age_s: heard,
+                    straggler: sr.contains(&r.to_string()),
+                    silent: e.report.silent,
+                }
+            })
+            .collect();
+        let pending = self.pending.as_ref().map(|p| CheckpointStatus {
+            id: p.id,
+            step: p.step,
+            reason: p.reason.clone(),
+            confirmed: p.confirmed.keys().copied().collect(),
+            missing: self
+                .live()
+                .map(|(r, _)| *r)
+                .filter(|r| !p.confirmed.contains_key(r))
+                .collect(),
+            age_s: now.duration_since(p.asked).as_secs_f64(),
+        });
+        Status {
+            job: self.job.clone(),
+            attempt: self.attempt,
+            world_size: self.world_size,
+            uptime_s: now.duration_since(self.started).as_secs_f64(),
+            step: ranks.iter().filter_map(|r| r.step).min(),
+            steps_per_s: median(ranks.iter().filter_map(|r| r.steps_per_s).collect()),
+            ranks,
+            straggler_ranks: sr,
+            straggler_nodes: sn,
+            last_checkpoint: self.last_checkpoint.clone(),
+            pending_checkpoint: pending,
+            restarts: self.restarts,
+            stalls: self.stalls,
+            unauthorized,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn report(rank: u32, step: u64, state: RankState) -> Report {
+        Report {
+            v: VERSION,
+            rank,
+            node: format!("n{}", rank / 2),
+            state,
+            step: Some(step),
+            progress_age_s: Some(0.0),
+            intervals: (step, step as f64 * 0.5),
+            phase: "train".into(),
+            ..Default::default()
+        }
+    }
+
+    fn kinds(e: &[Effect]) -> Vec<&'static str> {
+        e.iter()
+            .map(|e| match e {
+                Effect::Journal { event, .. } => event.kind(),
+                Effect::Failed { .. } => "<failed>",
+                Effect::CheckpointSettled { .. } => "<settled>",
+            })
+            .collect()
+    }
+
+    fn view(now: Instant) -> JobView {
+        JobView::new("j1", 4, 0, CoordinatorConfig::default(), now)
+    }
+
+    #[test]
+    fn a_crash_stops_every_rank_at_once() {
+        let t = Instant::now();
+        let mut v = view(t);
+        for r in 0..4 {
+            v.on_report(report(r, 10, RankState::Running), t);
+        }
+        let mut crash = report(2, 10, RankState::Exited);
+        crash.exit = Some(ExitInfo {
+            code: 1,
+            class: crate::event::Class::UserError,
+            cause: "exited with error".into(),
+            ..Default::default()
+        });
+        let e = v.on_report(crash, t + Duration::from_millis(10));
+        assert_eq!(kinds(&e), vec!["teardown", "<failed>"]);
+        let cmds = v.commands_for(0, 0, 0);
+        assert!(matches!(
+            cmds.last().unwrap().kind,
+            CommandKind::Stop { .. }
+        ));
+        // A rank stopped by that teardown is not a second failure.
+        let mut echo = report(0, 10, RankState::Exited);
+        echo.exit = Some(ExitInfo {
+            code: 143,
+            stopped: true,
+            ..Default::default()
+        });
+        assert!(kinds(&v.on_report(echo, t + Duration::from_millis(20))).is_empty());
+        // The relaunch is timed from the failure to the first new step.
+        v.new_attempt(1, t + Duration::from_secs(1));
+        // (at the step's own time: reported 0.5 s after it was made)
+        let mut first = report(0, 11, RankState::Running);
+        first.attempt = 1;
+        first.progress_age_s = Some(0.5);
+        let e = v.on_report(first, t + Duration::from_secs(3));
+        match &e[0] {
+            Effect::Journal { event, .. } => {
+                let (kind, data) = (event.kind(), event.clone().into_fields());
+                assert_eq!(kind, "relaunched");
+                let s = data["failure_to_first_step_s"].as_f64().unwrap();
+                assert!((s - 2.49).abs() < 1e-6, "{s}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Commands of the old attempt do not reach the new one.
+        assert!(v.commands_for(0, 1, 0).is_empty());
+    }
+
+    #[test]
+    fn a_stall_asks_the_others_to_probe_and_blames_the_one_not_waiting() {
+        let t = Instant::now();
+        let mut v = view(t);
+        for r in 0..4 {
+            v.on_report(report(r, 10, RankState::Running), t);
+        }
+        // Reports carry the age of each rank's last progress: all at `t`.
+        let mut s0 = report(0, 10, RankState::Stalled);
+        s0.waiting_on_peer = Some(true);
+        s0.progress_age_s = Some(30.0);
+        let e = v.on_report(s0, t + Duration::from_secs(30));
+        assert_eq!(kinds(&e), vec!["stall_reported"]);
+        let diag = v.commands_for(1, 0, 0);
+        assert!(matches!(diag[0].kind, CommandKind::Diagnose { .. }));
+        assert!(
+            v.commands_for(0, 0, 0).is_empty(),
+            "not to the stalled rank"
+        );
+        for (r, waiting) in [(1, false), (2, true)] {
+            let mut x = report(r, 10, RankState::Running);
+            x.waiting_on_peer = Some(waiting);
+            x.progress_age_s = Some(31.0);
+            assert!(!kinds(&v.on_report(x, t + Duration::from_secs(31))).contains(&"hang"));
+        }
+        let mut x = report(3, 10, RankState::Running);
+        x.waiting_on_peer = Some(true);
+        x.progress_age_s = Some(31.0);
+        let e = v.on_report(x, t + Duration::from_secs(31));
+        assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
+        match &e[2] {
+            Effect::Failed { rank, hang, .. } => {
+                assert_eq!(*rank, 1);
+                assert_eq!(hang.as_ref().unwrap().rule, "not_waiting");
+                assert_eq!(hang.as_ref().unwrap().stalled_ranks, vec![0]);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_jobs_progress_keeps_silent_ranks_alive_through_a_long_phase() {
+        let t = Instant::now();
+        let mut v = view(t);
+        let mut r0 = report(0, 10, RankState::Running);
+        r0.progress_age_s = Some(0.0);
+        v.on_report(r0.clone(), t);
+        assert_eq!(v.job_progress_age(t + Duration::from_secs(5)), Some(5.0));
+        // Rank 0 evaluates for 45 minutes: its own limit judges it.
+        r0.long_phase = true;
+        r0.progress_age_s = Some(60.0);
+        v.on_report(r0.clone(), t + Duration::from_secs(60));
+        assert_eq!(v.job_progress_age(t + Duration::from_secs(2700)), Some(0.0));
+        // Back to steps that stopped: the age counts again.
+        r0.long_phase = false;
+        r0.progress_age_s = Some(0.0);
+        v.on_report(r0, t + Duration::from_secs(2700));
+        assert_eq!(
+            v.job_progress_age(t + Duration::from_secs(2710)),
+            Some(10.0)
+        );
+    }
+
+    #[test]
+    fn a_stall_without_probes_is_judged_when_the_wait_runs_out() {
+        let t = Instant::now();
+        let mut v = view(t);
+        v.on_report(report(0, 10, RankState::Running), t);
+        v.on_report(report(1, 7, RankState::Running), t);
+        v.on_report(
+            report(1, 7, RankState::Stalled),
+            t + Duration::from_secs(20),
+        );
+        assert!(!kinds(&v.tick(t + Duration::from_secs(30))).contains(&"hang"));
+        let e = v.tick(t + Duration::from_secs(36));
+        assert!(kinds(&e).contains(&"hang"));
+        assert!(e
+            .iter()
+            .any(|e| matches!(e, Effect::Failed { rank: 1, .. })));
+    }
+
+    #[test]
+    fn a_coordinated_checkpoint_lands_ahead_and_settles_when_all_confirm() {
+        let t = Instant::now();
+        let mut v = view(t);
+        for r in 0..3 {
+            v.on_report(report(r, 20 + r as u64, RankState::Running), t);
+        }
+        // 0.5 s steps, 2 s lead: 4 steps ahead of the fastest (22).
+        let (id, step, e) = v.request_checkpoint("operator", t).unwrap();
+        assert_eq!((id, step), (1, 26));
+        assert_eq!(kinds(&e), vec!["checkpoint_requested"]);
+        // Asking again returns the pending one.
+        assert_eq!(v.request_checkpoint("operator", t).unwrap().0, 1);
+        for r in 0..2 {
+            let mut x = report(r, 27, RankState::Running);
+            x.checkpoints = vec![26];
+            assert!(kinds(&v.on_report(x, t + Duration::from_secs(3))).is_empty());
+        }
+        let mut x = report(2, 27, RankState::Running);
+        x.checkpoints = vec![26];
+        let e = v.on_report(x, t + Duration::from_secs(4));
+        assert_eq!(kinds(&e), vec!["checkpoint_complete", "<settled>"]);
+        // A rank that never confirms is named when the wait runs out.
+        let (_, step, _) = v
+            .request_checkpoint("operator", t + Duration::from_secs(5))
+            .unwrap();
+        let mut x = report(0, 40, RankState::Running);
+        x.checkpoints = vec![26, step];
+        v.on_report(x, t + Duration::from_secs(6));
+        let e = v.tick(t + Duration::from_secs(200));
+        let Effect::Journal { event, .. } = &e[0] else {
+            panic!()
+        };
+        let (kind, data) = (event.kind(), event.clone().into_fields());
+        assert_eq!(kind, "checkpoint_incomplete");
+        assert_eq!(data["missing_ranks"], json!([1, 2]));
+    }
+
+    #[test]
+    fn stragglers_are_flagged_from_reports_and_trigger_a_checkpoint() {
+        let t = Instant::now();
+        let mut cfg = CoordinatorConfig::default();
+        cfg.straggler.window = Duration::from_secs(5);
+        cfg.straggler.windows = 2;
+        let mut v = JobView::new("j", 4, 0, cfg, t);
+        let mut flagged = Vec::new();
+        for k in 1..=3u64 {
+            let now = t + Duration::from_secs(5 * k);
+            for r in 0..4u32 {
+                let mut x = report(r, 10 * k, RankState::Running);
+                let c = if r == 1 { 0.8 } else { 0.4 };
+                x.compute = (10 * k, 10.0 * k as f64 * c);
+                v.on_report(x, now);
+            }
+            for e in v.tick(now) {
+                if let Effect::Journal { event, .. } = e {
+                    let who = event.clone().into_fields().get("who").cloned();
+                    flagged.push((event.kind(), who.unwrap_or_default()));
+                }
+            }
+        }
+        assert!(flagged.contains(&("straggler", json!("1"))), "{flagged:?}");
+        assert!(flagged.iter().any(|(k, _)| *k == "checkpoint_requested"));
+        assert_eq!(v.status(t, 0).straggler_ranks, vec!["1".to_string()]);
+    }
+}

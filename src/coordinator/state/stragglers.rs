@@ -1,0 +1,282 @@
+//! Straggler nodes across attempts: seeded from the journal, confirmed when
+//! flagged again after a restart, left out after a checkpoint.
+
+use super::*;
+
+impl JobView {
+    /// One straggler window: flag or clear ranks and nodes, confirm a node
+    /// flagged in an earlier attempt too, ask for a checkpoint, and leave a
+    /// confirmed node out (after that checkpoint, if one is under way).
+    pub(super) fn straggler_window(&mut self, now: Instant, out: &mut Vec<Effect>) {
+        let totals: Vec<Totals> = self
+            .live()
+            .filter(|(_, e)| e.report.state == RankState::Running)
+            .map(|(r, e)| Totals {
+                rank: *r,
+                node: e.report.node.clone(),
+                intervals: e.report.intervals,
+                compute: e.report.compute,
+            })
+            .collect();
+        let mut ask = false;
+        let mut exclude_now = false;
+        for c in self.straggler.on_window(&totals) {
+            let confirmed = c.scope == "node"
+                && c.flagged
+                && self
+                    .slow_nodes_by_attempt
+                    .iter()
+                    .any(|(a, ns)| *a < self.attempt && ns.contains(&c.node));
+            if c.scope == "node" && c.flagged {
+                self.slow_nodes_by_attempt
+                    .entry(self.attempt)
+                    .or_default()
+                    .push(c.node.clone());
+            }
+            ask |= c.flagged;
+            if confirmed
+                && self.cfg.exclude_confirmed_stragglers
+                && self.excluding.is_none()
+                && self.failing.is_none()
+            {
+                let evidence = format!(
+                    "{:.3}s per step against a median of {:.3}s ({}) for {} windows, in attempt {} and an earlier one",
+                    c.value_s,
+                    c.median_s,
+                    match c.basis {
+                        crate::policy::straggler::Basis::ComputeTime => "compute time",
+                        crate::policy::straggler::Basis::StepInterval => "step interval",
+                    },
+                    c.windows,
+                    self.attempt
+                );
+                self.excluding = Some((c.node.clone(), evidence));
+                exclude_now = true;
+            }
+            out.push(journal(
+                ev::Straggler {
+                    scope: Some(c.scope.to_string()),
+                    who: Some(c.who.clone()),
+                    straggler_node: Some(c.node.clone()),
+                    about_rank: (c.scope == "rank")
+                        .then(|| c.who.parse::<u32>().ok())
+                        .flatten(),
+                    flagged: Some(c.flagged),
+                    basis: Some(c.basis.name().to_string()),
+                    value_s: Some(c.value_s),
+                    median_s: Some(c.median_s),
+                    ratio: Some(c.ratio),
+                    windows: Some(c.windows),
+                    confirmed_across_restart: Some(confirmed),
+                },
+                true,
+            ));
+        }
+        if ask && self.cfg.checkpoint_on_straggler && self.failing.is_none() {
+            // (When one is under way already, the exclusion waits for it.)
+            if let Ok((_, _, e)) = self.request_checkpoint("straggler", now) {
+                out.extend(e);
+            }
+        }
+        // Without a checkpoint to wait for, the node is left out at once.
+        if exclude_now && self.pending.is_none() {
+            self.exclude_straggler(None, now, out);
+        }
+    }
+
+    /// Nodes flagged as stragglers in earlier attempts, from the journal
+    /// (this view's host did not see them: a relaunch, a requeue).
+    pub fn seed_from_journal(&mut self, records: &[crate::journal::Record]) {
+        for (r, event) in crate::journal::events(records) {
+            let crate::event::Event::Straggler(s) = event else {
+                continue;
+            };
+            let node_flagged = s.scope.as_deref() == Some("node") && s.flagged == Some(true);
+            let (true, Some(node)) = (node_flagged && r.attempt < self.attempt, s.straggler_node)
+            else {
+                continue;
+            };
+            let e = self.slow_nodes_by_attempt.entry(r.attempt).or_default();
+            if !e.contains(&node) {
+                e.push(node);
+            }
+        }
+    }
+
+    /// Stop the step to leave a confirmed straggler node out of the next
+    /// attempt (after the checkpoint, if one could be had).
+    pub(super) fn exclude_straggler(
+        &mut self,
+        saved_step: Option<u64>,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some((node, evidence)) = self.excluding.take() else {
+            return;
+        };
+        if self.failing.is_some() {
+            return;
+        }
+        let rank = self
+            .ranks
+            .iter()
+            .find(|(_, e)| e.report.node == node)
+            .map_or(u32::MAX, |(r, _)| *r);
+        out.push(journal(
+            ev::StragglerExclusion {
+                straggler_node: Some(node.clone()),
+                about_rank: (rank != u32::MAX).then_some(rank),
+                evidence: Some(evidence.clone()),
+                checkpoint_step: saved_step,
+            },
+            true,
+        ));
+        self.fail(
+            rank,
+            &node,
+            format!("confirmed straggler node {node} left out: {evidence}"),
+            None,
+            now,
+            out,
+        );
+    }
+
+    /// Nodes flagged as stragglers in this attempt and an earlier one.
+    pub fn confirmed_slow_nodes(&self) -> Vec<String> {
+        let now = self
+            .slow_nodes_by_attempt
+            .get(&self.attempt)
+            .cloned()
+            .unwrap_or_default();
+        now.into_iter()
+            .filter(|n| {
+                self.slow_nodes_by_attempt
+                    .iter()
+                    .any(|(a, ns)| *a < self.attempt && ns.contains(n))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod straggler_exclusion_tests {
+    use super::*;
+    use crate::journal::{self, Writer};
+
+    fn report(rank: u32, step: u64, compute_per_step: f64) -> Report {
+        Report {
+            v: VERSION,
+            rank,
+            node: format!("n{}", rank / 2),
+            state: RankState::Running,
+            step: Some(step),
+            progress_age_s: Some(0.0),
+            intervals: (step, step as f64 * 0.5),
+            compute: (step, step as f64 * compute_per_step),
+            attempt: 1,
+            phase: "train".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Attempt 1 of a 6-rank job on n0..n2 where rank 2 (on n1) computes
+    /// twice as long; `flagged_before` says whether n1 was flagged in attempt 0.
+    fn run(exclude: bool, flagged_before: bool) -> (JobView, Vec<Effect>) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(dir.path(), "coordinator.jsonl", 0, None, None);
+        let node = if flagged_before { "n1" } else { "n0" };
+        w.write(
+            ev::Straggler {
+                scope: Some("node".into()),
+                who: Some(node.into()),
+                straggler_node: Some(node.into()),
+                flagged: Some(true),
+                ..Default::default()
+            },
+            true,
+        );
+        let records = journal::read_job(dir.path()).unwrap().records;
+        let t = Instant::now();
+        let mut cfg = CoordinatorConfig::default();
+        cfg.straggler.window = Duration::from_secs(5);
+        cfg.straggler.windows = 2;
+        cfg.exclude_confirmed_stragglers = exclude;
+        let mut v = JobView::new("j", 6, 1, cfg, t);
+        v.seed_from_journal(&records);
+        let mut all = Vec::new();
+        for k in 1..=4u64 {
+            let now = t + Duration::from_secs(5 * k);
+            for r in 0..6u32 {
+                let mut x = report(r, 10 * k, if r == 2 { 0.8 } else { 0.4 });
+                // Every rank saves the requested checkpoint once asked.
+                if let Some(p) = &v.pending {
+                    if 10 * k >= p.step {
+                        x.checkpoints = vec![p.step];
+                    }
+                }
+                all.extend(v.on_report(x, now));
+            }
+            all.extend(v.tick(now));
+        }
+        (v, all)
+    }
+
+    fn names(e: &[Effect]) -> Vec<&'static str> {
+        e.iter()
+            .map(|e| match e {
+                Effect::Journal { event, .. } => event.kind(),
+                Effect::Failed { .. } => "<failed>",
+                Effect::CheckpointSettled { .. } => "<settled>",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_confirmed_straggler_node_is_left_out_after_the_checkpoint() {
+        let (v, e) = run(true, true);
+        let k = names(&e);
+        let settled = k
+            .iter()
+            .position(|x| *x == "checkpoint_complete")
+            .expect("checkpoint");
+        let excl = k
+            .iter()
+            .position(|x| *x == "straggler_exclusion")
+            .expect("exclusion");
+        assert!(settled < excl, "{k:?}");
+        assert!(k.contains(&"<failed>"), "{k:?}");
+        let data = e
+            .iter()
+            .find_map(|e| match e {
+                Effect::Journal {
+                    event: event @ Event::StragglerExclusion(_),
+                    ..
+                } => Some(event.clone().into_fields()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(data["straggler_node"], "n1");
+        assert_eq!(data["about_rank"], 2);
+        assert!(data["checkpoint_step"].as_u64().is_some(), "{data:?}");
+        assert!(data["evidence"].as_str().unwrap().contains("compute time"));
+        assert!(v
+            .commands_for(0, 1, 0)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::Stop { .. })));
+    }
+
+    #[test]
+    fn an_unconfirmed_or_unconfigured_straggler_is_only_recorded() {
+        for (exclude, before) in [(false, true), (true, false)] {
+            let (v, e) = run(exclude, before);
+            let k = names(&e);
+            assert!(k.contains(&"straggler"), "{k:?}");
+            assert!(!k.contains(&"straggler_exclusion"), "{k:?}");
+            assert!(!k.contains(&"<failed>"), "{k:?}");
+            assert!(!v
+                .commands_for(0, 1, 0)
+                .iter()
+                .any(|c| matches!(c.kind, CommandKind::Stop { .. })));
+        }
+    }
+}
