@@ -67,90 +67,113 @@ pub struct HangVerdict {
 /// coordinator never heard from them).
 pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
     let stalled_ranks: Vec<u32> = ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect();
-    let verdict = |rule, blamed: Vec<&RankView>, reason: String| {
-        let mut nodes: Vec<String> = blamed.iter().map(|r| r.node.clone()).collect();
-        nodes.sort();
-        nodes.dedup();
-        HangVerdict {
-            rule,
-            blamed_ranks: blamed.iter().map(|r| r.rank).collect(),
-            blamed_nodes: nodes,
-            stalled_ranks: stalled_ranks.clone(),
-            reason,
-        }
+    let (rule, blamed, reason) = if ranks.is_empty() {
+        ("undetermined", vec![], "no ranks reported".to_string())
+    } else if let [only] = ranks {
+        alone(only, unseen)
+    } else {
+        // Steps compare only the ranks that report them.
+        let stepping: Vec<&RankView> = ranks
+            .iter()
+            .filter(|r| !r.silent && r.last_step.is_some())
+            .collect();
+        behind(&stepping)
+            .or_else(|| stopped_first(&stepping, tolerance_s))
+            .unwrap_or_else(|| by_probes(ranks, tolerance_s))
     };
-    if ranks.is_empty() {
-        return verdict("undetermined", vec![], "no ranks reported".into());
+    let mut nodes: Vec<String> = blamed.iter().map(|r| r.node.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    HangVerdict {
+        rule,
+        blamed_ranks: blamed.iter().map(|r| r.rank).collect(),
+        blamed_nodes: nodes,
+        stalled_ranks,
+        reason,
     }
-    let steps_of = |r: &RankView| match (r.silent, r.last_step) {
+}
+
+/// A rule's finding: its name, the ranks it blames, why.
+type Finding<'a> = (&'static str, Vec<&'a RankView>, String);
+
+/// One rank heard from: blamed if it is the job's only one.
+fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
+    if unseen > 0 {
+        let reason = format!(
+            "rank {} is the only rank the coordinator heard from ({unseen} other rank(s) never reported): nobody blamed",
+            only.rank
+        );
+        return ("undetermined", vec![], reason);
+    }
+    let steps = match (only.silent, only.last_step) {
         (false, Some(s)) => format!("at step {s}"),
         _ => "(it reports no steps of its own)".to_string(),
     };
-    if let [only] = ranks {
-        if unseen > 0 {
-            let reason = format!(
-                "rank {} is the only rank the coordinator heard from ({unseen} other rank(s) never reported): nobody blamed",
-                only.rank
-            );
-            return verdict("undetermined", vec![], reason);
-        }
-        let reason = format!(
-            "rank {} stopped {} with no other rank still running to compare it with",
-            only.rank,
-            steps_of(only)
-        );
-        return verdict("alone", vec![only], reason);
+    let reason = format!(
+        "rank {} stopped {steps} with no other rank still running to compare it with",
+        only.rank
+    );
+    ("alone", vec![only], reason)
+}
+
+/// The ranks at the lowest step, when others got further.
+fn behind<'a>(stepping: &[&'a RankView]) -> Option<Finding<'a>> {
+    let min = stepping.iter().filter_map(|r| r.last_step).min()?;
+    let max = stepping.iter().filter_map(|r| r.last_step).max()?;
+    if min >= max {
+        return None;
     }
-    // Steps compare only the ranks that report them.
-    let stepping: Vec<&RankView> = ranks
+    let behind: Vec<&RankView> = stepping
         .iter()
-        .filter(|r| !r.silent && r.last_step.is_some())
+        .copied()
+        .filter(|r| r.last_step == Some(min))
         .collect();
-    let min = stepping.iter().filter_map(|r| r.last_step).min();
-    let max = stepping.iter().filter_map(|r| r.last_step).max();
-    if let (Some(min), Some(max)) = (min, max) {
-        if min < max {
-            let behind: Vec<&RankView> = stepping
-                .iter()
-                .copied()
-                .filter(|r| r.last_step == Some(min))
-                .collect();
-            let reason = format!(
-                "rank(s) {} stopped at step {min} while others reached step {max}",
-                list(&behind),
-            );
-            return verdict("behind", behind, reason);
-        }
-    }
+    let reason = format!(
+        "rank(s) {} stopped at step {min} while others reached step {max}",
+        list(&behind),
+    );
+    Some(("behind", behind, reason))
+}
+
+/// At the same step: the ranks whose last step came first, by more than the
+/// tolerance.
+fn stopped_first<'a>(stepping: &[&'a RankView], tolerance_s: f64) -> Option<Finding<'a>> {
     let timed: Vec<&RankView> = stepping
         .iter()
         .copied()
         .filter(|r| r.last_progress.is_some())
         .collect();
-    if timed.len() > 1 {
-        let earliest = timed
-            .iter()
-            .filter_map(|r| r.last_progress)
-            .fold(f64::INFINITY, f64::min);
-        let first: Vec<&RankView> = timed
-            .iter()
-            .copied()
-            .filter(|r| r.last_progress.is_some_and(|t| t - earliest <= tolerance_s))
-            .collect();
-        if first.len() < timed.len() {
-            let next = timed
-                .iter()
-                .filter_map(|r| r.last_progress)
-                .filter(|t| t - earliest > tolerance_s)
-                .fold(f64::INFINITY, f64::min);
-            let reason = format!(
-                "rank(s) {} made their last step {:.1}s before any other rank",
-                list(&first),
-                next - earliest
-            );
-            return verdict("stopped_first", first, reason);
-        }
+    if timed.len() < 2 {
+        return None;
     }
+    let earliest = timed
+        .iter()
+        .filter_map(|r| r.last_progress)
+        .fold(f64::INFINITY, f64::min);
+    let first: Vec<&RankView> = timed
+        .iter()
+        .copied()
+        .filter(|r| r.last_progress.is_some_and(|t| t - earliest <= tolerance_s))
+        .collect();
+    if first.len() == timed.len() {
+        return None;
+    }
+    let next = timed
+        .iter()
+        .filter_map(|r| r.last_progress)
+        .filter(|t| t - earliest > tolerance_s)
+        .fold(f64::INFINITY, f64::min);
+    let reason = format!(
+        "rank(s) {} made their last step {:.1}s before any other rank",
+        list(&first),
+        next - earliest
+    );
+    Some(("stopped_first", first, reason))
+}
+
+/// Nothing in the steps: the probes decide (a rank not waiting on a peer
+/// while others are), or nobody is blamed.
+fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
     // Ranks gone without a probe (a peer's echo, say) cannot say: judge the
     // rest. A rank probed before it was stopped still counts.
     let live: Vec<&RankView> = ranks
@@ -172,7 +195,7 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             list(&not_waiting),
             waiting
         );
-        return verdict("not_waiting", not_waiting, reason);
+        return ("not_waiting", not_waiting, reason);
     }
     let unknown: Vec<&RankView> = live
         .iter()
@@ -190,19 +213,16 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         "every rank was waiting on a peer".to_string()
     };
     let silent = ranks.iter().filter(|r| r.silent).count();
-    verdict(
-        "undetermined",
-        vec![],
-        format!(
-            "all {} ranks stopped{} and {evidence}: nobody blamed",
-            ranks.len(),
-            if silent > 0 {
-                format!(" ({silent} of them report no steps)")
-            } else {
-                format!(" at the same step within {tolerance_s:.1}s")
-            },
-        ),
-    )
+    let reason = format!(
+        "all {} ranks stopped{} and {evidence}: nobody blamed",
+        ranks.len(),
+        if silent > 0 {
+            format!(" ({silent} of them report no steps)")
+        } else {
+            format!(" at the same step within {tolerance_s:.1}s")
+        },
+    );
+    ("undetermined", vec![], reason)
 }
 
 fn list(rs: &[&RankView]) -> String {
