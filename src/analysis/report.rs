@@ -265,23 +265,7 @@ pub fn build(
     let productive = acc.productive_s;
     let lost = acc.lost_s.clone();
     let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
-    let failures: Vec<Failure> = events
-        .iter()
-        .filter_map(|(r, e)| match e {
-            Event::Failure(f) => Some(Failure {
-                ts: r.ts,
-                attempt: f.about_attempt.unwrap_or(r.attempt),
-                kind: f.failure_kind.clone().unwrap_or_else(|| "failure".into()),
-                class: f.class.map(|c| c.name().to_string()),
-                node: f.blamed_node.clone().or_else(|| r.node.clone()),
-                rank: r.rank,
-                cause: f.cause.clone().unwrap_or_else(|| "unknown".into()),
-                exit_code: f.exit_code.map(i64::from),
-                detail: f.detail.clone(),
-            }),
-            _ => None,
-        })
-        .collect();
+    let failures = failures_of(&events);
     let exit_code = events
         .iter()
         .rev()
@@ -306,25 +290,7 @@ pub fn build(
         fleet: None,
         failed_attempts,
         restarts: records.iter().filter(|r| r.kind == "restart").count(),
-        requeues: {
-            let mut a: Vec<u32> = events
-                .iter()
-                .filter_map(|(r, e)| match e {
-                    Event::Requeue(_) => Some(r.attempt),
-                    Event::Decision(d)
-                        if d.source.as_deref() == Some("sacct")
-                            && d.decision.as_ref().and_then(|x| x.action.as_deref())
-                                == Some("requeue") =>
-                    {
-                        Some(d.about_attempt.unwrap_or(r.attempt))
-                    }
-                    _ => None,
-                })
-                .collect();
-            a.sort_unstable();
-            a.dedup();
-            a.len()
-        },
+        requeues: requeues_of(&events),
         start,
         end,
         wall_s: wall,
@@ -354,6 +320,49 @@ pub fn build(
         );
     }
     report
+}
+
+/// The failures, as listed in the report (a verdict written later counts
+/// for the attempt it is about).
+fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
+    events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Failure(f) => Some(Failure {
+                ts: r.ts,
+                attempt: f.about_attempt.unwrap_or(r.attempt),
+                kind: f.failure_kind.clone().unwrap_or_else(|| "failure".into()),
+                class: f.class.map(|c| c.name().to_string()),
+                node: f.blamed_node.clone().or_else(|| r.node.clone()),
+                rank: r.rank,
+                cause: f.cause.clone().unwrap_or_else(|| "unknown".into()),
+                exit_code: f.exit_code.map(i64::from),
+                detail: f.detail.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Trips back to the queue: resilio's requeues, and Slurm's own seen in
+/// its records (one per attempt).
+fn requeues_of(events: &[(&Record, Event)]) -> usize {
+    let mut a: Vec<u32> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Requeue(_) => Some(r.attempt),
+            Event::Decision(d)
+                if d.source.as_deref() == Some("sacct")
+                    && d.decision.as_ref().and_then(|x| x.action.as_deref()) == Some("requeue") =>
+            {
+                Some(d.about_attempt.unwrap_or(r.attempt))
+            }
+            _ => None,
+        })
+        .collect();
+    a.sort_unstable();
+    a.dedup();
+    a.len()
 }
 
 fn pct(part: f64, whole: f64) -> f64 {

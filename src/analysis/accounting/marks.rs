@@ -105,42 +105,8 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         Event::JobStart(j) => j.allocation,
         _ => None,
     });
-    // Progress samples, a stall's own account of the last step, and each
-    // rank's last step as its exit recorded it.
-    let mut samples: Vec<(DateTime<Utc>, u64)> = events
-        .iter()
-        .filter_map(|(r, e)| match e {
-            Event::Progress(p) => Some((r.ts, p.step?)),
-            Event::Stall(s) => Some((s.last_progress?, s.last_step?)),
-            _ => None,
-        })
-        .chain(summaries.iter().filter_map(|x| x.last))
-        .collect();
-    samples.sort();
-    // A first step the exit records saw before any sample: its own sample
-    // was lost. Its number is estimated back from the next sample at the
-    // attempt's step rate (else the rate the exit records counted).
-    let first_seen = summaries.iter().filter_map(|x| x.first_at).min();
-    if let (Some(tf), Some(&(t0, s0))) = (first_seen, samples.first()) {
-        if ns(tf, t0) > 1_000_000 {
-            let per_step = step_time_of(&samples)
-                .or_else(|| summaries.iter().find_map(|x| x.per_step_ns))
-                .filter(|p| *p > 0);
-            let before = per_step.map_or(0, |p| (ns(tf, t0) as f64 / p as f64).round() as u64);
-            samples.insert(0, (tf, s0.saturating_sub(before)));
-        }
-    }
-    let mut checkpoints = Vec::new();
-    for (r, e) in &events {
-        let Event::CheckpointDone(c) = e else {
-            continue;
-        };
-        let Some(step) = c.step else { continue };
-        let dur = c.duration_s.unwrap_or(0.0).max(0.0);
-        let began = r.ts - chrono::Duration::microseconds((dur * 1e6) as i64);
-        let blocked = c.blocked_training.unwrap_or(dur > 0.0);
-        checkpoints.push((step, began, r.ts, blocked));
-    }
+    let samples = samples(&events, &summaries);
+    let checkpoints = checkpoints(&events);
     let bad_exit = |x: &RankExit| x.exit_code.unwrap_or(0) != 0 && x.class != Some(Class::Clean);
     // A requeue that Slurm refused leaves the attempt running: its
     // decision did not end the attempt.
@@ -201,6 +167,52 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
         requeued,
         relaunched,
     }
+}
+
+/// Progress samples (time, step) in time order: progress records, a
+/// stall's own account of the last step, and each rank's last step as its
+/// exit recorded it.
+fn samples(events: &[(&Record, Event)], summaries: &[ExitSummary]) -> Vec<(DateTime<Utc>, u64)> {
+    let mut samples: Vec<(DateTime<Utc>, u64)> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Progress(p) => Some((r.ts, p.step?)),
+            Event::Stall(s) => Some((s.last_progress?, s.last_step?)),
+            _ => None,
+        })
+        .chain(summaries.iter().filter_map(|x| x.last))
+        .collect();
+    samples.sort();
+    // A first step the exit records saw before any sample: its own sample
+    // was lost. Its number is estimated back from the next sample at the
+    // attempt's step rate (else the rate the exit records counted).
+    let first_seen = summaries.iter().filter_map(|x| x.first_at).min();
+    if let (Some(tf), Some(&(t0, s0))) = (first_seen, samples.first()) {
+        if ns(tf, t0) > 1_000_000 {
+            let per_step = step_time_of(&samples)
+                .or_else(|| summaries.iter().find_map(|x| x.per_step_ns))
+                .filter(|p| *p > 0);
+            let before = per_step.map_or(0, |p| (ns(tf, t0) as f64 / p as f64).round() as u64);
+            samples.insert(0, (tf, s0.saturating_sub(before)));
+        }
+    }
+    samples
+}
+
+/// Confirmed checkpoints: (step, began, done, whether training waited).
+fn checkpoints(events: &[(&Record, Event)]) -> Vec<(u64, DateTime<Utc>, DateTime<Utc>, bool)> {
+    let mut checkpoints = Vec::new();
+    for (r, e) in events {
+        let Event::CheckpointDone(c) = e else {
+            continue;
+        };
+        let Some(step) = c.step else { continue };
+        let dur = c.duration_s.unwrap_or(0.0).max(0.0);
+        let began = r.ts - chrono::Duration::microseconds((dur * 1e6) as i64);
+        let blocked = c.blocked_training.unwrap_or(dur > 0.0);
+        checkpoints.push((step, began, r.ts, blocked));
+    }
+    checkpoints
 }
 
 impl Marks {
