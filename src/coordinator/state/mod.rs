@@ -325,52 +325,57 @@ impl JobView {
         self.settle_checkpoint(now, false, &mut out);
 
         if state == RankState::Stalled && prev_state != Some(RankState::Stalled) {
-            self.stalls += 1;
-            out.push(journal(
-                ev::StallReported {
-                    about_rank: Some(rank),
-                    about_node: Some(node.clone()),
-                },
-                false,
-            ));
-            if self.failing.is_none() {
-                self.failing = Some(Failing {
-                    rank,
-                    judge_by: now + self.cfg.hang_wait,
-                    judged: false,
-                });
-                let others: Vec<u32> = self
-                    .live()
-                    .map(|(r, _)| *r)
-                    .filter(|r| *r != rank)
-                    .collect();
-                if !others.is_empty() {
-                    self.push(
-                        others,
-                        CommandKind::Diagnose {
-                            reason: format!("rank {rank} stalled"),
-                        },
-                    );
-                }
-            }
+            self.stall_reported(rank, &node, now, &mut out);
         }
         if let Some(e) = &exit {
-            if e.code != 0 && !e.stopped && self.failing.as_ref().is_none_or(|f| !f.judged) {
-                let stall_pending = self.failing.is_some();
-                if !stall_pending {
-                    // A crash: tear the step down now, not after the collective timeout.
-                    let reason = format!(
-                        "rank {rank} on {node} exited {} ({}: {})",
-                        e.code, e.class, e.cause
-                    );
-                    self.fail(rank, &node, reason, None, now, &mut out);
-                }
+            // A crash with no stall being judged: tear the step down now,
+            // not after the collective timeout.
+            if e.code != 0 && !e.stopped && self.failing.is_none() {
+                let reason = format!(
+                    "rank {rank} on {node} exited {} ({}: {})",
+                    e.code, e.class, e.cause
+                );
+                self.fail(rank, &node, reason, None, now, &mut out);
             }
         }
         if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
             self.judge_hang(now, &mut out);
         }
         out
+    }
+
+    /// A rank's agent says it stalled: the first one starts a hang judgment
+    /// and asks every other live rank for a probe.
+    fn stall_reported(&mut self, rank: u32, node: &str, now: Instant, out: &mut Vec<Effect>) {
+        self.stalls += 1;
+        out.push(journal(
+            ev::StallReported {
+                about_rank: Some(rank),
+                about_node: Some(node.to_string()),
+            },
+            false,
+        ));
+        if self.failing.is_some() {
+            return;
+        }
+        self.failing = Some(Failing {
+            rank,
+            judge_by: now + self.cfg.hang_wait,
+            judged: false,
+        });
+        let others: Vec<u32> = self
+            .live()
+            .map(|(r, _)| *r)
+            .filter(|r| *r != rank)
+            .collect();
+        if !others.is_empty() {
+            self.push(
+                others,
+                CommandKind::Diagnose {
+                    reason: format!("rank {rank} stalled"),
+                },
+            );
+        }
     }
 
     /// Every live rank has answered the probe (a probe that could not tell
