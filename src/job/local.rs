@@ -224,7 +224,7 @@ impl Local {
         }
         // An unwritable state dir: the rank's agent says so (once) and
         // supervises without a journal; this process writes none either.
-        let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
+        let journal_ok = journal::create_private_dir_all(&job_dir).is_ok()
             && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
         Ok(Local {
             cfg: opts.config,
