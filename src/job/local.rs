@@ -523,8 +523,9 @@ impl Local {
         if let Some(s) = run.stopped_from_outside {
             act::job_end(&mut run.log, worst, &format!("stopped by {s}"));
             // One rank: the trainer's own status (it may end cleanly on
-            // the signal), as a plain wrapper would exit.
-            return Some(if worst == 0 && !self.single {
+            // the signal), as a plain wrapper would exit. So for every rank
+            // on a Ctrl-C (SIGINT): ranks that all ended cleanly on it exit 0.
+            return Some(if worst == 0 && !self.single && s != "SIGINT" {
                 128 + 15
             } else {
                 worst
