@@ -60,7 +60,8 @@ fn a_squatted_socket_directory_is_replaced_and_the_trainer_still_reports() {
     std::fs::set_permissions(&elsewhere, std::fs::Permissions::from_mode(0o777)).unwrap();
     // Squats: a symbolic link to a directory anyone can write, and (as
     // root, who can play another user) a 0777 directory of nobody's.
-    let mut squats: Vec<(&str, Box<dyn Fn()>)> = vec![(
+    type Squat<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let mut squats: Vec<Squat> = vec![(
         "symlink",
         Box::new(|| std::os::unix::fs::symlink(&elsewhere, &usual).unwrap()),
     )];
