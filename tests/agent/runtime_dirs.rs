@@ -202,6 +202,27 @@ fn journals_are_private() {
     for f in files {
         assert_eq!(mode(&f), 0o600, "{}", f.display());
     }
+    // A stall's diagnostics too (they hold output lines and stacks).
+    let (o, _) = output_within(
+        &mut run_trainer(
+            &state,
+            "privs",
+            &["--stall-timeout", "1s"],
+            &["--steps", "3", "--interval", "0.01", "--then", "hang"],
+        ),
+        Duration::from_secs(40),
+    );
+    assert_eq!(o.status.code(), Some(124), "{}", stderr_of(&o));
+    let diag = resilio::journal::job_dir(&state, "privs").join("diag");
+    assert_eq!(mode(&diag), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(&diag)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert!(!files.is_empty());
+    for f in files {
+        assert_eq!(mode(&f), 0o600, "{}", f.display());
+    }
     // The local launcher's directory and files too.
     let ck = tmp.path().join("ck");
     let (o, _) = output_within(
