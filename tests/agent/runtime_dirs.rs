@@ -109,6 +109,29 @@ fn a_squatted_socket_directory_is_replaced_and_the_trainer_still_reports() {
         let _ = std::fs::remove_file(&usual);
         let _ = std::fs::remove_dir(&usual);
     }
+    // The fallback directories are empty now (each agent removed its
+    // socket); once older than a minute, the next agent removes them.
+    let fallbacks = || -> Vec<PathBuf> {
+        std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("resilio-{}-", uid()))
+            })
+            .collect()
+    };
+    assert_eq!(fallbacks().len(), squats.len());
+    for d in fallbacks() {
+        let ok = std::process::Command::new("touch")
+            .args(["-m", "-d", "2 minutes ago"])
+            .arg(&d)
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
     // Our own directory left too open is closed again and used.
     std::fs::create_dir(&usual).unwrap();
     std::fs::set_permissions(&usual, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -123,6 +146,7 @@ fn a_squatted_socket_directory_is_replaced_and_the_trainer_still_reports() {
     );
     assert_eq!(mode(&usual), 0o700);
     assert!(!stderr_of(&o).contains("is not used"), "{}", stderr_of(&o));
+    assert_eq!(fallbacks(), Vec::<PathBuf>::new());
 }
 
 #[test]
