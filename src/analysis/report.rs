@@ -104,6 +104,10 @@ pub struct Report {
     /// The checkpoint interval that would maximise ETTR, from this job's
     /// checkpoint cost and failure rate (Daly), when both are known.
     pub checkpoint_advice: Option<crate::policy::checkpoint_interval::Advice>,
+    /// Stretches a rank's journal could not be written (a full disk), with
+    /// the time of each counted as unexplained. Absent when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub journal_gaps: Vec<crate::analysis::accounting::JournalGap>,
 }
 
 /// Checkpoint statistics.
@@ -263,6 +267,7 @@ pub fn build(
     }
     let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
     let productive = acc.productive_s;
+    let journal_gaps = crate::analysis::accounting::journal_gaps(records, &acc.segments);
     let lost = acc.lost_s.clone();
     let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
     let failures = failures_of(&events);
@@ -305,6 +310,7 @@ pub fn build(
         time_source: acc.time_source,
         segments: acc.segments,
         checkpoint_advice: None,
+        journal_gaps,
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
         run: None,
@@ -621,6 +627,26 @@ pub fn render_text(r: &Report) -> String {
                 f.detail
                     .as_ref()
                     .map_or(String::new(), |d| format!(": {d}"))
+            );
+        }
+    }
+    if !r.journal_gaps.is_empty() {
+        let _ = writeln!(
+            s,
+            "\njournal gaps (records lost: the journal could not be written, a full disk or another write error; what happened then is not known, so the time is counted as unexplained):"
+        );
+        for g in &r.journal_gaps {
+            let _ = writeln!(
+                s,
+                "  attempt {} rank {} node {}: {} record(s) lost from {} to {} ({:.1}s; {:.1}s of it unexplained)",
+                g.attempt,
+                g.rank.map_or("-".into(), |v| v.to_string()),
+                g.node.as_deref().unwrap_or("?"),
+                g.lost_records,
+                g.from.format("%H:%M:%S%.3f"),
+                g.to.format("%H:%M:%S%.3f"),
+                secs(g.from, g.to),
+                g.unexplained_s,
             );
         }
     }

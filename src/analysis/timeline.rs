@@ -115,10 +115,15 @@ fn describe_event(event: &Event) -> Option<String> {
         Event::JobEnd(x) => format!("job ended, exit code {}", x.exit_code.unwrap_or(-1)),
         Event::MonitorError(x) => format!("monitoring degraded: {}", text(&x.error)),
         Event::MalformedMessage(x) => format!("malformed progress message ({})", text(&x.fault)),
-        Event::JournalGap(x) => format!(
-            "journal gap: {} record(s) lost",
-            x.lost_records.unwrap_or(0)
-        ),
+        Event::JournalGap(x) => match (x.from, x.to) {
+            (Some(from), Some(to)) => format!(
+                "journal gap: {} record(s) lost since {} ({:.1}s: the journal could not be written, a full disk or another write error; unexplained time)",
+                x.lost_records.unwrap_or(0),
+                from.format("%H:%M:%S%.3fZ"),
+                crate::analysis::report::secs(from, to)
+            ),
+            _ => format!("journal gap: {} record(s) lost", x.lost_records.unwrap_or(0)),
+        },
         Event::Hang(x) => {
             let v = x.verdict.clone().unwrap_or_default();
             let blamed = v

@@ -270,6 +270,10 @@ events! {
     /// Records the journal could not write.
     JournalGap = "journal_gap" {
         lost_records: u64,
+        /// When the first lost record was to be written.
+        from: DateTime<Utc>,
+        /// When writing worked again (this record's time).
+        to: DateTime<Utc>,
     }
 
     /// The site's health check ran.

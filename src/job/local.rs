@@ -224,7 +224,7 @@ impl Local {
         }
         // An unwritable state dir: the rank's agent says so (once) and
         // supervises without a journal; this process writes none either.
-        let journal_ok = std::fs::create_dir_all(&job_dir).is_ok()
+        let journal_ok = journal::create_private_dir_all(&job_dir).is_ok()
             && nix::unistd::access(&job_dir, nix::unistd::AccessFlags::W_OK).is_ok();
         Ok(Local {
             cfg: opts.config,
@@ -523,8 +523,9 @@ impl Local {
         if let Some(s) = run.stopped_from_outside {
             act::job_end(&mut run.log, worst, &format!("stopped by {s}"));
             // One rank: the trainer's own status (it may end cleanly on
-            // the signal), as a plain wrapper would exit.
-            return Some(if worst == 0 && !self.single {
+            // the signal), as a plain wrapper would exit. So for every rank
+            // on a Ctrl-C (SIGINT): ranks that all ended cleanly on it exit 0.
+            return Some(if worst == 0 && !self.single && s != "SIGINT" {
                 128 + 15
             } else {
                 worst

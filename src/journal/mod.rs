@@ -31,7 +31,7 @@ mod reader;
 mod writer;
 
 pub use reader::{list_jobs, read_job, JobJournal, SkippedLines};
-pub use writer::Writer;
+pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -266,6 +266,61 @@ mod tests {
         let mut w = w;
         w.record("stall", json!({}), true);
         assert_eq!(w.dropped(), 1);
+    }
+
+    #[test]
+    fn files_and_directories_are_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let dir = job_dir(t.path(), "j");
+        let mut w = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), None);
+        w.record("rank_start", json!({}), true);
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir.join("rank-0.jsonl")), 0o600);
+        assert_eq!(mode(&dir), 0o700);
+        assert_eq!(mode(&t.path().join("jobs")), 0o700);
+        write_private(&dir.join("x.txt"), b"x").unwrap();
+        assert_eq!(mode(&dir.join("x.txt")), 0o600);
+    }
+
+    #[test]
+    fn writing_resumes_after_an_error_and_the_gap_is_journaled() {
+        let t = tempfile::tempdir().unwrap();
+        // A file where the directory should be: nothing can be written.
+        let dir = t.path().join("d");
+        std::fs::write(&dir, "").unwrap();
+        let mut w = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), None);
+        assert!(!w.is_ok());
+        let t0 = Utc::now();
+        for step in 1..=5 {
+            let at = t0 + chrono::Duration::seconds(step);
+            w.record_at(at, "progress", json!({ "step": step }), false);
+        }
+        assert_eq!(w.dropped(), 5);
+        // The disk is back: a durable record tries at once, and the gap
+        // goes first.
+        std::fs::remove_file(&dir).unwrap();
+        std::fs::create_dir(&dir).unwrap();
+        let back = t0 + chrono::Duration::seconds(10);
+        w.record_at(back, "stall", json!({}), true);
+        assert!(w.is_ok());
+        assert_eq!(w.dropped(), 0);
+        // Ordinary records go on being written.
+        w.record_at(
+            back + chrono::Duration::seconds(1),
+            "progress",
+            json!({ "step": 11 }),
+            false,
+        );
+        let j = read_job(&dir).unwrap();
+        let kinds: Vec<&str> = j.records.iter().map(|r| r.kind.as_str()).collect();
+        assert_eq!(kinds, ["journal_gap", "stall", "progress"]);
+        let Some(Event::JournalGap(g)) = j.records[0].event() else {
+            panic!("{:?}", j.records[0]);
+        };
+        assert_eq!(g.lost_records, Some(5));
+        assert_eq!(g.from, Some(t0 + chrono::Duration::seconds(1)));
+        assert_eq!(g.to, Some(back));
     }
 
     #[test]

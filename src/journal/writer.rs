@@ -1,5 +1,12 @@
 //! Appending records: one `write(2)` per line, `fdatasync` for the ones
 //! that matter, a torn last line cut off before appending, fail open.
+//!
+//! Files are made 0600 and directories 0700: a journal holds argv, the
+//! working directory and output lines. After a write error (a full disk)
+//! records are counted as lost and writing is tried again, at once for a
+//! durable record and at most once a second for the others; the first record
+//! that gets through is preceded by a `journal_gap` naming how many were lost
+//! and from when.
 
 use super::{Record, SCHEMA_VERSION};
 use crate::event::Event;
@@ -7,7 +14,35 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// How often writing is tried again after an error, for records that are
+/// not durable (a durable one always tries).
+const RETRY_EVERY: Duration = Duration::from_secs(1);
+
+/// Make `dir` and its missing parents private (0700): journal and job
+/// directories. Existing directories are left as they are (a site's shared
+/// state dir, see [`crate::state_dir`]).
+pub fn create_private_dir_all(dir: &Path) -> std::io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+}
+
+/// Write a whole file readable by its owner only (0600): diagnostics
+/// beside the journal.
+pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(bytes)
+}
 
 /// Appends records for one writer (one rank's agent).
 pub struct Writer {
@@ -20,6 +55,10 @@ pub struct Writer {
     run: Option<String>,
     warned: bool,
     dropped: u64,
+    /// When the first record not yet written was to be written.
+    lost_from: Option<DateTime<Utc>>,
+    /// The last time writing was tried again after an error.
+    retried: Option<Instant>,
 }
 
 impl Writer {
@@ -41,6 +80,8 @@ impl Writer {
             run: None,
             warned: false,
             dropped: 0,
+            lost_from: None,
+            retried: None,
         };
         if let Err(e) = w.try_open() {
             w.fail(&e);
@@ -64,6 +105,8 @@ impl Writer {
             run: None,
             warned: true,
             dropped: 0,
+            lost_from: None,
+            retried: None,
         }
     }
 
@@ -94,7 +137,7 @@ impl Writer {
         self.file.is_some()
     }
 
-    /// Records lost to write errors so far.
+    /// Records lost to write errors and not yet told by a `journal_gap`.
     pub fn dropped(&self) -> u64 {
         self.dropped
     }
@@ -104,12 +147,13 @@ impl Writer {
             return Err(std::io::Error::other("journal disabled"));
         }
         let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)?;
+        create_private_dir_all(dir)?;
         let existed = self.path.exists();
         let mut file = OpenOptions::new()
             .read(true)
             .append(true)
             .create(true)
+            .mode(0o600)
             .open(&self.path)?;
         repair_torn_tail(&mut file)?;
         if !existed {
@@ -124,6 +168,7 @@ impl Writer {
 
     fn fail(&mut self, e: &std::io::Error) {
         self.file = None;
+        self.retried = Some(Instant::now());
         if !self.warned {
             self.warned = true;
             tracing::warn!(
@@ -155,34 +200,57 @@ impl Writer {
 
     /// The same with an explicit timestamp.
     pub fn record_at(&mut self, ts: DateTime<Utc>, kind: &str, data: Value, durable: bool) {
+        if self.path.as_os_str().is_empty() {
+            self.lose(ts);
+            return;
+        }
         if self.file.is_none() {
-            if self.path.as_os_str().is_empty() || !durable {
-                self.dropped += 1;
+            // Try again (the disk may have space again): at once for records
+            // that matter, else at most once per RETRY_EVERY.
+            let due = durable || self.retried.is_none_or(|t| t.elapsed() >= RETRY_EVERY);
+            if !due {
+                self.lose(ts);
                 return;
             }
-            // Retry on records that matter: the disk may have recovered.
+            self.retried = Some(Instant::now());
             if self.try_open().is_err() {
-                self.dropped += 1;
+                self.lose(ts);
                 return;
             }
         }
         if self.dropped > 0 {
             let lost = self.dropped;
-            self.dropped = 0;
             let gap = crate::event::JournalGap {
                 lost_records: Some(lost),
+                from: self.lost_from,
+                to: Some(ts),
             };
-            self.write_line(
-                ts,
-                "journal_gap",
-                Value::Object(Event::from(gap).into_fields()),
-                false,
+            let gap = Value::Object(Event::from(gap).into_fields());
+            if !self.write_line(ts, "journal_gap", gap, false) {
+                self.lose(ts);
+                return;
+            }
+            tracing::warn!(
+                "journal {} written again ({lost} records lost)",
+                self.path.display()
             );
+            self.dropped = 0;
+            self.lost_from = None;
         }
-        self.write_line(ts, kind, data, durable);
+        if !self.write_line(ts, kind, data, durable) {
+            self.lose(ts);
+        }
     }
 
-    fn write_line(&mut self, ts: DateTime<Utc>, kind: &str, data: Value, durable: bool) {
+    /// Count a record that was not written.
+    fn lose(&mut self, ts: DateTime<Utc>) {
+        self.dropped += 1;
+        self.lost_from = Some(self.lost_from.map_or(ts, |f| f.min(ts)));
+    }
+
+    /// Write one line; false when it was not written (the file is then
+    /// closed, to be opened again, its torn tail cut, on the next try).
+    fn write_line(&mut self, ts: DateTime<Utc>, kind: &str, data: Value, durable: bool) -> bool {
         let data = match data {
             Value::Object(m) => m,
             Value::Null => Map::new(),
@@ -214,21 +282,27 @@ impl Writer {
         };
         let mut line = match serde_json::to_vec(&rec) {
             Ok(l) => l,
-            Err(_) => return,
+            Err(_) => return true,
         };
         line.push(b'\n');
         let Some(file) = self.file.as_mut() else {
-            self.dropped += 1;
-            return;
+            return false;
         };
+        let before = file.metadata().map(|m| m.len()).ok();
         // One write(2) per record; O_APPEND puts it at the end.
         let result =
             file.write_all(&line)
                 .and_then(|_| if durable { file.sync_data() } else { Ok(()) });
         if let Err(e) = result {
-            self.dropped += 1;
+            // A short write (a disk filling up) left part of the line: cut
+            // it (reopening cuts it too, should this fail).
+            if let Some(len) = before {
+                let _ = file.set_len(len);
+            }
             self.fail(&e);
+            return false;
         }
+        true
     }
 }
 

@@ -331,7 +331,7 @@ pub fn dump_stacks(
     if pids.is_empty() {
         return (Vec::new(), Some("no Python process in the rank".into()));
     }
-    let _ = std::fs::create_dir_all(scratch);
+    let _ = crate::journal::create_private_dir_all(scratch);
     let dumps = pids
         .into_iter()
         .map(|pid| run_py_spy(&py_spy, pid, cfg.py_spy_timeout, helpers, scratch))

@@ -108,7 +108,7 @@ pub(crate) fn write_diag_file(
     if let Some(why) = &d.py_spy_skipped {
         let _ = writeln!(text, "\n== py-spy not run: {why} ==");
     }
-    std::fs::create_dir_all(dir).ok()?;
+    crate::journal::create_private_dir_all(dir).ok()?;
     let name = format!(
         "stall-a{}-r{}-{}.txt",
         id.attempt,
@@ -117,7 +117,7 @@ pub(crate) fn write_diag_file(
     );
     let path = dir.join(name);
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text).ok()?;
+    crate::journal::write_private(&tmp, text.as_bytes()).ok()?;
     std::fs::rename(&tmp, &path).ok()?;
     Some(path)
 }

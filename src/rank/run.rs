@@ -495,7 +495,7 @@ impl<'a> Agent<'a> {
         let spawned = std::thread::Builder::new()
             .name("diagnostics".into())
             .spawn(move || {
-                let _ = std::fs::create_dir_all(&scratch);
+                let _ = crate::journal::create_private_dir_all(&scratch);
                 let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
                 let _ = dtx.send(d);
             });

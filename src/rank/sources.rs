@@ -5,35 +5,7 @@
 use super::setup::Rank;
 use crate::context::Identity;
 use crate::progress::{self, output};
-use std::path::{Path, PathBuf};
-
-/// The local directory for the progress socket (short paths: sun_path is 108 bytes).
-fn socket_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
-        let d = PathBuf::from(d).join("resilio");
-        if std::fs::create_dir_all(&d).is_ok() {
-            return d;
-        }
-    }
-    let base = std::env::var_os("TMPDIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join(format!("resilio-{}", nix::unistd::getuid()))
-}
-
-fn make_private_dir(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
-    let meta = std::fs::metadata(dir)?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
-    }
-    Ok(())
-}
+use std::path::PathBuf;
 
 /// The progress socket (fail open: without it, output and file still work).
 pub(super) fn progress_socket(
@@ -41,7 +13,20 @@ pub(super) fn progress_socket(
     tx: &progress::Sender,
     monitor_errors: &mut Vec<String>,
 ) -> (PathBuf, bool) {
-    let sock_dir = socket_dir();
+    // Short paths: sun_path is 108 bytes. The directory is checked (owner,
+    // mode, no symlink) and replaced when someone else made it.
+    let sock_dir = match crate::util::runtime_dir::private_dir() {
+        Ok(d) => d,
+        Err(e) => {
+            let d = crate::util::runtime_dir::usual_dir();
+            monitor_errors.push(format!(
+                "progress socket: no private directory for it ({}): {e}",
+                d.display()
+            ));
+            return (d.join(format!("{}.sock", std::process::id())), false);
+        }
+    };
+    crate::util::runtime_dir::remove_stale(&sock_dir);
     let mut sock_path = sock_dir.join(format!(
         "{}.{}.{}.sock",
         id.job,
@@ -51,7 +36,7 @@ pub(super) fn progress_socket(
     if sock_path.as_os_str().len() > 100 {
         sock_path = sock_dir.join(format!("{}.sock", std::process::id()));
     }
-    let socket = make_private_dir(&sock_dir).and_then(|_| progress::socket::bind(&sock_path));
+    let socket = progress::socket::bind(&sock_path);
     let socket_ok = match socket.and_then(|sock| progress::socket::spawn_listener(sock, tx.clone()))
     {
         Ok(_) => true,

@@ -2,8 +2,11 @@
 //!
 //! - [`cmd`]: running an external command with a timeout, and spawning in a
 //!   process group of its own that dies with resilio.
+//! - [`runtime_dir`]: the private directory of the progress sockets, checked
+//!   before use (a squatted one is replaced), and stale sockets removed.
 
 pub mod cmd;
+pub mod runtime_dir;
 
 /// The current-thread runtime every resilio command runs its loop on.
 pub fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {

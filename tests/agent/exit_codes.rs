@@ -274,3 +274,44 @@ fn torchrun_variables_from_a_simulated_slurm_step_environment() {
     assert_eq!(f[..6], ["5", "2", "6", "3", "1", "gpu007"], "{seen}");
     assert_eq!(f[7], "env", "an explicit --job-id wins over SLURM_JOB_ID");
 }
+
+#[test]
+fn a_ctrl_c_every_rank_ends_cleanly_on_exits_0_as_with_one_rank() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ready = tmp.path().join("ready");
+    // Each rank says it is ready, then ends with 0 on SIGINT.
+    let script = format!(
+        "trap 'exit 0' INT; touch {}.$RANK; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    for n in ["1", "2"] {
+        let mut c = resilio_run(tmp.path(), &format!("int{n}"));
+        c.args([
+            "--ntasks",
+            n,
+            "--max-restarts",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        let child = c.spawn().unwrap();
+        let ranks: u32 = n.parse().unwrap();
+        assert!(wait_for(Duration::from_secs(20), || (0..ranks)
+            .all(|r| tmp.path().join(format!("ready.{r}")).exists())));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGINT,
+        )
+        .unwrap();
+        let (o, _) = wait_output(child, Duration::from_secs(20));
+        assert_eq!(o.status.code(), Some(0), "{n} rank(s): {}", stderr_of(&o));
+        for r in 0..ranks {
+            let _ = std::fs::remove_file(tmp.path().join(format!("ready.{r}")));
+        }
+    }
+}

@@ -14,6 +14,7 @@ mod matrix;
 mod passthrough;
 mod progress_sources;
 mod reports;
+mod runtime_dirs;
 mod shared_state;
 mod signals;
 mod stall;

@@ -25,6 +25,10 @@
 //!   rework time into `checkpoint`.
 //! - Time the records cannot place (an attempt whose supervisor was killed
 //!   with no end recorded) is `unexplained`.
+//! - So is the span of a journal gap (`journal_gap` with `from` and `to`:
+//!   records lost to a full disk or another write error) where it would
+//!   otherwise be productive, rework or after the last step: the journal does
+//!   not say what happened then. [`journal_gaps`] lists them for the notes.
 
 mod marks;
 
@@ -137,6 +141,74 @@ pub struct Accounting {
     pub time_source: String,
 }
 
+/// A stretch of time a rank's journal could not be written.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct JournalGap {
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub attempt: u32,
+    pub lost_records: u64,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    /// Of it, the time counted as `unexplained`.
+    pub unexplained_s: f64,
+}
+
+/// The journal gaps whose span is known (`from` and `to`: written by this
+/// build and later), in time order, each with the time of it `segments`
+/// count as unexplained.
+pub fn journal_gaps(records: &[Record], segments: &[Segment]) -> Vec<JournalGap> {
+    let mut out: Vec<JournalGap> = crate::journal::events(records)
+        .filter_map(|(r, e)| match e {
+            crate::event::Event::JournalGap(g) => {
+                let (from, to) = (g.from?, g.to?);
+                (from < to).then(|| JournalGap {
+                    rank: r.rank,
+                    node: r.node.clone(),
+                    attempt: r.attempt,
+                    lost_records: g.lost_records.unwrap_or(0),
+                    from,
+                    to,
+                    unexplained_s: segments
+                        .iter()
+                        .filter(|s| s.bucket == "unexplained")
+                        .map(|s| ns(s.start.max(from), s.end.min(to)).max(0))
+                        .sum::<i64>() as f64
+                        / 1e9,
+                })
+            }
+            _ => None,
+        })
+        .collect();
+    out.sort_by_key(|g| g.from);
+    out
+}
+
+/// The spans of the journal gaps, overlaps merged.
+fn gap_spans(records: &[Record]) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+    merged(
+        journal_gaps(records, &[])
+            .into_iter()
+            .map(|g| (g.from, g.to)),
+    )
+}
+
+/// Intervals sorted and overlaps merged.
+fn merged(
+    v: impl Iterator<Item = (DateTime<Utc>, DateTime<Utc>)>,
+) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
+    let mut v: Vec<_> = v.collect();
+    v.sort();
+    let mut out: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(l) if a <= l.1 => l.1 = l.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
 /// Nanoseconds from `a` to `b` (journal times carry nanoseconds: summing
 /// truncated microseconds would not add up to the wall time exactly).
 fn ns(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
@@ -150,6 +222,9 @@ struct Track {
     segments: Vec<Segment>,
     /// Blocking checkpoint intervals (carved out of productive and rework).
     checkpoints: Vec<(DateTime<Utc>, DateTime<Utc>)>,
+    /// Journal gaps (carved out of productive, rework and after the last
+    /// step, into unexplained; before checkpoints).
+    gaps: Vec<(DateTime<Utc>, DateTime<Utc>)>,
 }
 
 impl Track {
@@ -157,26 +232,40 @@ impl Track {
         if until <= self.cursor {
             return;
         }
-        let (from, carve) = (self.cursor, matches!(bucket, "productive" | "rework"));
-        let mut at = from;
-        if carve {
-            let overlapping: Vec<(DateTime<Utc>, DateTime<Utc>)> = self
-                .checkpoints
-                .iter()
-                .filter(|(a, b)| *b > from && *a < until)
+        let from = self.cursor;
+        let overlapping = |v: &[(DateTime<Utc>, DateTime<Utc>)], on: bool| -> Vec<_> {
+            v.iter()
+                .filter(|(a, b)| on && *b > from && *a < until)
                 .copied()
-                .collect();
-            for (a, b) in overlapping {
-                let (a, b) = (a.max(at), b.min(until));
-                if a >= b {
-                    continue;
-                }
-                self.push(at, a, bucket, attempt);
-                self.push(a, b, "checkpoint", attempt);
-                at = b;
-            }
+                .collect()
+        };
+        let checkpoints = overlapping(&self.checkpoints, matches!(bucket, "productive" | "rework"));
+        let gaps = overlapping(
+            &self.gaps,
+            matches!(bucket, "productive" | "rework" | "after_last_step"),
+        );
+        // Cut at every boundary inside; each piece takes the first of: a
+        // gap, a checkpoint, the bucket (push joins equal neighbours).
+        let mut cuts: Vec<DateTime<Utc>> = vec![from, until];
+        for (a, b) in checkpoints.iter().chain(&gaps) {
+            cuts.extend([(*a).clamp(from, until), (*b).clamp(from, until)]);
         }
-        self.push(at, until, bucket, attempt);
+        cuts.sort();
+        cuts.dedup();
+        let within = |v: &[(DateTime<Utc>, DateTime<Utc>)], p: DateTime<Utc>, q: DateTime<Utc>| {
+            v.iter().any(|(a, b)| *a <= p && q <= *b)
+        };
+        for w in cuts.windows(2) {
+            let (p, q) = (w[0], w[1]);
+            let piece = if within(&gaps, p, q) {
+                "unexplained"
+            } else if within(&checkpoints, p, q) {
+                "checkpoint"
+            } else {
+                bucket
+            };
+            self.push(p, q, piece, attempt);
+        }
         self.cursor = until;
     }
 
@@ -253,6 +342,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
         cursor: start,
         segments: Vec::new(),
         checkpoints: blocking_checkpoints(&attempts),
+        gaps: gap_spans(records),
     };
     for (i, m) in attempts.iter().enumerate() {
         let next = attempts.get(i + 1);
@@ -304,19 +394,11 @@ impl Allocs<'_> {
 /// The checkpoints that blocked training, overlaps merged (ranks confirm
 /// the same checkpoint).
 fn blocking_checkpoints(attempts: &[Marks]) -> Vec<(DateTime<Utc>, DateTime<Utc>)> {
-    let mut v: Vec<_> = attempts
-        .iter()
-        .flat_map(|m| m.checkpoints.iter().filter(|c| c.3).map(|c| (c.1, c.2)))
-        .collect();
-    v.sort();
-    let mut merged: Vec<(DateTime<Utc>, DateTime<Utc>)> = Vec::new();
-    for (a, b) in v {
-        match merged.last_mut() {
-            Some(l) if a <= l.1 => l.1 = l.1.max(b),
-            _ => merged.push((a, b)),
-        }
-    }
-    merged
+    merged(
+        attempts
+            .iter()
+            .flat_map(|m| m.checkpoints.iter().filter(|c| c.3).map(|c| (c.1, c.2))),
+    )
 }
 
 /// An attempt that never stepped: startup until the failure was acted on.
@@ -868,6 +950,58 @@ mod tests {
         assert!((acc.productive_s - 3.0).abs() < 1e-6);
         assert_eq!(b("queue_wait"), 0.0);
         assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_journal_gap_is_unexplained_not_productive_nor_after_the_last_step() {
+        // Steps 1..20, one a second; the journal lost what was written from
+        // 5.5 to 12.5, and again from 19.5 past the last step to 23.0.
+        let base = || {
+            let mut r = vec![rec(0.0, 0, "rank_start", json!({}))];
+            r.extend(steps(0, 1, 20, 0.0, 1.0));
+            r.push(rec(
+                24.0,
+                0,
+                "rank_exit",
+                json!({ "exit_code": 0, "class": "clean" }),
+            ));
+            r
+        };
+        let without = account(&base(), None);
+        let origin: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+        let at = |t: f64| origin + chrono::Duration::milliseconds((t * 1e3) as i64);
+        let gap = |from: f64, to: f64, lost: u64| {
+            rec(
+                to,
+                0,
+                "journal_gap",
+                json!({ "lost_records": lost, "from": at(from), "to": at(to) }),
+            )
+        };
+        let mut r = base();
+        r.push(gap(5.5, 12.5, 7));
+        r.push(gap(19.5, 23.0, 2));
+        // A gap of an earlier build (no span) changes nothing.
+        r.push(rec(2.0, 0, "journal_gap", json!({ "lost_records": 3 })));
+        let acc = account(&r, None);
+        assert!((acc.wall_s - without.wall_s).abs() < 1e-9);
+        assert!((sum(&acc) - acc.wall_s).abs() < 1e-9);
+        assert!(
+            (without.productive_s - acc.productive_s - 7.5).abs() < 1e-6,
+            "{:#?}",
+            acc.segments
+        );
+        assert!(
+            (without.lost_s["after_last_step"] - acc.lost_s["after_last_step"] - 3.0).abs() < 1e-6,
+            "{:#?}",
+            acc.segments
+        );
+        assert!((acc.lost_s["unexplained"] - 10.5).abs() < 1e-6);
+        let gaps = journal_gaps(&r, &acc.segments);
+        assert_eq!(gaps.len(), 2);
+        assert_eq!((gaps[0].lost_records, gaps[0].rank), (7, Some(0)));
+        assert!((gaps[0].unexplained_s - 7.0).abs() < 1e-6);
+        assert!((gaps[1].unexplained_s - 3.5).abs() < 1e-6);
     }
 
     #[test]
