@@ -334,10 +334,17 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
             time_source,
         };
     };
-    let start = allocs
-        .start(first)
-        .map_or(first.start, |s| s.min(first.start));
-    let end = allocs.end(last).map_or(last.end, |e| e.max(last.end));
+    // The first and last records of any attempt: a journal whose attempts
+    // are not in time order (a clock stepped back, records written by hand)
+    // still tiles from its first moment to its last.
+    let earliest = attempts
+        .iter()
+        .map(|m| m.start)
+        .min()
+        .unwrap_or(first.start);
+    let start = allocs.start(first).map_or(earliest, |s| s.min(earliest));
+    let latest = attempts.iter().map(|m| m.end).max().unwrap_or(last.end);
+    let end = allocs.end(last).map_or(latest, |e| e.max(latest));
     let mut t = Track {
         cursor: start,
         segments: Vec::new(),
@@ -699,6 +706,22 @@ mod tests {
             sample(52.0, 1, 40),
             exit(53.0, 1, 0, 23.0, 3.0, 22.0, 40, 20),
         ]
+    }
+
+    #[test]
+    fn attempts_out_of_time_order_still_tile_the_wall_time() {
+        // Attempt 1 recorded an hour before attempt 0 (a clock stepped back,
+        // a journal written by hand): no panic, and the buckets add up.
+        let recs = vec![
+            rec(3600.0, 0, "failure", json!({ "class": "infrastructure" })),
+            rec(0.0, 1, "failure", json!({ "class": "infrastructure" })),
+        ];
+        let mut sorted = recs.clone();
+        sorted.sort_by_key(|r| r.ts);
+        let a = account(&sorted, None);
+        let sum: f64 = a.productive_s + a.lost_s.values().sum::<f64>();
+        assert!((sum - a.wall_s).abs() < 1e-6, "{a:?}");
+        assert!((a.wall_s - 3600.0).abs() < 1e-6, "{a:?}");
     }
 
     #[test]
