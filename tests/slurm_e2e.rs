@@ -881,7 +881,17 @@ fn nodes_drain_on_the_real_cluster() {
     let bin = env!("CARGO_BIN_EXE_resilio");
     let state = dir.path().to_str().unwrap();
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Journals are private (0600 in 0700 directories): open these up so
+    // that user nobody can read them, as a site admin's reader would.
+    let job = journal::job_dir(dir.path(), "900");
+    for (p, mode) in [
+        (dir.path().to_path_buf(), 0o755),
+        (dir.path().join("jobs"), 0o755),
+        (job.clone(), 0o755),
+        (job.join("rank-1.jsonl"), 0o644),
+    ] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
     // Refused clearly without permission (as user nobody, who can read the journals).
     let o = Command::new("runuser")
         .args([
