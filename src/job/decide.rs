@@ -475,6 +475,7 @@ mod tests {
             tail: &[],
             node: "n1",
             pre_timeout,
+            agents: &[],
             ended: chrono::DateTime::from_timestamp(1_800_000_500, 0).unwrap(),
         }
     }

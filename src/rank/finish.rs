@@ -222,6 +222,7 @@ impl Agent<'_> {
             tail: &tail_lines,
             node: &r.id.node,
             pre_timeout: e.pre_timeout,
+            agents: &[],
         };
         let argv = &r.argv;
         let step_out = &r.step_out;
