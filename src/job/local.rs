@@ -513,6 +513,12 @@ impl Local {
                 a.teardown_sent = true;
                 a.kill_at.get_or_insert(kill_at);
             }
+            Wake::Stop(s) => {
+                run.stopped_from_outside.get_or_insert(s.as_str());
+                a.forward(s);
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
             Wake::Int => {
                 run.ints += 1;
                 run.stopped_from_outside.get_or_insert("SIGINT");

@@ -154,6 +154,7 @@ impl<'a> Agent<'a> {
                 _ = inp.usr1.recv() => Woke::Signal(Sig::Usr1),
                 _ = inp.usr2.recv() => Woke::Signal(Sig::Usr2),
                 _ = inp.cont.recv() => Woke::Signal(Sig::Cont),
+                Some(s) = inp.stop.recv() => Woke::Signal(Sig::Stop(s)),
                 _ = self.r.tx.woken() => Woke::Progress,
                 Some(note) = inp.notes.recv(), if linked => Woke::Note(note),
                 Some(p) = done.probe.recv() => Woke::Probe(p),
