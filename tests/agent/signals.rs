@@ -185,6 +185,62 @@ fn sigquit_to_the_launcher_stops_every_rank_and_leaves_no_process() {
 }
 
 #[test]
+fn a_double_ctrl_c_to_the_launcher_leaves_no_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("signals.log");
+    // Trainers that ignore SIGINT, each with a child that ignores it too
+    // (a shell's background job).
+    let script = format!(
+        "sleep 1000 & echo $! > {}/child-$RANK; exec python3 {} --steps 100000 --interval 0.05 --signal-log {} --ignore INT --ready-file {0}/ready-$RANK",
+        dir.path().display(),
+        trainer().display(),
+        log.display(),
+    );
+    let mut c = resilio_run(dir.path(), "ctrlc");
+    c.args(["--ntasks", "2", "--kill-grace", "60s", "--", "sh", "-c"])
+        .arg(&script)
+        .current_dir(dir.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    let pid_of = |rank: u32| -> Option<i32> {
+        std::fs::read_to_string(dir.path().join(format!("child-{rank}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    };
+    let ready = |rank: u32| dir.path().join(format!("ready-{rank}")).exists();
+    assert!(wait_for(Duration::from_secs(20), || pid_of(0).is_some()
+        && pid_of(1).is_some()
+        && ready(0)
+        && ready(1)));
+    let launcher = Pid::from_raw(child.id() as i32);
+    kill(launcher, Signal::SIGINT).unwrap();
+    assert!(wait_for(
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("SIGINT")
+            .count()
+            == 2
+    ));
+    assert!(pid_alive(pid_of(0).unwrap()) && pid_alive(pid_of(1).unwrap()));
+    kill(launcher, Signal::SIGINT).unwrap();
+    // Not the 60 s grace: the second Ctrl-C kills at once.
+    let _ = wait_output(child, Duration::from_secs(30));
+    let left: Vec<i32> = (0..2)
+        .filter_map(pid_of)
+        .filter(|p| !wait_for(Duration::from_secs(5), || !pid_alive(*p)))
+        .collect();
+    for p in &left {
+        let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+    }
+    assert!(left.is_empty(), "{left:?} outlived a double Ctrl-C");
+}
+
+#[test]
 fn sigint_is_forwarded() {
     let live = start(&[], &[]);
     live.signal(Signal::SIGINT);
