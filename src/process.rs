@@ -91,7 +91,7 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
     // Interactive use: when resilio owns the terminal, the trainer's group
     // takes it over (so `breakpoint()` can read the keyboard and Ctrl-C
     // reaches it directly); [`restore_terminal`] hands it back.
-    own_group(&mut cmd, Signal::SIGKILL, owns_terminal());
+    own_group(&mut cmd, Some(Signal::SIGKILL), owns_terminal());
     let name = program.to_string_lossy().into_owned();
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {

@@ -346,8 +346,10 @@ impl Local {
             } else {
                 Stdio::null()
             });
-        // The launcher gone (even by SIGKILL): the agents stop their ranks.
-        own_group(&mut cmd, Signal::SIGTERM, self.take_tty);
+        // The launcher gone (even by SIGKILL): one rank is stopped with it,
+        // as a plain wrapper's trainer would be; several ranks train on,
+        // their agents notice (docs/coordinator.md).
+        own_group(&mut cmd, single.then_some(Signal::SIGTERM), self.take_tty);
         // A user's own rendezvous address is kept for one rank (nothing
         // else on this machine joins it).
         let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());

@@ -127,3 +127,95 @@ fn a_killed_agent_is_its_ranks_failure_the_run_restarts_in_place_and_leaves_no_p
         }
     }
 }
+
+/// Kills the given agents when the test ends, passed or not (their
+/// trainers die with them).
+struct Agents(Vec<i32>);
+
+impl Drop for Agents {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            if pid_alive(*p) {
+                let _ = kill(Pid::from_raw(*p), Signal::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn a_killed_launcher_leaves_the_ranks_training_and_the_journal_says_so() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut launcher = run_local(
+        tmp.path(),
+        "nolauncher",
+        2,
+        &[],
+        &[
+            "--total",
+            "40",
+            "--step-time",
+            "0.1",
+            "--ckpt-every",
+            "10",
+            "--ckpt-dir",
+            ck.to_str().unwrap(),
+        ],
+    )
+    .current_dir(tmp.path())
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .unwrap();
+    let mut pids: Vec<i32> = Vec::new();
+    assert!(wait_for(Duration::from_secs(30), || {
+        let recs = records(tmp.path(), "nolauncher");
+        pids = kinds(&recs, "launch")
+            .first()
+            .and_then(|l| l.get("agent_pids")?.as_array().cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|p| p.as_i64().map(|p| p as i32))
+            .collect();
+        let training = |rank| {
+            recs.iter()
+                .any(|r| r.kind == "progress" && r.rank == Some(rank))
+        };
+        pids.len() == 2 && training(0) && training(1)
+    }));
+    let agents = Agents(pids);
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    // The ranks train on to the end, on their own.
+    assert!(
+        wait_for(Duration::from_secs(60), || agents
+            .0
+            .iter()
+            .all(|p| !pid_alive(*p))),
+        "the agents never ended"
+    );
+    let recs = records(tmp.path(), "nolauncher");
+    let exits = kinds(&recs, "rank_exit");
+    assert_eq!(exits.len(), 2, "{recs:#?}");
+    for e in exits {
+        assert_eq!(
+            (e.u64("exit_code"), e.u64("last_step")),
+            (Some(0), Some(40)),
+            "{e:?}"
+        );
+    }
+    let mut lost: Vec<u32> = kinds(&recs, "launcher_lost")
+        .iter()
+        .filter_map(|r| r.rank)
+        .collect();
+    lost.sort();
+    assert_eq!(lost, [0, 1]);
+    let end = one(&recs, "job_end");
+    assert_eq!((end.rank, end.u64("exit_code")), (Some(0), Some(0)));
+    assert!(kinds(&recs, "restart").is_empty());
+    // The dead coordinator's files are not taken for a live one.
+    let dir = resilio::journal::job_dir(tmp.path(), "nolauncher");
+    assert!(dir.join(resilio::coordinator::INFO_FILE).exists());
+    assert_eq!(resilio::coordinator::discover_files(&dir), None);
+}
