@@ -316,7 +316,11 @@ fn lost_agents(
             },
         });
     }
-    let Some(first) = lost.first().map(|f| f.rank) else {
+    let Some(first) = lost
+        .iter()
+        .min_by(|a, b| a.at.total_cmp(&b.at))
+        .map(|f| f.rank)
+    else {
         return;
     };
     for f in failures

@@ -425,8 +425,7 @@ impl Local {
     async fn supervise(&self, run: &mut Run, a: &mut Attempt) {
         loop {
             self.look(run, a);
-            if a.ranks.iter().all(|r| r.exit.is_some()) && !run.orphans.pending(self.cfg.kill_grace)
-            {
+            if a.ranks.iter().all(|r| r.exit.is_some()) && !run.orphans.pending() {
                 return;
             }
             let now = Instant::now();

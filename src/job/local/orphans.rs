@@ -8,13 +8,15 @@
 use crate::process;
 use nix::sys::signal::Signal;
 use nix::unistd::{getpgrp, Pid};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 /// Orphans seen, with when each gets SIGKILL.
 #[derive(Default)]
 pub(super) struct Orphans {
     kill_at: BTreeMap<i32, Instant>,
+    /// Outlived SIGKILL (stuck in the kernel): not waited for again.
+    given_up: BTreeSet<i32>,
 }
 
 impl Orphans {
@@ -28,7 +30,12 @@ impl Orphans {
         let now = Instant::now();
         self.kill_at
             .retain(|pid, _| live.iter().any(|p| p.pid == *pid));
-        for p in live.iter().filter(|p| p.state != 'Z') {
+        self.given_up
+            .retain(|pid| live.iter().any(|p| p.pid == *pid));
+        for p in live
+            .iter()
+            .filter(|p| p.state != 'Z' && !self.given_up.contains(&p.pid))
+        {
             let due = *self.kill_at.entry(p.pid).or_insert_with(|| {
                 tracing::debug!("pid {} ({}) outlived its agent: stopping it", p.pid, p.comm);
                 signal(p, agents, Signal::SIGTERM);
@@ -42,12 +49,14 @@ impl Orphans {
 
     /// Orphans still being stopped (the attempt is over only when none is).
     /// One that outlives SIGKILL by 5 s (stuck in the kernel) is given up.
-    pub(super) fn pending(&mut self, grace: Duration) -> bool {
+    pub(super) fn pending(&mut self) -> bool {
         let now = Instant::now();
+        let given_up = &mut self.given_up;
         self.kill_at.retain(|pid, due| {
-            let keep = now < *due + grace + Duration::from_secs(5);
+            let keep = now < *due + Duration::from_secs(5);
             if !keep {
                 tracing::warn!("pid {pid} outlived SIGKILL: left behind");
+                given_up.insert(*pid);
             }
             keep
         });
