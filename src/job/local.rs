@@ -458,7 +458,14 @@ impl Local {
                     });
                     if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
                         a.failed_at = Some(Instant::now());
-                        a.failure_note = Some(format!("rank {} exited {c}", r.rank));
+                        // An agent exits with its trainer's status; one
+                        // killed by a signal died itself.
+                        a.failure_note = Some(match st {
+                            WaitStatus::Signaled(_, s, _) if !r.killed_here => {
+                                format!("the agent of rank {} died ({})", r.rank, s.as_str())
+                            }
+                            _ => format!("rank {} exited {c}", r.rank),
+                        });
                     }
                 }
             }

@@ -99,6 +99,13 @@ fn a_killed_agent_is_its_ranks_failure_the_run_restarts_in_place_and_leaves_no_p
         secondary.contains("rank 0") && secondary.contains("secondary"),
         "{j:?}"
     );
+    // The launcher tore the attempt down for the agent's death.
+    assert_eq!(
+        kinds(&recs, "teardown")
+            .first()
+            .and_then(|t| t.str("reason")),
+        Some("the agent of rank 1 died (SIGKILL)")
+    );
     let failure = one(&recs, "failure");
     assert_eq!(failure.str("failure_kind"), Some("agent_died"));
     let restart = one(&recs, "restart");
