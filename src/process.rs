@@ -22,6 +22,48 @@ pub fn set_subreaper() -> std::io::Result<()> {
     nix::sys::prctl::set_child_subreaper(true).map_err(Into::into)
 }
 
+/// Signals whose default would end resilio with no record (and leave the
+/// trainer to its death signal), beyond SIGTERM, SIGINT and SIGHUP (handled
+/// on their own) and SIGPIPE (ignored by the Rust runtime): each is passed
+/// on to the trainer and handled like SIGTERM (stopped on request, SIGKILL
+/// after the grace). Not among them: the fault signals (SIGSEGV, SIGBUS,
+/// SIGILL, SIGFPE, SIGABRT, SIGSYS, SIGTRAP: resilio's own crash), the
+/// real-time signals, and SIGXFSZ (see [`stop_signals`]).
+pub const STOP_SIGNALS: [Signal; 8] = [
+    Signal::SIGQUIT,
+    Signal::SIGALRM,
+    Signal::SIGVTALRM,
+    Signal::SIGPROF,
+    Signal::SIGIO,
+    Signal::SIGPWR,
+    Signal::SIGXCPU,
+    Signal::SIGSTKFLT,
+];
+
+/// Handle the [`STOP_SIGNALS`]: each arrival comes out of the returned
+/// channel. SIGXFSZ (a write of resilio's own past the file size limit) is
+/// caught and dropped, so that the write fails instead (the journal fails
+/// open); a handler, not SIG_IGN, so that the trainer keeps the default.
+/// Call inside the tokio runtime, before the trainer starts.
+pub fn stop_signals() -> std::io::Result<tokio::sync::mpsc::UnboundedReceiver<Signal>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // tokio keeps a handler installed once registered, stream or not.
+    drop(signal(SignalKind::from_raw(libc::SIGXFSZ))?);
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    for s in STOP_SIGNALS {
+        let mut stream = signal(SignalKind::from_raw(s as i32))?;
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(s).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    Ok(rx)
+}
+
 /// A started trainer.
 pub struct Spawned {
     /// Its pid, which is also its process group id.
@@ -49,7 +91,7 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
     // Interactive use: when resilio owns the terminal, the trainer's group
     // takes it over (so `breakpoint()` can read the keyboard and Ctrl-C
     // reaches it directly); [`restore_terminal`] hands it back.
-    own_group(&mut cmd, Signal::SIGKILL, owns_terminal());
+    own_group(&mut cmd, Some(Signal::SIGKILL), owns_terminal());
     let name = program.to_string_lossy().into_owned();
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {

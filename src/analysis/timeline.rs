@@ -262,6 +262,10 @@ fn describe_event(event: &Event) -> Option<String> {
             format!("Slurm now keeps the job off {}", text(&x.exc_node_list))
         }
         Event::StopJudged(_) => "stopping after the coordinator's judgment".into(),
+        Event::LauncherLost(x) => format!(
+            "the launcher (pid {}) is gone: this rank trains on without it",
+            num(x.launcher_pid)
+        ),
         Event::StragglerExclusion(x) => format!(
             "STRAGGLER node {} left out after the checkpoint at step {}: {}",
             text(&x.straggler_node),

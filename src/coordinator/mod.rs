@@ -407,10 +407,15 @@ pub fn discover(job_dir: &Path) -> Option<(String, String)> {
     discover_files(job_dir)
 }
 
-/// Find a job's coordinator from its files only.
+/// Find a job's coordinator from its files only. Files a coordinator on
+/// this host left when it was killed (its pid is gone) are stale: ignored
+/// (the next run of the job writes its own over them).
 pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
     let info: serde_json::Value =
         serde_json::from_slice(&std::fs::read(job_dir.join(INFO_FILE)).ok()?).ok()?;
+    if stale(&info) {
+        return None;
+    }
     let url = info.get("url")?.as_str()?.to_string();
     let token = std::fs::read_to_string(job_dir.join(TOKEN_FILE))
         .ok()?
@@ -419,10 +424,54 @@ pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
     (!token.is_empty()).then_some((url, token))
 }
 
+/// A coordinator on this host whose process is gone.
+fn stale(info: &serde_json::Value) -> bool {
+    let here = nix::unistd::gethostname()
+        .ok()
+        .map(|h| h.to_string_lossy().into_owned());
+    let on_this_host = info.get("node").and_then(|n| n.as_str()) == here.as_deref();
+    let pid = info
+        .get("pid")
+        .and_then(|p| p.as_i64())
+        .and_then(|p| i32::try_from(p).ok())
+        .filter(|p| *p > 0);
+    match pid {
+        Some(p) if on_this_host => {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                == Err(nix::errno::Errno::ESRCH)
+        }
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn files_of_a_coordinator_killed_on_this_host_are_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        write_discovery(dir.path(), "http://127.0.0.1:1", "tok").unwrap();
+        assert_eq!(
+            discover_files(dir.path()),
+            Some(("http://127.0.0.1:1".to_string(), "tok".to_string()))
+        );
+        // The same files, written by a process that is gone.
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let dead = gone.id();
+        gone.wait().unwrap();
+        let info = dir.path().join(INFO_FILE);
+        let mut v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&info).unwrap()).unwrap();
+        v["pid"] = dead.into();
+        std::fs::write(&info, v.to_string()).unwrap();
+        assert_eq!(discover_files(dir.path()), None);
+        // On another host, the pid says nothing here.
+        v["node"] = "elsewhere".into();
+        std::fs::write(&info, v.to_string()).unwrap();
+        assert!(discover_files(dir.path()).is_some());
+    }
 
     /// A first attempt with nothing measured gets no periodic checkpoints;
     /// once a checkpoint was timed and a failure seen, the next background

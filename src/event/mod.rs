@@ -312,6 +312,13 @@ events! {
         failed_requests: u64,
     }
 
+    /// The local launcher of several ranks (and the coordinator in it) is
+    /// gone: the rank trains on without it.
+    LauncherLost = "launcher_lost" {
+        launcher_pid: i32,
+        note: String,
+    }
+
     /// A stalled rank waits for the job-wide judgment.
     StopDeferred = "stop_deferred" {
         reason: String,

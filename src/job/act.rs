@@ -36,6 +36,21 @@ pub enum AtStart {
 /// Journal the judgment and the decision on an attempt.
 pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     let (j, primary) = (&d.judgment, &d.primary);
+    if primary.verdict.reason == super::judge::AGENT_DIED {
+        // The rank left no record of its own: its failure is journaled here.
+        journal.write(
+            ev::Failure {
+                failure_kind: Some("agent_died".into()),
+                cause: Some(format!("the agent of rank {} died", primary.rank)),
+                class: Some(primary.verdict.class),
+                class_reason: Some(primary.verdict.reason.clone()),
+                evidence: primary.verdict.evidence.clone(),
+                detail: primary.verdict.evidence.clone(),
+                ..Default::default()
+            },
+            true,
+        );
+    }
     journal.write(
         ev::Judgment {
             class: Some(j.class),

@@ -331,6 +331,7 @@ mod tests {
             tail: &[],
             node: "n1",
             pre_timeout: false,
+            agents: &[],
         };
         let next = after_attempt(
             state.path(),
@@ -547,6 +548,7 @@ mod tests {
             tail: &tail,
             node: "n1",
             pre_timeout: false,
+            agents: &[],
         };
         let code = after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
         assert_eq!(code, Next::Exit(137));
@@ -597,6 +599,7 @@ mod tests {
             tail: &[],
             node: "n1",
             pre_timeout: false,
+            agents: &[],
         };
         assert_eq!(
             after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w),
@@ -626,6 +629,7 @@ mod tests {
                 tail: &[],
                 node: "n1",
                 pre_timeout: false,
+                agents: &[],
             };
             after_attempt(state.path(), "77", attempt, &step, 3, None, &f, &mut w);
         }
@@ -661,6 +665,7 @@ mod tests {
             tail: &[],
             node: "n1",
             pre_timeout: false,
+            agents: &[],
         };
         after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
@@ -684,6 +689,7 @@ mod tests {
                 tail: &[],
                 node: "n1",
                 pre_timeout,
+                agents: &[],
             };
             after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
             assert_eq!(
@@ -856,6 +862,7 @@ mod tests {
             tail: &[],
             node: "ws",
             pre_timeout: false,
+            agents: &[],
         };
         let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
         assert!(
@@ -918,12 +925,72 @@ mod tests {
             tail: &[],
             node: "ws",
             pre_timeout: false,
+            agents: &[],
         };
         let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
         assert!(
             matches!(&d.action, Action::Stop { reason } if reason.contains("health check") && reason.contains("ECC")),
             "{:?}",
             d.action
+        );
+    }
+
+    #[test]
+    fn a_killed_agent_is_relaunched_without_its_node_not_taken_for_a_cancel() {
+        // Two-level form, 4 nodes, a 3-node step: rank 1's agent on n2 was
+        // killed by SIGKILL and left no rank_exit; srun stopped the others.
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "77");
+        for (rank, node) in [(0, "n1"), (1, "n2"), (2, "n3")] {
+            let mut w = Writer::open(
+                &dir,
+                &format!("rank-{rank}.jsonl"),
+                0,
+                Some(rank),
+                Some(node.into()),
+            );
+            w.record("rank_start", json!({ "pid": 1 }), true);
+        }
+        rank_exit(&dir, 0, "n1", 0, "preempted", None, 40);
+        rank_exit(&dir, 2, "n3", 0, "preempted", None, 40);
+        let mut w = Writer::open(&dir, "batch.jsonl", 0, None, Some("n1".into()));
+        let v = verdict(Class::Unknown, "exit 137");
+        let tail = vec!["srun: error: n2: task 1: Killed".to_string()];
+        let step = StepEnd {
+            ended: chrono::Utc::now(),
+            exit_code: 137,
+            verdict: &v,
+            tail: &tail,
+            node: "n1",
+            pre_timeout: false,
+            agents: &[],
+        };
+        let f = fake(true);
+        let next = after_attempt(
+            state.path(),
+            "77",
+            0,
+            &step,
+            3,
+            Some(four_nodes(&[])),
+            &f,
+            &mut w,
+        );
+        let Next::Relaunch(r) = next else {
+            panic!("{next:?}")
+        };
+        assert_eq!((r.attempt, r.exclude.clone()), (1, vec!["n2".to_string()]));
+        let recs = read(state.path());
+        let j = recs.iter().find(|r| r.kind == "judgment").unwrap();
+        assert_eq!(
+            (j.str("class"), j.u64("primary_rank")),
+            (Some("infrastructure"), Some(1))
+        );
+        let failure = recs.iter().find(|r| r.kind == "failure").unwrap();
+        assert_eq!(failure.str("failure_kind"), Some("agent_died"));
+        assert_eq!(
+            failure.str("evidence"),
+            Some("the agent of rank 1 died and left no record; srun: error: n2: task 1: Killed")
         );
     }
 }

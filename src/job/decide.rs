@@ -475,6 +475,7 @@ mod tests {
             tail: &[],
             node: "n1",
             pre_timeout,
+            agents: &[],
             ended: chrono::DateTime::from_timestamp(1_800_000_500, 0).unwrap(),
         }
     }
@@ -833,5 +834,74 @@ mod tests {
         };
         let seen = seen_by_slurm(&[], 0, 0, &timeout, &[]);
         assert_eq!((seen.class, seen.failure), (Class::Preempted, true));
+    }
+
+    #[test]
+    fn a_dead_agent_restarts_in_place_within_the_budget_and_never_reads_as_a_stop_from_outside() {
+        use crate::job::judge::{AgentEnd, AgentStatus};
+        let attempt_of = |a: u32| {
+            vec![
+                rec(
+                    "rank_start",
+                    a,
+                    Some(0),
+                    "ws",
+                    100 * a as i64,
+                    json!({ "pid": 1 }),
+                ),
+                rec(
+                    "rank_start",
+                    a,
+                    Some(1),
+                    "ws",
+                    100 * a as i64,
+                    json!({ "pid": 2 }),
+                ),
+                rec(
+                    "rank_exit",
+                    a,
+                    Some(0),
+                    "ws",
+                    100 * a as i64 + 30,
+                    json!({ "class": "preempted", "class_reason": "stopped on request", "last_step": 10 * (a + 1) }),
+                ),
+            ]
+        };
+        let agents = [
+            AgentEnd {
+                rank: 0,
+                status: AgentStatus::Code(143),
+                at: chrono::DateTime::from_timestamp(1_800_000_031, 0).unwrap(),
+            },
+            AgentEnd {
+                rank: 1,
+                status: AgentStatus::Signal(9),
+                at: chrono::DateTime::from_timestamp(1_800_000_020, 0).unwrap(),
+            },
+        ];
+        let v = verdict();
+        let mut s = step(&v, false);
+        s.exit_code = 137;
+        s.agents = &agents;
+        let mut records = attempt_of(0);
+        let d = decide_local(&records, 0, &s, 1, &[]).unwrap();
+        assert_eq!(
+            (d.primary.rank, d.outcome.class),
+            (1, Class::Infrastructure)
+        );
+        assert!(
+            matches!(d.action, Action::RestartInPlace { .. }),
+            "{:?}",
+            d.action
+        );
+        assert_eq!(d.secondary, ["rank 0 on ws: secondary"]);
+        // The budget holds: a second death with --max-restarts 1 stops.
+        records.push(decided(&d));
+        records.extend(attempt_of(1));
+        let d = decide_local(&records, 1, &s, 1, &[]).unwrap();
+        let Action::Stop { reason } = &d.action else {
+            panic!("{:?}", d.action)
+        };
+        assert!(reason.contains("budget"), "{reason}");
     }
 }

@@ -25,7 +25,34 @@ pub struct StepEnd<'a> {
     /// When the step ended (srun's failure lines are dated by it): passed
     /// in, so that judging reads no clock.
     pub ended: chrono::DateTime<chrono::Utc>,
+    /// How the ranks' agents ended, where the job level reaped them itself
+    /// (local mode); empty under Slurm (srun's lines tell there).
+    pub agents: &'a [AgentEnd],
 }
+
+/// How one rank's agent ended, as the process that reaped it saw it.
+#[derive(Clone, Debug)]
+pub struct AgentEnd {
+    pub rank: u32,
+    pub status: AgentStatus,
+    /// When it was reaped.
+    pub at: chrono::DateTime<chrono::Utc>,
+}
+
+/// An agent's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AgentStatus {
+    /// It exited with this status.
+    Code(i32),
+    /// A signal killed it.
+    Signal(i32),
+    /// The job level killed it itself (SIGKILL after the grace, a second
+    /// Ctrl-C): an echo of the teardown, never a cause.
+    KilledHere,
+}
+
+/// The reason given for a rank whose agent died without its `rank_exit`.
+pub const AGENT_DIED: &str = "its agent died and left no record (resilio's own part failed)";
 
 pub(crate) fn secs(r: &Record) -> f64 {
     r.ts.timestamp_micros() as f64 / 1e6
@@ -105,6 +132,7 @@ pub fn judge_attempt(
     let mut failures = journaled_failures(records, attempt);
     hung_first(records, attempt, &mut failures);
     straggler_left_out(records, attempt, &mut failures);
+    lost_agents(records, attempt, step, &mut failures);
     add_unjournaled(step, &mut failures);
     let judgment = failure::primary(&failures);
     (failures, judgment)
@@ -208,6 +236,104 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
             evidence: x.evidence.map(|e| format!("straggler: {e}")),
         },
     });
+}
+
+/// A rank that started (`rank_start`) or whose agent the job level reaped,
+/// but left no `rank_exit`: its agent died (`kill -9`, the OOM killer, a
+/// crash of resilio). That is its rank's failure, class infrastructure,
+/// and the ranks stopped because of it (journaled as stopped on request:
+/// the teardown's SIGTERM) are its echoes. Only where no rank journaled a
+/// failure of its own (that one is the cause, and agents killed in the
+/// teardown it started are echoes), and not in a stop from outside (the
+/// step's own verdict, or Slurm's pre-timeout signal), where an agent
+/// killed after the grace is part of the stop.
+fn lost_agents(
+    records: &[Record],
+    attempt: u32,
+    step: &StepEnd<'_>,
+    failures: &mut Vec<RankFailure>,
+) {
+    if step.exit_code == 0 || step.pre_timeout || step.verdict.class == Class::Preempted {
+        return;
+    }
+    let echo = |c: Class| matches!(c, Class::Clean | Class::Secondary | Class::Preempted);
+    if failures.iter().any(|f| !echo(f.verdict.class)) {
+        return;
+    }
+    let mut started: Vec<(u32, String)> = Vec::new();
+    let mut exited: Vec<u32> = Vec::new();
+    for (r, e) in journal::events(records).filter(|(r, _)| r.attempt == attempt) {
+        match (e, r.rank) {
+            (Event::RankStart(_), Some(rank)) if !started.iter().any(|(k, _)| *k == rank) => {
+                started.push((rank, r.node.clone().unwrap_or_default()))
+            }
+            (Event::RankExit(_), Some(rank)) => exited.push(rank),
+            _ => {}
+        }
+    }
+    // An agent killed before its trainer started counts too; one that
+    // exited before (a command that cannot start, a usage error) has its
+    // own say in the launcher's view.
+    for a in step.agents {
+        let killed = matches!(a.status, AgentStatus::Signal(_));
+        if killed && !started.iter().any(|(k, _)| *k == a.rank) {
+            started.push((a.rank, step.node.to_string()));
+        }
+    }
+    started.sort_by_key(|(k, _)| *k);
+    let ended = step.ended.timestamp_micros() as f64 / 1e6;
+    let srun = srun_failures(step.tail, ended);
+    let mut lost = Vec::new();
+    for (rank, node) in started.into_iter().filter(|(k, _)| !exited.contains(k)) {
+        let seen = match step.agents.iter().find(|a| a.rank == rank) {
+            Some(a) => match a.status {
+                AgentStatus::KilledHere | AgentStatus::Code(0) => continue,
+                AgentStatus::Code(c) => (format!("exited {c}"), a.at),
+                AgentStatus::Signal(s) => (format!("died (signal {s})"), a.at),
+            },
+            // The job level reaped every agent itself: that one never ran.
+            None if !step.agents.is_empty() => continue,
+            None => ("died".to_string(), step.ended),
+        };
+        let line = srun.iter().find(|f| f.rank == rank);
+        // Its node failed (srun says so): that failure is the cause.
+        if srun.iter().any(|f| f.rank == u32::MAX && f.node == node) {
+            continue;
+        }
+        let node = line.map_or(node, |l| l.node.clone());
+        let mut evidence = format!("the agent of rank {rank} {} and left no record", seen.0);
+        if let Some(l) = line.and_then(|l| l.verdict.evidence.as_deref()) {
+            evidence = format!("{evidence}; {l}");
+        }
+        lost.push(RankFailure {
+            rank,
+            node,
+            at: seen.1.timestamp_micros() as f64 / 1e6,
+            verdict: Verdict {
+                class: Class::Infrastructure,
+                reason: AGENT_DIED.into(),
+                evidence: Some(evidence),
+            },
+        });
+    }
+    let Some(first) = lost
+        .iter()
+        .min_by(|a, b| a.at.total_cmp(&b.at))
+        .map(|f| f.rank)
+    else {
+        return;
+    };
+    for f in failures
+        .iter_mut()
+        .filter(|f| f.verdict.class == Class::Preempted)
+    {
+        f.verdict = Verdict {
+            class: Class::Secondary,
+            reason: format!("stopped because the agent of rank {first} died"),
+            evidence: f.verdict.evidence.clone(),
+        };
+    }
+    failures.extend(lost);
 }
 
 /// Ranks journaled by their agents are known; srun adds the silent ones
@@ -316,6 +442,7 @@ mod tests {
             tail,
             node: "n1",
             pre_timeout: false,
+            agents: &[],
             ended: chrono::DateTime::from_timestamp(1_800_000_100, 0).unwrap(),
         }
     }
@@ -393,5 +520,180 @@ mod tests {
         assert_eq!((p.rank, p.verdict.class), (u32::MAX, Class::Unknown));
         // A clean step with clean ranks: nothing to judge.
         assert!(judge_attempt(&records, 0, &step(&v, &[], 0)).1.is_none());
+    }
+
+    fn start(rank: u32, node: &str) -> Record {
+        rec(
+            "rank_start",
+            Some(rank),
+            node,
+            1,
+            json!({ "pid": 100 + rank }),
+        )
+    }
+
+    fn agent(rank: u32, status: AgentStatus) -> AgentEnd {
+        AgentEnd {
+            rank,
+            status,
+            at: chrono::DateTime::from_timestamp(1_800_000_050, 0).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_dead_agent_is_its_ranks_failure_and_the_ranks_stopped_for_it_echoes() {
+        // Local mode: rank 1's agent was killed by SIGKILL and left no
+        // rank_exit; rank 0 was stopped by the launcher's teardown.
+        let records = [
+            start(0, "ws"),
+            start(1, "ws"),
+            exit(0, "ws", 60, "preempted"),
+        ];
+        let v = own();
+        let agents = [
+            agent(0, AgentStatus::Code(143)),
+            agent(1, AgentStatus::Signal(9)),
+        ];
+        let mut s = step(&v, &[], 137);
+        s.agents = &agents;
+        let (failures, j) = judge_attempt(&records, 0, &s);
+        let j = j.unwrap();
+        let p = &failures[j.primary];
+        assert_eq!((p.rank, p.verdict.class), (1, Class::Infrastructure));
+        assert_eq!(j.class, Class::Infrastructure);
+        assert_eq!(p.verdict.reason, AGENT_DIED);
+        assert_eq!(
+            p.verdict.evidence.as_deref(),
+            Some("the agent of rank 1 died (signal 9) and left no record")
+        );
+        assert_eq!(p.at, 1_800_000_050.0);
+        let r0 = failures.iter().find(|f| f.rank == 0).unwrap();
+        assert_eq!(r0.verdict.class, Class::Secondary);
+        assert_eq!(
+            r0.verdict.reason,
+            "stopped because the agent of rank 1 died"
+        );
+        // An agent that exited non-zero after its trainer started, with no
+        // record, failed too.
+        let agents = [
+            agent(0, AgentStatus::Code(143)),
+            agent(1, AgentStatus::Code(101)),
+        ];
+        s.agents = &agents;
+        let (failures, j) = judge_attempt(&records, 0, &s);
+        let p = &failures[j.unwrap().primary];
+        assert_eq!(
+            p.verdict.evidence.as_deref(),
+            Some("the agent of rank 1 exited 101 and left no record")
+        );
+    }
+
+    #[test]
+    fn a_dead_agent_is_not_the_cause_where_something_else_is() {
+        let v = own();
+        // A rank's own failure came first: the agent the launcher killed in
+        // the teardown (or one that died in it) is an echo.
+        let records = [
+            start(0, "ws"),
+            start(1, "ws"),
+            exit(0, "ws", 60, "user_error"),
+        ];
+        for st in [AgentStatus::KilledHere, AgentStatus::Signal(9)] {
+            let agents = [agent(0, AgentStatus::Code(1)), agent(1, st)];
+            let mut s = step(&v, &[], 1);
+            s.agents = &agents;
+            let (failures, j) = judge_attempt(&records, 0, &s);
+            let p = &failures[j.unwrap().primary];
+            assert_eq!((p.rank, p.verdict.class), (0, Class::UserError));
+        }
+        // Killed here after the grace, with nothing else failed: not a death.
+        let records = [
+            start(0, "ws"),
+            start(1, "ws"),
+            exit(0, "ws", 60, "preempted"),
+        ];
+        let agents = [
+            agent(0, AgentStatus::Code(143)),
+            agent(1, AgentStatus::KilledHere),
+        ];
+        let mut s = step(&v, &[], 137);
+        s.agents = &agents;
+        let (failures, j) = judge_attempt(&records, 0, &s);
+        assert_eq!(j.unwrap().class, Class::Preempted, "{failures:?}");
+        // A stop from outside (the step's own verdict): whatever died in it
+        // is part of the stop.
+        let outside = Verdict {
+            class: Class::Preempted,
+            reason: "stopped on request".into(),
+            evidence: None,
+        };
+        let agents = [
+            agent(0, AgentStatus::Code(143)),
+            agent(1, AgentStatus::Signal(9)),
+        ];
+        let mut s = step(&outside, &[], 143);
+        s.agents = &agents;
+        assert_eq!(
+            judge_attempt(&records, 0, &s).1.unwrap().class,
+            Class::Preempted
+        );
+        // An agent that exited before its trainer started (no rank_start):
+        // the launcher's own view stands, as before.
+        let records = [start(0, "ws"), exit(0, "ws", 60, "preempted")];
+        let agents = [
+            agent(0, AgentStatus::Code(143)),
+            agent(1, AgentStatus::Code(2)),
+        ];
+        let mut s = step(&v, &[], 2);
+        s.agents = &agents;
+        let (failures, _) = judge_attempt(&records, 0, &s);
+        assert!(failures.iter().all(|f| f.verdict.reason != AGENT_DIED));
+    }
+
+    #[test]
+    fn under_slurm_a_rank_that_started_and_left_no_exit_is_its_agents_death() {
+        // Two-level form: rank 1's agent on n2 was killed; srun terminated
+        // the others, which journaled a stop on request.
+        let records = [
+            start(0, "n1"),
+            start(1, "n2"),
+            start(2, "n3"),
+            exit(0, "n1", 60, "preempted"),
+            exit(2, "n3", 60, "preempted"),
+        ];
+        let tail = vec![
+            "srun: error: n2: task 1: Killed".to_string(),
+            "srun: error: n1: task 0: Terminated".to_string(),
+        ];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &tail, 137));
+        let j = j.unwrap();
+        let p = &failures[j.primary];
+        assert_eq!((p.rank, p.node.as_str()), (1, "n2"));
+        assert_eq!(j.class, Class::Infrastructure);
+        assert_eq!(j.blamed_nodes, ["n2"]);
+        assert_eq!(
+            p.verdict.evidence.as_deref(),
+            Some("the agent of rank 1 died and left no record; srun: error: n2: task 1: Killed")
+        );
+        assert!(failures
+            .iter()
+            .filter(|f| f.rank != 1)
+            .all(|f| f.verdict.class == Class::Secondary));
+        // Its node failed: Slurm's node failure is the cause, as before.
+        let tail = vec!["srun: error: Node failure on n2".to_string()];
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &tail, 1));
+        let p = &failures[j.unwrap().primary];
+        assert_eq!(
+            (p.rank, p.verdict.reason.as_str()),
+            (u32::MAX, "Slurm reported a node failure")
+        );
+        // Slurm's pre-timeout signal: the stop it announced.
+        let mut s = step(&v, &[], 143);
+        s.pre_timeout = true;
+        assert_eq!(
+            judge_attempt(&records, 0, &s).1.unwrap().class,
+            Class::Preempted
+        );
     }
 }

@@ -17,6 +17,7 @@
 use super::act;
 use super::batch::{self, StepEnd};
 use super::decide::Decision;
+use super::judge::{AgentEnd, AgentStatus};
 use crate::config::Config;
 use crate::coordinator::state::{Effect, JobView};
 use crate::coordinator::Coordinator;
@@ -35,7 +36,9 @@ use std::time::{Duration, Instant};
 
 pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
 
+mod orphans;
 mod signals;
+use orphans::Orphans;
 use signals::{Signals, Wake};
 
 /// What `resilio run --ntasks N` was asked to do.
@@ -72,6 +75,11 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     );
     let coordinator = local.start_coordinator(&mut log)?;
     let signals = Signals::install()?;
+    // What a dead agent's trainer started comes here, not to init, to be
+    // stopped (see `orphans`).
+    if let Err(e) = crate::process::set_subreaper() {
+        tracing::warn!("cannot become child subreaper: {e}");
+    }
     let advice = local.cfg.coordinator.policy.checkpoint_advised.then(|| {
         crate::coordinator::Advice::new(std::sync::Arc::new(
             crate::analysis::advice::JournalAdvice::new(&local.cfg.state_dir, &local.job),
@@ -86,6 +94,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         stopped_from_outside: None,
         ints: 0,
         remembered: Vec::new(),
+        orphans: Orphans::default(),
     };
     let final_code = loop {
         let mut a = local.start_attempt(&mut run);
@@ -118,6 +127,19 @@ struct Rank {
     rank: u32,
     pid: Pid,
     exit: Option<i32>,
+    /// How its agent ended, for the judgment (an agent that died leaves no
+    /// `rank_exit`).
+    end: Option<AgentEnd>,
+    /// This process SIGKILLed its agent (after the grace, a second Ctrl-C).
+    killed_here: bool,
+}
+
+fn agent_status(status: WaitStatus) -> Option<AgentStatus> {
+    match status {
+        WaitStatus::Exited(_, c) => Some(AgentStatus::Code(c)),
+        WaitStatus::Signaled(_, s, _) => Some(AgentStatus::Signal(s as i32)),
+        _ => None,
+    }
 }
 
 fn code_of(status: WaitStatus) -> Option<i32> {
@@ -164,6 +186,8 @@ struct Run {
     ints: u32,
     /// Outcomes decided here, for when the journal cannot be read back.
     remembered: Vec<AttemptOutcome>,
+    /// What dead agents left behind, being stopped.
+    orphans: Orphans,
 }
 
 /// One attempt while it is supervised.
@@ -189,8 +213,9 @@ impl Attempt {
     }
 
     /// SIGKILL every rank's whole group.
-    fn kill_groups(&self) {
-        for r in self.running() {
+    fn kill_groups(&mut self) {
+        for r in self.ranks.iter_mut().filter(|r| r.exit.is_none()) {
+            r.killed_here = true;
             let _ = kill(Pid::from_raw(-r.pid.as_raw()), Signal::SIGKILL);
         }
     }
@@ -321,8 +346,10 @@ impl Local {
             } else {
                 Stdio::null()
             });
-        // The launcher gone (even by SIGKILL): the agents stop their ranks.
-        own_group(&mut cmd, Signal::SIGTERM, self.take_tty);
+        // The launcher gone (even by SIGKILL): one rank is stopped with it,
+        // as a plain wrapper's trainer would be; several ranks train on,
+        // their agents notice (docs/coordinator.md).
+        own_group(&mut cmd, single.then_some(Signal::SIGTERM), self.take_tty);
         // A user's own rendezvous address is kept for one rank (nothing
         // else on this machine joins it).
         let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
@@ -355,6 +382,8 @@ impl Local {
                     rank: r,
                     pid: Pid::from_raw(child.id() as i32),
                     exit: None,
+                    end: None,
+                    killed_here: false,
                 }),
                 Err(e) => {
                     spawn_error = Some(format!("cannot start the agent of rank {r}: {e}"));
@@ -396,7 +425,7 @@ impl Local {
     async fn supervise(&self, run: &mut Run, a: &mut Attempt) {
         loop {
             self.look(run, a);
-            if a.ranks.iter().all(|r| r.exit.is_some()) {
+            if a.ranks.iter().all(|r| r.exit.is_some()) && !run.orphans.pending() {
                 return;
             }
             let now = Instant::now();
@@ -418,13 +447,32 @@ impl Local {
             if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
                 if let Some(c) = code_of(st) {
                     r.exit = Some(c);
+                    r.end = agent_status(st).map(|status| AgentEnd {
+                        rank: r.rank,
+                        status: if r.killed_here {
+                            AgentStatus::KilledHere
+                        } else {
+                            status
+                        },
+                        at: chrono::Utc::now(),
+                    });
                     if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
                         a.failed_at = Some(Instant::now());
-                        a.failure_note = Some(format!("rank {} exited {c}", r.rank));
+                        // An agent exits with its trainer's status; one
+                        // killed by a signal died itself.
+                        a.failure_note = Some(match st {
+                            WaitStatus::Signaled(_, s, _) if !r.killed_here => {
+                                format!("the agent of rank {} died ({})", r.rank, s.as_str())
+                            }
+                            _ => format!("rank {} exited {c}", r.rank),
+                        });
                     }
                 }
             }
         }
+        let agents: Vec<i32> = a.running().map(|r| r.pid.as_raw()).collect();
+        run.orphans
+            .sweep(&agents, self.cfg.kill_grace, run.ints >= 2);
         if let (Some(c), Some(adv)) = (&run.coordinator, run.advice.as_mut()) {
             adv.poll(c, Instant::now());
         }
@@ -470,6 +518,12 @@ impl Local {
             Wake::Term => {
                 run.stopped_from_outside.get_or_insert("SIGTERM");
                 a.forward(Signal::SIGTERM);
+                a.teardown_sent = true;
+                a.kill_at.get_or_insert(kill_at);
+            }
+            Wake::Stop(s) => {
+                run.stopped_from_outside.get_or_insert(s.as_str());
+                a.forward(s);
                 a.teardown_sent = true;
                 a.kill_at.get_or_insert(kill_at);
             }
@@ -549,6 +603,7 @@ impl Local {
             .map(|j| crate::runs::of_key(j.records, run.log.run()))
             .unwrap_or_default();
         let fallback = fallback_verdict(worst, a.failure_note.as_deref());
+        let agents: Vec<AgentEnd> = a.ranks.iter().filter_map(|r| r.end.clone()).collect();
         let step = StepEnd {
             ended: chrono::Utc::now(),
             exit_code: worst,
@@ -556,6 +611,7 @@ impl Local {
             tail: &[],
             node: &self.node,
             pre_timeout: false,
+            agents: &agents,
         };
         let decided = batch::decide_local(
             &records,

@@ -45,6 +45,7 @@ impl Agent<'_> {
     /// comes after the step.
     pub async fn finish(mut self) -> Next {
         self.wind_down();
+        self.watch_launcher();
         let dump_signal = self.r.cfg.diagnostics.dump_signal;
         let e = self
             .lc
@@ -71,6 +72,19 @@ impl Agent<'_> {
                 ev::JobEnd {
                     exit_code: Some(code),
                     reason: None,
+                },
+                true,
+            );
+        } else if self.launcher_lost && self.r.id.rank == 0 {
+            // The launcher that would have ended the job is gone: the
+            // journal gets its end from rank 0, the rank whose end a
+            // torchrun job's status follows.
+            self.r.journal.write(
+                ev::JobEnd {
+                    exit_code: Some(code),
+                    reason: Some(format!(
+                        "rank 0 ended (exit code {code}) after the launcher died"
+                    )),
                 },
                 true,
             );
@@ -222,6 +236,7 @@ impl Agent<'_> {
             tail: &tail_lines,
             node: &r.id.node,
             pre_timeout: e.pre_timeout,
+            agents: &[],
         };
         let argv = &r.argv;
         let step_out = &r.step_out;

@@ -99,6 +99,9 @@ pub enum Sig {
     Usr1,
     Usr2,
     Cont,
+    /// Any other signal that would end resilio ([`crate::process::STOP_SIGNALS`]:
+    /// SIGQUIT, SIGALRM, ...): passed on as itself and handled like SIGTERM.
+    Stop(Signal),
 }
 
 /// What the agent does; carried out in order by `rank::run`.
@@ -335,7 +338,7 @@ impl Lifecycle {
     /// A signal to resilio, at `now` (`wall`: the wall clock then).
     pub fn on_signal(&mut self, sig: Sig, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
         match sig {
-            Sig::Term | Sig::Int => self.on_stop_signal(sig, now),
+            Sig::Term | Sig::Int | Sig::Stop(_) => self.on_stop_signal(sig, now),
             Sig::Hup => vec![self.forward_unless(Signal::SIGHUP)],
             Sig::Usr1 => self.on_user_signal(Signal::SIGUSR1, now, wall),
             Sig::Usr2 => self.on_user_signal(Signal::SIGUSR2, now, wall),
@@ -351,6 +354,7 @@ impl Lifecycle {
     fn on_stop_signal(&mut self, sig: Sig, now: Instant) -> Vec<Action> {
         let (signal, name) = match sig {
             Sig::Int => (Signal::SIGINT, "SIGINT"),
+            Sig::Stop(s) => (s, s.as_str()),
             _ => (Signal::SIGTERM, "SIGTERM"),
         };
         let mut out = Vec::new();

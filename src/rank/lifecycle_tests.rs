@@ -386,6 +386,39 @@ fn sigint_twice_kills_at_once() {
 }
 
 #[test]
+fn sigquit_and_the_other_ending_signals_are_passed_on_and_stop_like_sigterm() {
+    for sig in crate::process::STOP_SIGNALS {
+        let (mut m, t0) = machine(settings());
+        assert_eq!(
+            m.on_signal(Sig::Stop(sig), t0, wall()),
+            vec![Action::Forward(sig)],
+            "{sig}"
+        );
+        assert!(!m.monitoring());
+        // The trainer ignores it: SIGKILL after the grace, as for SIGTERM.
+        assert_eq!(
+            tick(&mut m, t0 + GRACE),
+            vec![Action::Kill {
+                record: Some(GRACE)
+            }]
+        );
+        m.on_main_exit(Exit::Signal(9, false), t0 + GRACE, false);
+        let e = m.ending(None).unwrap();
+        assert_eq!(e.cause(), format!("stopped by {}", sig.as_str()));
+        assert!(e.stopped_on_request());
+    }
+    // In a step, Slurm delivers it to the trainer itself.
+    let (mut m, t0) = machine(Settings {
+        slurm_delivers: true,
+        ..settings()
+    });
+    assert_eq!(
+        m.on_signal(Sig::Stop(Signal::SIGQUIT), t0, wall()),
+        vec![Action::LeftToSlurm(Signal::SIGQUIT)]
+    );
+}
+
+#[test]
 fn sighup_is_forwarded_without_stopping() {
     let (mut m, t0) = machine(settings());
     assert_eq!(

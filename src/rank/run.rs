@@ -64,6 +64,12 @@ pub(crate) struct Agent<'a> {
     pub(super) commands_handled: u64,
     pub(super) child_is_srun: bool,
     pub(super) slurm_cli: &'a dyn Slurm,
+    /// The local launcher of several ranks, while it lives (its agents
+    /// get no death signal from it: they train on, see `watch_launcher`).
+    pub(super) launcher: Option<nix::unistd::Pid>,
+    /// It died: this agent says so in the journal, and rank 0's writes the
+    /// `job_end`.
+    pub(super) launcher_lost: bool,
 }
 
 /// The lifecycle's settings from the configuration and the rank's setting.
@@ -123,6 +129,8 @@ impl<'a> Agent<'a> {
             commands_handled: 0,
             child_is_srun,
             slurm_cli,
+            launcher: crate::context::shares_output().then(nix::unistd::getppid),
+            launcher_lost: false,
         };
         (agent, Done { diag, probe })
     }
@@ -154,6 +162,7 @@ impl<'a> Agent<'a> {
                 _ = inp.usr1.recv() => Woke::Signal(Sig::Usr1),
                 _ = inp.usr2.recv() => Woke::Signal(Sig::Usr2),
                 _ = inp.cont.recv() => Woke::Signal(Sig::Cont),
+                Some(s) = inp.stop.recv() => Woke::Signal(Sig::Stop(s)),
                 _ = self.r.tx.woken() => Woke::Progress,
                 Some(note) = inp.notes.recv(), if linked => Woke::Note(note),
                 Some(p) = done.probe.recv() => Woke::Probe(p),
@@ -162,6 +171,7 @@ impl<'a> Agent<'a> {
                 _ = tokio::time::sleep_until(plan.wake.into()) => Woke::Timer,
             };
             self.on_woke(woke);
+            self.watch_launcher();
             if !self.lc.stalled() {
                 self.drain();
             }
@@ -183,6 +193,30 @@ impl<'a> Agent<'a> {
                 break;
             }
         }
+    }
+
+    /// The local launcher died when this process was re-parented (to a
+    /// subreaper or init): journal it once, and train on.
+    pub(super) fn watch_launcher(&mut self) {
+        let Some(pid) = self.launcher else {
+            return;
+        };
+        if nix::unistd::getppid() == pid {
+            return;
+        }
+        self.launcher = None;
+        self.launcher_lost = true;
+        tracing::warn!(
+            "the launcher (pid {pid}) is gone: rank {} trains on without it (no restarts; the ranks' own stall detection stays)",
+            self.r.id.rank
+        );
+        self.r.journal.write(
+            ev::LauncherLost {
+                launcher_pid: Some(pid.as_raw()),
+                note: Some("the rank trains on without the launcher and its coordinator".into()),
+            },
+            true,
+        );
     }
 
     fn on_woke(&mut self, woke: Woke) {

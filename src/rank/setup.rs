@@ -73,6 +73,8 @@ pub(crate) struct Inputs {
     pub usr2: Stream,
     pub cont: Stream,
     pub chld: Stream,
+    /// The other signals handled like SIGTERM ([`process::STOP_SIGNALS`]).
+    pub stop: UnboundedReceiver<nix::sys::signal::Signal>,
     pub notes: UnboundedReceiver<Note>,
 }
 
@@ -327,6 +329,8 @@ fn signals(notes: UnboundedReceiver<Note>, monitor_errors: &mut Vec<String>) -> 
         usr2: sig(SignalKind::user_defined2())?,
         cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
         chld: sig(SignalKind::child())?,
+        stop: process::stop_signals()
+            .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))?,
         notes,
     };
     if let Err(e) = process::set_subreaper() {

@@ -142,12 +142,16 @@ pub struct SpawnError {
 }
 
 /// Start `cmd` in a process group of its own (its pid is the group's id)
-/// that gets `death_signal` when the thread that spawned it ends, resilio
-/// killed by SIGKILL included (`PR_SET_PDEATHSIG`), or at once if that
-/// parent is already gone when the child sets up. With `take_terminal` the
+/// that gets `death_signal` (if one is given) when the thread that spawned
+/// it ends, resilio killed by SIGKILL included (`PR_SET_PDEATHSIG`), or at
+/// once if that parent is already gone when the child sets up. With `take_terminal` the
 /// new group also becomes the foreground group of the terminal on stdin (so
 /// it can read the keyboard and gets Ctrl-C itself).
-pub fn own_group(cmd: &mut Command, death_signal: Signal, take_terminal: bool) -> &mut Command {
+pub fn own_group(
+    cmd: &mut Command,
+    death_signal: Option<Signal>,
+    take_terminal: bool,
+) -> &mut Command {
     cmd.process_group(0);
     let parent = getpid();
     // SAFETY: only async-signal-safe calls between fork and exec: nix's
@@ -158,9 +162,11 @@ pub fn own_group(cmd: &mut Command, death_signal: Signal, take_terminal: bool) -
     // `take_terminal`, which callers pass when stdin is their terminal.
     unsafe {
         cmd.pre_exec(move || {
-            let _ = nix::sys::prctl::set_pdeathsig(death_signal);
-            if getppid() != parent {
-                let _ = raise(death_signal);
+            if let Some(death_signal) = death_signal {
+                let _ = nix::sys::prctl::set_pdeathsig(death_signal);
+                if getppid() != parent {
+                    let _ = raise(death_signal);
+                }
             }
             if take_terminal {
                 let old = signal(Signal::SIGTTOU, SigHandler::SigIgn);
@@ -257,7 +263,7 @@ fn start<S: AsRef<OsStr>>(
     };
     let mut cmd = Command::new(program);
     cmd.args(args).stdin(Stdio::null());
-    own_group(&mut cmd, Signal::SIGKILL, false);
+    own_group(&mut cmd, Some(Signal::SIGKILL), false);
     let merged = if opts.merge_stderr {
         let (read, write) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| spawn_error(e.into()))?;

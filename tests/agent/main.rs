@@ -11,6 +11,7 @@ mod health;
 mod journal;
 mod local_single;
 mod matrix;
+mod own_faults;
 mod passthrough;
 mod progress_sources;
 mod reports;

@@ -14,6 +14,8 @@ pub(super) struct Signals {
     usr2: tokio::signal::unix::Signal,
     cont: tokio::signal::unix::Signal,
     chld: tokio::signal::unix::Signal,
+    /// The other signals handled like SIGTERM ([`crate::process::STOP_SIGNALS`]).
+    stop: tokio::sync::mpsc::UnboundedReceiver<Signal>,
 }
 
 /// What woke the supervising loop.
@@ -22,6 +24,9 @@ pub(super) enum Wake {
     Look,
     Term,
     Int,
+    /// Another signal that would end resilio (SIGQUIT, ...): a stop from
+    /// outside like SIGTERM, passed on as itself.
+    Stop(Signal),
     /// A signal passed on to every rank.
     Forward(Signal),
 }
@@ -39,6 +44,8 @@ impl Signals {
             usr2: sig(SignalKind::user_defined2())?,
             cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
             chld: sig(SignalKind::child())?,
+            stop: crate::process::stop_signals()
+                .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))?,
         })
     }
 
@@ -48,6 +55,7 @@ impl Signals {
             _ = self.chld.recv() => Wake::Look,
             _ = self.term.recv() => Wake::Term,
             _ = self.int.recv() => Wake::Int,
+            Some(s) = self.stop.recv() => Wake::Stop(s),
             _ = self.hup.recv() => Wake::Forward(Signal::SIGHUP),
             _ = self.usr1.recv() => Wake::Forward(Signal::SIGUSR1),
             _ = self.usr2.recv() => Wake::Forward(Signal::SIGUSR2),
