@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
 
+mod command;
 mod orphans;
 mod signals;
 use orphans::Orphans;
@@ -105,22 +106,6 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     };
     run.coordinator = None;
     Ok(final_code)
-}
-
-/// A port free right now, for MASTER_PORT: from 20000..32000, below Linux's
-/// ephemeral range, so that no outgoing connection can take it between this
-/// check and the trainer's bind (the kernel's own pick, from the ephemeral
-/// range, could be). Starts at a place that differs per process and call.
-fn free_port() -> u16 {
-    let seed = std::process::id() as u64
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-    let start = (seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 33) % 12_000;
-    (0..12_000u64)
-        .map(|k| 20_000 + ((start + k) % 12_000) as u16)
-        .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
-        .unwrap_or(29_500)
 }
 
 struct Rank {
@@ -309,69 +294,13 @@ impl Local {
         }
     }
 
-    /// The agent of rank `r`, with the torchrun variables.
-    fn rank_command(&self, r: u32, attempt: u32, port: u16, c: Option<&Coordinator>) -> Command {
-        let (n, single) = (self.n, self.single);
-        let mut cmd = Command::new(&self.exe);
-        cmd.arg("run")
-            .args(&self.agent_args)
-            .arg("--")
-            .args(&self.argv)
-            .envs([
-                ("RANK", r.to_string()),
-                ("LOCAL_RANK", r.to_string()),
-                ("WORLD_SIZE", n.to_string()),
-                ("LOCAL_WORLD_SIZE", n.to_string()),
-                ("GROUP_RANK", "0".into()),
-                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
-                ("RESILIO_JOB_ID", self.job.clone()),
-                ("RESILIO_ATTEMPT", attempt.to_string()),
-                (
-                    "RESILIO_STATE_DIR",
-                    self.cfg.state_dir.to_string_lossy().into_owned(),
-                ),
-                (
-                    ENV_LAUNCHER,
-                    if single { LAUNCHER_SINGLE } else { "1" }.into(),
-                ),
-            ])
-            .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
-            .envs(crate::log::child_env())
-            // Ranks run in process groups of their own (so a Ctrl-C
-            // reaches them once, through the launcher). Several ranks
-            // are not in the terminal's foreground, so none may read
-            // it; one rank gets stdin and the terminal.
-            .stdin(if single {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            });
-        // The launcher gone (even by SIGKILL): one rank is stopped with it,
-        // as a plain wrapper's trainer would be; several ranks train on,
-        // their agents notice (docs/coordinator.md).
-        own_group(&mut cmd, single.then_some(Signal::SIGTERM), self.take_tty);
-        // A user's own rendezvous address is kept for one rank (nothing
-        // else on this machine joins it).
-        let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
-        if !keep_master("MASTER_ADDR") {
-            cmd.env("MASTER_ADDR", "127.0.0.1");
-        }
-        if !keep_master("MASTER_PORT") {
-            cmd.env("MASTER_PORT", port.to_string());
-        }
-        if let Some(c) = c {
-            cmd.envs(c.env());
-        }
-        cmd
-    }
-
     /// Start every rank's agent for the run's current attempt.
     fn start_attempt(&self, run: &mut Run) -> Attempt {
         if let (Some(c), Some(a)) = (&run.coordinator, run.advice.as_mut()) {
             a.now();
             a.poll(c, Instant::now());
         }
-        let port = free_port();
+        let port = command::free_port();
         let started = Instant::now();
         let mut ranks: Vec<Rank> = Vec::new();
         let mut spawn_error = None;
