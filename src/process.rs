@@ -40,6 +40,40 @@ pub const STOP_SIGNALS: [Signal; 8] = [
     Signal::SIGSTKFLT,
 ];
 
+/// The signals a supervisor of a trainer (the rank agent, the local
+/// launcher) handles, installed once, before the trainer starts.
+pub struct Signals {
+    pub term: tokio::signal::unix::Signal,
+    pub int: tokio::signal::unix::Signal,
+    pub hup: tokio::signal::unix::Signal,
+    pub usr1: tokio::signal::unix::Signal,
+    pub usr2: tokio::signal::unix::Signal,
+    pub cont: tokio::signal::unix::Signal,
+    pub chld: tokio::signal::unix::Signal,
+    /// The other signals handled like SIGTERM ([`STOP_SIGNALS`]).
+    pub stop: tokio::sync::mpsc::UnboundedReceiver<Signal>,
+}
+
+impl Signals {
+    /// Install every handler (inside the tokio runtime).
+    pub fn install() -> crate::error::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let failed =
+            |e: std::io::Error| Error::Other(format!("cannot install signal handler: {e}"));
+        let sig = |k: SignalKind| signal(k).map_err(failed);
+        Ok(Signals {
+            term: sig(SignalKind::terminate())?,
+            int: sig(SignalKind::interrupt())?,
+            hup: sig(SignalKind::hangup())?,
+            usr1: sig(SignalKind::user_defined1())?,
+            usr2: sig(SignalKind::user_defined2())?,
+            cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
+            chld: sig(SignalKind::child())?,
+            stop: stop_signals().map_err(failed)?,
+        })
+    }
+}
+
 /// Handle the [`STOP_SIGNALS`]: each arrival comes out of the returned
 /// channel. SIGXFSZ (a write of resilio's own past the file size limit) is
 /// caught and dropped, so that the write fails instead (the journal fails

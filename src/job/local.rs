@@ -39,8 +39,9 @@ pub use crate::context::{shares_output, ENV_LAUNCHER, LAUNCHER_SINGLE};
 mod command;
 mod orphans;
 mod signals;
+use crate::process::Signals;
 use orphans::Orphans;
-use signals::{Signals, Wake};
+use signals::Wake;
 
 /// What `resilio run --ntasks N` was asked to do.
 pub struct LocalOptions {
@@ -364,7 +365,7 @@ impl Local {
             if a.kill_at.is_some_and(|t| now >= t) {
                 a.kill_groups();
             }
-            let wake = run.signals.wait().await;
+            let wake = signals::wait(&mut run.signals).await;
             self.on_wake(run, a, wake);
         }
     }

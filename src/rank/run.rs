@@ -155,14 +155,14 @@ impl<'a> Agent<'a> {
                 // Signals first: a SIGCONT after a suspension must restart the
                 // stall clock before the timer that expired meanwhile is judged.
                 biased;
-                _ = inp.chld.recv() => Woke::Child,
-                _ = inp.term.recv() => Woke::Signal(Sig::Term),
-                _ = inp.int.recv() => Woke::Signal(Sig::Int),
-                _ = inp.hup.recv() => Woke::Signal(Sig::Hup),
-                _ = inp.usr1.recv() => Woke::Signal(Sig::Usr1),
-                _ = inp.usr2.recv() => Woke::Signal(Sig::Usr2),
-                _ = inp.cont.recv() => Woke::Signal(Sig::Cont),
-                Some(s) = inp.stop.recv() => Woke::Signal(Sig::Stop(s)),
+                _ = inp.signals.chld.recv() => Woke::Child,
+                _ = inp.signals.term.recv() => Woke::Signal(Sig::Term),
+                _ = inp.signals.int.recv() => Woke::Signal(Sig::Int),
+                _ = inp.signals.hup.recv() => Woke::Signal(Sig::Hup),
+                _ = inp.signals.usr1.recv() => Woke::Signal(Sig::Usr1),
+                _ = inp.signals.usr2.recv() => Woke::Signal(Sig::Usr2),
+                _ = inp.signals.cont.recv() => Woke::Signal(Sig::Cont),
+                Some(s) = inp.signals.stop.recv() => Woke::Signal(Sig::Stop(s)),
                 _ = self.r.tx.woken() => Woke::Progress,
                 Some(note) = inp.notes.recv(), if linked => Woke::Note(note),
                 Some(p) = done.probe.recv() => Woke::Probe(p),

@@ -26,7 +26,6 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::signal::unix::{signal, Signal as Stream, SignalKind};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The rank as set up, its trainer running.
@@ -66,15 +65,7 @@ pub(crate) struct Rank {
 
 /// What the loop waits on besides the progress queue.
 pub(crate) struct Inputs {
-    pub term: Stream,
-    pub int: Stream,
-    pub hup: Stream,
-    pub usr1: Stream,
-    pub usr2: Stream,
-    pub cont: Stream,
-    pub chld: Stream,
-    /// The other signals handled like SIGTERM ([`process::STOP_SIGNALS`]).
-    pub stop: UnboundedReceiver<nix::sys::signal::Signal>,
+    pub signals: process::Signals,
     pub notes: UnboundedReceiver<Note>,
 }
 
@@ -318,19 +309,8 @@ struct Linked {
 /// Signals are registered before the child exists so none is lost; then
 /// resilio becomes the child subreaper (orphans of the trainer are its to reap).
 fn signals(notes: UnboundedReceiver<Note>, monitor_errors: &mut Vec<String>) -> Result<Inputs> {
-    let sig = |k: SignalKind| {
-        signal(k).map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))
-    };
     let inputs = Inputs {
-        term: sig(SignalKind::terminate())?,
-        int: sig(SignalKind::interrupt())?,
-        hup: sig(SignalKind::hangup())?,
-        usr1: sig(SignalKind::user_defined1())?,
-        usr2: sig(SignalKind::user_defined2())?,
-        cont: sig(SignalKind::from_raw(libc::SIGCONT))?,
-        chld: sig(SignalKind::child())?,
-        stop: process::stop_signals()
-            .map_err(|e| Error::Other(format!("cannot install signal handler: {e}")))?,
+        signals: process::Signals::install()?,
         notes,
     };
     if let Err(e) = process::set_subreaper() {
