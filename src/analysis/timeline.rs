@@ -10,15 +10,16 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-fn describe(r: &Record) -> Option<String> {
-    let Some(event) = r.event() else {
-        // A kind this build does not know (or cannot read) shows by name.
-        return match r.kind.as_str() {
+/// A record's line, from its event read once (`None`: a kind this build
+/// does not know, or cannot read, which shows by name).
+fn describe(r: &Record, event: Option<&Event>) -> Option<String> {
+    match event {
+        Some(e) => describe_event(e),
+        None => match r.kind.as_str() {
             "coordinator_reachable_again" => None,
             other => Some(other.to_string()),
-        };
-    };
-    describe_event(&event)
+        },
+    }
 }
 
 /// A number or `-`.
@@ -392,7 +393,8 @@ pub fn render_with_notes(
             }
         }
         for r in &recs {
-            let text = match r.event() {
+            let event = r.event();
+            let text = match &event {
                 Some(Event::Progress(p))
                     if p.first.is_none()
                         && last_progress
@@ -401,7 +403,7 @@ pub fn render_with_notes(
                 {
                     Some(format!("last recorded step {}", num(p.step)))
                 }
-                _ => describe(r),
+                _ => describe(r, event.as_ref()),
             };
             let Some(text) = text else { continue };
             let who = format!(

@@ -596,11 +596,18 @@ impl Event {
         if !KINDS.contains(&kind) {
             return Err(format!("unknown kind '{kind}'"));
         }
-        let mut m = fields.clone();
-        // The run key is the envelope's (stamped on every record).
-        m.remove("run");
-        m.insert("kind".into(), Value::String(kind.into()));
-        serde_json::from_value(Value::Object(m)).map_err(|e| format!("{kind}: {e}"))
+        // Read in place (no copy of the fields): the tag, then the fields
+        // but the run key, which is the envelope's (stamped on every record).
+        use serde::de::value::MapDeserializer;
+        let tag = Value::String(kind.into());
+        let entries = std::iter::once(("kind", &tag)).chain(
+            fields
+                .iter()
+                .filter(|(k, _)| k.as_str() != "run")
+                .map(|(k, v)| (k.as_str(), v)),
+        );
+        let de = MapDeserializer::<_, serde_json::Error>::new(entries);
+        Event::deserialize(de).map_err(|e| format!("{kind}: {e}"))
     }
 }
 
