@@ -108,6 +108,10 @@ struct CoordinatorArgs {
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Come back in place of the job's dead coordinator: its address and
+    /// token, from the files it left (the ranks report here again)
+    #[arg(long, conflicts_with = "bind")]
+    take_over: bool,
 }
 
 #[derive(Args, Debug)]
@@ -585,18 +589,41 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
     let state_dir =
         crate::state_dir::for_writer(&a.state_dir.clone().unwrap_or(cfg.state_dir.clone()))
             .map_err(usage)?;
-    let bind = crate::coordinator::bind_address(&a.bind, false).map_err(usage)?;
     let dir = journal::job_dir(&state_dir, &a.job_id);
+    // Taking over: the attempt the ranks run now is the journal's latest,
+    // and the run is the dead coordinator's.
+    let earlier = if a.take_over {
+        journal::read_job(&dir)
+            .map(|j| j.records)
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let attempt = earlier.iter().map(|r| r.attempt).max().unwrap_or(0);
+    let run = earlier
+        .iter()
+        .rev()
+        .find(|r| r.kind == "coordinator_start")
+        .and_then(|r| r.run())
+        .map(str::to_string);
     let view = JobView::new(
         &a.job_id,
         a.world_size,
-        0,
+        attempt,
         cfg.coordinator.policy.clone(),
         std::time::Instant::now(),
     );
-    let w = journal::Writer::open(&dir, "coordinator.jsonl", 0, None, None);
-    let c = Coordinator::start(view, bind, w, Some(&dir))
-        .map_err(|e| Error::Other(format!("coordinator: {e}")))?;
+    let mut w = journal::Writer::open(&dir, "coordinator.jsonl", attempt, None, None);
+    w.set_run(run.as_deref());
+    let c = if a.take_over {
+        let from = crate::coordinator::successor_of(&dir)
+            .map_err(|e| Error::Usage(format!("cannot take over the coordinator: {e}")))?;
+        Coordinator::take_over(view, from, w, &dir)
+    } else {
+        let bind = crate::coordinator::bind_address(&a.bind, false).map_err(usage)?;
+        Coordinator::start(view, bind, w, Some(&dir))
+    }
+    .map_err(|e| Error::Other(format!("coordinator: {e}")))?;
     println!("{}", c.url);
     use std::io::Write;
     let _ = std::io::stdout().flush();

@@ -109,8 +109,14 @@ pub struct Spawned {
 }
 
 /// Start `argv` in a new process group with piped stdout/stderr, inherited
-/// stdin, and `env` added to the environment.
-pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned, Error> {
+/// stdin, and `env` added to the environment. With `outlive`, it is not
+/// killed when resilio dies (the job-level supervisor's step, which the
+/// batch script's guardian then sees through).
+pub fn spawn(
+    argv: &[OsString],
+    env: &[(OsString, OsString)],
+    outlive: bool,
+) -> Result<Spawned, Error> {
     let program = argv
         .first()
         .ok_or_else(|| Error::Usage("no command given after --".into()))?;
@@ -125,7 +131,11 @@ pub fn spawn(argv: &[OsString], env: &[(OsString, OsString)]) -> Result<Spawned,
     // Interactive use: when resilio owns the terminal, the trainer's group
     // takes it over (so `breakpoint()` can read the keyboard and Ctrl-C
     // reaches it directly); [`restore_terminal`] hands it back.
-    own_group(&mut cmd, Some(Signal::SIGKILL), owns_terminal());
+    own_group(
+        &mut cmd,
+        (!outlive).then_some(Signal::SIGKILL),
+        owns_terminal(),
+    );
     let name = program.to_string_lossy().into_owned();
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::NotFound {

@@ -1034,3 +1034,152 @@ fn the_adapter_against_the_real_cluster() {
 fn exists(p: &Path) -> bool {
     p.exists()
 }
+
+/// The steps of the running ranks, as the job's coordinator (found from
+/// its files) reports them; empty when none answers.
+fn status_steps(job_dir: &Path) -> Vec<u64> {
+    use std::io::{Read, Write};
+    let Some((url, token)) = resilio::coordinator::discover_files(job_dir) else {
+        return Vec::new();
+    };
+    let addr = url.trim_start_matches("http://");
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return Vec::new();
+    };
+    let _ = write!(
+        s,
+        "GET /v1/status HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    let json: serde_json::Value = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    json.get("ranks")
+        .and_then(|r| r.as_array())
+        .map(|ranks| {
+            ranks
+                .iter()
+                .filter(|r| r.get("state").and_then(|s| s.as_str()) == Some("running"))
+                .filter_map(|r| r.get("step").and_then(|s| s.as_u64()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Processes whose command line holds `marker` (the job's own directory).
+fn pids_with(marker: &str) -> Vec<(i32, i32)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmd).contains(marker) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        out.push((pid, ppid));
+    }
+    out
+}
+
+#[test]
+fn killing_the_job_level_supervisor_leaves_the_step_training_and_the_journal_says_so() {
+    let _g = lock();
+    let job = submit("", "--total 60 --step-time 0.3");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 5/60") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The batch script's process is the guardian; the supervisor is its
+    // child with the same command line (`resilio run ... -- srun ...`).
+    let marker = job.dir.path().display().to_string();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let procs = pids_with(&marker);
+    let supers: Vec<i32> = procs
+        .iter()
+        .filter(|(pid, _)| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.starts_with(bin.as_bytes()) && String::from_utf8_lossy(&cmd).contains("\0srun\0")
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    let supervisor = procs
+        .iter()
+        .find(|(p, pp)| supers.contains(p) && supers.contains(pp))
+        .unwrap_or_else(|| panic!("no supervisor under a guardian: {procs:?} {supers:?}"))
+        .0;
+    Command::new("kill")
+        .args(["-9", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    // A coordinator comes back at the same address, and the ranks report
+    // to it: all three running, at steps past the kill.
+    let jd = journal::job_dir(&job.state_dir(), &job.id);
+    let mut seen = Vec::new();
+    let back = Instant::now() + Duration::from_secs(15);
+    while seen.len() < 3 {
+        assert!(Instant::now() < back, "no coordinator came back: {seen:?}");
+        std::thread::sleep(Duration::from_millis(300));
+        seen = status_steps(&jd).into_iter().filter(|s| *s > 5).collect();
+    }
+    let state = job.wait_final(Duration::from_secs(120));
+    let recs = job.records();
+    let out = job.output();
+    // Training went on to its end: the trainer's own account.
+    assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("rank {r} finished at step 60")),
+            "{out}"
+        );
+    }
+    assert_eq!(job.show().restarts, 0);
+    // The journal says what happened, and who ended the job.
+    let lost = job.kinds("supervisor_lost");
+    assert_eq!(lost.len(), 1, "{recs:#?}");
+    assert_eq!(lost[0].u64("supervisor_pid"), Some(supervisor as u64));
+    assert_eq!(lost[0].get("step_running"), Some(&serde_json::json!(true)));
+    assert!(lost[0].str("status").is_some_and(|s| s.contains("SIGKILL")));
+    // A coordinator took over at the same address, and the ranks found it.
+    let starts = job.kinds("coordinator_start");
+    assert_eq!(starts.len(), 2, "{starts:#?}");
+    assert_eq!(starts[0].str("url"), starts[1].str("url"));
+    assert_eq!(
+        starts[1].u64("took_over_from"),
+        Some(supervisor as u64),
+        "{starts:#?}"
+    );
+    let end = job.kinds("job_end");
+    assert_eq!(end.len(), 1, "{recs:#?}");
+    assert_eq!(end[0].u64("exit_code"), Some(0));
+    for r in job.kinds("rank_exit") {
+        if r.rank.is_some() {
+            assert_eq!(r.u64("last_step"), Some(60), "{r:?}");
+        }
+    }
+    // The report says so too.
+    let rep = resilio::analysis::report::build(&job.id, &recs, 0, None);
+    assert_eq!(rep.supervisor_losses.len(), 1);
+    assert_eq!(rep.last_step, Some(60));
+    assert!(resilio::analysis::report::render_text(&rep)
+        .contains("the job-level supervisor (and the coordinator in it) (pid"));
+    // Nothing of the job is left running.
+    let gone = Instant::now() + Duration::from_secs(20);
+    while !pids_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < gone,
+            "left running: {:?}",
+            pids_with(&marker)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

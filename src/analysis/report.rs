@@ -108,6 +108,73 @@ pub struct Report {
     /// the time of each counted as unexplained. Absent when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub journal_gaps: Vec<crate::analysis::accounting::JournalGap>,
+    /// resilio's own parts that died during the job (the job-level
+    /// supervisor, the local launcher), when and what carried on. Absent
+    /// when there is none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub supervisor_losses: Vec<SupervisorLoss>,
+}
+
+/// A part of resilio above the ranks that died during the job.
+#[derive(Clone, Debug, Serialize)]
+pub struct SupervisorLoss {
+    pub ts: DateTime<Utc>,
+    pub attempt: u32,
+    /// `supervisor` (the job-level supervisor under Slurm) or `launcher`
+    /// (the local launcher of several ranks).
+    pub part: String,
+    pub pid: Option<i32>,
+    /// How it ended, where known (`signal 9 (SIGKILL)`).
+    pub status: Option<String>,
+    /// The ranks that saw it go (local launcher).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<u32>,
+    pub note: Option<String>,
+}
+
+/// The parts of resilio above the ranks that died, one entry each (every
+/// rank journals the launcher's loss: one entry lists them all).
+fn supervisor_losses_of(events: &[(&Record, Event)]) -> Vec<SupervisorLoss> {
+    let mut out: Vec<SupervisorLoss> = Vec::new();
+    for (r, e) in events {
+        match e {
+            Event::SupervisorLost(s) => out.push(SupervisorLoss {
+                ts: r.ts,
+                attempt: r.attempt,
+                part: "supervisor".into(),
+                pid: s.supervisor_pid,
+                status: s.status.clone(),
+                ranks: Vec::new(),
+                note: s.note.clone(),
+            }),
+            Event::LauncherLost(l) => {
+                let same = out.iter_mut().find(|x| {
+                    x.part == "launcher" && x.pid == l.launcher_pid && x.attempt == r.attempt
+                });
+                match same {
+                    Some(x) => {
+                        x.ts = x.ts.min(r.ts);
+                        x.ranks.extend(r.rank);
+                    }
+                    None => out.push(SupervisorLoss {
+                        ts: r.ts,
+                        attempt: r.attempt,
+                        part: "launcher".into(),
+                        pid: l.launcher_pid,
+                        status: None,
+                        ranks: r.rank.into_iter().collect(),
+                        note: l.note.clone(),
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+    for x in &mut out {
+        x.ranks.sort_unstable();
+        x.ranks.dedup();
+    }
+    out
 }
 
 /// Checkpoint statistics.
@@ -311,6 +378,7 @@ pub fn build(
         segments: acc.segments,
         checkpoint_advice: None,
         journal_gaps,
+        supervisor_losses: supervisor_losses_of(&events),
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
         run: None,
@@ -650,6 +718,31 @@ pub fn render_text(r: &Report) -> String {
             );
         }
     }
+    if !r.supervisor_losses.is_empty() {
+        let _ = writeln!(s, "\nresilio's own faults (the ranks trained on):");
+        for l in &r.supervisor_losses {
+            let what = match l.part.as_str() {
+                "launcher" => "the local launcher (and the coordinator in it)",
+                _ => "the job-level supervisor (and the coordinator in it)",
+            };
+            let _ = writeln!(
+                s,
+                "  {} attempt {}: {what}{} died{}{}{}",
+                l.ts.format("%H:%M:%S%.3f"),
+                l.attempt,
+                l.pid.map_or(String::new(), |p| format!(" (pid {p})")),
+                l.status
+                    .as_ref()
+                    .map_or(String::new(), |st| format!(" ({st})")),
+                if l.ranks.is_empty() {
+                    String::new()
+                } else {
+                    format!(", seen by ranks {:?}", l.ranks)
+                },
+                l.note.as_ref().map_or(String::new(), |n| format!(": {n}")),
+            );
+        }
+    }
     for line in skipped_notes(&r.skipped_lines, r.bad_journal_lines) {
         let _ = writeln!(s, "{line}");
     }
@@ -763,6 +856,44 @@ mod tests {
         );
         assert_eq!(r.mttf_s, Some(201.0));
         assert!(r.checkpoint_advice.is_none(), "no checkpoint cost measured");
+    }
+
+    #[test]
+    fn the_deaths_of_resilios_own_parts_are_listed_once_each() {
+        let lost = |t: f64, rank: u32| {
+            let mut r = rec(
+                t,
+                "launcher_lost",
+                0,
+                json!({"launcher_pid": 7, "note": "n"}),
+            );
+            r.rank = Some(rank);
+            r
+        };
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            lost(5.0, 1),
+            lost(4.0, 0),
+            rec(
+                9.0,
+                "supervisor_lost",
+                1,
+                json!({"supervisor_pid": 42, "status": "signal 9 (SIGKILL)", "step_running": true}),
+            ),
+        ];
+        let r = build("j", &recs, 0, None);
+        assert_eq!(r.supervisor_losses.len(), 2, "{:?}", r.supervisor_losses);
+        assert_eq!(r.supervisor_losses[0].ranks, [0, 1]);
+        assert_eq!(r.supervisor_losses[0].ts, recs[2].ts);
+        let text = render_text(&r);
+        assert!(text.contains("attempt 0: the local launcher (and the coordinator in it) (pid 7) died, seen by ranks [0, 1]: n"), "{text}");
+        assert!(text.contains("attempt 1: the job-level supervisor (and the coordinator in it) (pid 42) died (signal 9 (SIGKILL))"), "{text}");
+        // None: no section, and nothing in the JSON.
+        let quiet = build("j", &recs[..1], 0, None);
+        assert!(!render_text(&quiet).contains("own faults"));
+        assert!(!serde_json::to_string(&quiet)
+            .unwrap()
+            .contains("supervisor_losses"));
     }
 
     #[test]

@@ -113,6 +113,8 @@ impl Default for CoordinatorSettings {
 pub struct Config {
     /// Root of journals: `STATE_DIR/jobs/JOB/`.
     pub state_dir: PathBuf,
+    /// The user's file it was loaded from (`--config`), if any.
+    pub user_file: Option<PathBuf>,
     /// Time between SIGTERM and SIGKILL when stopping the trainer.
     pub kill_grace: Duration,
     /// Restarts allowed after failures, in place, inside the allocation or by
@@ -203,6 +205,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             state_dir: default_state_dir(),
+            user_file: None,
             kill_grace: Duration::from_secs(30),
             stall_kill_grace: Duration::from_secs(5),
             max_restarts: 3,
@@ -307,6 +310,7 @@ impl Config {
         }
         if let Some(path) = user_file {
             cfg.apply_file(path)?;
+            cfg.user_file = Some(path.to_path_buf());
         }
         Ok(cfg)
     }

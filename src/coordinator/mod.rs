@@ -98,15 +98,40 @@ impl Coordinator {
     /// Bind, start serving in a thread of its own, and write the discovery
     /// files into `job_dir` (when given).
     pub fn start(
-        mut view: JobView,
+        view: JobView,
         bind: SocketAddr,
         journal: Writer,
         job_dir: Option<&Path>,
     ) -> std::io::Result<Coordinator> {
+        Self::start_with(view, bind, journal, job_dir, None)
+    }
+
+    /// Start in place of a dead coordinator ([`Successor`]): its address
+    /// and token, so that the ranks' links to it work again.
+    pub fn take_over(
+        view: JobView,
+        from: Successor,
+        journal: Writer,
+        job_dir: &Path,
+    ) -> std::io::Result<Coordinator> {
+        Self::start_with(view, from.addr, journal, Some(job_dir), Some(from))
+    }
+
+    fn start_with(
+        mut view: JobView,
+        bind: SocketAddr,
+        journal: Writer,
+        job_dir: Option<&Path>,
+        from: Option<Successor>,
+    ) -> std::io::Result<Coordinator> {
         if world_size_is_a_guess(&|k| std::env::var(k).ok()) {
             view.world_size_unknown();
         }
-        let token = new_token()?;
+        let took_over_from = from.as_ref().map(|f| f.pid);
+        let token = match from {
+            Some(f) => f.token,
+            None => new_token()?,
+        };
         let listener = std::net::TcpListener::bind(bind)?;
         let addr = listener.local_addr()?;
         let url = format!("http://{addr}");
@@ -125,6 +150,7 @@ impl Coordinator {
             event: crate::event::CoordinatorStart {
                 url: Some(url.clone()),
                 pid: Some(std::process::id()),
+                took_over_from,
             }
             .into(),
             durable: true,
@@ -422,6 +448,65 @@ pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
         .trim()
         .to_string();
     (!token.is_empty()).then_some((url, token))
+}
+
+/// What a coordinator coming back in place of a dead one takes over.
+#[derive(Debug)]
+pub struct Successor {
+    pub addr: SocketAddr,
+    pub token: String,
+    /// The dead coordinator's pid.
+    pub pid: i32,
+}
+
+/// The dead coordinator of a job, from the files it left in `job_dir`: its
+/// address and token, when its process is gone from this host, and the
+/// token file is this user's own and private. `Err` says why not.
+pub fn successor_of(job_dir: &Path) -> Result<Successor, String> {
+    use std::os::unix::fs::MetadataExt;
+    let info_path = job_dir.join(INFO_FILE);
+    let info: serde_json::Value = std::fs::read(&info_path)
+        .map_err(|e| format!("{}: {e}", info_path.display()))
+        .and_then(|b| {
+            serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", info_path.display()))
+        })?;
+    if !stale(&info) {
+        return Err(format!(
+            "{}: its coordinator is still running on this host, or ran on another",
+            info_path.display()
+        ));
+    }
+    let pid = info
+        .get("pid")
+        .and_then(|p| p.as_i64())
+        .and_then(|p| i32::try_from(p).ok())
+        .unwrap_or(0);
+    let addr = info
+        .get("url")
+        .and_then(|u| u.as_str())
+        .and_then(|u| u.strip_prefix("http://"))
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .ok_or_else(|| format!("{}: no address in it", info_path.display()))?;
+    let token_path = job_dir.join(TOKEN_FILE);
+    let meta = std::fs::symlink_metadata(&token_path)
+        .map_err(|e| format!("{}: {e}", token_path.display()))?;
+    if !meta.file_type().is_file()
+        || meta.uid() != nix::unistd::getuid().as_raw()
+        || meta.mode() & 0o077 != 0
+    {
+        return Err(format!(
+            "{}: not a private file of this user",
+            token_path.display()
+        ));
+    }
+    let token = std::fs::read_to_string(&token_path)
+        .map_err(|e| format!("{}: {e}", token_path.display()))?
+        .trim()
+        .to_string();
+    if token.len() < 32 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("{}: not a token", token_path.display()));
+    }
+    Ok(Successor { addr, token, pid })
 }
 
 /// A coordinator on this host whose process is gone.

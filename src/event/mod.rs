@@ -319,6 +319,16 @@ events! {
         note: String,
     }
 
+    /// Under Slurm, the job-level supervisor died (`kill -9`, the OOM
+    /// killer); the batch script's guardian kept the job and its step.
+    SupervisorLost = "supervisor_lost" {
+        supervisor_pid: i32,
+        status: String,
+        step_pid: i32,
+        step_running: bool,
+        note: String,
+    }
+
     /// A stalled rank waits for the job-wide judgment.
     StopDeferred = "stop_deferred" {
         reason: String,
@@ -489,6 +499,9 @@ events! {
     CoordinatorStart = "coordinator_start" {
         url: String,
         pid: u32,
+        /// The pid of the dead coordinator this one took over from (same
+        /// address, same token: the ranks find it again).
+        took_over_from: i32,
     }
 
     /// A new attempt's reports began.

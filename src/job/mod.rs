@@ -11,6 +11,8 @@
 //! - [`retry`]: the schedule a Slurm call is tried again on.
 //! - [`batch`]: the batch-level `resilio run` around `srun` in the batch
 //!   script, wiring the above together (`crate::job::batch` is its old path).
+//! - [`guardian`]: the batch script's process under Slurm, above the
+//!   job-level supervisor: its death leaves the job and the step running.
 //! - [`local`]: local mode (`resilio run --ntasks N`, and a plain `resilio
 //!   run` outside Slurm): N agents, the coordinator, restarts in place
 //!   (`crate::job::local` is its old path).
@@ -18,6 +20,7 @@
 pub mod act;
 pub mod batch;
 pub mod decide;
+pub mod guardian;
 pub mod judge;
 pub mod local;
 pub mod retry;

@@ -60,6 +60,18 @@ pub struct RunOptions {
 /// when the trainer could not be started. `slurm` carries out the batch
 /// level's Slurm commands (requeue, exclusion, signalling the steps).
 pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
+    // The batch script's process guards the job-level supervisor (its
+    // child) rather than being it: see `crate::job::guardian`.
+    let guardian = crate::job::guardian::take_link();
+    if !guardian
+        && crate::job::guardian::wanted(
+            crate::slurm::env::SlurmContext::from_env().is_ok_and(|s| s.in_batch_script()),
+        )
+    {
+        if let Some(code) = crate::job::guardian::run() {
+            return Ok(code);
+        }
+    }
     let next = crate::util::runtime()?.block_on(run_async(opts, slurm))?;
     match next {
         Next::Exit(code) => Ok(code),
@@ -73,13 +85,13 @@ pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
 /// once the runtime, the coordinator and every file of this attempt are gone.
 fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
     use std::os::unix::process::CommandExt;
-    let err = match std::env::current_exe() {
-        Ok(exe) => std::process::Command::new(exe)
-            .args(std::env::args_os().skip(1))
-            .env(crate::slurm::step::ENV_RELAUNCH, r.encode())
-            .exec(),
-        Err(e) => e,
-    };
+    let mut cmd = crate::util::own_binary();
+    cmd.args(std::env::args_os().skip(1))
+        .env(crate::slurm::step::ENV_RELAUNCH, r.encode());
+    if let Some((k, v)) = crate::job::guardian::keep_across_exec() {
+        cmd.env(k, v);
+    }
+    let err = cmd.exec();
     tracing::error!("cannot relaunch the step inside the allocation: {err}");
     1
 }

@@ -417,7 +417,8 @@ pub(crate) fn setup(
     } = b;
     let run_argv = step_argv(&argv, &step_out, &mut journal);
     let argv_text = text_of(&argv);
-    let spawned = match process::spawn(&run_argv, &env) {
+    let guarded = batch_level && crate::job::guardian::guarded();
+    let spawned = match process::spawn(&run_argv, &env, guarded) {
         Ok(s) => s,
         Err(e) => {
             spawn_failed(&mut journal, &e, &argv_text, single_rank_job);
@@ -426,6 +427,23 @@ pub(crate) fn setup(
         }
     };
     let launched = Instant::now();
+    if guarded {
+        use std::os::fd::AsFd;
+        let step = crate::job::guardian::Handoff {
+            step_pid: spawned.pid.as_raw(),
+            attempt: id.attempt,
+            job_dir: job_dir.clone(),
+            node: id.node.clone(),
+            run: id.run.key.clone(),
+            coordinator: hosted.as_ref().map(|_| crate::job::guardian::Rehost {
+                job: id.job.clone(),
+                world_size: id.world_size,
+                state_dir: cfg.state_dir.clone(),
+                config: cfg.user_file.clone(),
+            }),
+        };
+        crate::job::guardian::hand_over(&step, spawned.stdout.as_fd(), spawned.stderr.as_fd());
+    }
     outbox.update(|r| r.pid = spawned.pid.as_raw() as u32);
     let mut rank = Rank {
         clock,

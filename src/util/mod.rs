@@ -15,3 +15,21 @@ pub fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {
         .build()
         .map_err(|e| crate::error::Error::Other(format!("cannot start runtime: {e}")))
 }
+
+/// A command running this very binary again, with `argv[0]` as this
+/// process got it: through `/proc/self/exe`, which still names this
+/// program after its file was replaced on disk (a package upgrade during a
+/// long job), where `current_exe()` would name a deleted path.
+pub fn own_binary() -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let exe = std::path::Path::new("/proc/self/exe");
+    let mut cmd = if exe.exists() {
+        std::process::Command::new(exe)
+    } else {
+        std::process::Command::new(std::env::current_exe().unwrap_or_else(|_| exe.into()))
+    };
+    if let Some(a0) = std::env::args_os().next() {
+        cmd.arg0(a0);
+    }
+    cmd
+}

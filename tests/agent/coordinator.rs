@@ -420,6 +420,158 @@ fn killing_the_coordinator_does_not_kill_training() {
     }
 }
 
+/// A standalone coordinator for `job` (`extra`: more options) and the URL
+/// it printed.
+fn standalone_coordinator(
+    state: &Path,
+    job: &str,
+    extra: &[&str],
+) -> (std::process::Child, String) {
+    let mut coord = Command::new(bin())
+        .args(["__coordinator", "--job-id", job, "--world-size", "2"])
+        .args(extra)
+        .arg("--state-dir")
+        .arg(state)
+        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    let mut one_byte = [0u8; 1];
+    let mut so = coord.stdout.take().unwrap();
+    while !line.ends_with('\n') {
+        if so.read(&mut one_byte).unwrap() == 0 {
+            break;
+        }
+        line.push(one_byte[0] as char);
+    }
+    (coord, line.trim().to_string())
+}
+
+/// The ranks the coordinator at `url` sees running, and their steps; empty
+/// when it cannot be reached.
+fn running_steps(url: &str, token: &str) -> Vec<u64> {
+    let addr = url.trim_start_matches("http://");
+    if std::net::TcpStream::connect(addr).is_err() {
+        return Vec::new();
+    }
+    let (c, body) = http(url, "GET", "/v1/status", Some(token), "");
+    if c != 200 {
+        return Vec::new();
+    }
+    let json: serde_json::Value = body
+        .split_once("\r\n\r\n")
+        .and_then(|(_, b)| serde_json::from_str(b).ok())
+        .unwrap_or_default();
+    json.get("ranks")
+        .and_then(|r| r.as_array())
+        .map(|ranks| {
+            ranks
+                .iter()
+                .filter(|r| r.get("state").and_then(|s| s.as_str()) == Some("running"))
+                .filter_map(|r| r.get("step").and_then(|s| s.as_u64()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_coordinator_that_comes_back_picks_up_the_ranks_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut first, url) = standalone_coordinator(tmp.path(), "back", &[]);
+    let token = coordinator_of(tmp.path(), "back").unwrap().1;
+    let ranks: Vec<std::process::Child> = (0..2)
+        .map(|r| {
+            run_trainer(
+                tmp.path(),
+                "back",
+                &[],
+                &["--steps", "120", "--interval", "0.1"],
+            )
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", "2")
+            .env("RESILIO_COORDINATOR", &url)
+            .env("RESILIO_COORDINATOR_TOKEN", &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+        })
+        .collect();
+    assert!(wait_for(Duration::from_secs(20), || running_steps(
+        &url, &token
+    )
+    .len()
+        == 2));
+    // It dies hard, and the ranks lose it.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let dir = resilio::journal::job_dir(tmp.path(), "back");
+    assert!(wait_for(Duration::from_secs(20), || {
+        kinds(&records(tmp.path(), "back"), "coordinator_unreachable").len() == 2
+    }));
+    // A new one takes over: same address, same token.
+    let (mut second, url2) = standalone_coordinator(tmp.path(), "back", &["--take-over"]);
+    assert_eq!(url2, url, "the address it took over");
+    assert_eq!(coordinator_of(tmp.path(), "back").unwrap().1, token);
+    // The ranks report to it again, with steps that move on.
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            seen = running_steps(&url, &token);
+            seen.len() == 2 && seen.iter().all(|s| *s > 0)
+        }),
+        "{seen:?}"
+    );
+    for r in ranks {
+        let (out, _) = wait_output(r, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    }
+    let recs = records(tmp.path(), "back");
+    for r in 0..2 {
+        assert!(
+            kinds(&recs, "coordinator_reachable")
+                .iter()
+                .any(|x| x.rank == Some(r)),
+            "{recs:#?}"
+        );
+    }
+    for r in kinds(&recs, "rank_exit") {
+        assert_eq!(r.u64("last_step"), Some(120));
+    }
+    let starts = kinds(&recs, "coordinator_start");
+    assert_eq!(starts.len(), 2, "{starts:#?}");
+    assert_eq!(starts[1].u64("took_over_from"), Some(u64::from(first.id())));
+    // Its exit reports arrived at the second one.
+    let (c, body) = http(&url, "GET", "/v1/status", Some(&token), "");
+    assert_eq!(c, 200);
+    assert_eq!(body.matches("\"state\":\"exited\"").count(), 2, "{body}");
+    // A live coordinator is never taken over.
+    let third = Command::new(bin())
+        .args([
+            "__coordinator",
+            "--job-id",
+            "back",
+            "--take-over",
+            "--state-dir",
+        ])
+        .arg(tmp.path())
+        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(2), "{}", stderr_of(&third));
+    assert!(
+        stderr_of(&third).contains("still running"),
+        "{}",
+        stderr_of(&third)
+    );
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let _ = dir;
+}
+
 #[test]
 fn the_same_unexplained_crash_twice_is_a_crash_loop_and_stops() {
     let tmp = tempfile::tempdir().unwrap();
