@@ -1183,3 +1183,91 @@ fn killing_the_job_level_supervisor_leaves_the_step_training_and_the_journal_say
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The value of `key` in the environment of process `pid`.
+fn env_of(pid: i32, key: &str) -> Option<String> {
+    let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    env.split(|b| *b == 0).find_map(|kv| {
+        let kv = String::from_utf8_lossy(kv);
+        kv.strip_prefix(&format!("{key}=")).map(str::to_string)
+    })
+}
+
+#[test]
+fn killing_a_rank_agent_relaunches_the_step_on_the_spare_node() {
+    let _g = lock();
+    let job = submit_nodes(4, "-N 3 -n 3", "-t 10", "", "--total 60 --step-time 0.3");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 8/60") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let marker = job.dir.path().display().to_string();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    // Rank 1's agent: the `resilio run` of the step's task 1.
+    let agent = pids_with(&marker)
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            cmd.starts_with(bin.as_bytes())
+                && !String::from_utf8_lossy(&cmd).contains("\0srun\0")
+                && env_of(*p, "SLURM_PROCID").as_deref() == Some("1")
+                && env_of(*p, "SLURM_STEP_ID").as_deref() == Some("0")
+        })
+        .expect("rank 1's agent");
+    let victim = env_of(agent, "SLURMD_NODENAME").expect("its node");
+    Command::new("kill")
+        .args(["-9", &agent.to_string()])
+        .status()
+        .unwrap();
+    let state = job.wait_final(Duration::from_secs(180));
+    let recs = job.records();
+    let out = job.output();
+    assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
+    // The trainer's own account: it resumed from a checkpoint and finished.
+    assert!(out.contains("resumed from checkpoint #"), "{out}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("rank {r} finished at step 60")),
+            "{out}"
+        );
+    }
+    assert_eq!(job.show().restarts, 0, "relaunched inside the allocation");
+    // The journal: rank 1's agent died, its node was blamed and left out.
+    let f: Vec<&Record> = recs
+        .iter()
+        .filter(|r| r.kind == "failure" && r.attempt == 0)
+        .collect();
+    assert!(
+        f.iter().any(|r| r.str("failure_kind") == Some("agent_died")
+            && r.str("class") == Some("infrastructure")),
+        "{f:#?}"
+    );
+    let j = job.kinds("judgment");
+    assert_eq!(j[0].str("primary_node"), Some(victim.as_str()), "{j:?}");
+    assert_eq!(j[0].u64("primary_rank"), Some(1), "{j:?}");
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(second.iter().all(|(_, n)| *n != victim), "{second:?}");
+    assert!(job
+        .kinds("judgment")
+        .iter()
+        .all(|j| j.str("class") != Some("preempted")));
+    // Nothing of the job is left running.
+    let gone = Instant::now() + Duration::from_secs(20);
+    while !pids_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < gone,
+            "left running: {:?}",
+            pids_with(&marker)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
