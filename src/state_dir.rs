@@ -49,10 +49,53 @@ pub fn user_dir(root: &Path) -> PathBuf {
     root.join(USERS).join(user_name())
 }
 
+/// The state dir of last resort (no state dir configured, no home
+/// directory): `/tmp/resilio-state-UID`. Anyone can make that path first,
+/// so [`for_writer`] checks it is this user's private directory.
+pub fn tmp_fallback() -> PathBuf {
+    PathBuf::from(format!("/tmp/resilio-state-{}", nix::unistd::getuid()))
+}
+
+/// The state dir under `/tmp` ([`tmp_fallback`]): made 0700 if missing; an
+/// error when it is not this user's own directory (a symlink, another
+/// owner's: a squatter could remove or replace journals).
+fn private_tmp(dir: &Path) -> std::result::Result<(), String> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
+        return Err(format!(
+            "the state dir {} is not your directory ({}, owner uid {}): someone else made it; set RESILIO_STATE_DIR or HOME",
+            dir.display(),
+            if meta.file_type().is_symlink() {
+                "a symlink"
+            } else if meta.is_dir() {
+                "a directory"
+            } else {
+                "not a directory"
+            },
+            meta.uid()
+        ));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    Ok(())
+}
+
 /// The state dir a run writes to: `root` itself, or under a shared `root`
 /// this user's own directory, made (0700) if needed. An error when that
-/// directory exists but is someone else's (it would expose the journals).
+/// directory exists but is someone else's (it would expose the journals),
+/// and when the state dir of last resort under `/tmp` is not this user's.
 pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
+    if root == tmp_fallback() {
+        private_tmp(root)?;
+        return Ok(root.to_path_buf());
+    }
     if !is_shared(root) {
         return Ok(root.to_path_buf());
     }
@@ -178,6 +221,37 @@ mod tests {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         assert_eq!(for_writer(&d).unwrap(), d);
         assert_eq!(readable_roots(&d), vec![d.clone()]);
+    }
+
+    #[test]
+    fn the_state_dir_under_tmp_must_be_this_users_own() {
+        let t = tempfile::tempdir().unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        // Missing: made private.
+        let d = t.path().join("fresh");
+        private_tmp(&d).unwrap();
+        assert_eq!(mode(&d), 0o700);
+        // Own but open: tightened.
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        private_tmp(&d).unwrap();
+        assert_eq!(mode(&d), 0o700);
+        // A symlink to a directory of ours is still refused.
+        let link = t.path().join("link");
+        std::os::unix::fs::symlink(&d, &link).unwrap();
+        let e = private_tmp(&link).unwrap_err();
+        assert!(
+            e.contains("a symlink") && e.contains("RESILIO_STATE_DIR"),
+            "{e}"
+        );
+        // Another user's (root can make one here): refused, not used.
+        if nix::unistd::geteuid().is_root() {
+            let other = t.path().join("other");
+            std::fs::create_dir(&other).unwrap();
+            std::os::unix::fs::chown(&other, Some(4242), Some(4242)).unwrap();
+            let e = private_tmp(&other).unwrap_err();
+            assert!(e.contains("owner uid 4242"), "{e}");
+        }
+        assert!(tmp_fallback().starts_with("/tmp"));
     }
 
     #[test]

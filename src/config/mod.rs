@@ -186,8 +186,9 @@ impl Default for NodesConfig {
 }
 
 /// The default state directory: `$RESILIO_STATE_DIR`, else
-/// `$XDG_STATE_HOME/resilio`, else `$HOME/.local/state/resilio`, else
-/// `/tmp/resilio-$UID`.
+/// `$XDG_STATE_HOME/resilio`, else `$HOME/.local/state/resilio` (HOME, or
+/// the passwd entry's home directory), else `/tmp/resilio-state-$UID`
+/// (checked to be this user's own by [`crate::state_dir::for_writer`]).
 pub fn default_state_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("RESILIO_STATE_DIR").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir);
@@ -198,7 +199,17 @@ pub fn default_state_dir() -> PathBuf {
     if let Some(home) = std::env::var_os("HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(home).join(".local/state/resilio");
     }
-    PathBuf::from(format!("/tmp/resilio-{}", nix::unistd::getuid()))
+    // No HOME (a daemon's or a stripped environment): the passwd entry's.
+    let uid = nix::unistd::getuid();
+    if let Some(home) = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map(|u| u.dir)
+        .filter(|d| d.is_dir() && d != Path::new("/"))
+    {
+        return home.join(".local/state/resilio");
+    }
+    crate::state_dir::tmp_fallback()
 }
 
 impl Default for Config {

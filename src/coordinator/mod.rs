@@ -419,7 +419,7 @@ fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<Pa
         "node": nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
         "started": chrono::Utc::now(),
     });
-    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o644)?;
+    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o600)?;
     Ok(vec![info_path, token_path])
 }
 
