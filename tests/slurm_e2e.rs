@@ -57,8 +57,10 @@ struct Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
-        // A failed test leaves the job's output and journal for a look.
+        // A failed test leaves the job's output and journal for a look, and
+        // no job running.
         if std::thread::panicking() {
+            let _ = Command::new("scancel").arg(&self.id).status();
             let kept = self.dir.path().with_extension("kept");
             if std::fs::rename(self.dir.path(), &kept).is_ok() {
                 eprintln!("job {} files kept in {}", self.id, kept.display());
@@ -1270,4 +1272,73 @@ fn killing_a_rank_agent_relaunches_the_step_on_the_spare_node() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+#[test]
+fn a_sigstopped_trainer_is_judged_a_hang_of_its_rank_and_the_step_runs_again() {
+    let _g = lock();
+    let job = submit_nodes(4, "-N 3 -n 3", "-t 10", "", "--total 40 --step-time 0.3");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 8/40") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let marker = job.dir.path().display().to_string();
+    // Rank 1's trainer (the python process of task 1, not its agent).
+    let trainer = pids_with(&marker)
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| {
+            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains("lockstep_trainer.py\0")
+                && !cmd.starts_with(env!("CARGO_BIN_EXE_resilio").as_bytes())
+                && !cmd.starts_with(b"srun")
+                && env_of(*p, "SLURM_PROCID").as_deref() == Some("1")
+                && env_of(*p, "SLURM_STEP_ID").as_deref() == Some("0")
+        })
+        .expect("rank 1's trainer");
+    Command::new("kill")
+        .args(["-STOP", &trainer.to_string()])
+        .status()
+        .unwrap();
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    let out = job.output();
+    assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
+    assert!(out.contains("resumed from checkpoint #"), "{out}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("rank {r} finished at step 40")),
+            "{out}"
+        );
+    }
+    let j = job.kinds("judgment");
+    assert_eq!(j[0].str("class"), Some("hang"), "{j:?}");
+    assert_eq!(j[0].u64("primary_rank"), Some(1), "{j:?}");
+    let d = job.kinds("decision");
+    assert!(
+        ["restart_in_allocation", "requeue"].contains(
+            &d[0].get("decision").unwrap()["action"]
+                .as_str()
+                .unwrap_or("")
+        ),
+        "{d:?}"
+    );
+    assert!(!pid_alive(trainer), "the stopped trainer is gone");
+    let gone = Instant::now() + Duration::from_secs(20);
+    while !pids_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < gone,
+            "left running: {:?}",
+            pids_with(&marker)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+    })
 }
