@@ -832,10 +832,13 @@ fn a_node_crash_is_recorded_from_slurms_own_records() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let nodes = rank_nodes(&job.records(), 0);
+    // The batch script's node (rank 0's, the allocation's first): the
+    // job-level supervisor dies with it, so Slurm requeues the job by
+    // itself, and the next allocation learns what happened from sacct.
     let victim = nodes
         .iter()
-        .find(|(r, _)| *r == 1)
-        .expect("rank 1 started")
+        .find(|(r, _)| *r == 0)
+        .expect("rank 0 started")
         .1
         .clone();
     // Crash the node: its slurmd, stepds and tasks at once.
@@ -1341,4 +1344,120 @@ fn pid_alive(pid: i32) -> bool {
         !s.rsplit_once(')')
             .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
     })
+}
+
+#[test]
+fn a_node_crash_with_a_spare_is_relaunched_on_the_spare_within_seconds() {
+    let _g = lock();
+    // The README's shape: 4 nodes for a 3-node step, one spare; `--no-kill`
+    // keeps the allocation when Slurm declares the dead node failed.
+    let job = submit_nodes(
+        4,
+        "-N 3 -n 3",
+        "-t 10 --no-kill",
+        "",
+        "--total 150 --step-time 0.2",
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 10/150") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let victim = rank_nodes(&job.records(), 0)
+        .into_iter()
+        .find(|(r, _)| *r == 1)
+        .expect("rank 1 started")
+        .1;
+    let crashed = chrono::Utc::now();
+    testbed_cmd(&["kill-node", &victim]);
+    let state = job.wait_final(Duration::from_secs(240));
+    testbed_cmd(&["start-node", &victim]);
+    let back = Instant::now() + Duration::from_secs(90);
+    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
+        .trim()
+        .starts_with("idle")
+    {
+        assert!(Instant::now() < back, "{victim} did not come back");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let recs = job.records();
+    let out = job.output();
+    assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
+    assert_eq!(job.show().restarts, 0, "no trip through the queue");
+    // srun was not waited for: only the dead node's rank was left, silent.
+    let ab = job.kinds("step_abandoned");
+    assert_eq!(ab.len(), 1, "{recs:#?}");
+    assert_eq!(
+        ab[0].get("nodes"),
+        Some(&serde_json::json!([victim.clone()]))
+    );
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(second.iter().all(|(_, n)| *n != victim), "{second:?}");
+    // Within seconds: the first step of the relaunch, counted from the crash.
+    let first = recs
+        .iter()
+        .filter(|r| r.kind == "progress" && r.attempt == 1)
+        .map(|r| r.ts)
+        .min()
+        .expect("the relaunch made progress");
+    let took = (first - crashed).num_milliseconds() as f64 / 1000.0;
+    assert!(
+        took < 20.0,
+        "{took}s from the crash to the first step after it"
+    );
+    eprintln!("node crash to the first step on the spare: {took:.1}s");
+    // The trainer's own account.
+    assert!(out.contains("resumed from checkpoint #"), "{out}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("rank {r} finished at step 150")),
+            "{out}"
+        );
+    }
+}
+
+#[test]
+fn a_node_crash_without_a_spare_is_requeued_without_the_node_before_slurm_notices() {
+    let _g = lock();
+    let job = submit("", "--total 60 --step-time 0.4");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 5/60") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let victim = rank_nodes(&job.records(), 0)
+        .into_iter()
+        .find(|(r, _)| *r == 1)
+        .expect("rank 1 started")
+        .1;
+    testbed_cmd(&["kill-node", &victim]);
+    let state = job.wait_final(Duration::from_secs(360));
+    testbed_cmd(&["start-node", &victim]);
+    let back = Instant::now() + Duration::from_secs(90);
+    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
+        .trim()
+        .starts_with("idle")
+    {
+        assert!(Instant::now() < back, "{victim} did not come back");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    // resilio stopped waiting for the dead node's rank, blamed the node and
+    // requeued without it (Slurm would have requeued with it only after
+    // declaring the node down, and the job would have waited for it).
+    assert_eq!(job.kinds("step_abandoned").len(), 1, "{recs:#?}");
+    let j = job.kinds("judgment");
+    assert_eq!(j[0].str("primary_node"), Some(victim.as_str()), "{j:?}");
+    assert_eq!(job.kinds("requeue").len(), 1, "{recs:#?}");
+    assert!(job.show().restarts >= 1);
+    assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
+    assert!(job.output().contains("resumed from checkpoint #"));
 }

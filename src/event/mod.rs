@@ -522,6 +522,17 @@ events! {
         silent_s: f64,
     }
 
+    /// The job-level supervisor stopped waiting for a torn-down step whose
+    /// only ranks left were silent (their agents died with their nodes):
+    /// srun was killed rather than left waiting for Slurm to declare the
+    /// nodes failed.
+    StepAbandoned = "step_abandoned" {
+        ranks: Vec<u32>,
+        nodes: Vec<String>,
+        silent_s: f64,
+        note: String,
+    }
+
     /// A lost rank reports again.
     RankHeardAgain = "rank_heard_again" {
         about_rank: u32,

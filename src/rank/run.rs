@@ -70,7 +70,16 @@ pub(crate) struct Agent<'a> {
     /// It died: this agent says so in the journal, and rank 0's writes the
     /// `job_end`.
     pub(super) launcher_lost: bool,
+    /// Batch level: srun was killed because only silent ranks were left of
+    /// its torn-down step ([`SILENT_STEP`]).
+    pub(super) step_abandoned: bool,
 }
+
+/// How long the ranks left of a torn-down step must be silent (their agents
+/// report every second or two while they live) before the job-level
+/// supervisor stops waiting for srun: srun itself waits until Slurm
+/// declares their nodes failed (25 s and more; `SlurmdTimeout` plus a ping).
+pub const SILENT_STEP: Duration = Duration::from_secs(8);
 
 /// The lifecycle's settings from the configuration and the rank's setting.
 fn settings(r: &Rank) -> Settings {
@@ -131,6 +140,7 @@ impl<'a> Agent<'a> {
             slurm_cli,
             launcher: crate::context::shares_output().then(nix::unistd::getppid),
             launcher_lost: false,
+            step_abandoned: false,
         };
         (agent, Done { diag, probe })
     }
@@ -151,6 +161,13 @@ impl<'a> Agent<'a> {
                 .step_wake
                 .is_some_and(|t| self.r.tx.has_steps_before(t));
             let (linked, diagnosing) = (self.r.link.is_some(), self.lc.diagnosing());
+            // A hosting job-level supervisor looks at its step once a
+            // second at least (`abandon_silent_step`).
+            let wake = if self.r.batch_level && self.r.hosted.is_some() {
+                plan.wake.min(Instant::now() + Duration::from_secs(1))
+            } else {
+                plan.wake
+            };
             let woke = tokio::select! {
                 // Signals first: a SIGCONT after a suspension must restart the
                 // stall clock before the timer that expired meanwhile is judged.
@@ -168,7 +185,7 @@ impl<'a> Agent<'a> {
                 Some(p) = done.probe.recv() => Woke::Probe(p),
                 _ = std::future::ready(()), if early => Woke::Progress,
                 Some(d) = done.diag.recv(), if diagnosing => Woke::Diagnostics(d),
-                _ = tokio::time::sleep_until(plan.wake.into()) => Woke::Timer,
+                _ = tokio::time::sleep_until(wake.into()) => Woke::Timer,
             };
             self.on_woke(woke);
             self.watch_launcher();
@@ -183,6 +200,7 @@ impl<'a> Agent<'a> {
                     a.poll(c, Instant::now());
                 }
             }
+            self.abandon_silent_step();
             let now = Instant::now();
             let checked = match self.lc.checkpoint_query(now) {
                 Some(since) => self.checkpoint_done_since(since),
@@ -193,6 +211,44 @@ impl<'a> Agent<'a> {
                 break;
             }
         }
+    }
+
+    /// Batch level, hosting the coordinator: a step torn down after a
+    /// failure whose only ranks left have been silent for [`SILENT_STEP`]
+    /// (their agents died with their nodes) is not waited for. srun is
+    /// killed; the step's end is judged as usual (the silent ranks left no
+    /// `rank_exit`: their agents died, their nodes are blamed) and it runs
+    /// again at once (a relaunch overlaps the lingering step, see
+    /// `slurm::step::overlapping`).
+    fn abandon_silent_step(&mut self) {
+        if !self.r.batch_level || self.step_abandoned || self.lc.main_exited() {
+            return;
+        }
+        let Some(c) = &self.r.hosted else {
+            return;
+        };
+        let now = Instant::now();
+        let Some(left) = c.with_view(|v| (v.only_silent_left(now, SILENT_STEP), Vec::new())) else {
+            return;
+        };
+        self.step_abandoned = true;
+        let (ranks, nodes): (Vec<u32>, Vec<String>) = left.into_iter().unzip();
+        tracing::warn!(
+            "the step was torn down and only silent ranks are left ({ranks:?} on {nodes:?}, nothing heard for {}s): srun is not waited for",
+            SILENT_STEP.as_secs()
+        );
+        self.r.journal.write(
+            ev::StepAbandoned {
+                ranks: Some(ranks),
+                nodes: Some(nodes),
+                silent_s: Some(SILENT_STEP.as_secs_f64()),
+                note: Some(
+                    "srun was killed rather than left waiting for Slurm to declare their nodes failed".into(),
+                ),
+            },
+            true,
+        );
+        process::signal_group(self.r.pid, Signal::SIGKILL);
     }
 
     /// The local launcher died when this process was re-parented (to a

@@ -398,6 +398,7 @@ pub(crate) fn setup(
     if let Some(code) = before_start(&cfg, &mut b, checks_node, slurm_cli) {
         return Ok(Setup::Done(Next::Exit(code)));
     }
+    let relaunch = b.relaunched.is_some();
     let step_out = match leave_out(&cfg, &mut b, &argv, slurm_cli) {
         Ok(out) => out,
         Err(next) => {
@@ -415,7 +416,10 @@ pub(crate) fn setup(
         single_rank_job,
         ..
     } = b;
-    let run_argv = step_argv(&argv, &step_out, &mut journal);
+    let mut run_argv = step_argv(&argv, &step_out, &mut journal);
+    if relaunch {
+        run_argv = crate::slurm::step::overlapping(&run_argv);
+    }
     let argv_text = text_of(&argv);
     let guarded = batch_level && crate::job::guardian::guarded();
     let spawned = match process::spawn(&run_argv, &env, guarded) {

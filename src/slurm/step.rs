@@ -332,9 +332,70 @@ pub fn leave_out(argv: &[OsString], exclude: &[String], nodes: u32) -> Option<Ve
     Some(out)
 }
 
+/// A relaunch's `srun` with `--overlap`: it may share the allocation's
+/// resources with the step before it. A step whose node died stays listed,
+/// holding its other nodes, until slurmctld hears from that node again, and
+/// a new step that does not overlap waits for it with no end (seen on the
+/// testbed: `kill-node` with `--no-kill`, over 150 s; with `--overlap` the
+/// relaunch started at once). The step before has ended everywhere else,
+/// so nothing is shared in practice. Left as it is when it is not srun, or
+/// asks for `--overlap` or `--exclusive` itself.
+pub fn overlapping(argv: &[OsString]) -> Vec<OsString> {
+    if !is_srun(argv) {
+        return argv.to_vec();
+    }
+    let (opts, _) = srun_opts(argv);
+    if opts
+        .iter()
+        .any(|o| matches!(o.name.as_str(), "overlap" | "exclusive"))
+    {
+        return argv.to_vec();
+    }
+    let mut out = vec![argv[0].clone(), "--overlap".into()];
+    out.extend(argv[1..].iter().cloned());
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relaunch_overlaps_the_step_before_it() {
+        let argv = v(&[
+            "srun",
+            "-N",
+            "3",
+            "resilio",
+            "run",
+            "--",
+            "python3",
+            "t.py",
+            "--exclusive",
+        ]);
+        assert_eq!(
+            overlapping(&argv),
+            v(&[
+                "srun",
+                "--overlap",
+                "-N",
+                "3",
+                "resilio",
+                "run",
+                "--",
+                "python3",
+                "t.py",
+                "--exclusive"
+            ])
+        );
+        for kept in [
+            &["srun", "--overlap", "x"][..],
+            &["srun", "--exclusive", "x"],
+            &["bash", "train.sh"],
+        ] {
+            assert_eq!(overlapping(&v(kept)), v(kept), "{kept:?}");
+        }
+    }
 
     fn v(xs: &[&str]) -> Vec<OsString> {
         xs.iter().map(OsString::from).collect()

@@ -482,6 +482,34 @@ impl JobView {
         out
     }
 
+    /// A torn-down step whose only ranks left have gone silent: the attempt
+    /// failed at least `silent_after` ago, some ranks have not exited, and
+    /// none of those was heard from for `silent_after`. Their agents died
+    /// with their nodes (or lost the network): srun would wait for Slurm to
+    /// declare those nodes failed. The silent ranks and their nodes.
+    pub fn only_silent_left(
+        &self,
+        now: Instant,
+        silent_after: Duration,
+    ) -> Option<Vec<(u32, String)>> {
+        let torn_down = self.failing.as_ref().is_some_and(|f| f.judged);
+        let since = self.failed_at?;
+        if !torn_down || now.saturating_duration_since(since) < silent_after {
+            return None;
+        }
+        let left: Vec<(u32, String, Instant)> = self
+            .ranks
+            .iter()
+            .filter(|(_, e)| e.report.state != RankState::Exited)
+            .map(|(r, e)| (*r, e.report.node.clone(), e.heard))
+            .collect();
+        let silent = !left.is_empty()
+            && left
+                .iter()
+                .all(|(_, _, heard)| now.saturating_duration_since(*heard) >= silent_after);
+        silent.then(|| left.into_iter().map(|(r, n, _)| (r, n)).collect())
+    }
+
     /// Ranks not heard from for `lost_after`, once each.
     fn mark_lost(&mut self, now: Instant, out: &mut Vec<Effect>) {
         let lost_after = self.cfg.lost_after;
@@ -650,6 +678,57 @@ mod tests {
         }
         // Commands of the old attempt do not reach the new one.
         assert!(v.commands_for(0, 1, 0).is_empty());
+    }
+
+    #[test]
+    fn a_torn_down_step_whose_only_ranks_left_are_silent_can_be_left() {
+        let t = Instant::now();
+        let quiet = Duration::from_secs(10);
+        let mut v = view(t);
+        for r in 0..4 {
+            v.on_report(report(r, 10, RankState::Running), t);
+        }
+        // Nothing failed: silence alone is a matter for `lost_after`.
+        assert_eq!(v.only_silent_left(t + Duration::from_secs(60), quiet), None);
+        // Rank 2 crashes at t+1; ranks 0 and 3 are stopped and exit; rank 1
+        // (its node died with its agent) is never heard from after t.
+        let exited = |r: u32, code: i32, stopped: bool| {
+            let mut x = report(r, 10, RankState::Exited);
+            x.exit = Some(ExitInfo {
+                code,
+                stopped,
+                class: crate::event::Class::Unknown,
+                cause: "x".into(),
+                ..Default::default()
+            });
+            x
+        };
+        let t1 = t + Duration::from_secs(1);
+        v.on_report(exited(2, 1, false), t1);
+        v.on_report(exited(0, 143, true), t1 + Duration::from_secs(1));
+        // Rank 3 is still being stopped and reporting: not yet.
+        v.on_report(
+            report(3, 10, RankState::Running),
+            t1 + Duration::from_secs(8),
+        );
+        assert_eq!(
+            v.only_silent_left(t1 + Duration::from_secs(12), quiet),
+            None
+        );
+        v.on_report(exited(3, 143, true), t1 + Duration::from_secs(13));
+        // Teardown began 10 s ago, but rank 1 was heard 11 s ago: not before
+        // the teardown is 10 s old.
+        assert_eq!(v.only_silent_left(t1 + Duration::from_secs(9), quiet), None);
+        assert_eq!(
+            v.only_silent_left(t1 + Duration::from_secs(13), quiet),
+            Some(vec![(1, "n0".to_string())])
+        );
+        // Everyone exited: srun ends by itself, nothing to leave.
+        v.on_report(exited(1, 143, true), t1 + Duration::from_secs(14));
+        assert_eq!(
+            v.only_silent_left(t1 + Duration::from_secs(30), quiet),
+            None
+        );
     }
 
     #[test]
