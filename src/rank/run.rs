@@ -406,7 +406,7 @@ impl<'a> Agent<'a> {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
             }
-            Action::StopForCoordinator { .. } => process::signal_group(pid, Signal::SIGTERM),
+            Action::StopForCoordinator { .. } => process::terminate(pid, None),
             Action::Probe { reason } => self.probe(reason),
             Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
             Action::LiveOnJobProgress => self.live_on_job_progress(),
