@@ -225,7 +225,9 @@ impl<'a> Agent<'a> {
                 self.reap_due = true;
                 Vec::new()
             }
-            Woke::Signal(s) => self.lc.on_signal(s, Instant::now(), Utc::now()),
+            Woke::Signal(s) => self
+                .lc
+                .on_signal(s, Instant::now(), crate::util::clock::now()),
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
