@@ -409,6 +409,23 @@ pub fn signal_tree(pgid: Pid, sig: Signal, skip: &[i32]) {
     }
 }
 
+/// resilio's own stop of a rank (a stall, a teardown): SIGTERM, then
+/// SIGCONT, to the trainer's group and, with `tree`, to every other
+/// descendant but `skip`. A stopped process (SIGSTOP, a debugger's stop)
+/// keeps a caught or blocked SIGTERM pending until it is continued: without
+/// the SIGCONT its first word would be the SIGKILL after the grace, and its
+/// handler (a last save, a clean exit) would never run. Slurm sends SIGCONT
+/// with SIGTERM for the same reason. To a process that runs, SIGCONT does
+/// nothing (its default action is to continue).
+pub fn terminate(pgid: Pid, tree: Option<&[i32]>) {
+    for sig in [Signal::SIGTERM, Signal::SIGCONT] {
+        match tree {
+            Some(skip) => signal_tree(pgid, sig, skip),
+            None => signal_group(pgid, sig),
+        }
+    }
+}
+
 /// The executable name of a process (`/proc/PID/exe` basename, else comm).
 pub fn exe_name(pid: i32) -> Option<String> {
     std::fs::read_link(format!("/proc/{pid}/exe"))

@@ -11,6 +11,8 @@ python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
 # The HTML timeline is rendered in headless Chromium by a test.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+# The wall clock is stepped under resilio with libfaketime (tests/agent/chaos.rs).
+command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "tests/run.sh: installing ${need_apt[*]}" >&2
   if [ "$(id -u)" -ne 0 ]; then

@@ -204,6 +204,10 @@ impl Link {
         tokio::spawn(async move {
             let mut backoff = me.period;
             let mut down_since: Option<Instant> = None;
+            // The gap is the time the coordinator heard nothing from this
+            // rank: from the last report that got through (not from the
+            // first failure, which a request's timeout delays by 2 s).
+            let mut last_ok: Option<Instant> = None;
             let mut failed = 0u64;
             loop {
                 tokio::select! {
@@ -211,8 +215,10 @@ impl Link {
                     _ = ob.urgent.notified(), if down_since.is_none() => {}
                 }
                 let r = ob.snapshot();
+                let sent = Instant::now();
                 match me.send(&r, Duration::from_secs(2)).await {
                     Ok(reply) => {
+                        last_ok = Some(Instant::now());
                         if let Some(t) = down_since.take() {
                             let _ = tx.send(Note::Reachable {
                                 gap_s: t.elapsed().as_secs_f64(),
@@ -237,7 +243,7 @@ impl Link {
                     Err(e) => {
                         failed += 1;
                         if down_since.is_none() {
-                            down_since = Some(Instant::now());
+                            down_since = Some(last_ok.unwrap_or(sent));
                             let _ = tx.send(Note::Unreachable { error: e });
                         }
                         backoff = (backoff * 2).min(Duration::from_secs(30));

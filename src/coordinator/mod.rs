@@ -174,9 +174,19 @@ impl Coordinator {
                     tracing::warn!("coordinator stopped: {e}; ranks supervise locally");
                 }
             })?;
+        // The files only let `resilio status` and `resilio checkpoint` find
+        // the coordinator; the agents are given its address. A full disk
+        // costs those commands, never the coordinator itself.
         let mut files = Vec::new();
         if let Some(dir) = job_dir {
-            files = write_discovery(dir, &url, &token)?;
+            match write_discovery(dir, &url, &token) {
+                Ok(f) => files = f,
+                Err(e) => tracing::warn!(
+                    "coordinator: cannot write {INFO_FILE} and {TOKEN_FILE} in {}: {e}; \
+                     it serves the ranks all the same (`resilio status` cannot find it)",
+                    dir.display()
+                ),
+            }
         }
         Ok(Coordinator {
             url,
@@ -401,16 +411,22 @@ fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<Pa
     let put = |name: &str, body: &[u8], mode: u32| -> std::io::Result<PathBuf> {
         let path = dir.join(name);
         let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.write_all(body)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
-        Ok(path)
+        let written = (|| {
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(mode)
+                .open(&tmp)?;
+            f.write_all(body)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if written.is_err() {
+            // (A full disk: nothing half-written is left behind.)
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map(|()| path)
     };
     let token_path = put(TOKEN_FILE, format!("{token}\n").as_bytes(), 0o600)?;
     let info = serde_json::json!({
@@ -419,7 +435,9 @@ fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<Pa
         "node": nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
         "started": chrono::Utc::now(),
     });
-    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o600)?;
+    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o600).inspect_err(|_| {
+        let _ = std::fs::remove_file(&token_path);
+    })?;
     Ok(vec![info_path, token_path])
 }
 

@@ -384,7 +384,7 @@ impl Local {
                         } else {
                             status
                         },
-                        at: chrono::Utc::now(),
+                        at: crate::util::clock::now(),
                     });
                     if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
                         a.failed_at = Some(Instant::now());
@@ -535,7 +535,7 @@ impl Local {
         let fallback = fallback_verdict(worst, a.failure_note.as_deref());
         let agents: Vec<AgentEnd> = a.ranks.iter().filter_map(|r| r.end.clone()).collect();
         let step = StepEnd {
-            ended: chrono::Utc::now(),
+            ended: crate::util::clock::now(),
             exit_code: worst,
             verdict: &fallback,
             tail: &[],

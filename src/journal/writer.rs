@@ -180,7 +180,7 @@ impl Writer {
 
     /// Append one record. `durable` records are fsynced before this returns.
     pub fn write(&mut self, event: impl Into<Event>, durable: bool) {
-        self.write_at(Utc::now(), event, durable)
+        self.write_at(crate::util::clock::now(), event, durable)
     }
 
     /// The same with an explicit timestamp.
@@ -195,7 +195,7 @@ impl Writer {
     /// a malformed one); resilio writes typed events ([`Writer::write`]),
     /// which a test checks.
     pub fn record(&mut self, kind: &str, data: Value, durable: bool) {
-        self.record_at(Utc::now(), kind, data, durable)
+        self.record_at(crate::util::clock::now(), kind, data, durable)
     }
 
     /// The same with an explicit timestamp.

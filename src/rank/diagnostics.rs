@@ -222,6 +222,28 @@ fn probe_process(pid: i32) -> (Option<bool>, String) {
     (Some(false), format!("blocked in system call {nr}"))
 }
 
+/// A process whose state alone says it is not waiting on a peer, whatever
+/// system call it was in: one in uninterruptible sleep, and one stopped
+/// (SIGSTOP, a debugger). A stopped process keeps the system call it was
+/// stopped in (a socket read of a collective, say), but it reads nothing
+/// until it is continued: it holds its peers up, they do not hold it.
+fn by_state(state: char) -> Option<&'static str> {
+    match state {
+        'D' => Some("uninterruptible sleep (disk or driver)"),
+        'T' => Some("stopped (SIGSTOP or the like)"),
+        't' => Some("stopped by a tracer (a debugger)"),
+        _ => None,
+    }
+}
+
+/// Classify one process by its state, else by its system call.
+fn probe_one(p: &process::ProcInfo) -> (Option<bool>, String) {
+    match by_state(p.state) {
+        Some(what) => (Some(false), what.to_string()),
+        None => probe_process(p.pid),
+    }
+}
+
 /// Probe every process under this agent (the trainer's tree), helpers excluded.
 pub fn probe(skip: &[i32]) -> Probe {
     let mut p = Probe::default();
@@ -229,14 +251,7 @@ pub fn probe(skip: &[i32]) -> Probe {
         if proc_.state == 'Z' || skip.contains(&proc_.pid) {
             continue;
         }
-        let (w, what) = if proc_.state == 'D' {
-            (
-                Some(false),
-                "uninterruptible sleep (disk or driver)".to_string(),
-            )
-        } else {
-            probe_process(proc_.pid)
-        };
+        let (w, what) = probe_one(&proc_);
         p.evidence
             .push(format!("{} {}: {what}", proc_.pid, proc_.comm));
         p.waiting_on_peer = match (p.waiting_on_peer, w) {
@@ -424,6 +439,36 @@ mod probe_tests {
         let _ = waiter.kill();
         let _ = sleeper.wait();
         let _ = waiter.wait();
+    }
+
+    #[test]
+    fn a_stopped_process_is_not_waiting_even_inside_a_socket_read() {
+        use nix::sys::signal::{kill, Signal};
+        let mut waiter = std::process::Command::new("python3")
+            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
+            .spawn()
+            .unwrap();
+        let pid = waiter.id() as i32;
+        let state = || process::read_stat(pid).map(|p| p.state);
+        let until = |what: &dyn Fn() -> bool| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !what() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            what()
+        };
+        assert!(until(&|| probe_process(pid).0 == Some(true)));
+        kill(nix::unistd::Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+        assert!(until(&|| state() == Some('T')));
+        // Its system call is still the socket read...
+        assert_eq!(probe_process(pid).0, Some(true));
+        // ...but a stopped process waits on nobody. (Not `probe()`: it
+        // sees every child of this test binary, other tests' too.)
+        let (w, what) = probe_one(&process::read_stat(pid).unwrap());
+        let _ = waiter.kill();
+        let _ = waiter.wait();
+        assert_eq!(w, Some(false), "{what}");
+        assert!(what.starts_with("stopped (SIGSTOP"), "{what}");
     }
 
     #[test]

@@ -230,7 +230,7 @@ impl Agent<'_> {
         let r = &mut *self.r;
         let tail_lines = r.tail.last_lines(200);
         let step = crate::job::batch::StepEnd {
-            ended: chrono::Utc::now(),
+            ended: crate::util::clock::now(),
             exit_code: e.code(),
             verdict,
             tail: &tail_lines,

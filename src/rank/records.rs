@@ -10,7 +10,6 @@ use crate::policy::stall::{Stall, StallPolicy};
 use crate::process;
 use crate::rank::diagnostics;
 use chrono::Utc;
-use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -130,9 +129,10 @@ pub(crate) fn write_control(path: &std::path::Path, text: &str) -> std::io::Resu
     std::fs::rename(&tmp, path)
 }
 
-/// Stop a stalled rank: SIGTERM to its whole tree (KILL follows after the grace).
+/// Stop a stalled rank: SIGTERM (and SIGCONT, for a stopped trainer) to its
+/// whole tree (KILL follows after the grace).
 pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: Duration) {
-    process::signal_tree(pid, Signal::SIGTERM, skip);
+    process::terminate(pid, Some(skip));
     journal.write(
         ev::Stop {
             reason: Some("stall".into()),

@@ -281,7 +281,9 @@ impl<'a> Agent<'a> {
                 self.reap_due = true;
                 Vec::new()
             }
-            Woke::Signal(s) => self.lc.on_signal(s, Instant::now(), Utc::now()),
+            Woke::Signal(s) => self
+                .lc
+                .on_signal(s, Instant::now(), crate::util::clock::now()),
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
@@ -462,7 +464,7 @@ impl<'a> Agent<'a> {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
             }
-            Action::StopForCoordinator { .. } => process::signal_group(pid, Signal::SIGTERM),
+            Action::StopForCoordinator { .. } => process::terminate(pid, None),
             Action::Probe { reason } => self.probe(reason),
             Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
             Action::LiveOnJobProgress => self.live_on_job_progress(),

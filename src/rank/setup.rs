@@ -92,9 +92,10 @@ struct Base {
 
 fn base(cfg: &Config, job_id: Option<&str>) -> Result<Base> {
     let mut id = Identity::from_env(job_id).map_err(Error::Usage)?;
+    let t0 = Instant::now();
     let clock = Clock {
-        t0: Instant::now(),
-        wall0: Utc::now(),
+        t0,
+        wall0: crate::util::clock::at(t0),
     };
     // A malformed SLURM_* environment is Slurm's problem, not a reason to
     // refuse to run the trainer: warn and go on without the Slurm context.

@@ -1,10 +1,13 @@
 //! Small pieces used across resilio that belong to no one concern.
 //!
+//! - [`clock`]: the time records are stamped with (the wall clock read once,
+//!   carried on the monotonic clock: a step of the wall clock moves nothing).
 //! - [`cmd`]: running an external command with a timeout, and spawning in a
 //!   process group of its own that dies with resilio.
 //! - [`runtime_dir`]: the private directory of the progress sockets, checked
 //!   before use (a squatted one is replaced), and stale sockets removed.
 
+pub mod clock;
 pub mod cmd;
 pub mod runtime_dir;
 

@@ -31,6 +31,7 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
         "RESILIO_ATTEMPT",
         "RESILIO_COORDINATOR",
         "RESILIO_COORDINATOR_TOKEN",
+        "RESILIO_CLOCK",
         "RESILIO_CONTROL",
         "RESILIO_LOCAL_LAUNCHER",
         "RESILIO_SOCKET",

@@ -1,6 +1,7 @@
 //! Integration tests of `resilio run` and the journal commands, with real
 //! processes, signals, files and sockets. One file per contract area.
 
+mod chaos;
 mod client;
 mod common;
 mod coordinator;

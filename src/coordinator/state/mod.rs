@@ -277,14 +277,14 @@ impl JobView {
             }
             None => prev.and_then(|p| p.last_step_at),
         };
-        let was_lost = prev.is_some_and(|p| p.lost);
+        let was_lost = prev.filter(|p| p.lost).map(|p| now.duration_since(p.heard));
         let prev_state = prev.map(|p| p.report.state);
-        if was_lost {
+        if let Some(silent) = was_lost {
             out.push(journal(
                 ev::RankHeardAgain {
                     about_rank: Some(r.rank),
                     about_node: Some(r.node.clone()),
-                    silent_s: None,
+                    silent_s: Some(silent.as_secs_f64()),
                 },
                 false,
             ));
@@ -629,6 +629,54 @@ mod tests {
 
     fn view(now: Instant) -> JobView {
         JobView::new("j1", 4, 0, CoordinatorConfig::default(), now)
+    }
+
+    /// The journal records among `e` of `kind`, with their fields.
+    fn records_of(e: Vec<Effect>, kind: &str) -> Vec<serde_json::Map<String, serde_json::Value>> {
+        e.into_iter()
+            .filter_map(|e| match e {
+                Effect::Journal { event, .. } if event.kind() == kind => Some(event.into_fields()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rank_not_heard_from_is_lost_once_and_heard_again_after_its_silence() {
+        let t = Instant::now();
+        let mut v = view(t);
+        for r in 0..4 {
+            v.on_report(report(r, 10, RankState::Running), t);
+        }
+        let s = |n: u64| t + Duration::from_secs(n);
+        // Rank 1 goes quiet (a partition); the others report on.
+        for r in [0, 2, 3] {
+            v.on_report(report(r, 20, RankState::Running), s(29));
+        }
+        assert!(records_of(v.tick(s(29)), "rank_lost").is_empty());
+        let lost = records_of(v.tick(s(30)), "rank_lost");
+        assert_eq!(lost.len(), 1, "{lost:?}");
+        assert_eq!(
+            (lost[0]["about_rank"].clone(), lost[0]["silent_s"].clone()),
+            (json!(1), json!(30.0))
+        );
+        // Said once.
+        assert!(records_of(v.tick(s(45)), "rank_lost").is_empty());
+        // Back after 50 s of silence.
+        let back = records_of(
+            v.on_report(report(1, 30, RankState::Running), s(50)),
+            "rank_heard_again",
+        );
+        assert_eq!(back.len(), 1, "{back:?}");
+        assert_eq!(
+            (back[0]["about_rank"].clone(), back[0]["silent_s"].clone()),
+            (json!(1), json!(50.0))
+        );
+        assert!(records_of(
+            v.on_report(report(1, 31, RankState::Running), s(51)),
+            "rank_heard_again"
+        )
+        .is_empty());
     }
 
     #[test]

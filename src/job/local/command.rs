@@ -37,6 +37,9 @@ impl Local {
                 ),
             ])
             .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+            // The launcher's clock: the agents' records agree with its own,
+            // even for agents started after a step of the wall clock.
+            .envs(crate::util::clock::env_value().map(|v| (crate::util::clock::ENV, v)))
             .envs(crate::log::child_env())
             // Ranks run in process groups of their own (so a Ctrl-C
             // reaches them once, through the launcher). Several ranks
