@@ -522,6 +522,12 @@ events! {
         silent_s: f64,
     }
 
+    /// Something in the job's setup that will not work as it looks (spare
+    /// nodes without `--no-kill`), said once at the allocation's start.
+    SetupWarning = "setup_warning" {
+        warning: String,
+    }
+
     /// The job-level supervisor stopped waiting for a torn-down step whose
     /// only ranks left were silent (their agents died with their nodes):
     /// srun was killed rather than left waiting for Slurm to declare the

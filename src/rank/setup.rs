@@ -400,6 +400,9 @@ pub(crate) fn setup(
         return Ok(Setup::Done(Next::Exit(code)));
     }
     let relaunch = b.relaunched.is_some();
+    if b.batch_level && !relaunch {
+        warn_about_spares(&cfg, &mut b, &argv, slurm_cli);
+    }
     let step_out = match leave_out(&cfg, &mut b, &argv, slurm_cli) {
         Ok(out) => out,
         Err(next) => {
@@ -610,6 +613,31 @@ fn leave_out(
     }
     b.earlier = Vec::new();
     Ok(step_out)
+}
+
+/// At an allocation's start: spare nodes that cannot replace a dead one.
+fn warn_about_spares(cfg: &Config, b: &mut Base, argv: &[OsString], slurm_cli: &dyn Slurm) {
+    let step_nodes = crate::slurm::step::requested_nodes(argv);
+    let relaunch_here = cfg.restart_in_allocation && crate::slurm::step::can_leave_out(argv);
+    if !relaunch_here || step_nodes.is_none_or(|n| b.slurm.job_nodes.len() <= n as usize) {
+        return;
+    }
+    let script = b
+        .slurm
+        .job_id
+        .as_deref()
+        .and_then(|j| slurm_cli.batch_script(j).ok());
+    let env_no_kill = std::env::var_os("SBATCH_NO_KILL").is_some_and(|v| !v.is_empty());
+    if let Some(w) = crate::slurm::step::spares_without_no_kill(
+        b.slurm.job_nodes.len(),
+        step_nodes,
+        relaunch_here,
+        script.as_deref(),
+        env_no_kill,
+    ) {
+        tracing::warn!("{w}");
+        b.journal.write(ev::SetupWarning { warning: Some(w) }, true);
+    }
 }
 
 /// The command to run: as given, or with the nodes left out.

@@ -232,6 +232,11 @@ impl Slurm for SlurmCli {
         parse_show_job(&self.run("scontrol", &["-o", "show", "job", job])?)
     }
 
+    fn batch_script(&self, job: &str) -> Result<String, SlurmError> {
+        check_job(job)?;
+        self.run("scontrol", &["write", "batch_script", job, "-"])
+    }
+
     fn set_excluded(&self, job: &str, nodes: &[String]) -> Result<(), SlurmError> {
         check_job(job)?;
         nodes.iter().try_for_each(|n| check_node(n))?;

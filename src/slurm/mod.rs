@@ -127,6 +127,14 @@ pub trait Slurm {
         since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<AcctRecord>, SlurmError>;
 
+    /// The job's batch script (`scontrol write batch_script JOB -`).
+    fn batch_script(&self, job: &str) -> Result<String, SlurmError> {
+        Err(SlurmError::Failed {
+            cmd: "scontrol write batch_script".into(),
+            message: format!("not available for job {job} here"),
+        })
+    }
+
     /// Add `nodes` to what the job already excludes; returns the new list.
     fn exclude_more(&self, job: &str, nodes: &[String]) -> Result<Vec<String>, SlurmError> {
         let mut all = self.show_job(job)?.excluded;

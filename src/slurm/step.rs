@@ -332,6 +332,57 @@ pub fn leave_out(argv: &[OsString], exclude: &[String], nodes: u32) -> Option<Ve
     Some(out)
 }
 
+/// Whether a batch script asks Slurm to keep the allocation when a node
+/// fails (`#SBATCH --no-kill` or `-k`, in the `#SBATCH` lines before the
+/// first command, as sbatch reads them).
+pub fn script_keeps_allocation(script: &str) -> bool {
+    for line in script.lines().skip(1) {
+        let t = line.trim();
+        if t.is_empty() || (t.starts_with('#') && !t.starts_with("#SBATCH")) {
+            continue;
+        }
+        let Some(opts) = t.strip_prefix("#SBATCH") else {
+            break;
+        };
+        let keeps = opts
+            .split_whitespace()
+            .take_while(|w| !w.starts_with('#'))
+            .any(|w| w == "-k" || w == "--no-kill" || w.starts_with("--no-kill="));
+        if keeps {
+            return true;
+        }
+    }
+    false
+}
+
+/// What to warn about at an allocation's start when its spare nodes cannot
+/// replace a node that dies: the allocation holds more nodes than the step
+/// asks for (`step_nodes`), relaunching inside it is on, and neither the
+/// batch script nor sbatch's environment (`SBATCH_NO_KILL`) asks for
+/// `--no-kill`, so Slurm ends the whole allocation when it declares a node
+/// failed. `script`: the batch script, when it could be read (not read: no
+/// warning, rather than a false one).
+pub fn spares_without_no_kill(
+    job_nodes: usize,
+    step_nodes: Option<u32>,
+    relaunch_here: bool,
+    script: Option<&str>,
+    env_no_kill: bool,
+) -> Option<String> {
+    let step = step_nodes? as usize;
+    if !relaunch_here || job_nodes <= step || env_no_kill {
+        return None;
+    }
+    let script = script?;
+    if script_keeps_allocation(script) {
+        return None;
+    }
+    Some(format!(
+        "the allocation has {} spare node(s) for a {step}-node step, but the batch script does not ask for --no-kill: when a node dies, Slurm ends the whole allocation about SlurmdTimeout later, spares included; add `#SBATCH --no-kill`",
+        job_nodes - step
+    ))
+}
+
 /// A relaunch's `srun` with `--overlap`: it may share the allocation's
 /// resources with the step before it. A step whose node died stays listed,
 /// holding its other nodes, until slurmctld hears from that node again, and
@@ -359,6 +410,34 @@ pub fn overlapping(argv: &[OsString]) -> Vec<OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spares_need_no_kill() {
+        let with = "#!/bin/bash\n#SBATCH -N 5\n#SBATCH --requeue --no-kill # keep it\nexec resilio run -- srun -N 4 x\n";
+        let short = "#!/bin/bash\n#SBATCH -N 5 -k\nsrun x\n";
+        let without = "#!/bin/bash\n#SBATCH -N 5\n#SBATCH --requeue\n\n# a comment\nexec resilio run -- srun -N 4 x\n#SBATCH --no-kill\n";
+        assert!(script_keeps_allocation(with));
+        assert!(script_keeps_allocation(short));
+        assert!(
+            !script_keeps_allocation(without),
+            "after the first command sbatch reads no more"
+        );
+        assert!(!script_keeps_allocation(
+            "#!/bin/bash\n#SBATCH --job-name=no-kill-k\n"
+        ));
+        let warn = spares_without_no_kill(5, Some(4), true, Some(without), false).unwrap();
+        assert!(warn.contains("1 spare node(s) for a 4-node step"), "{warn}");
+        for quiet in [
+            spares_without_no_kill(5, Some(4), true, Some(with), false),
+            spares_without_no_kill(5, Some(4), true, Some(without), true),
+            spares_without_no_kill(5, Some(4), false, Some(without), false),
+            spares_without_no_kill(4, Some(4), true, Some(without), false),
+            spares_without_no_kill(5, None, true, Some(without), false),
+            spares_without_no_kill(5, Some(4), true, None, false),
+        ] {
+            assert_eq!(quiet, None);
+        }
+    }
 
     #[test]
     fn a_relaunch_overlaps_the_step_before_it() {
