@@ -1265,6 +1265,10 @@ fn killing_a_rank_agent_relaunches_the_step_on_the_spare_node() {
         .kinds("judgment")
         .iter()
         .all(|j| j.str("class") != Some("preempted")));
+    // A spare without `--no-kill` is warned about at the start.
+    let w = job.kinds("setup_warning");
+    assert_eq!(w.len(), 1, "{recs:#?}");
+    assert!(w[0].str("warning").unwrap().contains("--no-kill"));
     // Nothing of the job is left running.
     let gone = Instant::now() + Duration::from_secs(20);
     while !pids_with(&marker).is_empty() {
@@ -1384,6 +1388,7 @@ fn a_node_crash_with_a_spare_is_relaunched_on_the_spare_within_seconds() {
     let out = job.output();
     assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
     assert_eq!(job.show().restarts, 0, "no trip through the queue");
+    assert!(job.kinds("setup_warning").is_empty(), "{recs:#?}");
     // srun was not waited for: only the dead node's rank was left, silent.
     let ab = job.kinds("step_abandoned");
     assert_eq!(ab.len(), 1, "{recs:#?}");
