@@ -86,6 +86,10 @@ struct RunArgs {
     /// it, outside Slurm, the command is one such rank
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=4096))]
     ntasks: Option<u32>,
+    /// Local mode with several ranks: prefix each output line with its rank
+    /// ("0: "), as `srun --label` does (off: output passes byte for byte)
+    #[arg(long, requires = "ntasks")]
+    label: bool,
     /// The command to supervise
     #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
     command: Vec<OsString>,
@@ -531,6 +535,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     job_id: a.job_id,
                     ntasks: n,
                     agent_args,
+                    label: a.label,
                 });
             }
             if runs_locally() {
@@ -549,6 +554,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                     job_id,
                     ntasks: 1,
                     agent_args,
+                    label: false,
                 });
             }
             rank::run(

@@ -106,6 +106,23 @@ pub fn shares_output() -> bool {
     std::env::var_os(ENV_LAUNCHER).is_some_and(|v| v != LAUNCHER_SINGLE)
 }
 
+/// Set by the local launcher under `--label`: the prefix of each of this
+/// rank's output lines (`"0: "`, as `srun --label` writes it).
+pub const ENV_LABEL: &str = "RESILIO_LABEL";
+
+/// This agent's line prefix, when its output is shared and labelled.
+pub fn output_label() -> Option<Vec<u8>> {
+    if !shares_output() {
+        return None;
+    }
+    let v = std::env::var_os(ENV_LABEL)?;
+    use std::os::unix::ffi::OsStrExt;
+    let b = v.as_bytes();
+    // A short prefix of printable text only (it goes before every line).
+    (!b.is_empty() && b.len() <= 32 && b.iter().all(|c| (0x20..0x7f).contains(c)))
+        .then(|| b.to_vec())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

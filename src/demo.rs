@@ -203,6 +203,7 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
             "--state-dir".into(),
             state_dir.clone().into(),
         ],
+        label: false,
     })?;
     println!(
         "\n== resilio run --ntasks 2 exited with {code} (0: the job completed after the restart)\n"

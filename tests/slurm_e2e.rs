@@ -809,6 +809,31 @@ fn time_limit_checkpoints_then_requeues() {
     assert!(job.output().contains("resumed from checkpoint #"));
 }
 
+/// Start a node killed with `kill-node` again, once slurmctld has seen it
+/// die (a slurmd back before that registers only later: the node would
+/// come back long after), and wait until it is idle.
+fn restart_node(node: &str) {
+    let state = || {
+        run("sinfo", &["-h", "-n", node, "-o", "%t"])
+            .trim()
+            .to_string()
+    };
+    let seen = Instant::now() + Duration::from_secs(60);
+    while !state().starts_with("down") && Instant::now() < seen {
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    testbed_cmd(&["start-node", node]);
+    let back = Instant::now() + Duration::from_secs(120);
+    while !state().starts_with("idle") {
+        assert!(
+            Instant::now() < back,
+            "{node} did not come back: {}",
+            state()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
 fn testbed_cmd(args: &[&str]) {
     let o = Command::new("bash")
         .arg(root().join("tests/slurm/testbed.sh"))
@@ -844,15 +869,7 @@ fn a_node_crash_is_recorded_from_slurms_own_records() {
     // Crash the node: its slurmd, stepds and tasks at once.
     testbed_cmd(&["kill-node", &victim]);
     let state = job.wait_final(Duration::from_secs(360));
-    testbed_cmd(&["start-node", &victim]);
-    let back = Instant::now() + Duration::from_secs(90);
-    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
-        .trim()
-        .starts_with("idle")
-    {
-        assert!(Instant::now() < back, "{victim} did not come back");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    restart_node(&victim);
     let recs = job.records();
     assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
     assert!(job.show().restarts >= 1);
@@ -1375,15 +1392,7 @@ fn a_node_crash_with_a_spare_is_relaunched_on_the_spare_within_seconds() {
     let crashed = chrono::Utc::now();
     testbed_cmd(&["kill-node", &victim]);
     let state = job.wait_final(Duration::from_secs(240));
-    testbed_cmd(&["start-node", &victim]);
-    let back = Instant::now() + Duration::from_secs(90);
-    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
-        .trim()
-        .starts_with("idle")
-    {
-        assert!(Instant::now() < back, "{victim} did not come back");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    restart_node(&victim);
     let recs = job.records();
     let out = job.output();
     assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
@@ -1444,15 +1453,7 @@ fn a_node_crash_without_a_spare_is_requeued_without_the_node_before_slurm_notice
         .1;
     testbed_cmd(&["kill-node", &victim]);
     let state = job.wait_final(Duration::from_secs(360));
-    testbed_cmd(&["start-node", &victim]);
-    let back = Instant::now() + Duration::from_secs(90);
-    while !run("sinfo", &["-h", "-n", &victim, "-o", "%t"])
-        .trim()
-        .starts_with("idle")
-    {
-        assert!(Instant::now() < back, "{victim} did not come back");
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    restart_node(&victim);
     let recs = job.records();
     assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
     // resilio stopped waiting for the dead node's rank, blamed the node and

@@ -51,6 +51,8 @@ pub struct LocalOptions {
     pub ntasks: u32,
     /// Flags passed on to every rank's agent (`--config`, timeouts, ...).
     pub agent_args: Vec<OsString>,
+    /// `--label`: each rank's output lines prefixed with its rank.
+    pub label: bool,
 }
 
 pub fn run(opts: LocalOptions) -> Result<i32> {
@@ -141,6 +143,8 @@ struct Local {
     cfg: Config,
     argv: Vec<OsString>,
     agent_args: Vec<OsString>,
+    /// `--label`.
+    label: bool,
     /// Ranks.
     n: u32,
     /// One rank: what a plain wrapper promises (see the module's doc).
@@ -241,6 +245,7 @@ impl Local {
             cfg: opts.config,
             argv: opts.argv,
             agent_args: opts.agent_args,
+            label: opts.label,
             n,
             single: n == 1,
             job,

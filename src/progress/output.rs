@@ -549,6 +549,34 @@ impl ZeroCopy {
     }
 }
 
+/// How a pump writes what it reads.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Lines {
+    /// As it comes, byte for byte (zero-copy where the kernel allows).
+    #[default]
+    Raw,
+    /// Whole lines only (several ranks share one terminal), each after
+    /// `label` when one is given (`--label`).
+    Whole { label: Option<Vec<u8>> },
+}
+
+/// `bytes` with `label` before the start of each line; `at_start` says
+/// whether the next byte starts a line, carried from one write to the next.
+pub fn labelled(label: &[u8], bytes: &[u8], at_start: &mut bool) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 4 * label.len());
+    for &b in bytes {
+        if *at_start {
+            out.extend_from_slice(label);
+            *at_start = false;
+        }
+        out.push(b);
+        if b == b'\n' {
+            *at_start = true;
+        }
+    }
+    out
+}
+
 /// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
 /// keep the tail, report marks on `tx`. The thread ends at end of stream.
 /// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
@@ -560,8 +588,12 @@ pub fn spawn_pump(
     parser: Parser,
     tail: Arc<Tail>,
     tx: Sender,
-    line_atomic: bool,
+    lines: Lines,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let (line_atomic, label) = match lines {
+        Lines::Raw => (false, None),
+        Lines::Whole { label } => (true, label),
+    };
     std::thread::Builder::new()
         .name(format!("pump-{}", source.name()))
         .spawn(move || {
@@ -592,6 +624,11 @@ pub fn spawn_pump(
             // mode): write whole lines only, so that ranks' lines do not cut
             // into each other; a partial line waits at most 100 ms.
             let mut carry: Vec<u8> = Vec::new();
+            let mut at_start = true;
+            let mut put = |bytes: &[u8]| match &label {
+                Some(l) => write_all_fd(dst, &labelled(l, bytes, &mut at_start)),
+                None => write_all_fd(dst, bytes),
+            };
             if let Some(zc) = (!line_atomic)
                 .then(|| ZeroCopy::new(pipe.as_fd(), dst))
                 .flatten()
@@ -613,7 +650,7 @@ pub fn spawn_pump(
                     && !carry.is_empty()
                     && wait_for(pipe.as_fd(), PollFlags::POLLIN, 100)
                 {
-                    if out_ok && write_all_fd(dst, &carry).is_err() {
+                    if out_ok && put(&carry).is_err() {
                         out_ok = false;
                     }
                     carry.clear();
@@ -636,7 +673,7 @@ pub fn spawn_pump(
                     let whole = match chunk.iter().rposition(|&b| b == b'\n') {
                         Some(i) => {
                             carry.extend_from_slice(&chunk[..=i]);
-                            let w = write_all_fd(dst, &carry);
+                            let w = put(&carry);
                             carry.clear();
                             carry.extend_from_slice(&chunk[i + 1..]);
                             w
@@ -644,7 +681,7 @@ pub fn spawn_pump(
                         None => {
                             carry.extend_from_slice(chunk);
                             if carry.len() >= CHUNK {
-                                let w = write_all_fd(dst, &carry);
+                                let w = put(&carry);
                                 carry.clear();
                                 w
                             } else {
@@ -662,7 +699,7 @@ pub fn spawn_pump(
                 tail.push(chunk);
             }
             if out_ok && !carry.is_empty() {
-                let _ = write_all_fd(dst, &carry);
+                let _ = put(&carry);
             }
             let marks = scanner.finish(&parser);
             if !marks.is_empty() {
@@ -684,6 +721,16 @@ mod tests {
             Some(Regex::new(DEFAULT_CHECKPOINT_REGEX).unwrap()),
             Some(Regex::new(DEFAULT_EVAL_REGEX).unwrap()),
         )
+    }
+
+    #[test]
+    fn labels_go_before_each_line_across_writes() {
+        let mut at = true;
+        let mut out = labelled(b"1: ", b"step 1\nstep", &mut at);
+        out.extend(labelled(b"1: ", b" 2\n\nx", &mut at));
+        assert_eq!(out, b"1: step 1\n1: step 2\n1: \n1: x");
+        assert!(!at);
+        assert!(labelled(b"1: ", b"", &mut at).is_empty());
     }
 
     #[test]

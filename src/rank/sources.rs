@@ -74,7 +74,13 @@ impl Rank {
                 parser.clone(),
                 self.tail.clone(),
                 self.tx.clone(),
-                crate::context::shares_output(),
+                if crate::context::shares_output() {
+                    output::Lines::Whole {
+                        label: crate::context::output_label(),
+                    }
+                } else {
+                    output::Lines::Raw
+                },
             ) {
                 Ok(h) => self.pumps.push(h),
                 Err(e) => monitor_errors.push(format!("output pump: {e}")),

@@ -635,6 +635,45 @@ fn local_ranks_lines_do_not_cut_into_each_other() {
     }
 }
 
+#[test]
+fn label_prefixes_each_line_with_its_rank_as_srun_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Lines in pieces, an empty line, and stderr too.
+    let script = "import os, sys, time\nr = os.environ['RANK']\nfor i in range(5):\n    sys.stdout.write(f'rank {r} line {i} begins'); sys.stdout.flush(); time.sleep(0.02)\n    sys.stdout.write(' and ends\\n'); sys.stdout.flush()\nsys.stdout.write('\\n'); sys.stderr.write(f'err {r}\\n')\n";
+    let (out, _) = output_within(
+        resilio_run(tmp.path(), "label")
+            .args(["--ntasks", "11", "--label", "--", "python3", "-c", script]),
+        Duration::from_secs(90),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for r in 0..11u32 {
+        // Right-aligned to the widest rank, as srun --label writes them.
+        let p = format!("{r:>2}: ");
+        let mine: Vec<&str> = text.lines().filter(|l| l.starts_with(&p)).collect();
+        assert_eq!(mine.len(), 6, "rank {r}: {mine:?}\n{text}");
+        for i in 0..5 {
+            assert!(mine.contains(&format!("{p}rank {r} line {i} begins and ends").as_str()));
+        }
+        assert!(
+            mine.contains(&p.as_str().trim_end()) || mine.contains(&p.as_str()),
+            "{mine:?}"
+        );
+        assert!(
+            stderr_of(&out).contains(&format!("{p}err {r}\n")),
+            "{}",
+            stderr_of(&out)
+        );
+    }
+    assert_eq!(text.lines().count(), 66, "{text}");
+    // Only with --ntasks (local mode).
+    let (bad, _) = output_within(
+        resilio_run(tmp.path(), "label2").args(["--label", "--", "true"]),
+        Duration::from_secs(10),
+    );
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr_of(&bad));
+}
+
 /// `checkpoint_every = "advised"`: nothing is known in attempt 0; once a
 /// checkpoint's cost and a failure were measured, attempt 1 checkpoints
 /// periodically at Daly's interval.

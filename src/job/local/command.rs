@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// Rank `r`'s line prefix under `--label`: its number, right-aligned to
+/// the width of the highest rank, then `": "` (as `srun --label`).
+pub(super) fn output_label(r: u32, n: u32) -> String {
+    let width = n.saturating_sub(1).to_string().len();
+    format!("{r:>width$}: ")
+}
+
 impl Local {
     /// The agent of rank `r`, with the torchrun variables.
     pub(super) fn rank_command(
@@ -37,6 +44,7 @@ impl Local {
                 ),
             ])
             .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+            .envs((self.label && !single).then(|| (crate::context::ENV_LABEL, output_label(r, n))))
             // The launcher's clock: the agents' records agree with its own,
             // even for agents started after a step of the wall clock.
             .envs(crate::util::clock::env_value().map(|v| (crate::util::clock::ENV, v)))
