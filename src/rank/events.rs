@@ -193,7 +193,25 @@ fn on_phase(
     let class = policy.on_phase(at, &name, step, origin(source));
     match class {
         PhaseClass::InStep { known } => {
-            if !known && !plog.unknown_phases.contains(&name) {
+            let listed = plog.unknown_phases.len() >= super::progress_log::UNKNOWN_PHASES_LISTED;
+            if !known && listed && !plog.unknown_phases.contains(&name) {
+                plog.unknown_phases_unlisted += 1;
+                if plog.unknown_phases_unlisted == 1 {
+                    tracing::warn!(
+                        "more than {} phase names are not known phases: the others are judged by the step limit too, and no longer listed",
+                        super::progress_log::UNKNOWN_PHASES_LISTED
+                    );
+                    journal.write_at(
+                        clock.wall(at),
+                        ev::UnknownPhase {
+                            phase: None,
+                            judged_as: Some("inside a step".into()),
+                            config: None,
+                        },
+                        false,
+                    );
+                }
+            } else if !known && !plog.unknown_phases.contains(&name) {
                 tracing::warn!(
                     "phase '{name}' is not a known phase: judged by the step limit; declare it in [stall] in_step_phases, or give it a limit of its own in [stall.phase_timeouts]"
                 );
@@ -209,7 +227,7 @@ fn on_phase(
                     },
                     false,
                 );
-                plog.unknown_phases.push(name.clone());
+                plog.unknown_phases.insert(name.clone());
             }
             if let Some(c) = plog.tracker.on_in_step_phase(at, &name) {
                 if let Some(out) = k.outbox {

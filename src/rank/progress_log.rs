@@ -49,9 +49,17 @@ pub(crate) struct ProgressLog {
     pub checkpoint_began: Option<(Instant, Option<u64>)>,
     /// Liveness and the step's name (`progress::tracker`).
     pub tracker: Tracker,
-    /// Phase names not declared anywhere, each warned about once.
-    pub unknown_phases: Vec<String>,
+    /// Phase names not declared anywhere, each warned about once, up to
+    /// [`UNKNOWN_PHASES_LISTED`] of them (a trainer that puts a counter in
+    /// its phase names must not flood stderr and the journal).
+    pub unknown_phases: std::collections::HashSet<String>,
+    /// Unknown phase names beyond those listed.
+    pub unknown_phases_unlisted: u64,
 }
+
+/// How many distinct unknown phase names are warned about and journaled;
+/// the rest are only counted (said once when the first is not listed).
+pub const UNKNOWN_PHASES_LISTED: usize = 32;
 
 impl ProgressLog {
     fn write(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
@@ -111,7 +119,8 @@ impl ProgressLog {
             last_named_at: None,
             checkpoint_began: None,
             tracker: Tracker::new(),
-            unknown_phases: Vec::new(),
+            unknown_phases: Default::default(),
+            unknown_phases_unlisted: 0,
         }
     }
 }

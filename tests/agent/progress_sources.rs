@@ -109,6 +109,29 @@ fn datagram_socket_steps_and_malformed_messages() {
     );
 }
 
+/// A trainer that puts a counter in its phase names: the first 32 unknown
+/// names are warned about and journaled, the rest only counted.
+#[test]
+fn unknown_phase_names_do_not_flood_stderr_or_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import os, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\nfor i in range(1, 201):\n    s.sendto(f'phase=eval_{i} step={i}'.encode(), os.environ['RESILIO_SOCKET'])\n";
+    let (o, _) = output_within(
+        resilio_run(dir.path(), "phases").args(["--", "python3", "-c", script]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "phases");
+    let unknown = kinds(&recs, "unknown_phase");
+    assert_eq!(unknown.len(), 33, "{unknown:#?}");
+    assert_eq!(
+        unknown.iter().filter(|r| r.get("phase").is_none()).count(),
+        1
+    );
+    let err = stderr_of(&o);
+    assert_eq!(err.matches("is not a known phase").count(), 32, "{err}");
+    assert_eq!(err.matches("no longer listed").count(), 1, "{err}");
+}
+
 /// A trainer that reports steps on the socket and also prints a count in
 /// another unit (Lightning's bar counts batches, `resilio_client` sends
 /// optimizer steps): once the socket has spoken, its steps name the step,
