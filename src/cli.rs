@@ -41,6 +41,8 @@ enum Command {
     Checkpoint(StatusArgs),
     /// A local run with an injected hang, end to end (no Slurm needed)
     Demo(DemoArgs),
+    /// A ready sbatch script for a common setup, every line commented
+    Template(TemplateArgs),
     /// A standalone coordinator for a job (tests and benchmarks; internal)
     #[command(name = "__coordinator", hide = true)]
     Coordinator(CoordinatorArgs),
@@ -116,6 +118,43 @@ struct CoordinatorArgs {
     /// token, from the files it left (the ranks report here again)
     #[arg(long, conflicts_with = "bind")]
     take_over: bool,
+}
+
+#[derive(Args, Debug)]
+struct TemplateArgs {
+    /// The framework the job trains with
+    #[arg(value_enum)]
+    kind: crate::template::Kind,
+    /// Nodes of the training step
+    #[arg(long, default_value_t = 2)]
+    nodes: u32,
+    /// Spare nodes on top, that replace a failed node inside the allocation
+    #[arg(long, default_value_t = 1)]
+    spares: u32,
+    /// GPUs per node, one rank each (0: one rank per node, no GPU request)
+    #[arg(long, default_value_t = 8)]
+    gpus_per_node: u32,
+    /// Time limit, as sbatch takes it
+    #[arg(long, default_value = "24:00:00")]
+    time: String,
+    /// Seconds before the time limit to checkpoint every rank (0: none)
+    #[arg(long, default_value_t = 300)]
+    signal_lead: u32,
+    /// Restarts allowed after failures
+    #[arg(long, default_value_t = 3)]
+    max_restarts: u32,
+    /// The job's name
+    #[arg(long, default_value = "train")]
+    job_name: String,
+    /// RESILIO_STATE_DIR in the script [default: $HOME/.local/state/resilio]
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<String>,
+    /// Write the script here (mode 0755) instead of stdout
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// The training command [default: the framework's usual one]
+    #[arg(last = true, value_name = "COMMAND", num_args = 0..)]
+    command: Vec<String>,
 }
 
 #[derive(Args, Debug)]
@@ -582,9 +621,44 @@ fn dispatch(cli: Cli) -> Result<i32> {
             a.json,
         ),
         Command::Demo(a) => crate::demo::run(a.state_dir),
+        Command::Template(a) => template_cmd(a),
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
         Command::Coordinator(a) => coordinator_cmd(a),
     }
+}
+
+/// `resilio template`: the script on stdout, or in a file.
+fn template_cmd(a: TemplateArgs) -> Result<i32> {
+    let s = crate::template::Settings {
+        kind: a.kind,
+        job_name: a.job_name,
+        nodes: a.nodes,
+        spares: a.spares,
+        gpus_per_node: a.gpus_per_node,
+        time: a.time,
+        signal_lead_s: a.signal_lead,
+        max_restarts: a.max_restarts,
+        state_dir: a.state_dir,
+        command: a.command,
+    };
+    crate::template::check(&s).map_err(Error::Usage)?;
+    let text = crate::template::render(&s);
+    match a.output {
+        None => print!("{text}"),
+        Some(path) => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o755)
+                .open(&path)
+                .and_then(|mut f| f.write_all(text.as_bytes()))
+                .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
+        }
+    }
+    Ok(0)
 }
 
 /// Serve a coordinator until SIGTERM/SIGINT; prints its URL and token file.

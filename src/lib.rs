@@ -61,4 +61,5 @@ pub mod runs;
 pub mod slurm;
 pub mod state_dir;
 pub mod status;
+pub mod template;
 pub mod util;

@@ -1467,3 +1467,136 @@ fn a_node_crash_without_a_spare_is_requeued_without_the_node_before_slurm_notice
     assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
     assert!(job.output().contains("resumed from checkpoint #"));
 }
+
+/// `resilio template` for each framework: the script passes `sbatch
+/// --test-only`, and runs on the testbed (one node and a spare, the fixture
+/// trainer as the command) through a crash that is recovered.
+#[test]
+fn templates_of_every_kind_submit_and_recover_a_crash() {
+    let _g = lock();
+    testbed();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    let dir = tempfile::Builder::new()
+        .prefix("resilio-e2e-tpl-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        Path::new(bin).parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let kinds = ["ddp", "megatron", "lightning", "accelerate"];
+    let mut jobs = Vec::new();
+    for kind in kinds {
+        let script = dir.path().join(format!("{kind}.sbatch"));
+        let ckpt = dir.path().join(format!("ckpt-{kind}"));
+        let o = Command::new(bin)
+            .args(["template", kind, "--nodes", "1", "--spares", "1"])
+            .args([
+                "--gpus-per-node",
+                "0",
+                "--time",
+                "10",
+                "--signal-lead",
+                "60",
+            ])
+            .args(["--job-name", &format!("tpl-{kind}"), "--state-dir"])
+            .arg(dir.path().join("state"))
+            .arg("-o")
+            .arg(&script)
+            .args(["--", "python3"])
+            .arg(&trainer)
+            .arg("--ckpt-dir")
+            .arg(&ckpt)
+            .args(["--total", "30", "--step-time", "0.2", "--fault", "exit"])
+            .args([
+                "--fault-rank",
+                "0",
+                "--fault-step",
+                "8",
+                "--fault-attempts",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let text = std::fs::read_to_string(&script).unwrap();
+        for l in text.lines().filter(|l| l.starts_with("#SBATCH")) {
+            assert!(l.contains(" # "), "uncommented: {l}");
+        }
+        let test = Command::new("sbatch")
+            .arg("--test-only")
+            .arg(&script)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            test.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&test.stderr)
+        );
+        let sub = Command::new("sbatch")
+            .arg("--parsable")
+            .arg(&script)
+            .current_dir(dir.path())
+            .env("PATH", &path)
+            .output()
+            .unwrap();
+        assert!(
+            sub.status.success(),
+            "{}",
+            String::from_utf8_lossy(&sub.stderr)
+        );
+        let id = String::from_utf8_lossy(&sub.stdout)
+            .trim()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string();
+        jobs.push((kind, id));
+    }
+    let state = dir.path().join("state");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    for (kind, id) in &jobs {
+        let out = || {
+            std::fs::read_to_string(dir.path().join(format!("tpl-{kind}-{id}.out")))
+                .unwrap_or_default()
+        };
+        loop {
+            let st = run("scontrol", &["-o", "show", "job", id]);
+            let info = resilio::slurm::commands::parse_show_job(&st).unwrap();
+            if ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"].contains(&info.state.as_str()) {
+                assert_eq!(info.state, "COMPLETED", "{kind}: {}", out());
+                break;
+            }
+            if Instant::now() > deadline {
+                for (_, j) in &jobs {
+                    let _ = Command::new("scancel").arg(j).status();
+                }
+                panic!("{kind}: still {} : {}", info.state, out());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let recs = journal::read_job(&journal::job_dir(&state, id))
+            .map(|j| j.records)
+            .unwrap_or_default();
+        let d: Vec<&Record> = recs.iter().filter(|r| r.kind == "decision").collect();
+        assert_eq!(
+            d[0].get("decision").unwrap()["action"],
+            "restart_in_allocation",
+            "{kind}: {d:?}"
+        );
+        assert!(
+            out().contains("resumed from checkpoint #"),
+            "{kind}: {}",
+            out()
+        );
+        assert!(
+            out().contains("rank 0 finished at step 30"),
+            "{kind}: {}",
+            out()
+        );
+    }
+}
