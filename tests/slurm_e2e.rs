@@ -811,7 +811,9 @@ fn time_limit_checkpoints_then_requeues() {
 
 /// Start a node killed with `kill-node` again, once slurmctld has seen it
 /// die (a slurmd back before that registers only later: the node would
-/// come back long after), and wait until it is idle.
+/// come back long after), and wait until it is back in service: responding
+/// (no `*`) and neither down nor drained. It may show `mix` for a while
+/// after a `--no-kill` job: the resized job's old step still counts there.
 fn restart_node(node: &str) {
     let state = || {
         run("sinfo", &["-h", "-n", node, "-o", "%t"])
@@ -824,7 +826,14 @@ fn restart_node(node: &str) {
     }
     testbed_cmd(&["start-node", node]);
     let back = Instant::now() + Duration::from_secs(120);
-    while !state().starts_with("idle") {
+    let serving = |s: &str| {
+        !s.is_empty()
+            && !s.ends_with('*')
+            && !["down", "drain", "fail", "unk"]
+                .iter()
+                .any(|b| s.starts_with(b))
+    };
+    while !serving(&state()) {
         assert!(
             Instant::now() < back,
             "{node} did not come back: {}",
