@@ -215,11 +215,16 @@ fn ns(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
     (b - a).num_nanoseconds().unwrap_or(0)
 }
 
-/// The same without overflow (a span of more than 292 years, between
-/// timestamps a damaged journal makes up), for sums that must add up.
+/// The same for sums that must add up, whatever timestamps a damaged
+/// journal holds: no overflow (a span of more than 292 years), and a
+/// difference of nanoseconds since the epoch, so that spans end to end add
+/// up exactly even across a leap second (`23:59:60`, which chrono's own
+/// subtraction counts so that they do not).
 fn ns_wide(a: DateTime<Utc>, b: DateTime<Utc>) -> i128 {
-    let d = b - a;
-    i128::from(d.num_seconds()) * 1_000_000_000 + i128::from(d.subsec_nanos())
+    let at = |t: DateTime<Utc>| {
+        i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos())
+    };
+    at(b) - at(a)
 }
 
 /// Adds segments with a cursor that never goes back: every boundary is
@@ -753,6 +758,16 @@ mod tests {
         let a = account(&recs, None);
         assert!(a.wall_s > 372.0 * 365.0 * 86400.0, "{a:?}");
         assert!((sum(&a) - a.wall_s).abs() < 1.0, "{a:?}");
+        // A leap second (fuzz/corpus/journal/regress-leap-second).
+        let (recs, _) = crate::journal::parse_file(
+            br#"{"v":1,"ts":"22-1-2T1:0:2Z","kind":"rank_exit","attempt":0,"exit_code":1}
+{"v":1,"ts":"2-1-3T8:1:8Z","kind":"","attempt":0}
+{"v":1,"ts":"26-1-3T1:0:60Z","kind":"","attempt":0}"#,
+        );
+        let mut recs = recs;
+        recs.sort_by_key(|r| r.ts);
+        let a = account(&recs, None);
+        assert!((sum(&a) - a.wall_s).abs() < 1e-6, "{a:?}");
     }
 
     #[test]
