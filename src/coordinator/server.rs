@@ -186,13 +186,15 @@ async fn report(State(s): State<Arc<Shared>>, Json(r): Json<Report>) -> Response
     }
 }
 
-#[derive(serde::Deserialize)]
-struct PollQuery {
-    rank: u32,
-    attempt: u32,
-    after: u64,
+/// The query of `GET /v1/commands` (public for the fuzz target that
+/// decodes it as the server does).
+#[derive(Debug, serde::Deserialize)]
+pub struct PollQuery {
+    pub rank: u32,
+    pub attempt: u32,
+    pub after: u64,
     #[serde(default)]
-    wait_s: Option<f64>,
+    pub wait_s: Option<f64>,
 }
 
 async fn commands(State(s): State<Arc<Shared>>, Query(q): Query<PollQuery>) -> Response {

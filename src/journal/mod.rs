@@ -30,7 +30,7 @@ pub use crate::event::SCHEMA_VERSION;
 mod reader;
 mod writer;
 
-pub use reader::{list_jobs, read_job, JobJournal, SkippedLines};
+pub use reader::{list_jobs, parse_file, read_job, JobJournal, SkippedLines};
 pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.

@@ -114,6 +114,16 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
     Ok(out)
 }
 
+/// Parse the text of one journal file as [`read_job`] does each file: its
+/// whole records, in file order, and what was skipped (`file` left empty).
+/// For tests and fuzzing; never fails, whatever the bytes.
+pub fn parse_file(text: &[u8]) -> (Vec<Record>, SkippedLines) {
+    let mut records = Vec::new();
+    let mut skip = SkippedLines::default();
+    read_lines(text, &mut records, &mut skip);
+    (records, skip)
+}
+
 /// Parse one file's lines into `records`, noting what was skipped.
 fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
     let ends_whole = text.last().is_none_or(|&b| b == b'\n');

@@ -215,10 +215,25 @@ fn ns(a: DateTime<Utc>, b: DateTime<Utc>) -> i64 {
     (b - a).num_nanoseconds().unwrap_or(0)
 }
 
+/// The same for sums that must add up, whatever timestamps a damaged
+/// journal holds: no overflow (a span of more than 292 years), and a
+/// difference of nanoseconds since the epoch, so that spans end to end add
+/// up exactly even across a leap second (`23:59:60`, which chrono's own
+/// subtraction counts so that they do not).
+fn ns_wide(a: DateTime<Utc>, b: DateTime<Utc>) -> i128 {
+    let at = |t: DateTime<Utc>| {
+        i128::from(t.timestamp()) * 1_000_000_000 + i128::from(t.timestamp_subsec_nanos())
+    };
+    at(b) - at(a)
+}
+
 /// Adds segments with a cursor that never goes back: every boundary is
-/// clamped to the previous one, so segments are contiguous.
+/// clamped to the previous one, so segments are contiguous, and to the
+/// wall time's end (a time a record names, such as a rank's `failed_at`,
+/// can lie after the last record), so they tile the wall time.
 struct Track {
     cursor: DateTime<Utc>,
+    end: DateTime<Utc>,
     segments: Vec<Segment>,
     /// Blocking checkpoint intervals (carved out of productive and rework).
     checkpoints: Vec<(DateTime<Utc>, DateTime<Utc>)>,
@@ -229,6 +244,7 @@ struct Track {
 
 impl Track {
     fn to(&mut self, until: DateTime<Utc>, bucket: &'static str, attempt: Option<u32>) {
+        let until = until.min(self.end);
         if until <= self.cursor {
             return;
         }
@@ -347,6 +363,7 @@ pub fn account(records: &[Record], slurm: Option<&SlurmTimes>) -> Accounting {
     let end = allocs.end(last).map_or(latest, |e| e.max(latest));
     let mut t = Track {
         cursor: start,
+        end,
         segments: Vec::new(),
         checkpoints: blocking_checkpoints(&attempts),
         gaps: gap_spans(records),
@@ -525,10 +542,10 @@ fn totals(
     end: DateTime<Utc>,
     time_source: String,
 ) -> Accounting {
-    let mut total: BTreeMap<String, i64> = BUCKETS.iter().map(|b| (b.to_string(), 0)).collect();
+    let mut total: BTreeMap<String, i128> = BUCKETS.iter().map(|b| (b.to_string(), 0)).collect();
     let mut by_attempt: BTreeMap<u32, BTreeMap<String, f64>> = BTreeMap::new();
     for s in &segments {
-        let d = ns(s.start, s.end);
+        let d = ns_wide(s.start, s.end);
         *total.entry(s.bucket.to_string()).or_default() += d;
         if let Some(a) = s.attempt {
             *by_attempt
@@ -538,9 +555,9 @@ fn totals(
                 .or_default() += d as f64 / 1e9;
         }
     }
-    let wall_ns = ns(start, end);
+    let wall_ns = ns_wide(start, end);
     debug_assert_eq!(
-        total.values().sum::<i64>(),
+        total.values().sum::<i128>(),
         wall_ns,
         "segments tile the wall time"
     );
@@ -722,6 +739,35 @@ mod tests {
         let sum: f64 = a.productive_s + a.lost_s.values().sum::<f64>();
         assert!((sum - a.wall_s).abs() < 1e-6, "{a:?}");
         assert!((a.wall_s - 3600.0).abs() < 1e-6, "{a:?}");
+    }
+
+    #[test]
+    fn times_named_after_the_last_record_still_tile_the_wall_time() {
+        // Found by fuzzing (fuzz/corpus/journal/regress-failed-at-after-end):
+        // a rank's exit naming a failure hours after the record itself.
+        let (one, _) = crate::journal::parse_file(
+            br#"{"v":1,"ts":"2026-1-2T1:9:2Z","kind":"rank_exit","attempt":0,"exit_code":3,"failed_at":"2026-1-2T8:0:2Z"}"#,
+        );
+        let a = account(&one, None);
+        assert_eq!(a.wall_s, 0.0, "{a:?}");
+        assert_eq!(sum(&a), 0.0, "{a:?}");
+        // Records centuries apart (more nanoseconds than an i64 holds).
+        let mut far = rec(0.0, 0, "rank_start", json!({}));
+        far.ts = "2398-11-23T18:09:20Z".parse().unwrap();
+        let recs = vec![rec(0.0, 0, "rank_start", json!({})), far];
+        let a = account(&recs, None);
+        assert!(a.wall_s > 372.0 * 365.0 * 86400.0, "{a:?}");
+        assert!((sum(&a) - a.wall_s).abs() < 1.0, "{a:?}");
+        // A leap second (fuzz/corpus/journal/regress-leap-second).
+        let (recs, _) = crate::journal::parse_file(
+            br#"{"v":1,"ts":"22-1-2T1:0:2Z","kind":"rank_exit","attempt":0,"exit_code":1}
+{"v":1,"ts":"2-1-3T8:1:8Z","kind":"","attempt":0}
+{"v":1,"ts":"26-1-3T1:0:60Z","kind":"","attempt":0}"#,
+        );
+        let mut recs = recs;
+        recs.sort_by_key(|r| r.ts);
+        let a = account(&recs, None);
+        assert!((sum(&a) - a.wall_s).abs() < 1e-6, "{a:?}");
     }
 
     #[test]

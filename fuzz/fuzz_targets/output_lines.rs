@@ -1,0 +1,89 @@
+//! The output line parser with the default patterns: any bytes a trainer
+//! prints, cut into reads at points the input chooses. Never panics; never
+//! yields a step above `MAX_STEP`; at most one step and one phase per read,
+//! the phase not before the step;
+//! on a single line the prefiltered parser (default regexes) and the plain
+//! one (the same regexes spelled differently) agree, but for keywords in a
+//! case the prefilter does not list (see `DEFAULT_LITERALS`).
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use regex::bytes::Regex;
+use resilio::progress::output::{LineScanner, Mark, Parser, DEFAULT_LITERALS};
+use resilio::progress::patterns::{
+    DEFAULT_CHECKPOINT_REGEX, DEFAULT_EVAL_REGEX, DEFAULT_PROGRESS_REGEX,
+};
+use resilio::progress::MAX_STEP;
+use std::sync::OnceLock;
+
+fn parsers() -> &'static (Parser, Parser) {
+    static P: OnceLock<(Parser, Parser)> = OnceLock::new();
+    P.get_or_init(|| {
+        let phases = || {
+            (
+                Some(Regex::new(DEFAULT_CHECKPOINT_REGEX).unwrap()),
+                Some(Regex::new(DEFAULT_EVAL_REGEX).unwrap()),
+            )
+        };
+        let (c, e) = phases();
+        let fast = Parser::new(Regex::new(DEFAULT_PROGRESS_REGEX).unwrap(), c, e);
+        let (c, e) = phases();
+        let plain = Parser::new(
+            Regex::new(&format!("(?:{DEFAULT_PROGRESS_REGEX})")).unwrap(),
+            c,
+            e,
+        );
+        (fast, plain)
+    })
+}
+
+fn check(marks: &[Mark]) {
+    let steps = marks.iter().filter(|m| matches!(m, Mark::Step(_))).count();
+    let phases = marks.len() - steps;
+    assert!(steps <= 1 && phases <= 1, "{marks:?}");
+    // A phase marker before a later step is over already.
+    assert!(
+        !matches!(marks, [Mark::Phase(_), Mark::Step(_)]),
+        "{marks:?}"
+    );
+    for m in marks {
+        if let Mark::Step(s) = m {
+            assert!(*s <= MAX_STEP, "{marks:?}");
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let (fast, plain) = parsers();
+    // The first byte sets the read size (1..=256 bytes); the rest is output.
+    let Some((&size, text)) = data.split_first() else {
+        return;
+    };
+    let size = usize::from(size) + 1;
+    let mut scanner = LineScanner::default();
+    for chunk in text.chunks(size) {
+        check(&scanner.feed(fast, chunk));
+    }
+    check(&scanner.finish(fast));
+    check(&fast.scan(text));
+    for line in text.split(|&b| b == b'\n' || b == b'\r') {
+        let s = fast.step_in(line);
+        assert!(s.is_none_or(|s| s <= MAX_STEP));
+        // A keyword in a case the prefilter does not list (`sTep 5`) is
+        // a documented miss of the fast path (`DEFAULT_LITERALS`).
+        let has = |hay: &[u8], lit: &[u8]| hay.windows(lit.len()).any(|w| w == lit);
+        let lower = line.to_ascii_lowercase();
+        let exact = DEFAULT_LITERALS.iter().any(|l| has(line, l.as_bytes()));
+        let folded = DEFAULT_LITERALS
+            .iter()
+            .any(|l| has(&lower, l.to_ascii_lowercase().as_bytes()));
+        if exact || !folded {
+            assert_eq!(
+                s,
+                plain.step_in(line),
+                "{:?}",
+                String::from_utf8_lossy(line)
+            );
+        }
+    }
+});
