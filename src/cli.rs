@@ -43,6 +43,12 @@ enum Command {
     Demo(DemoArgs),
     /// A ready sbatch script for a common setup, every line commented
     Template(TemplateArgs),
+    /// Check a configuration file (and the system one) before deploying it
+    Config(ConfigArgs),
+    /// A shell completion script, on stdout
+    Completions(CompletionsArgs),
+    /// Man pages, one per subcommand (resilio.1, resilio-run.1, ...)
+    Man(ManArgs),
     /// A standalone coordinator for a job (tests and benchmarks; internal)
     #[command(name = "__coordinator", hide = true)]
     Coordinator(CoordinatorArgs),
@@ -118,6 +124,37 @@ struct CoordinatorArgs {
     /// token, from the files it left (the ranks report here again)
     #[arg(long, conflicts_with = "bind")]
     take_over: bool,
+}
+
+#[derive(Args, Debug)]
+struct ConfigArgs {
+    #[command(subcommand)]
+    action: ConfigAction,
+}
+
+#[derive(Subcommand, Debug)]
+enum ConfigAction {
+    /// Load the system configuration and FILE over it as `resilio run
+    /// --config FILE` would: `ok` and the files read, or the first error
+    /// (file:line) and exit 2
+    Check {
+        /// A user configuration file to check too
+        file: Option<PathBuf>,
+    },
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// The shell
+    #[arg(value_enum)]
+    shell: clap_complete::Shell,
+}
+
+#[derive(Args, Debug)]
+struct ManArgs {
+    /// Directory to write the pages into
+    #[arg(long, value_name = "DIR", default_value = ".")]
+    dir: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -551,6 +588,19 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
 }
 
 fn dispatch(cli: Cli) -> Result<i32> {
+    if !matches!(
+        cli.command,
+        Command::Run(_) | Command::Demo(_) | Command::Coordinator(_) | Command::DemoTrainer(_)
+    ) {
+        // Commands that only print: a reader that goes away (`| head`) ends
+        // them quietly, as it would any Unix tool, instead of a panic in
+        // println!. (Supervising commands keep SIGPIPE ignored: their
+        // output may go away while the trainer must not.)
+        // SAFETY: setting a signal's disposition, before any thread starts.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     match cli.command {
         Command::Run(a) => {
             if a.command.is_empty() {
@@ -622,9 +672,68 @@ fn dispatch(cli: Cli) -> Result<i32> {
         ),
         Command::Demo(a) => crate::demo::run(a.state_dir),
         Command::Template(a) => template_cmd(a),
+        Command::Config(a) => config_cmd(a),
+        Command::Completions(a) => {
+            use clap::CommandFactory;
+            let mut cmd = Cli::command();
+            clap_complete::generate(a.shell, &mut cmd, "resilio", &mut std::io::stdout());
+            Ok(0)
+        }
+        Command::Man(a) => man_cmd(a),
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
         Command::Coordinator(a) => coordinator_cmd(a),
     }
+}
+
+/// `resilio config check [FILE]`.
+fn config_cmd(a: ConfigArgs) -> Result<i32> {
+    match a.action {
+        ConfigAction::Check { file } => {
+            let system = std::env::var_os("RESILIO_SYSTEM_CONFIG")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(crate::config::SYSTEM_CONFIG));
+            Config::load(file.as_deref())?;
+            let mut read = Vec::new();
+            if system.exists() {
+                read.push(system.display().to_string());
+            }
+            if let Some(f) = &file {
+                read.push(f.display().to_string());
+            }
+            if read.is_empty() {
+                println!(
+                    "ok: no configuration file (the defaults; {} does not exist)",
+                    system.display()
+                );
+            } else {
+                println!("ok: {}", read.join(", "));
+            }
+            Ok(0)
+        }
+    }
+}
+
+/// `resilio man`: one page per visible subcommand, and the top page.
+fn man_cmd(a: ManArgs) -> Result<i32> {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    let io = |p: &std::path::Path, e: std::io::Error| Error::Usage(format!("{}: {e}", p.display()));
+    std::fs::create_dir_all(&a.dir).map_err(|e| io(&a.dir, e))?;
+    let mut pages: Vec<(String, clap::Command)> = vec![("resilio".into(), top.clone())];
+    for sub in top.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let name = format!("resilio-{}", sub.get_name());
+        pages.push((name.clone(), sub.clone().name(name)));
+    }
+    for (name, cmd) in pages {
+        let path = a.dir.join(format!("{name}.1"));
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd)
+            .render(&mut buf)
+            .map_err(|e| io(&path, e))?;
+        std::fs::write(&path, buf).map_err(|e| io(&path, e))?;
+        println!("{}", path.display());
+    }
+    Ok(0)
 }
 
 /// `resilio template`: the script on stdout, or in a file.

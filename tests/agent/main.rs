@@ -19,6 +19,7 @@ mod reports;
 mod runtime_dirs;
 mod shared_state;
 mod signals;
+mod site;
 mod stall;
 #[path = "../support/timing.rs"]
 mod timing;
