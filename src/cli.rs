@@ -38,7 +38,7 @@ enum Command {
     /// The live job: ranks, steps, stragglers, checkpoints (asks its coordinator)
     Status(StatusArgs),
     /// Ask every rank of a running job to checkpoint at the same step
-    Checkpoint(StatusArgs),
+    Checkpoint(CheckpointArgs),
     /// A local run with an injected hang, end to end (no Slurm needed)
     Demo(DemoArgs),
     /// A ready sbatch script for a common setup, every line commented
@@ -62,7 +62,7 @@ struct RunArgs {
     /// Configuration file (TOML), applied over /etc/resilio/resilio.toml
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Where journals live [env: RESILIO_STATE_DIR] [default: ~/.local/state/resilio]
+    /// Where journals live [env: RESILIO_STATE_DIR] [default: $XDG_STATE_HOME/resilio, else ~/.local/state/resilio]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Fixed stall timeout between steps (e.g. 90s, 5m); "adaptive" to learn it
@@ -201,12 +201,18 @@ struct StatusArgs {
     /// Machine-readable output
     #[arg(long)]
     json: bool,
-    /// Why (journaled with the request; `resilio checkpoint` only)
-    #[arg(long, default_value = "operator")]
-    reason: String,
     /// Where journals live [env: RESILIO_STATE_DIR]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct CheckpointArgs {
+    #[command(flatten)]
+    common: StatusArgs,
+    /// Why (journaled with the request)
+    #[arg(long, default_value = "operator")]
+    reason: String,
 }
 
 #[derive(Args, Debug)]
@@ -503,7 +509,8 @@ fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
         .and_then(|_| std::fs::rename(&tmp, file))
         .map_err(|e| {
             let _ = std::fs::remove_file(&tmp);
-            Error::Other(format!("cannot write {}: {e}", file.display()))
+            // A path or permission mistake is the user's: a usage error.
+            Error::Usage(format!("cannot write {}: {e}", file.display()))
         })?;
     eprintln!(
         "resilio: timeline of job {job} written to {}",
@@ -665,10 +672,10 @@ fn dispatch(cli: Cli) -> Result<i32> {
             crate::status::status_cmd(&state_dir_of(&a.state_dir)?, a.job.as_deref(), a.json)
         }
         Command::Checkpoint(a) => crate::status::checkpoint_cmd(
-            &state_dir_of(&a.state_dir)?,
-            a.job.as_deref(),
+            &state_dir_of(&a.common.state_dir)?,
+            a.common.job.as_deref(),
             &a.reason,
-            a.json,
+            a.common.json,
         ),
         Command::Demo(a) => crate::demo::run(a.state_dir),
         Command::Template(a) => template_cmd(a),

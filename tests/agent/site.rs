@@ -104,3 +104,29 @@ fn config_check_says_ok_or_names_the_file_and_line() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("bad.toml:"), "{}", stderr_of(&out));
 }
+
+#[test]
+fn path_mistakes_are_usage_errors_and_help_lists_only_what_applies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let jd = resilio::journal::job_dir(tmp.path(), "j1");
+    std::fs::create_dir_all(&jd).unwrap();
+    std::fs::write(
+        jd.join("rank-0.jsonl"),
+        "{\"v\":1,\"ts\":\"2026-11-23T18:00:00Z\",\"kind\":\"rank_start\",\"attempt\":0,\"rank\":0}\n",
+    )
+    .unwrap();
+    let out = resilio(&[
+        "timeline",
+        "--state-dir",
+        tmp.path().to_str().unwrap(),
+        "--html",
+        "/nonexistent/dir/x.html",
+        "j1",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr_of(&out));
+    assert_eq!(stderr_of(&out).lines().count(), 1, "{}", stderr_of(&out));
+    let status = String::from_utf8_lossy(&resilio(&["status", "--help"]).stdout).into_owned();
+    assert!(!status.contains("--reason"), "{status}");
+    let ckpt = String::from_utf8_lossy(&resilio(&["checkpoint", "--help"]).stdout).into_owned();
+    assert!(ckpt.contains("--reason"), "{ckpt}");
+}
