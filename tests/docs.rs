@@ -128,3 +128,28 @@ fn resilio_writes_every_record_through_the_schema() {
     }
     assert!(by_hand.is_empty(), "records written by hand: {by_hand:#?}");
 }
+
+/// Every exit code resilio's errors map to is in the README's table.
+#[test]
+fn every_exit_code_is_in_the_readme() {
+    use resilio::error::*;
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    for code in [
+        EXIT_USAGE,
+        EXIT_NO_JOB,
+        EXIT_NOT_PERMITTED,
+        EXIT_NO_COORDINATOR,
+        EXIT_INTERNAL,
+        EXIT_STALLED,
+        EXIT_NOT_EXECUTABLE,
+        EXIT_NOT_FOUND,
+    ] {
+        assert!(
+            readme.contains(&format!("| `{code}` |"))
+                || readme.contains(&format!("`{code}` /"))
+                || readme.contains(&format!("/ `{code}` |")),
+            "exit code {code} is not in the README's table"
+        );
+    }
+}
