@@ -1609,3 +1609,69 @@ fn templates_of_every_kind_submit_and_recover_a_crash() {
         );
     }
 }
+
+#[test]
+fn a_crash_after_the_supervisor_died_is_still_relaunched() {
+    let _g = lock();
+    let job = submit_nodes(
+        4,
+        "-N 3 -n 3",
+        "-t 10",
+        "",
+        "--total 60 --step-time 0.3 --fault exit --fault-rank 0 --fault-step 25 --fault-attempts 0",
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !job.output().contains("step 5/60") {
+        assert!(Instant::now() < deadline, "never started: {}", job.output());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let marker = job.dir.path().display().to_string();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let procs = pids_with(&marker);
+    let supers: Vec<i32> = procs
+        .iter()
+        .filter(|(pid, _)| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            cmd.starts_with(bin.as_bytes()) && String::from_utf8_lossy(&cmd).contains("\0srun\0")
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    let supervisor = procs
+        .iter()
+        .find(|(p, pp)| supers.contains(p) && supers.contains(pp))
+        .expect("a supervisor under a guardian")
+        .0;
+    Command::new("kill")
+        .args(["-9", &supervisor.to_string()])
+        .status()
+        .unwrap();
+    let state = job.wait_final(Duration::from_secs(180));
+    let recs = job.records();
+    let out = job.output();
+    assert_eq!(state, "COMPLETED", "{out}\n{recs:#?}");
+    assert_eq!(job.kinds("supervisor_lost").len(), 1, "{recs:#?}");
+    // The crash at step 25 was judged and the step relaunched, by the guardian.
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    assert!(rank_nodes(&recs, 1).len() == 3, "{recs:#?}");
+    assert!(out.contains("resumed from checkpoint #"), "{out}");
+    for r in 0..3 {
+        assert!(
+            out.contains(&format!("rank {r} finished at step 60")),
+            "{out}"
+        );
+    }
+    let gone = Instant::now() + Duration::from_secs(20);
+    while !pids_with(&marker).is_empty() {
+        assert!(
+            Instant::now() < gone,
+            "left running: {:?}",
+            pids_with(&marker)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -18,11 +18,12 @@
 //! - when the supervisor dies while its step runs, srun (no longer bound to
 //!   the supervisor's life at batch level) is re-parented to the guardian.
 //!   The guardian journals `supervisor_lost`, passes srun's output through,
-//!   forwards signals to srun, waits for the step's end and journals the
-//!   job's end with srun's exit code, which it exits with. The ranks train
-//!   on meanwhile (their link to the coordinator, which died with the
-//!   supervisor, fails open). No relaunch or requeue is decided for that
-//!   step: the guardian does not judge.
+//!   brings a coordinator back at the dead one's address, and forwards
+//!   signals to srun. The ranks train on meanwhile (their links fail open
+//!   until the coordinator is back). When the step ends, the guardian
+//!   judges and decides with the supervisor's own code
+//!   (`batch::after_attempt`): the job ends, is requeued, or the step runs
+//!   again inside the allocation, the guardian starting over as itself.
 //!
 //! If the guardian cannot start the supervisor, the process supervises
 //! itself, as before (fail open). `RESILIO_NO_GUARDIAN=1` turns it off.
@@ -53,6 +54,8 @@ pub const ENV_OFF: &str = "RESILIO_NO_GUARDIAN";
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Handoff {
     pub step_pid: i32,
+    /// The job's id (its journal's directory name).
+    pub job: String,
     pub attempt: u32,
     pub job_dir: PathBuf,
     pub node: String,
@@ -158,6 +161,20 @@ struct Shared {
     to_supervisor: bool,
     /// The step the supervisor runs now, with its output's read ends.
     step: Option<(Handoff, OwnedFd, OwnedFd)>,
+    /// A stop signal (SIGTERM, SIGINT, ...) reached the guardian: the
+    /// step's end was asked for from outside.
+    stopped: bool,
+    /// Slurm's pre-timeout signal reached the guardian.
+    pre_timeout: bool,
+}
+
+/// What the guardian decides a step's end with, once the supervisor is
+/// gone: the same as the supervisor would (its command line, its
+/// configuration, Slurm).
+pub struct Decide<'a> {
+    pub argv: &'a [std::ffi::OsString],
+    pub cfg: &'a crate::config::Config,
+    pub slurm: &'a dyn crate::slurm::Slurm,
 }
 
 /// The signals a batch script is sent that the guardian passes on.
@@ -176,7 +193,7 @@ fn forwarded_signals() -> Vec<i32> {
 
 /// Be the guardian: start the supervisor and stay above it. `None` when it
 /// cannot be started (the caller then supervises itself).
-pub fn run() -> Option<i32> {
+pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
     // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes integer arguments only.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         tracing::debug!("guardian: cannot become a subreaper; supervising in this process");
@@ -232,14 +249,22 @@ pub fn run() -> Option<i32> {
     let shared = Arc::new(Mutex::new(Shared {
         target: supervisor,
         to_supervisor: true,
-        step: None,
+        ..Default::default()
     }));
+    let pre_timeout_signal = d.cfg.pre_timeout_signal as i32;
     {
         let shared = shared.clone();
         std::thread::spawn(move || {
             for sig in signals.forever() {
                 let (target, to_supervisor) = {
-                    let s = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
+                    if sig == pre_timeout_signal {
+                        s.pre_timeout = true;
+                    } else if ![libc::SIGHUP, libc::SIGCONT, libc::SIGUSR1, libc::SIGUSR2]
+                        .contains(&sig)
+                    {
+                        s.stopped = true;
+                    }
                     (s.target, s.to_supervisor)
                 };
                 // Slurm signals every process of the batch step: the
@@ -261,7 +286,7 @@ pub fn run() -> Option<i32> {
         let shared = shared.clone();
         std::thread::spawn(move || receive_handoffs(ours, shared));
     }
-    Some(watch(supervisor, shared))
+    Some(watch(supervisor, shared, &d))
 }
 
 /// Take in the steps the supervisor reports, until its end of the link
@@ -336,7 +361,8 @@ fn is_our_child(pid: i32) -> bool {
 
 /// Reap until the supervisor ends; then, if its step still runs, see the
 /// step through.
-fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
+fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::job::batch::Next {
+    use crate::job::batch::Next;
     let mut step_status: Option<(i32, WaitStatus)> = None;
     let status = loop {
         match waitpid(Pid::from_raw(-1), None) {
@@ -346,7 +372,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
                 _ => {}
             },
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return 1,
+            Err(_) => return Next::Exit(1),
         }
     };
     let code = code_of(status).unwrap_or(1);
@@ -358,7 +384,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
                 describe(status)
             );
         }
-        return code;
+        return Next::Exit(code);
     };
     let reaped_here = step_status
         .filter(|(p, _)| *p == h.step_pid)
@@ -366,7 +392,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
     let running = reaped_here.is_none() && is_our_child(h.step_pid);
     let died = matches!(status, WaitStatus::Signaled(..)) || running;
     if !died {
-        return code;
+        return Next::Exit(code);
     }
     let mut journal = Writer::open(
         &h.job_dir,
@@ -377,8 +403,8 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
     );
     journal.set_run(h.run.as_deref());
     let note = match (running, &h.coordinator) {
-        (true, Some(_)) => "the batch script's guardian kept the job and its step running; a coordinator takes over at the same address (coordinator.jsonl); the step's output is passed through, and the job ends when the step ends (no relaunch or requeue is decided for this step)",
-        (true, None) => "the batch script's guardian kept the job and its step running; the step's output is passed through, and the job ends when the step ends (no relaunch or requeue is decided for this step)",
+        (true, Some(_)) => "the batch script's guardian kept the job and its step running; a coordinator takes over at the same address (coordinator.jsonl); the step's output is passed through, and its end is judged and decided on as the supervisor would",
+        (true, None) => "the batch script's guardian kept the job and its step running; the step's output is passed through, and its end is judged and decided on as the supervisor would",
         (false, _) => "the step had ended before; its end was not judged",
     };
     journal.write(
@@ -400,6 +426,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
             "its step had ended"
         }
     );
+    let tail = crate::progress::output::Tail::new(64 * 1024);
     let step_end = if running {
         let coordinator = h.coordinator.as_ref().and_then(bring_back);
         {
@@ -407,7 +434,10 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
             s.target = h.step_pid;
             s.to_supervisor = false;
         }
-        let relays = [relay(out, std::io::stdout()), relay(err, std::io::stderr())];
+        let relays = [
+            relay(out, std::io::stdout(), tail.clone()),
+            relay(err, std::io::stderr(), tail.clone()),
+        ];
         let st = wait_for(h.step_pid);
         if let Some(c) = coordinator {
             let _ = kill(Pid::from_raw(c), Signal::SIGTERM);
@@ -425,21 +455,95 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>) -> i32 {
     } else {
         reaped_here
     };
-    let (exit_code, how) = match step_end {
-        Some(st) => (code_of(st).unwrap_or(1), describe(st)),
-        None => (code, "not known".into()),
-    };
-    journal.write(
-        ev::JobEnd {
-            exit_code: Some(exit_code),
-            reason: Some(format!(
-                "the job-level supervisor died ({}); the step ended without it ({how})",
+    let Some(st) = step_end else {
+        // The step was reaped before (by the supervisor): its status is
+        // not known here, so nothing can be judged from it.
+        act_end(
+            &mut journal,
+            code,
+            &format!(
+                "the job-level supervisor died ({}) after its step ended",
                 describe(status)
-            )),
+            ),
+        );
+        return Next::Exit(code);
+    };
+    // The step ended without its supervisor: judged and decided on as the
+    // supervisor would have (relaunch, requeue, stop, or the job's end).
+    let (stopped, pre_timeout) = {
+        let s = shared.lock().unwrap_or_else(|p| p.into_inner());
+        (s.stopped, s.pre_timeout)
+    };
+    decide(
+        d,
+        &h,
+        st,
+        &tail.last_lines(200),
+        stopped,
+        pre_timeout,
+        &mut journal,
+    )
+}
+
+fn act_end(journal: &mut Writer, code: i32, reason: &str) {
+    crate::job::act::job_end(journal, code, reason);
+}
+
+/// Judge the end of the step the guardian saw through, and decide what
+/// follows, with the supervisor's own code (`batch::after_attempt`).
+fn decide(
+    d: &Decide<'_>,
+    h: &Handoff,
+    st: WaitStatus,
+    tail: &[String],
+    stopped: bool,
+    pre_timeout: bool,
+    journal: &mut Writer,
+) -> crate::job::batch::Next {
+    let exit_code = code_of(st).unwrap_or(1);
+    let signal = match st {
+        WaitStatus::Signaled(_, s, _) => Some(s as i32),
+        _ => None,
+    };
+    let verdict = crate::policy::failure::classify(
+        &crate::policy::failure::RankEnd {
+            exit_code,
+            signal,
+            stalled: false,
+            stop_requested: stopped,
+            health_check_failed: false,
+            tail: tail.to_vec(),
         },
-        true,
+        &d.cfg
+            .failure_patterns
+            .clone()
+            .unwrap_or_else(crate::policy::failure::Patterns::defaults),
     );
-    exit_code
+    let step = crate::job::batch::StepEnd {
+        ended: chrono::Utc::now(),
+        exit_code,
+        verdict: &verdict,
+        tail,
+        node: &h.node,
+        pre_timeout,
+        agents: &[],
+    };
+    let slurm = crate::slurm::SlurmContext::from_env().unwrap_or_default();
+    let step_out = std::env::var(crate::slurm::step::ENV_RELAUNCH)
+        .ok()
+        .and_then(|t| crate::slurm::step::Relaunch::parse(&t).ok())
+        .map(|r| (r.exclude, r.nodes));
+    let alloc = crate::rank::allocation(d.cfg, &slurm.job_nodes, d.argv, step_out.as_ref());
+    crate::job::batch::after_attempt(
+        &d.cfg.state_dir,
+        &h.job,
+        h.attempt,
+        &step,
+        d.cfg.max_restarts,
+        alloc,
+        d.slurm,
+        journal,
+    )
 }
 
 /// Start a coordinator in place of the one that died with the supervisor
@@ -482,7 +586,11 @@ fn wait_for(pid: i32) -> Option<WaitStatus> {
 }
 
 /// Copy a pipe to an output stream until its end, in a thread.
-fn relay<W: Write + Send + 'static>(from: OwnedFd, mut to: W) -> std::thread::JoinHandle<()> {
+fn relay<W: Write + Send + 'static>(
+    from: OwnedFd,
+    mut to: W,
+    tail: Arc<crate::progress::output::Tail>,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut f = std::fs::File::from(from);
         let mut buf = vec![0u8; 64 * 1024];
@@ -494,6 +602,7 @@ fn relay<W: Write + Send + 'static>(from: OwnedFd, mut to: W) -> std::thread::Jo
                     // that went away only loses it.
                     let _ = to.write_all(&buf[..n]);
                     let _ = to.flush();
+                    tail.push(&buf[..n]);
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(_) => return,

@@ -31,6 +31,7 @@ pub mod diagnostics;
 mod ending;
 mod events;
 mod finish;
+pub(crate) use finish::allocation;
 pub mod health;
 pub mod lifecycle;
 mod progress_log;
@@ -68,8 +69,17 @@ pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
             crate::slurm::env::SlurmContext::from_env().is_ok_and(|s| s.in_batch_script()),
         )
     {
-        if let Some(code) = crate::job::guardian::run() {
-            return Ok(code);
+        let d = crate::job::guardian::Decide {
+            argv: &opts.argv,
+            cfg: &opts.config,
+            slurm,
+        };
+        match crate::job::guardian::run(d) {
+            Some(Next::Exit(code)) => return Ok(code),
+            // The guardian decided to run the step again: it starts over
+            // as itself, guardian again, with the hand-over.
+            Some(Next::Relaunch(r)) => return Ok(relaunch(&r)),
+            None => {}
         }
     }
     let next = crate::util::runtime()?.block_on(run_async(opts, slurm))?;

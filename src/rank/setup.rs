@@ -439,6 +439,7 @@ pub(crate) fn setup(
         use std::os::fd::AsFd;
         let step = crate::job::guardian::Handoff {
             step_pid: spawned.pid.as_raw(),
+            job: id.job.clone(),
             attempt: id.attempt,
             job_dir: job_dir.clone(),
             node: id.node.clone(),
