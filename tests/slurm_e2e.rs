@@ -4,6 +4,8 @@
 //! `resilio run -- srun resilio run -- python3 trainer.py`, with faults
 //! injected by rank, step and attempt.
 
+#[path = "support/status.rs"]
+mod status;
 #[path = "support/timing.rs"]
 mod timing;
 
@@ -115,6 +117,69 @@ impl Job {
             }
             std::thread::sleep(Duration::from_millis(500));
         }
+    }
+    /// Wait (2 min at most) until the job's output shows `text`.
+    fn wait_output(&self, text: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !self.output().contains(text) {
+            assert!(
+                Instant::now() < deadline,
+                "never showed {text:?}: {}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    /// What marks this job's processes: its directory, in every command line.
+    fn marker(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+    /// No process of the job is left (20 s to go).
+    fn assert_nothing_left(&self) {
+        let gone = Instant::now() + Duration::from_secs(20);
+        while !pids_with(&self.marker()).is_empty() {
+            assert!(
+                Instant::now() < gone,
+                "left running: {:?}",
+                pids_with(&self.marker())
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    /// The process of task `rank` of the job's first step whose command
+    /// line `is` says it is the one (an agent, a trainer).
+    fn task_process(&self, rank: u32, is: impl Fn(&[u8]) -> bool) -> i32 {
+        let rank = rank.to_string();
+        pids_with(&self.marker())
+            .into_iter()
+            .map(|(p, _)| p)
+            .find(|p| {
+                is(&std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default())
+                    && env_of(*p, "SLURM_PROCID").as_deref() == Some(rank.as_str())
+                    && env_of(*p, "SLURM_STEP_ID").as_deref() == Some("0")
+            })
+            .unwrap_or_else(|| panic!("no such process of task {rank}"))
+    }
+    /// The job-level supervisor: the batch script's process is the
+    /// guardian, and the supervisor is its child with the same command
+    /// line (`resilio run ... -- srun ...`).
+    fn supervisor(&self) -> i32 {
+        let bin = env!("CARGO_BIN_EXE_resilio");
+        let procs = pids_with(&self.marker());
+        let supers: Vec<i32> = procs
+            .iter()
+            .filter(|(pid, _)| {
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                cmd.starts_with(bin.as_bytes())
+                    && String::from_utf8_lossy(&cmd).contains("\0srun\0")
+            })
+            .map(|(p, _)| *p)
+            .collect();
+        procs
+            .iter()
+            .find(|(p, pp)| supers.contains(p) && supers.contains(pp))
+            .unwrap_or_else(|| panic!("no supervisor under a guardian: {procs:?} {supers:?}"))
+            .0
     }
     fn kinds(&self, kind: &str) -> Vec<Record> {
         self.records()
@@ -860,11 +925,7 @@ fn testbed_cmd(args: &[&str]) {
 fn a_node_crash_is_recorded_from_slurms_own_records() {
     let _g = lock();
     let job = submit("", "--total 60 --step-time 0.4");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 5/60") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.wait_output("step 5/60");
     let nodes = rank_nodes(&job.records(), 0);
     // The batch script's node (rank 0's, the allocation's first): the
     // job-level supervisor dies with it, so Slurm requeues the job by
@@ -1069,33 +1130,8 @@ fn exists(p: &Path) -> bool {
 /// The steps of the running ranks, as the job's coordinator (found from
 /// its files) reports them; empty when none answers.
 fn status_steps(job_dir: &Path) -> Vec<u64> {
-    use std::io::{Read, Write};
-    let Some((url, token)) = resilio::coordinator::discover_files(job_dir) else {
-        return Vec::new();
-    };
-    let addr = url.trim_start_matches("http://");
-    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
-        return Vec::new();
-    };
-    let _ = write!(
-        s,
-        "GET /v1/status HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
-    );
-    let mut text = String::new();
-    let _ = s.read_to_string(&mut text);
-    let json: serde_json::Value = text
-        .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or_default();
-    json.get("ranks")
-        .and_then(|r| r.as_array())
-        .map(|ranks| {
-            ranks
-                .iter()
-                .filter(|r| r.get("state").and_then(|s| s.as_str()) == Some("running"))
-                .filter_map(|r| r.get("step").and_then(|s| s.as_u64()))
-                .collect()
-        })
+    resilio::coordinator::discover_files(job_dir)
+        .map(|(url, token)| status::running_steps(&url, &token))
         .unwrap_or_default()
 }
 
@@ -1125,29 +1161,10 @@ fn pids_with(marker: &str) -> Vec<(i32, i32)> {
 fn killing_the_job_level_supervisor_leaves_the_step_training_and_the_journal_says_so() {
     let _g = lock();
     let job = submit("", "--total 60 --step-time 0.3");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 5/60") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.wait_output("step 5/60");
     // The batch script's process is the guardian; the supervisor is its
     // child with the same command line (`resilio run ... -- srun ...`).
-    let marker = job.dir.path().display().to_string();
-    let bin = env!("CARGO_BIN_EXE_resilio");
-    let procs = pids_with(&marker);
-    let supers: Vec<i32> = procs
-        .iter()
-        .filter(|(pid, _)| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd.starts_with(bin.as_bytes()) && String::from_utf8_lossy(&cmd).contains("\0srun\0")
-        })
-        .map(|(p, _)| *p)
-        .collect();
-    let supervisor = procs
-        .iter()
-        .find(|(p, pp)| supers.contains(p) && supers.contains(pp))
-        .unwrap_or_else(|| panic!("no supervisor under a guardian: {procs:?} {supers:?}"))
-        .0;
+    let supervisor = job.supervisor();
     Command::new("kill")
         .args(["-9", &supervisor.to_string()])
         .status()
@@ -1204,15 +1221,7 @@ fn killing_the_job_level_supervisor_leaves_the_step_training_and_the_journal_say
     assert!(resilio::analysis::report::render_text(&rep)
         .contains("the job-level supervisor (and the coordinator in it) (pid"));
     // Nothing of the job is left running.
-    let gone = Instant::now() + Duration::from_secs(20);
-    while !pids_with(&marker).is_empty() {
-        assert!(
-            Instant::now() < gone,
-            "left running: {:?}",
-            pids_with(&marker)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.assert_nothing_left();
 }
 
 /// The value of `key` in the environment of process `pid`.
@@ -1228,25 +1237,12 @@ fn env_of(pid: i32, key: &str) -> Option<String> {
 fn killing_a_rank_agent_relaunches_the_step_on_the_spare_node() {
     let _g = lock();
     let job = submit_nodes(4, "-N 3 -n 3", "-t 10", "", "--total 60 --step-time 0.3");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 8/60") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let marker = job.dir.path().display().to_string();
-    let bin = env!("CARGO_BIN_EXE_resilio");
+    job.wait_output("step 8/60");
     // Rank 1's agent: the `resilio run` of the step's task 1.
-    let agent = pids_with(&marker)
-        .into_iter()
-        .map(|(p, _)| p)
-        .find(|p| {
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            cmd.starts_with(bin.as_bytes())
-                && !String::from_utf8_lossy(&cmd).contains("\0srun\0")
-                && env_of(*p, "SLURM_PROCID").as_deref() == Some("1")
-                && env_of(*p, "SLURM_STEP_ID").as_deref() == Some("0")
-        })
-        .expect("rank 1's agent");
+    let agent = job.task_process(1, |cmd| {
+        cmd.starts_with(env!("CARGO_BIN_EXE_resilio").as_bytes())
+            && !String::from_utf8_lossy(cmd).contains("\0srun\0")
+    });
     let victim = env_of(agent, "SLURMD_NODENAME").expect("its node");
     Command::new("kill")
         .args(["-9", &agent.to_string()])
@@ -1296,40 +1292,20 @@ fn killing_a_rank_agent_relaunches_the_step_on_the_spare_node() {
     assert_eq!(w.len(), 1, "{recs:#?}");
     assert!(w[0].str("warning").unwrap().contains("--no-kill"));
     // Nothing of the job is left running.
-    let gone = Instant::now() + Duration::from_secs(20);
-    while !pids_with(&marker).is_empty() {
-        assert!(
-            Instant::now() < gone,
-            "left running: {:?}",
-            pids_with(&marker)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.assert_nothing_left();
 }
 
 #[test]
 fn a_sigstopped_trainer_is_judged_a_hang_of_its_rank_and_the_step_runs_again() {
     let _g = lock();
     let job = submit_nodes(4, "-N 3 -n 3", "-t 10", "", "--total 40 --step-time 0.3");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 8/40") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let marker = job.dir.path().display().to_string();
+    job.wait_output("step 8/40");
     // Rank 1's trainer (the python process of task 1, not its agent).
-    let trainer = pids_with(&marker)
-        .into_iter()
-        .map(|(p, _)| p)
-        .find(|p| {
-            let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap_or_default();
-            String::from_utf8_lossy(&cmd).contains("lockstep_trainer.py\0")
-                && !cmd.starts_with(env!("CARGO_BIN_EXE_resilio").as_bytes())
-                && !cmd.starts_with(b"srun")
-                && env_of(*p, "SLURM_PROCID").as_deref() == Some("1")
-                && env_of(*p, "SLURM_STEP_ID").as_deref() == Some("0")
-        })
-        .expect("rank 1's trainer");
+    let trainer = job.task_process(1, |cmd| {
+        String::from_utf8_lossy(cmd).contains("lockstep_trainer.py\0")
+            && !cmd.starts_with(env!("CARGO_BIN_EXE_resilio").as_bytes())
+            && !cmd.starts_with(b"srun")
+    });
     Command::new("kill")
         .args(["-STOP", &trainer.to_string()])
         .status()
@@ -1358,15 +1334,7 @@ fn a_sigstopped_trainer_is_judged_a_hang_of_its_rank_and_the_step_runs_again() {
         "{d:?}"
     );
     assert!(!pid_alive(trainer), "the stopped trainer is gone");
-    let gone = Instant::now() + Duration::from_secs(20);
-    while !pids_with(&marker).is_empty() {
-        assert!(
-            Instant::now() < gone,
-            "left running: {:?}",
-            pids_with(&marker)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.assert_nothing_left();
 }
 
 fn pid_alive(pid: i32) -> bool {
@@ -1388,11 +1356,7 @@ fn a_node_crash_with_a_spare_is_relaunched_on_the_spare_within_seconds() {
         "",
         "--total 150 --step-time 0.2",
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 10/150") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.wait_output("step 10/150");
     let victim = rank_nodes(&job.records(), 0)
         .into_iter()
         .find(|(r, _)| *r == 1)
@@ -1450,11 +1414,7 @@ fn a_node_crash_with_a_spare_is_relaunched_on_the_spare_within_seconds() {
 fn a_node_crash_without_a_spare_is_requeued_without_the_node_before_slurm_notices() {
     let _g = lock();
     let job = submit("", "--total 60 --step-time 0.4");
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 5/60") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.wait_output("step 5/60");
     let victim = rank_nodes(&job.records(), 0)
         .into_iter()
         .find(|(r, _)| *r == 1)
@@ -1620,27 +1580,8 @@ fn a_crash_after_the_supervisor_died_is_still_relaunched() {
         "",
         "--total 60 --step-time 0.3 --fault exit --fault-rank 0 --fault-step 25 --fault-attempts 0",
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !job.output().contains("step 5/60") {
-        assert!(Instant::now() < deadline, "never started: {}", job.output());
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let marker = job.dir.path().display().to_string();
-    let bin = env!("CARGO_BIN_EXE_resilio");
-    let procs = pids_with(&marker);
-    let supers: Vec<i32> = procs
-        .iter()
-        .filter(|(pid, _)| {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-            cmd.starts_with(bin.as_bytes()) && String::from_utf8_lossy(&cmd).contains("\0srun\0")
-        })
-        .map(|(p, _)| *p)
-        .collect();
-    let supervisor = procs
-        .iter()
-        .find(|(p, pp)| supers.contains(p) && supers.contains(pp))
-        .expect("a supervisor under a guardian")
-        .0;
+    job.wait_output("step 5/60");
+    let supervisor = job.supervisor();
     Command::new("kill")
         .args(["-9", &supervisor.to_string()])
         .status()
@@ -1665,13 +1606,5 @@ fn a_crash_after_the_supervisor_died_is_still_relaunched() {
             "{out}"
         );
     }
-    let gone = Instant::now() + Duration::from_secs(20);
-    while !pids_with(&marker).is_empty() {
-        assert!(
-            Instant::now() < gone,
-            "left running: {:?}",
-            pids_with(&marker)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    job.assert_nothing_left();
 }

@@ -174,3 +174,44 @@ pub fn run_local(state: &Path, job: &str, n: u32, opts: &[&str], args: &[&str]) 
         .args(args);
     c
 }
+
+/// A tmpfs mounted for a test, unmounted (lazily) when dropped.
+pub struct Tmpfs(pub PathBuf);
+
+impl Tmpfs {
+    pub fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
+        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
+        let o = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
+            .arg("tmpfs")
+            .arg(at)
+            .output()
+            .map_err(|e| format!("mount: {e}"))?;
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
+        }
+        Ok(Tmpfs(at.to_path_buf()))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// Write zeros into `path` until the filesystem is full; the bytes written.
+pub fn fill(path: &Path) -> u64 {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 4096];
+    let mut n = 0u64;
+    while let Ok(k) = f.write(&block) {
+        if k == 0 {
+            break;
+        }
+        n += k as u64;
+    }
+    let _ = f.sync_all();
+    n
+}

@@ -343,19 +343,18 @@ fn an_operator_checkpoint_lands_at_the_same_step_on_every_rank_and_strangers_are
     assert!(!String::from_utf8_lossy(&out.stdout).contains("999999"));
 }
 
-#[test]
-fn killing_the_coordinator_does_not_kill_training() {
-    let tmp = tempfile::tempdir().unwrap();
+/// A standalone coordinator for `job` (`extra`: more options) and the URL
+/// it printed.
+fn standalone_coordinator(
+    state: &Path,
+    job: &str,
+    extra: &[&str],
+) -> (std::process::Child, String) {
     let mut coord = Command::new(bin())
-        .args([
-            "__coordinator",
-            "--job-id",
-            "orphan",
-            "--world-size",
-            "2",
-            "--state-dir",
-        ])
-        .arg(tmp.path())
+        .args(["__coordinator", "--job-id", job, "--world-size", "2"])
+        .args(extra)
+        .arg("--state-dir")
+        .arg(state)
         .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
         .stdout(Stdio::piped())
         .spawn()
@@ -369,27 +368,40 @@ fn killing_the_coordinator_does_not_kill_training() {
         }
         line.push(one_byte[0] as char);
     }
-    let url = line.trim().to_string();
-    let token = coordinator_of(tmp.path(), "orphan").unwrap().1;
-    let ranks: Vec<std::process::Child> = (0..2)
+    (coord, line.trim().to_string())
+}
+
+/// Two ranks (the test trainer, `steps` steps 0.1 s apart) whose agents
+/// report to the coordinator at `url`.
+fn linked_ranks(
+    state: &Path,
+    job: &str,
+    url: &str,
+    token: &str,
+    steps: &str,
+) -> Vec<std::process::Child> {
+    (0..2)
         .map(|r| {
-            run_trainer(
-                tmp.path(),
-                "orphan",
-                &[],
-                &["--steps", "30", "--interval", "0.1"],
-            )
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("RESILIO_COORDINATOR", &url)
-            .env("RESILIO_COORDINATOR_TOKEN", &token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
+            run_trainer(state, job, &[], &["--steps", steps, "--interval", "0.1"])
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("RESILIO_COORDINATOR", url)
+                .env("RESILIO_COORDINATOR_TOKEN", token)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn killing_the_coordinator_does_not_kill_training() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut coord, url) = standalone_coordinator(tmp.path(), "orphan", &[]);
+    let token = coordinator_of(tmp.path(), "orphan").unwrap().1;
+    let ranks = linked_ranks(tmp.path(), "orphan", &url, &token, "30");
     // Both ranks report, then the coordinator dies hard.
     assert!(wait_for(Duration::from_secs(20), || {
         let (c, body) = http(&url, "GET", "/v1/status", Some(&token), "");
@@ -420,95 +432,19 @@ fn killing_the_coordinator_does_not_kill_training() {
     }
 }
 
-/// A standalone coordinator for `job` (`extra`: more options) and the URL
-/// it printed.
-fn standalone_coordinator(
-    state: &Path,
-    job: &str,
-    extra: &[&str],
-) -> (std::process::Child, String) {
-    let mut coord = Command::new(bin())
-        .args(["__coordinator", "--job-id", job, "--world-size", "2"])
-        .args(extra)
-        .arg("--state-dir")
-        .arg(state)
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    let mut one_byte = [0u8; 1];
-    let mut so = coord.stdout.take().unwrap();
-    while !line.ends_with('\n') {
-        if so.read(&mut one_byte).unwrap() == 0 {
-            break;
-        }
-        line.push(one_byte[0] as char);
-    }
-    (coord, line.trim().to_string())
-}
-
-/// The ranks the coordinator at `url` sees running, and their steps; empty
-/// when it cannot be reached.
-fn running_steps(url: &str, token: &str) -> Vec<u64> {
-    let addr = url.trim_start_matches("http://");
-    if std::net::TcpStream::connect(addr).is_err() {
-        return Vec::new();
-    }
-    let (c, body) = http(url, "GET", "/v1/status", Some(token), "");
-    if c != 200 {
-        return Vec::new();
-    }
-    let json: serde_json::Value = body
-        .split_once("\r\n\r\n")
-        .and_then(|(_, b)| serde_json::from_str(b).ok())
-        .unwrap_or_default();
-    json.get("ranks")
-        .and_then(|r| r.as_array())
-        .map(|ranks| {
-            ranks
-                .iter()
-                .filter(|r| r.get("state").and_then(|s| s.as_str()) == Some("running"))
-                .filter_map(|r| r.get("step").and_then(|s| s.as_u64()))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 #[test]
 fn a_coordinator_that_comes_back_picks_up_the_ranks_again() {
     let tmp = tempfile::tempdir().unwrap();
     let (mut first, url) = standalone_coordinator(tmp.path(), "back", &[]);
     let token = coordinator_of(tmp.path(), "back").unwrap().1;
-    let ranks: Vec<std::process::Child> = (0..2)
-        .map(|r| {
-            run_trainer(
-                tmp.path(),
-                "back",
-                &[],
-                &["--steps", "120", "--interval", "0.1"],
-            )
-            .env("RANK", r.to_string())
-            .env("WORLD_SIZE", "2")
-            .env("RESILIO_COORDINATOR", &url)
-            .env("RESILIO_COORDINATOR_TOKEN", &token)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap()
-        })
-        .collect();
-    assert!(wait_for(Duration::from_secs(20), || running_steps(
-        &url, &token
-    )
-    .len()
-        == 2));
+    let ranks = linked_ranks(tmp.path(), "back", &url, &token, "120");
+    assert!(wait_for(
+        Duration::from_secs(20),
+        || crate::status::running_steps(&url, &token).len() == 2
+    ));
     // It dies hard, and the ranks lose it.
     first.kill().unwrap();
     first.wait().unwrap();
-    let dir = resilio::journal::job_dir(tmp.path(), "back");
     assert!(wait_for(Duration::from_secs(20), || {
         kinds(&records(tmp.path(), "back"), "coordinator_unreachable").len() == 2
     }));
@@ -520,7 +456,7 @@ fn a_coordinator_that_comes_back_picks_up_the_ranks_again() {
     let mut seen = Vec::new();
     assert!(
         wait_for(Duration::from_secs(20), || {
-            seen = running_steps(&url, &token);
+            seen = crate::status::running_steps(&url, &token);
             seen.len() == 2 && seen.iter().all(|s| *s > 0)
         }),
         "{seen:?}"
@@ -569,7 +505,6 @@ fn a_coordinator_that_comes_back_picks_up_the_ranks_again() {
     );
     second.kill().unwrap();
     second.wait().unwrap();
-    let _ = dir;
 }
 
 #[test]

@@ -21,5 +21,7 @@ mod shared_state;
 mod signals;
 mod site;
 mod stall;
+#[path = "../support/status.rs"]
+mod status;
 #[path = "../support/timing.rs"]
 mod timing;

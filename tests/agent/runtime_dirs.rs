@@ -277,50 +277,6 @@ fn journals_are_private() {
     }
 }
 
-/// A tmpfs mounted for the test, unmounted (lazily) when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let o = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
-            .arg("tmpfs")
-            .arg(at)
-            .output()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !o.status.success() {
-            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
-        }
-        Ok(Tmpfs(at.to_path_buf()))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
-/// Write zeros into `path` until the filesystem is full.
-fn fill(path: &Path) -> u64 {
-    use std::io::Write;
-    let mut f = std::fs::File::create(path).unwrap();
-    let block = vec![0u8; 4096];
-    let mut n = 0u64;
-    while let Ok(k) = f.write(&block) {
-        if k == 0 {
-            break;
-        }
-        n += k as u64;
-    }
-    let _ = f.sync_all();
-    n
-}
-
 #[test]
 fn a_full_disk_costs_a_gap_that_is_journaled_and_reported_then_writing_resumes() {
     let tmp = tempfile::tempdir().unwrap();

@@ -2,41 +2,6 @@
 
 use super::*;
 
-/// A tmpfs mounted for a case, unmounted (lazily) when dropped.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(at: &Path, size: &str) -> Result<Tmpfs, String> {
-        std::fs::create_dir_all(at).map_err(|e| e.to_string())?;
-        let o = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0755")])
-            .arg("tmpfs")
-            .arg(at)
-            .output()
-            .map_err(|e| format!("mount: {e}"))?;
-        if !o.status.success() {
-            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
-        }
-        Ok(Tmpfs(at.to_path_buf()))
-    }
-
-    /// Fill it up (a file of zeros until ENOSPC); the file's path.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut f = std::fs::File::create(&path).unwrap();
-        let block = vec![0u8; 4096];
-        while f.write(&block).is_ok_and(|n| n > 0) {}
-        path
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
 /// `GET PATH` with the token, by hand; the status code and the body.
 fn http_get(url: &str, path: &str, token: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
@@ -92,7 +57,8 @@ fn a_full_disk_under_every_journal_of_a_local_run_costs_no_training() {
     let mark = Marker::new("fulldisk");
     let (state, job) = (fs.0.join("state"), "fulldisk");
     std::fs::create_dir_all(&state).unwrap();
-    let filler = fs.fill();
+    let filler = fs.0.join("filler");
+    fill(&filler);
     // The trainer's own checkpoints are on another disk: only resilio's is full.
     let ck = tmp.path().join("ck");
     let mut args = lockstep_args(30, &ck);
