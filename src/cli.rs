@@ -696,9 +696,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
 fn config_cmd(a: ConfigArgs) -> Result<i32> {
     match a.action {
         ConfigAction::Check { file } => {
-            let system = std::env::var_os("RESILIO_SYSTEM_CONFIG")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(crate::config::SYSTEM_CONFIG));
+            let system = crate::config::system_file();
             Config::load(file.as_deref())?;
             let mut read = Vec::new();
             if system.exists() {

@@ -246,13 +246,22 @@ impl Exit {
     }
 }
 
+impl Exit {
+    /// The end a wait status reports, if it reports one (not a stop).
+    pub fn of(st: WaitStatus) -> Option<Exit> {
+        match st {
+            WaitStatus::Exited(_, code) => Some(Exit::Code(code)),
+            WaitStatus::Signaled(_, sig, core) => Some(Exit::Signal(sig as i32, core)),
+            _ => None,
+        }
+    }
+}
+
 /// Reap the main child if it has exited.
 pub fn try_reap_main(pid: Pid) -> Option<Exit> {
-    match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-        Ok(WaitStatus::Exited(_, code)) => Some(Exit::Code(code)),
-        Ok(WaitStatus::Signaled(_, sig, core)) => Some(Exit::Signal(sig as i32, core)),
-        _ => None,
-    }
+    waitpid(pid, Some(WaitPidFlag::WNOHANG))
+        .ok()
+        .and_then(Exit::of)
 }
 
 /// One entry of `/proc/PID/stat`.

@@ -60,31 +60,14 @@ pub fn tmp_fallback() -> PathBuf {
 /// error when it is not this user's own directory (a symlink, another
 /// owner's: a squatter could remove or replace journals).
 fn private_tmp(dir: &Path) -> std::result::Result<(), String> {
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("{}: {e}", dir.display())),
+    match crate::util::runtime_dir::claim(dir) {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => Err(format!(
+            "the state dir {} is not your directory ({why}): someone else made it; set RESILIO_STATE_DIR or HOME",
+            dir.display()
+        )),
+        Err(e) => Err(format!("{}: {e}", dir.display())),
     }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    if !meta.is_dir() || meta.uid() != nix::unistd::geteuid().as_raw() {
-        return Err(format!(
-            "the state dir {} is not your directory ({}, owner uid {}): someone else made it; set RESILIO_STATE_DIR or HOME",
-            dir.display(),
-            if meta.file_type().is_symlink() {
-                "a symlink"
-            } else if meta.is_dir() {
-                "a directory"
-            } else {
-                "not a directory"
-            },
-            meta.uid()
-        ));
-    }
-    if meta.permissions().mode() & 0o077 != 0 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
-    }
-    Ok(())
 }
 
 /// The state dir a run writes to: `root` itself, or under a shared `root`

@@ -300,7 +300,22 @@ pub fn parse_signal(text: &str) -> std::result::Result<nix::sys::signal::Signal,
         .map_err(|_| format!("unknown signal '{text}'"))
 }
 
+/// The system configuration file: `$RESILIO_SYSTEM_CONFIG`, else
+/// [`SYSTEM_CONFIG`] (read when it exists).
+pub fn system_file() -> PathBuf {
+    std::env::var_os("RESILIO_SYSTEM_CONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG))
+}
+
 impl Config {
+    /// The failure patterns in force: the configured lists, or the defaults.
+    pub fn patterns(&self) -> crate::policy::failure::Patterns {
+        self.failure_patterns
+            .clone()
+            .unwrap_or_else(crate::policy::failure::Patterns::defaults)
+    }
+
     /// Apply one TOML file on top of `self`. Errors name `path:line`.
     pub fn apply_file(&mut self, path: &Path) -> Result<()> {
         let text = std::fs::read_to_string(path).map_err(|source| Error::ConfigRead {
@@ -313,9 +328,7 @@ impl Config {
     /// Defaults, then the system file (if present), then the user's file.
     pub fn load(user_file: Option<&Path>) -> Result<Config> {
         let mut cfg = Config::default();
-        let system = std::env::var_os("RESILIO_SYSTEM_CONFIG")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG));
+        let system = system_file();
         if system.exists() {
             cfg.apply_file(&system)?;
         }

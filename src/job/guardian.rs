@@ -30,12 +30,13 @@
 
 use crate::event as ev;
 use crate::journal::Writer;
+use crate::process::Exit;
 use nix::sys::signal::{kill, Signal};
 use nix::sys::socket::{
     recvmsg, sendmsg, socketpair, AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags,
     SockFlag, SockType,
 };
-use nix::sys::wait::{waitpid, WaitStatus};
+use nix::sys::wait::waitpid;
 use nix::unistd::{getpid, Pid};
 use serde::{Deserialize, Serialize};
 use std::io::{IoSlice, IoSliceMut, Read, Write};
@@ -157,8 +158,6 @@ pub fn wanted(in_batch_script: bool) -> bool {
 struct Shared {
     /// Where signals go: the supervisor, then (once it died) the step.
     target: i32,
-    /// Whether `target` is the supervisor.
-    to_supervisor: bool,
     /// The step the supervisor runs now, with its output's read ends.
     step: Option<(Handoff, OwnedFd, OwnedFd)>,
     /// A stop signal (SIGTERM, SIGINT, ...) reached the guardian: the
@@ -248,7 +247,6 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
     drop(child);
     let shared = Arc::new(Mutex::new(Shared {
         target: supervisor,
-        to_supervisor: true,
         ..Default::default()
     }));
     let pre_timeout_signal = d.cfg.pre_timeout_signal as i32;
@@ -256,7 +254,7 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
         let shared = shared.clone();
         std::thread::spawn(move || {
             for sig in signals.forever() {
-                let (target, to_supervisor) = {
+                let target = {
                     let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
                     if sig == pre_timeout_signal {
                         s.pre_timeout = true;
@@ -265,13 +263,13 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
                     {
                         s.stopped = true;
                     }
-                    (s.target, s.to_supervisor)
+                    s.target
                 };
                 // Slurm signals every process of the batch step: the
                 // supervisor may have had this one already. A second SIGINT
                 // would read as a second Ctrl-C (kill at once), so the
                 // supervisor gets SIGTERM, the same stop without that.
-                let sig = if to_supervisor && sig == libc::SIGINT {
+                let sig = if target == supervisor && sig == libc::SIGINT {
                     libc::SIGTERM
                 } else {
                     sig
@@ -332,28 +330,6 @@ fn receive_handoffs(link: OwnedFd, shared: Arc<Mutex<Shared>>) {
     }
 }
 
-/// Exit code of a wait status.
-fn code_of(st: WaitStatus) -> Option<i32> {
-    match st {
-        WaitStatus::Exited(_, c) => Some(c),
-        WaitStatus::Signaled(_, s, _) => Some(128 + s as i32),
-        _ => None,
-    }
-}
-
-fn describe(st: WaitStatus) -> String {
-    match st {
-        WaitStatus::Exited(_, c) => format!("exit {c}"),
-        WaitStatus::Signaled(_, s, core) => format!(
-            "signal {} ({}){}",
-            s as i32,
-            s.as_str(),
-            if core { ", core dumped" } else { "" }
-        ),
-        other => format!("{other:?}"),
-    }
-}
-
 /// Whether `pid` is alive and a child of this process now.
 fn is_our_child(pid: i32) -> bool {
     crate::process::read_stat(pid).is_some_and(|p| p.ppid == getpid().as_raw())
@@ -363,25 +339,25 @@ fn is_our_child(pid: i32) -> bool {
 /// step through.
 fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::job::batch::Next {
     use crate::job::batch::Next;
-    let mut step_status: Option<(i32, WaitStatus)> = None;
+    let mut step_status: Option<(i32, Exit)> = None;
     let status = loop {
         match waitpid(Pid::from_raw(-1), None) {
-            Ok(st) => match st.pid() {
-                Some(p) if p.as_raw() == supervisor && code_of(st).is_some() => break st,
-                Some(p) if code_of(st).is_some() => step_status = Some((p.as_raw(), st)),
+            Ok(st) => match (st.pid(), Exit::of(st)) {
+                (Some(p), Some(e)) if p.as_raw() == supervisor => break e,
+                (Some(p), Some(e)) => step_status = Some((p.as_raw(), e)),
                 _ => {}
             },
             Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return Next::Exit(1),
         }
     };
-    let code = code_of(status).unwrap_or(1);
+    let code = status.code();
     let step = shared.lock().unwrap_or_else(|p| p.into_inner()).step.take();
     let Some((h, out, err)) = step else {
-        if matches!(status, WaitStatus::Signaled(..)) {
+        if matches!(status, Exit::Signal(..)) {
             tracing::error!(
                 "the job-level supervisor (pid {supervisor}) died: {}",
-                describe(status)
+                status.describe()
             );
         }
         return Next::Exit(code);
@@ -390,7 +366,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
         .filter(|(p, _)| *p == h.step_pid)
         .map(|(_, s)| s);
     let running = reaped_here.is_none() && is_our_child(h.step_pid);
-    let died = matches!(status, WaitStatus::Signaled(..)) || running;
+    let died = matches!(status, Exit::Signal(..)) || running;
     if !died {
         return Next::Exit(code);
     }
@@ -410,7 +386,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
     journal.write(
         ev::SupervisorLost {
             supervisor_pid: Some(supervisor),
-            status: Some(describe(status)),
+            status: Some(status.describe()),
             step_pid: Some(h.step_pid),
             step_running: Some(running),
             note: Some(note.into()),
@@ -419,7 +395,7 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
     );
     tracing::error!(
         "the job-level supervisor (pid {supervisor}) died ({}); {}",
-        describe(status),
+        status.describe(),
         if running {
             "the step trains on without it"
         } else {
@@ -432,12 +408,10 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
         {
             let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
             s.target = h.step_pid;
-            s.to_supervisor = false;
         }
-        let relays = [
-            relay(out, std::io::stdout(), tail.clone()),
-            relay(err, std::io::stderr(), tail.clone()),
-        ];
+        let (done_tx, done) = std::sync::mpsc::channel();
+        relay(out, std::io::stdout(), tail.clone(), done_tx.clone());
+        relay(err, std::io::stderr(), tail.clone(), done_tx);
         let st = wait_for(h.step_pid);
         if let Some(c) = coordinator {
             let _ = kill(Pid::from_raw(c), Signal::SIGTERM);
@@ -446,9 +420,10 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
         // Output still buffered is passed on; a process the step left
         // behind holding the pipe does not hold the job up for long.
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        for r in relays {
-            while !r.is_finished() && std::time::Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
+        for _ in 0..2 {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if done.recv_timeout(left).is_err() {
+                break;
             }
         }
         st
@@ -458,12 +433,12 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
     let Some(st) = step_end else {
         // The step was reaped before (by the supervisor): its status is
         // not known here, so nothing can be judged from it.
-        act_end(
+        crate::job::act::job_end(
             &mut journal,
             code,
             &format!(
                 "the job-level supervisor died ({}) after its step ended",
-                describe(status)
+                status.describe()
             ),
         );
         return Next::Exit(code);
@@ -485,25 +460,21 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
     )
 }
 
-fn act_end(journal: &mut Writer, code: i32, reason: &str) {
-    crate::job::act::job_end(journal, code, reason);
-}
-
 /// Judge the end of the step the guardian saw through, and decide what
 /// follows, with the supervisor's own code (`batch::after_attempt`).
 fn decide(
     d: &Decide<'_>,
     h: &Handoff,
-    st: WaitStatus,
+    st: Exit,
     tail: &[String],
     stopped: bool,
     pre_timeout: bool,
     journal: &mut Writer,
 ) -> crate::job::batch::Next {
-    let exit_code = code_of(st).unwrap_or(1);
+    let exit_code = st.code();
     let signal = match st {
-        WaitStatus::Signaled(_, s, _) => Some(s as i32),
-        _ => None,
+        Exit::Signal(s, _) => Some(s),
+        Exit::Code(_) => None,
     };
     let verdict = crate::policy::failure::classify(
         &crate::policy::failure::RankEnd {
@@ -514,10 +485,7 @@ fn decide(
             health_check_failed: false,
             tail: tail.to_vec(),
         },
-        &d.cfg
-            .failure_patterns
-            .clone()
-            .unwrap_or_else(crate::policy::failure::Patterns::defaults),
+        &d.cfg.patterns(),
     );
     let step = crate::job::batch::StepEnd {
         ended: chrono::Utc::now(),
@@ -573,11 +541,11 @@ fn bring_back(c: &Rehost) -> Option<i32> {
 }
 
 /// Reap until `pid` ends (orphans the step leaves are reaped on the way).
-fn wait_for(pid: i32) -> Option<WaitStatus> {
+fn wait_for(pid: i32) -> Option<Exit> {
     loop {
         match waitpid(Pid::from_raw(-1), None) {
-            Ok(st) if st.pid().map(|p| p.as_raw()) == Some(pid) && code_of(st).is_some() => {
-                return Some(st)
+            Ok(st) if st.pid().map(|p| p.as_raw()) == Some(pid) && Exit::of(st).is_some() => {
+                return Exit::of(st)
             }
             Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
             Err(_) => return None,
@@ -590,8 +558,17 @@ fn relay<W: Write + Send + 'static>(
     from: OwnedFd,
     mut to: W,
     tail: Arc<crate::progress::output::Tail>,
-) -> std::thread::JoinHandle<()> {
+    done: std::sync::mpsc::Sender<()>,
+) {
     std::thread::spawn(move || {
+        // Said when the pipe ends, whichever way this thread returns.
+        struct Done(std::sync::mpsc::Sender<()>);
+        impl Drop for Done {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let _done = Done(done);
         let mut f = std::fs::File::from(from);
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -608,5 +585,5 @@ fn relay<W: Write + Send + 'static>(
                 Err(_) => return,
             }
         }
-    })
+    });
 }

@@ -123,10 +123,7 @@ impl Agent<'_> {
                 health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
                 tail: r.tail.last_lines(r.cfg.diagnostics.tail_lines.max(20)),
             },
-            &r.cfg
-                .failure_patterns
-                .clone()
-                .unwrap_or_else(failure::Patterns::defaults),
+            &r.cfg.patterns(),
         )
     }
 

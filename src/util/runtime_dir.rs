@@ -48,14 +48,15 @@ pub fn usual_dir() -> PathBuf {
 fn not_ours(dir: &Path) -> std::io::Result<Option<String>> {
     let meta = std::fs::symlink_metadata(dir)?;
     let uid = nix::unistd::geteuid().as_raw();
+    let owner = meta.uid();
     if meta.file_type().is_symlink() {
-        return Ok(Some("it is a symbolic link".into()));
+        return Ok(Some(format!("it is a symlink, owner uid {owner}")));
     }
     if !meta.is_dir() {
-        return Ok(Some("it is not a directory".into()));
+        return Ok(Some(format!("it is not a directory, owner uid {owner}")));
     }
-    if meta.uid() != uid {
-        return Ok(Some(format!("it belongs to uid {}", meta.uid())));
+    if owner != uid {
+        return Ok(Some(format!("it is another user's, owner uid {owner}")));
     }
     if meta.permissions().mode() & 0o077 != 0 {
         // Ours but open: close it (only we, and root, may chmod it).
@@ -64,8 +65,9 @@ fn not_ours(dir: &Path) -> std::io::Result<Option<String>> {
     Ok(None)
 }
 
-/// Make (0700) or check `dir`: `Ok(None)` when it is ours and private.
-fn claim(dir: &Path) -> std::io::Result<Option<String>> {
+/// Make (0700) or check `dir`: `Ok(None)` when it is ours and private
+/// (one of ours that is too open is closed), else why it cannot be ours.
+pub fn claim(dir: &Path) -> std::io::Result<Option<String>> {
     if let Some(parent) = dir.parent() {
         if !parent.exists() {
             std::fs::DirBuilder::new()
