@@ -1608,3 +1608,137 @@ fn a_crash_after_the_supervisor_died_is_still_relaunched() {
     }
     job.assert_nothing_left();
 }
+
+/// The one-prefix form: a batch script whose only resilio is the rank
+/// agent, `srun <srun_opts> resilio run -- python3 trainer.py ...` (no
+/// job-level `resilio run`, no `exec`).
+fn submit_one_prefix(nodes: u32, srun_opts: &str, trainer_args: &str) -> Job {
+    testbed();
+    let dir = tempfile::Builder::new()
+        .prefix("resilio-e2e-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    let d = dir.path().display();
+    let script = format!(
+        "#!/bin/bash\n\
+         #SBATCH -N {nodes}\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
+         #SBATCH -o {d}/job-%j.out\n#SBATCH -t 10\n\
+         export RESILIO_STATE_DIR={d}/state\n\
+         srun {srun_opts} {bin} run --stall-timeout 4s --kill-grace 2s -- \
+         python3 {} --ckpt-dir {d}/ckpt {trainer_args}\n",
+        trainer.display()
+    );
+    let path = dir.path().join("job.sbatch");
+    std::fs::write(&path, script).unwrap();
+    let out = run("sbatch", &["--parsable", path.to_str().unwrap()]);
+    let id = out.trim().split(';').next().unwrap().to_string();
+    Job { id, dir }
+}
+
+/// The records of `kind` about `attempt`.
+fn of_attempt<'a>(recs: &'a [Record], kind: &str, attempt: u32) -> Vec<&'a Record> {
+    recs.iter()
+        .filter(|r| r.kind == kind && r.attempt == attempt)
+        .collect()
+}
+
+#[test]
+fn one_prefix_a_crash_is_judged_and_requeued_without_the_node_and_status_sees_the_job() {
+    let _g = lock();
+    let job = submit_one_prefix(
+        3,
+        "",
+        "--total 40 --step-time 0.25 --fault kill --fault-rank 1 --fault-step 15 --fault-attempts 0",
+    );
+    job.wait_output("step 5/40");
+    // Rank 0's agent hosts the coordinator: `resilio status` sees every rank.
+    let jd = journal::job_dir(&job.state_dir(), &job.id);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while status_steps(&jd).len() < 3 {
+        assert!(Instant::now() < deadline, "status: {:?}", status_steps(&jd));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let bad = rank_nodes(&recs, 0)
+        .into_iter()
+        .find(|(r, _)| *r == 1)
+        .unwrap()
+        .1;
+    let j = of_attempt(&recs, "judgment", 0);
+    assert_eq!(j.len(), 1, "{recs:#?}");
+    assert_eq!(j[0].str("class"), Some("infrastructure"));
+    assert_eq!(j[0].u64("primary_rank"), Some(1));
+    assert_eq!(j[0].str("primary_node"), Some(bad.as_str()));
+    assert_eq!(of_attempt(&recs, "requeue", 0).len(), 1, "{recs:#?}");
+    let info = job.show();
+    assert_eq!(info.restarts, 1);
+    assert!(info.excluded.contains(&bad), "{:?}", info.excluded);
+    let second = rank_nodes(&recs, 1);
+    assert_eq!(second.len(), 3, "{second:?}");
+    assert!(second.iter().all(|(_, n)| *n != bad), "{second:?}");
+    assert!(job.output().contains("resumed from checkpoint #"));
+    assert!(job.output().contains("step 40/40"));
+}
+
+#[test]
+fn one_prefix_two_ranks_failing_at_once_get_exactly_one_decision() {
+    let _g = lock();
+    // Ranks 1 and 2 exit 1 at the same step (no signature: one restart);
+    // srun --kill-on-bad-exit would kill the deciding agent if the failed
+    // ranks' agents left before the decision.
+    let job = submit_one_prefix(
+        3,
+        "--kill-on-bad-exit=1",
+        "--total 30 --step-time 0.25 --fault-plan 0:exit:1:12,0:exit:2:12",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let failed: Vec<u32> = of_attempt(&recs, "rank_exit", 0)
+        .iter()
+        .filter(|r| r.str("class") == Some("unknown"))
+        .filter_map(|r| r.rank)
+        .collect();
+    assert_eq!(failed.len(), 2, "both ranks failed on their own: {recs:#?}");
+    for kind in ["judgment", "decision", "requeue"] {
+        assert_eq!(
+            of_attempt(&recs, kind, 0).len(),
+            1,
+            "exactly one {kind}: {recs:#?}"
+        );
+    }
+    assert_eq!(job.show().restarts, 1);
+    assert_eq!(rank_nodes(&recs, 1).len(), 3);
+    assert!(of_attempt(&recs, "decision", 1).len() <= 1);
+    assert!(job.output().contains("step 30/30"));
+}
+
+#[test]
+fn one_prefix_the_hosting_node_dies_and_the_job_is_still_requeued_without_it() {
+    let _g = lock();
+    let job = submit_one_prefix(3, "", "--total 60 --step-time 0.4");
+    job.wait_output("step 5/60");
+    // Rank 0's node: the coordinator's host, and the batch script's node.
+    let victim = rank_nodes(&job.records(), 0)
+        .into_iter()
+        .find(|(r, _)| *r == 0)
+        .expect("rank 0 started")
+        .1;
+    testbed_cmd(&["kill-node", &victim]);
+    let state = job.wait_final(Duration::from_secs(360));
+    restart_node(&victim);
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    assert!(job.show().restarts >= 1);
+    // Another rank's agent decided: rank 0's agent died with its node.
+    let j = of_attempt(&recs, "judgment", 0);
+    assert_eq!(j.len(), 1, "{recs:#?}");
+    assert_eq!(j[0].str("primary_node"), Some(victim.as_str()), "{j:?}");
+    assert_eq!(of_attempt(&recs, "requeue", 0).len(), 1, "{recs:#?}");
+    assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
+    assert!(job.output().contains("resumed from checkpoint #"));
+}

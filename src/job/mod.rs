@@ -13,6 +13,8 @@
 //!   script, wiring the above together (`crate::job::batch` is its old path).
 //! - [`guardian`]: the batch script's process under Slurm, above the
 //!   job-level supervisor: its death leaves the job and the step running.
+//! - [`step_level`]: the one-prefix form (`srun resilio run -- CMD` with
+//!   no job level above it): the step's agents judge and decide, one of them.
 //! - [`local`]: local mode (`resilio run --ntasks N`, and a plain `resilio
 //!   run` outside Slurm): N agents, the coordinator, restarts in place
 //!   (`crate::job::local` is its old path).
@@ -24,3 +26,4 @@ pub mod guardian;
 pub mod judge;
 pub mod local;
 pub mod retry;
+pub mod step_level;

@@ -62,10 +62,16 @@ impl Agent<'_> {
         }
         let verdict = self.verdict(&e);
         self.rank_exit(&e, &verdict);
-        self.report_exit(&e, &verdict).await;
+        let reported = self.report_exit(&e, &verdict).await;
         let code = e.code();
         if self.r.batch_level {
             return self.after_step(&e, &verdict);
+        }
+        let role = self.step_role();
+        if role != crate::job::step_level::Role::None {
+            return self
+                .decide_for_step(role, code, &verdict, e.pre_timeout, reported)
+                .await;
         }
         if self.r.single_rank_job {
             self.r.journal.write(
@@ -196,10 +202,11 @@ impl Agent<'_> {
     }
 
     /// The last report, sent now: the coordinator tears the step down on it.
-    async fn report_exit(&mut self, e: &Ending, verdict: &failure::Verdict) {
+    /// Whether it reached the coordinator.
+    async fn report_exit(&mut self, e: &Ending, verdict: &failure::Verdict) -> bool {
         let r = &mut *self.r;
         let Some(l) = &r.link else {
-            return;
+            return false;
         };
         r.outbox.update(|o| {
             o.state = RankState::Exited;
@@ -211,14 +218,18 @@ impl Agent<'_> {
                 stopped: e.stopped_on_request(),
             });
         });
-        if let Err(err) = l.send(&r.outbox.snapshot(), Duration::from_secs(2)).await {
-            r.journal.write(
-                ev::CoordinatorUnreachable {
-                    error: Some(err.to_string()),
-                    note: Some("the exit was not reported".into()),
-                },
-                false,
-            );
+        match l.send(&r.outbox.snapshot(), Duration::from_secs(2)).await {
+            Ok(_) => true,
+            Err(err) => {
+                r.journal.write(
+                    ev::CoordinatorUnreachable {
+                        error: Some(err.to_string()),
+                        note: Some("the exit was not reported".into()),
+                    },
+                    false,
+                );
+                false
+            }
         }
     }
 

@@ -22,6 +22,7 @@
 //!   health check. Process wrapping (group, subreaper, reaping, signalling
 //!   the tree) is [`crate::process`], shared with local mode.
 //! - [`finish`]: `rank_exit`, `failure`, the last report, the job-level decision.
+//! - [`step_decision`]: the one-prefix form's decision, taken by one of the step's agents.
 //!
 //! The pumps (one thread per output stream) only pass bytes through and
 //! report steps; the socket listener and file watcher only report. Nothing
@@ -39,6 +40,7 @@ mod records;
 mod run;
 mod setup;
 mod sources;
+mod step_decision;
 
 use crate::config::Config;
 use crate::error::Result;

@@ -350,6 +350,10 @@ fn trainer_env(
             env.push((k.into(), v.into()));
         }
     }
+    if b.batch_level {
+        // The job level decides after the steps: their agents do not.
+        env.push((crate::job::step_level::ENV_JOB_LEVEL.into(), "1".into()));
+    }
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     }

@@ -75,7 +75,16 @@ alive() {
 spawn() {
   local name=$1
   shift
-  setsid "$@" </dev/null >>"$D/log/$name.out" 2>&1 9<&- &
+  # No inherited descriptor but the three: a daemon that kept one open
+  # would hold it for its life (the caller's pipe, or a `flock` lock
+  # around the testbed, never released again).
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec setsid "$@"
+  ) </dev/null >>"$D/log/$name.out" 2>&1 &
   local pid=$! i
   echo "$pid" >"$(pidfile "$name")"
   # until the exec chain (setsid, unshare, sh) has reached the daemon itself

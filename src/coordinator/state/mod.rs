@@ -510,6 +510,28 @@ impl JobView {
         silent.then(|| left.into_iter().map(|(r, n, _)| (r, n)).collect())
     }
 
+    /// Whether the step is over as far as the coordinator can tell: every
+    /// rank below the world size has reported its exit, or has not been
+    /// heard from for `silent_after` (a rank that never reported, since the
+    /// view started). `Some(the silent ranks and their nodes)`, `None`
+    /// while a rank is still heard from. What the one-prefix form's host
+    /// waits for before it decides.
+    pub fn step_over(&self, now: Instant, silent_after: Duration) -> Option<Vec<(u32, String)>> {
+        let mut silent = Vec::new();
+        for rank in 0..self.world_size {
+            let (heard, node) = match self.ranks.get(&rank) {
+                Some(e) if e.report.state == RankState::Exited => continue,
+                Some(e) => (e.heard, e.report.node.clone()),
+                None => (self.started, String::new()),
+            };
+            if now.saturating_duration_since(heard) < silent_after {
+                return None;
+            }
+            silent.push((rank, node));
+        }
+        Some(silent)
+    }
+
     /// Ranks not heard from for `lost_after`, once each.
     fn mark_lost(&mut self, now: Instant, out: &mut Vec<Effect>) {
         let lost_after = self.cfg.lost_after;
@@ -777,6 +799,47 @@ mod tests {
             v.only_silent_left(t1 + Duration::from_secs(30), quiet),
             None
         );
+    }
+
+    #[test]
+    fn the_step_is_over_when_every_rank_exited_or_went_silent() {
+        let t = Instant::now();
+        let quiet = Duration::from_secs(8);
+        let s = |n: u64| t + Duration::from_secs(n);
+        let mut v = view(t);
+        // Rank 3 never reports: silent only once the view is 8 s old.
+        for r in 0..3 {
+            v.on_report(report(r, 10, RankState::Running), s(1));
+        }
+        assert_eq!(v.step_over(s(5), quiet), None);
+        let exited = |r: u32| {
+            let mut x = report(r, 10, RankState::Exited);
+            x.exit = Some(ExitInfo {
+                code: 1,
+                ..Default::default()
+            });
+            x
+        };
+        v.on_report(exited(0), s(6));
+        v.on_report(exited(2), s(6));
+        // Rank 1 still reports (a trainer being stopped): not over, however old.
+        v.on_report(report(1, 10, RankState::Running), s(20));
+        assert_eq!(v.step_over(s(21), quiet), None);
+        // Rank 1 exits; rank 3 was never heard from.
+        v.on_report(exited(1), s(22));
+        assert_eq!(v.step_over(s(22), quiet), Some(vec![(3, String::new())]));
+        // A rank gone quiet with its node is silent after 8 s.
+        let mut w = view(t);
+        for r in 0..4 {
+            w.on_report(report(r, 10, RankState::Running), s(1));
+        }
+        for r in [0, 2, 3] {
+            w.on_report(exited(r), s(3));
+        }
+        assert_eq!(w.step_over(s(8), quiet), None);
+        assert_eq!(w.step_over(s(9), quiet), Some(vec![(1, "n0".to_string())]));
+        w.on_report(exited(1), s(10));
+        assert_eq!(w.step_over(s(10), quiet), Some(Vec::new()));
     }
 
     #[test]

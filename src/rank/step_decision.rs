@@ -1,0 +1,183 @@
+//! The one-prefix form's decision (`srun ... resilio run -- CMD` with no
+//! job-level `resilio run` above the step): after its rank's end, one of
+//! the step's agents judges the step and decides (see
+//! [`crate::job::step_level`] for who, and why one).
+
+use super::run::{Agent, SILENT_STEP};
+use super::Next;
+use crate::context::env_is_set;
+use crate::job::step_level::{self, Claim, Role, Where};
+use crate::journal::{self, Writer};
+use crate::policy::failure::Verdict;
+use std::time::{Duration, Instant};
+
+const POLL: Duration = Duration::from_millis(200);
+
+impl Agent<'_> {
+    /// This agent's part in the step's decision.
+    pub(super) fn step_role(&self) -> Role {
+        let r = &self.r;
+        step_level::role(Where {
+            in_step: r.slurm.in_step(),
+            job_level: env_is_set(step_level::ENV_JOB_LEVEL),
+            local_launcher: env_is_set(crate::context::ENV_LAUNCHER),
+            hosts: r.hosted.is_some(),
+            world_size: r.id.world_size,
+        })
+    }
+
+    /// Decide on the step (or leave it to the agent that does), then exit
+    /// with the rank's own code. `reported`: the rank's end reached a live
+    /// coordinator, whose host will decide.
+    pub(super) async fn decide_for_step(
+        &mut self,
+        role: Role,
+        code: i32,
+        verdict: &Verdict,
+        pre_timeout: bool,
+        reported: bool,
+    ) -> Next {
+        match role {
+            Role::None => return Next::Exit(code),
+            Role::Host => self.wait_for_the_step().await,
+            Role::Rank if code == 0 => return Next::Exit(code),
+            Role::Rank => {
+                // A failed rank stays until the step is decided (srun
+                // with --kill-on-bad-exit would kill the host if it went),
+                // and decides itself when nobody else could.
+                if reported && self.wait_for_decision(step_level::HOLD).await {
+                    return Next::Exit(code);
+                }
+            }
+        }
+        let (job_dir, attempt) = (self.r.job_dir.clone(), self.r.id.attempt);
+        let run = self.r.journal.run().map(str::to_string);
+        let who = format!("rank {} on {}", self.r.id.rank, self.r.id.node);
+        let claim = match Claim::take(&job_dir, run.as_deref(), attempt, &who) {
+            Ok(Some(c)) => c,
+            Ok(None) => {
+                if code != 0 {
+                    self.wait_for_decision(step_level::HOLD).await;
+                }
+                return Next::Exit(code);
+            }
+            Err(e) => {
+                tracing::warn!(
+                    "cannot claim the step's decision in {}: {e}; nobody requeues this job",
+                    job_dir.display()
+                );
+                return Next::Exit(code);
+            }
+        };
+        if role == Role::Rank {
+            self.wait_for_exits(step_level::SETTLE).await;
+        }
+        // Without an allocation to relaunch in, the decision is an exit
+        // (the job finishes, stops, or was requeued): the rank's own code.
+        let next = self.decide_step(code, verdict, pre_timeout);
+        claim.done(&format!("{next:?}"));
+        Next::Exit(code)
+    }
+
+    /// The host: until every rank has exited or gone silent
+    /// ([`SILENT_STEP`]), the coordinator serving meanwhile.
+    async fn wait_for_the_step(&mut self) {
+        let Some(c) = &self.r.hosted else {
+            return;
+        };
+        loop {
+            while c.effects.try_recv().is_ok() {}
+            let over = c.with_view(|v| (v.step_over(Instant::now(), SILENT_STEP), Vec::new()));
+            if let Some(silent) = over {
+                if !silent.is_empty() {
+                    tracing::warn!(
+                        "deciding without ranks {:?}: not heard from for {}s",
+                        silent.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+                        SILENT_STEP.as_secs()
+                    );
+                }
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Until the decision on this attempt is done, at most `limit`: whether it is.
+    async fn wait_for_decision(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let run = self.r.journal.run().map(str::to_string);
+        loop {
+            if step_level::decided(&self.r.job_dir, run.as_deref(), self.r.id.attempt) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(
+                    "no decision on attempt {} after {}s: this agent decides",
+                    self.r.id.attempt,
+                    limit.as_secs()
+                );
+                return false;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Without the coordinator: until every rank of the attempt journaled
+    /// its end, at most `limit` (the others' agents died with their nodes).
+    async fn wait_for_exits(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        let world = self.r.id.world_size;
+        loop {
+            let records = self.records();
+            if step_level::not_exited(&records, self.r.id.attempt, world).is_empty()
+                || Instant::now() >= deadline
+            {
+                return;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn records(&self) -> Vec<journal::Record> {
+        journal::read_job(&self.r.job_dir)
+            .map(|j| crate::runs::of_key(j.records, self.r.journal.run()))
+            .unwrap_or_default()
+    }
+
+    /// Judge the step from every rank's journal and decide, as the job
+    /// level would without an allocation to relaunch in: requeue (the
+    /// blamed node excluded), stop, or finish. Journaled in `decider.jsonl`.
+    fn decide_step(&mut self, code: i32, verdict: &Verdict, pre_timeout: bool) -> Next {
+        let records = self.records();
+        let r = &mut *self.r;
+        let attempt = r.id.attempt;
+        let exit_code = step_level::step_exit_code(&records, attempt).unwrap_or(code);
+        let step = crate::job::judge::StepEnd {
+            ended: crate::util::clock::now(),
+            exit_code,
+            verdict,
+            tail: &[],
+            node: &r.id.node,
+            pre_timeout,
+            agents: &[],
+        };
+        let mut w = Writer::open(
+            &r.job_dir,
+            "decider.jsonl",
+            attempt,
+            None,
+            Some(r.id.node.clone()),
+        )
+        .with_run(r.journal.run());
+        crate::job::batch::after_attempt(
+            &r.cfg.state_dir,
+            &r.id.job,
+            attempt,
+            &step,
+            r.cfg.max_restarts,
+            None,
+            self.slurm_cli,
+            &mut w,
+        )
+    }
+}
