@@ -1742,3 +1742,28 @@ fn one_prefix_the_hosting_node_dies_and_the_job_is_still_requeued_without_it() {
     assert!(rank_nodes(&recs, 1).iter().all(|(_, n)| *n != victim));
     assert!(job.output().contains("resumed from checkpoint #"));
 }
+
+#[test]
+fn one_prefix_a_hang_is_judged_job_wide_and_requeued() {
+    let _g = lock();
+    let job = submit_one_prefix(
+        3,
+        "",
+        "--total 20 --step-time 0.2 --fault hang --fault-rank 1 --fault-step 8 --fault-attempts 0",
+    );
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    // The coordinator (rank 0's agent) judged the hang across the ranks.
+    assert_eq!(
+        of_attempt(&recs, "hang", 0).len(),
+        1,
+        "one job-wide hang judgment: {recs:#?}"
+    );
+    let j = of_attempt(&recs, "judgment", 0);
+    assert_eq!(j.len(), 1, "{recs:#?}");
+    assert_eq!(j[0].str("class"), Some("hang"), "{j:?}");
+    assert_eq!(of_attempt(&recs, "requeue", 0).len(), 1);
+    assert_eq!(job.show().restarts, 1);
+    assert!(job.output().contains("step 20/20"));
+}
