@@ -228,10 +228,7 @@ fn submit_seeded(
     blamed: &[&str],
 ) -> Job {
     testbed();
-    let dir = tempfile::Builder::new()
-        .prefix("resilio-e2e-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
+    let dir = job_dir();
     if !blamed.is_empty() {
         let jd = journal::job_dir(&dir.path().join("state"), "earlier-1");
         std::fs::create_dir_all(&jd).unwrap();
@@ -246,17 +243,42 @@ fn submit_seeded(
         }
         std::fs::write(jd.join("batch.jsonl"), lines).unwrap();
     }
-    let bin = env!("CARGO_BIN_EXE_resilio");
-    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    let body = format!(
+        "exec {BIN} run {resilio_opts} -- srun {srun_opts} --kill-on-bad-exit=1 {}",
+        agent_and_trainer(dir.path(), trainer_args)
+    );
+    sbatch_in(dir, nodes, sbatch_opts, &body)
+}
+
+const BIN: &str = env!("CARGO_BIN_EXE_resilio");
+
+/// A fresh directory for a job's files, under /var/tmp.
+fn job_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("resilio-e2e-")
+        .tempdir_in("/var/tmp")
+        .unwrap()
+}
+
+/// `resilio run ... -- python3 lockstep_trainer.py ...`: a rank agent and
+/// the fixture trainer, checkpointing under `dir`.
+fn agent_and_trainer(dir: &Path, trainer_args: &str) -> String {
+    format!(
+        "{BIN} run --stall-timeout 4s --kill-grace 2s -- python3 {} --ckpt-dir {}/ckpt {trainer_args}",
+        root().join("tests/fixtures/lockstep_trainer.py").display(),
+        dir.display()
+    )
+}
+
+/// Submit a batch script of `nodes` nodes, one task each, requeueable,
+/// its output and state dir in `dir`, ending with `body`.
+fn sbatch_in(dir: tempfile::TempDir, nodes: u32, sbatch_opts: &str, body: &str) -> Job {
     let d = dir.path().display();
     let script = format!(
         "#!/bin/bash\n\
          #SBATCH -N {nodes}\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
          #SBATCH -o {d}/job-%j.out\n#SBATCH {sbatch_opts}\n\
-         export RESILIO_STATE_DIR={d}/state\n\
-         exec {bin} run {resilio_opts} -- srun {srun_opts} --kill-on-bad-exit=1 {bin} run --stall-timeout 4s --kill-grace 2s -- \
-         python3 {} --ckpt-dir {d}/ckpt {trainer_args}\n",
-        trainer.display()
+         export RESILIO_STATE_DIR={d}/state\n{body}\n"
     );
     let path = dir.path().join("job.sbatch");
     std::fs::write(&path, script).unwrap();
@@ -1614,27 +1636,12 @@ fn a_crash_after_the_supervisor_died_is_still_relaunched() {
 /// job-level `resilio run`, no `exec`).
 fn submit_one_prefix(nodes: u32, srun_opts: &str, trainer_args: &str) -> Job {
     testbed();
-    let dir = tempfile::Builder::new()
-        .prefix("resilio-e2e-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let bin = env!("CARGO_BIN_EXE_resilio");
-    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
-    let d = dir.path().display();
-    let script = format!(
-        "#!/bin/bash\n\
-         #SBATCH -N {nodes}\n#SBATCH --ntasks-per-node=1\n#SBATCH --requeue\n#SBATCH --open-mode=append\n\
-         #SBATCH -o {d}/job-%j.out\n#SBATCH -t 10\n\
-         export RESILIO_STATE_DIR={d}/state\n\
-         srun {srun_opts} {bin} run --stall-timeout 4s --kill-grace 2s -- \
-         python3 {} --ckpt-dir {d}/ckpt {trainer_args}\n",
-        trainer.display()
+    let dir = job_dir();
+    let body = format!(
+        "srun {srun_opts} {}",
+        agent_and_trainer(dir.path(), trainer_args)
     );
-    let path = dir.path().join("job.sbatch");
-    std::fs::write(&path, script).unwrap();
-    let out = run("sbatch", &["--parsable", path.to_str().unwrap()]);
-    let id = out.trim().split(';').next().unwrap().to_string();
-    Job { id, dir }
+    sbatch_in(dir, nodes, "-t 10", &body)
 }
 
 /// The records of `kind` about `attempt`.
@@ -1766,4 +1773,49 @@ fn one_prefix_a_hang_is_judged_job_wide_and_requeued() {
     assert_eq!(of_attempt(&recs, "requeue", 0).len(), 1);
     assert_eq!(job.show().restarts, 1);
     assert!(job.output().contains("step 20/20"));
+}
+
+#[test]
+fn a_step_that_starts_no_rank_is_launch_trouble_and_runs_again() {
+    let _g = lock();
+    testbed();
+    let dir = job_dir();
+    let conf = dir.path().join("resilio.toml");
+    std::fs::write(&conf, "[run]\nstep_start_timeout = \"8s\"\n").unwrap();
+    // A step started first holds the CPU of every node of the allocation,
+    // so the training step waits for resources it never gets ("step
+    // creation temporarily disabled"). The relaunch overlaps it.
+    let body = format!(
+        "srun -N 3 -n 3 sleep 600 &\nsleep 2\n\
+         exec {BIN} run --config {} -- srun -N 3 -n 3 --kill-on-bad-exit=1 {}",
+        conf.display(),
+        agent_and_trainer(dir.path(), "--total 15 --step-time 0.2")
+    );
+    let job = sbatch_in(dir, 3, "-t 10", &body);
+    let state = job.wait_final(Duration::from_secs(240));
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let timeout = of_attempt(&recs, "step_start_timeout", 0);
+    assert_eq!(timeout.len(), 1, "{recs:#?}");
+    assert_eq!(timeout[0].f64("after_s"), Some(8.0));
+    assert!(rank_nodes(&recs, 0).is_empty(), "attempt 0 started no rank");
+    let j = of_attempt(&recs, "judgment", 0);
+    assert_eq!(j.len(), 1, "{recs:#?}");
+    assert_eq!(j[0].str("class"), Some("infrastructure"));
+    assert!(
+        j[0].str("evidence")
+            .unwrap_or("")
+            .starts_with("launch trouble:"),
+        "{j:?}"
+    );
+    let d = of_attempt(&recs, "decision", 0);
+    assert_eq!(
+        d[0].get("decision")
+            .and_then(|x| x.get("action"))
+            .and_then(|a| a.as_str()),
+        Some("restart_in_allocation"),
+        "{d:?}"
+    );
+    assert_eq!(rank_nodes(&recs, 1).len(), 3);
+    assert!(job.output().contains("step 15/15"));
 }

@@ -106,6 +106,7 @@ section!(RunSection "run" {
     kill_grace: Dur => kill_grace by duration,
     max_restarts: u32 => max_restarts by set,
     restart_in_allocation: bool => restart_in_allocation by set,
+    step_start_timeout: Dur => step_start_timeout by duration,
 });
 
 section!(ProgressSection "progress" {

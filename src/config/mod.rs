@@ -123,6 +123,9 @@ pub struct Config {
     /// In a batch script, relaunch a failed step inside the allocation
     /// (leaving blamed nodes out when spare nodes exist) before requeueing.
     pub restart_in_allocation: bool,
+    /// In a batch script: a step none of whose ranks reported within this
+    /// long of srun's start is killed and judged launch trouble (0: never).
+    pub step_start_timeout: Duration,
     /// Progress sources.
     pub progress: ProgressConfig,
     /// Stall policy parameters.
@@ -221,6 +224,7 @@ impl Default for Config {
             stall_kill_grace: Duration::from_secs(5),
             max_restarts: 3,
             restart_in_allocation: true,
+            step_start_timeout: Duration::from_secs(300),
             progress: ProgressConfig {
                 regex: Regex::new(DEFAULT_PROGRESS_REGEX).expect("default regex"),
                 checkpoint_regex: Some(

@@ -539,6 +539,15 @@ events! {
         note: String,
     }
 
+    /// The job-level supervisor's step started no rank before its startup
+    /// deadline (`[run] step_start_timeout`): srun was killed, and the
+    /// attempt is launch trouble (infrastructure), never the trainer's
+    /// error for the crash-loop guard.
+    StepStartTimeout = "step_start_timeout" {
+        after_s: f64,
+        note: String,
+    }
+
     /// A lost rank reports again.
     RankHeardAgain = "rank_heard_again" {
         about_rank: u32,

@@ -437,9 +437,17 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     } else {
         why
     };
+    // A step that started no rank tells no node: it is the job level's
+    // own view, from the batch node.
+    let launch_trouble = f
+        .verdict
+        .evidence
+        .as_deref()
+        .is_some_and(|e| e.starts_with(super::restart::LAUNCH_TROUBLE));
     if matches!(class, Class::Infrastructure | Class::Hang)
         && f.verdict.class != Class::Secondary
         && !(class == Class::Hang && hung_together > 1)
+        && !launch_trouble
     {
         blamed_nodes.push(f.node.clone());
         // Infrastructure failures at (nearly) the same moment on other nodes
@@ -545,6 +553,18 @@ mod tests {
                 evidence: None,
             },
         }
+    }
+
+    #[test]
+    fn a_step_that_started_no_rank_blames_no_node() {
+        let mut f = fail(u32::MAX, "n1", 3.0, Class::Infrastructure);
+        f.verdict.evidence = Some(format!(
+            "{} no rank of the step reported within 8s of srun's start",
+            super::super::restart::LAUNCH_TROUBLE
+        ));
+        let j = primary(&[f]).unwrap();
+        assert_eq!(j.class, Class::Infrastructure);
+        assert!(j.blamed_nodes.is_empty(), "{:?}", j.blamed_nodes);
     }
 
     #[test]

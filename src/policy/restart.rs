@@ -45,6 +45,12 @@ impl AttemptOutcome {
         }
     }
 
+    /// Launch trouble: the step started no rank ([`LAUNCH_TROUBLE`]).
+    /// Never the trainer's error, so never part of a crash loop.
+    pub fn is_launch_trouble(&self) -> bool {
+        self.class == Class::Infrastructure && self.detail.starts_with(LAUNCH_TROUBLE)
+    }
+
     /// `class: original text`, as people read it.
     pub fn shown(&self) -> String {
         if self.detail.is_empty() {
@@ -190,6 +196,9 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
 pub const NOT_REQUEUEABLE: &str =
     "the job cannot be requeued (submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
 
+/// How the evidence of a step that started no rank begins.
+pub const LAUNCH_TROUBLE: &str = "launch trouble:";
+
 /// Decide after `current`, given the earlier attempts (oldest first), for a
 /// Slurm job: requeue or stop.
 pub fn decide(
@@ -266,6 +275,18 @@ fn decide_scoped(
             failures.len()
         ));
     }
+    // Launch trouble (a step that started no rank) is not the trainer's:
+    // it neither is nor ends a crash loop; only the budget holds.
+    let trainer_failures: Vec<&AttemptOutcome> = failures
+        .iter()
+        .copied()
+        .filter(|a| !a.is_launch_trouble())
+        .collect();
+    let failures = if current.is_launch_trouble() {
+        Vec::new()
+    } else {
+        trainer_failures
+    };
     if current.class == Class::Unknown {
         if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
             return stop(format!(
@@ -285,7 +306,11 @@ fn decide_scoped(
         }
         // "No new step" needs a step in this attempt: an attempt that failed
         // before its first step (a node failing its health check) is no loop.
-        let best_before = earlier.iter().filter_map(|a| a.last_step).max();
+        let best_before = earlier
+            .iter()
+            .filter(|a| !a.is_launch_trouble())
+            .filter_map(|a| a.last_step)
+            .max();
         if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before
         {
             return stop(format!(
@@ -474,6 +499,58 @@ mod tests {
             decide(&out(0, Class::Clean, "", Some(9), &[]), &[], 3, true),
             Action::Finish
         );
+    }
+
+    #[test]
+    fn launch_trouble_is_never_a_crash_loop_but_spends_the_budget() {
+        let launch = |attempt| {
+            out(
+                attempt,
+                Class::Infrastructure,
+                "launch trouble: no rank of the step reported within 300 s of srun's start",
+                None,
+                &[],
+            )
+        };
+        let crash = out(
+            0,
+            Class::Infrastructure,
+            "NCCL timeout after 600023 ms",
+            Some(50),
+            &["n2"],
+        );
+        // The step started no rank twice after a crash: no loop either time.
+        assert!(matches!(
+            decide(&launch(1), std::slice::from_ref(&crash), 5, true),
+            Action::Requeue { .. }
+        ));
+        assert!(matches!(
+            decide(&launch(2), &[crash.clone(), launch(1)], 5, true),
+            Action::Requeue { .. }
+        ));
+        // Nor does it make the trainer's next failure a loop ("no new step",
+        // "the same failure at the same step" look past it) ...
+        let again = out(3, Class::Infrastructure, "Xid 79", Some(60), &["n3"]);
+        assert!(matches!(
+            decide(&again, &[crash.clone(), launch(1), launch(2)], 5, true),
+            Action::Requeue { .. }
+        ));
+        let same = out(
+            3,
+            Class::Infrastructure,
+            "NCCL timeout after 600117 ms",
+            Some(50),
+            &["n3"],
+        );
+        assert!(matches!(
+            decide(&same, &[crash.clone(), launch(1), launch(2)], 5, true),
+            Action::Stop { reason } if reason.starts_with("crash loop")
+        ));
+        // ... and it counts against the budget like any restart.
+        assert!(matches!(
+            decide(&launch(3), &[crash, launch(1), launch(2)], 3, true),
+            Action::Stop { reason } if reason.starts_with("restart budget exhausted")
+        ));
     }
 
     #[test]

@@ -236,11 +236,25 @@ impl Agent<'_> {
     /// Batch level: judge the step and decide (requeue, relaunch, stop).
     fn after_step(&mut self, e: &Ending, verdict: &failure::Verdict) -> Next {
         let r = &mut *self.r;
-        let tail_lines = r.tail.last_lines(200);
+        let mut tail_lines = r.tail.last_lines(200);
+        // A step that started no rank: launch trouble, whatever srun said
+        // about the tasks it never ran.
+        let launch = self.step_start_missed.map(|limit| failure::Verdict {
+            class: failure::Class::Infrastructure,
+            reason: "the step started no rank".into(),
+            evidence: Some(format!(
+                "{} no rank of the step reported within {}s of srun's start",
+                crate::policy::restart::LAUNCH_TROUBLE,
+                limit.as_secs()
+            )),
+        });
+        if launch.is_some() {
+            tail_lines.clear();
+        }
         let step = crate::job::batch::StepEnd {
             ended: crate::util::clock::now(),
             exit_code: e.code(),
-            verdict,
+            verdict: launch.as_ref().unwrap_or(verdict),
             tail: &tail_lines,
             node: &r.id.node,
             pre_timeout: e.pre_timeout,

@@ -73,6 +73,9 @@ pub(crate) struct Agent<'a> {
     /// Batch level: srun was killed because only silent ranks were left of
     /// its torn-down step ([`SILENT_STEP`]).
     pub(super) step_abandoned: bool,
+    /// Batch level: the step started no rank before `[run]
+    /// step_start_timeout`, and srun was killed.
+    pub(super) step_start_missed: Option<Duration>,
 }
 
 /// How long the ranks left of a torn-down step must be silent (their agents
@@ -141,6 +144,7 @@ impl<'a> Agent<'a> {
             launcher: crate::context::shares_output().then(nix::unistd::getppid),
             launcher_lost: false,
             step_abandoned: false,
+            step_start_missed: None,
         };
         (agent, Done { diag, probe })
     }
@@ -201,6 +205,7 @@ impl<'a> Agent<'a> {
                 }
             }
             self.abandon_silent_step();
+            self.enforce_step_start();
             let now = Instant::now();
             let checked = match self.lc.checkpoint_query(now) {
                 Some(since) => self.checkpoint_done_since(since),
@@ -244,6 +249,44 @@ impl<'a> Agent<'a> {
                 silent_s: Some(SILENT_STEP.as_secs_f64()),
                 note: Some(
                     "srun was killed rather than left waiting for Slurm to declare their nodes failed".into(),
+                ),
+            },
+            true,
+        );
+        process::signal_group(self.r.pid, Signal::SIGKILL);
+    }
+
+    /// Batch level, hosting the coordinator: a step none of whose ranks has
+    /// reported `[run] step_start_timeout` after srun's start never started
+    /// (a node that cannot start tasks, a step waiting behind resources it
+    /// will not get). srun is killed and the attempt is judged launch
+    /// trouble (see `finish`), never the trainer's crash loop.
+    fn enforce_step_start(&mut self) {
+        let limit = self.r.cfg.step_start_timeout;
+        if !self.r.batch_level
+            || limit.is_zero()
+            || self.step_start_missed.is_some()
+            || self.lc.main_exited()
+            || self.r.launched.elapsed() < limit
+        {
+            return;
+        }
+        let Some(c) = &self.r.hosted else {
+            return;
+        };
+        if c.with_view(|v| (v.heard_from_any(), Vec::new())) {
+            return;
+        }
+        self.step_start_missed = Some(limit);
+        tracing::warn!(
+            "no rank of the step reported within {}s of srun's start: srun is killed, and the attempt judged launch trouble",
+            limit.as_secs()
+        );
+        self.r.journal.write(
+            ev::StepStartTimeout {
+                after_s: Some(limit.as_secs_f64()),
+                note: Some(
+                    "srun was killed: the step started no rank ([run] step_start_timeout)".into(),
                 ),
             },
             true,

@@ -510,6 +510,11 @@ impl JobView {
         silent.then(|| left.into_iter().map(|(r, n, _)| (r, n)).collect())
     }
 
+    /// Whether any rank has reported in this view (its step has started).
+    pub fn heard_from_any(&self) -> bool {
+        !self.ranks.is_empty()
+    }
+
     /// Whether the step is over as far as the coordinator can tell: every
     /// rank below the world size has reported its exit, or has not been
     /// heard from for `silent_after` (a rank that never reported, since the
