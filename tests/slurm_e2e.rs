@@ -1819,3 +1819,58 @@ fn a_step_that_starts_no_rank_is_launch_trouble_and_runs_again() {
     assert_eq!(rank_nodes(&recs, 1).len(), 3);
     assert!(job.output().contains("step 15/15"));
 }
+
+#[test]
+fn when_slurm_requeues_the_job_itself_the_failed_node_stays_out_and_spent_spares_are_dropped() {
+    let _g = lock();
+    // Four nodes for a three-node step, without --no-kill: when a node dies
+    // Slurm ends the allocation and requeues the job itself, for four
+    // nodes, of which three are left. resilio sees the requeue at Slurm's
+    // SIGTERM, excludes the dead node and lowers the count to three.
+    let conf = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(conf.path(), "[run]\nshrink_after_node_failure = true\n").unwrap();
+    let job = submit_nodes(
+        4,
+        "-N 3 -n 3",
+        "-t 10",
+        &format!("--config {}", conf.path().display()),
+        "--total 150 --step-time 0.3",
+    );
+    job.wait_output("step 5/150");
+    let victim = rank_nodes(&job.records(), 0)
+        .into_iter()
+        .find(|(r, _)| *r == 1)
+        .expect("rank 1 started")
+        .1;
+    testbed_cmd(&["kill-node", &victim]);
+    let state = job.wait_final(Duration::from_secs(420));
+    restart_node(&victim);
+    let recs = job.records();
+    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let by_slurm: Vec<Record> = job
+        .kinds("requeue")
+        .into_iter()
+        .filter(|r| r.str("by") == Some("slurm"))
+        .collect();
+    assert_eq!(by_slurm.len(), 1, "{recs:#?}");
+    let excluded: Vec<&str> = by_slurm[0]
+        .get("exclude")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(excluded, [victim.as_str()], "{by_slurm:?}");
+    let lowered = job.kinds("node_count_lowered");
+    assert_eq!(lowered.len(), 1, "{recs:#?}");
+    assert_eq!(
+        (lowered[0].u64("from"), lowered[0].u64("to")),
+        (Some(4), Some(3))
+    );
+    let info = job.show();
+    assert!(info.excluded.contains(&victim), "{info:?}");
+    assert_eq!(info.num_nodes, 3);
+    let last = recs.iter().map(|r| r.attempt).max().unwrap();
+    let nodes = rank_nodes(&recs, last);
+    assert_eq!(nodes.len(), 3, "{nodes:?}");
+    assert!(nodes.iter().all(|(_, n)| *n != victim), "{nodes:?}");
+    assert!(job.output().contains("step 150/150"));
+}

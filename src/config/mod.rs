@@ -126,6 +126,10 @@ pub struct Config {
     /// In a batch script: a step none of whose ranks reported within this
     /// long of srun's start is killed and judged launch trouble (0: never).
     pub step_start_timeout: Duration,
+    /// In a batch script: when Slurm requeues the job itself after a node
+    /// failure and the job held spare nodes, lower its node count by the
+    /// nodes lost (never below the step's), so it starts on what is left.
+    pub shrink_after_node_failure: bool,
     /// Progress sources.
     pub progress: ProgressConfig,
     /// Stall policy parameters.
@@ -225,6 +229,7 @@ impl Default for Config {
             max_restarts: 3,
             restart_in_allocation: true,
             step_start_timeout: Duration::from_secs(300),
+            shrink_after_node_failure: false,
             progress: ProgressConfig {
                 regex: Regex::new(DEFAULT_PROGRESS_REGEX).expect("default regex"),
                 checkpoint_regex: Some(

@@ -548,6 +548,14 @@ events! {
         note: String,
     }
 
+    /// The job level lowered a requeued, pending job's node count: its
+    /// spare nodes were spent on failed ones (`[run] shrink_after_node_failure`).
+    NodeCountLowered = "node_count_lowered" {
+        from: u32,
+        to: u32,
+        reason: String,
+    }
+
     /// A lost rank reports again.
     RankHeardAgain = "rank_heard_again" {
         about_rank: u32,

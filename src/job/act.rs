@@ -250,8 +250,24 @@ fn requeue_with(
     }
     // The exclusion can only be set once the job is no longer running:
     // right after the requeue, while Slurm tears it down.
+    exclude_next(slurm, job, exclude, journal, sleep);
+    // Requeued (even when the exclusion failed: the next attempt may land
+    // on the node again, which the journal says).
+    true
+}
+
+/// Exclude `exclude` from the requeued job's next allocation, tried on the
+/// schedule [`Retry::EXCLUSION`]; journaled (`exclusion_set` or
+/// `exclusion_failed`).
+fn exclude_next(
+    slurm: &dyn Slurm,
+    job: &str,
+    exclude: &[String],
+    journal: &mut Writer,
+    sleep: impl FnMut(std::time::Duration),
+) {
     if exclude.is_empty() {
-        return true;
+        return;
     }
     match Retry::EXCLUSION.run(|| slurm.exclude_more(job, exclude), sleep) {
         Ok(all) => journal.write(
@@ -274,9 +290,63 @@ fn requeue_with(
         }
         Err(None) => {}
     }
-    // Requeued (even when the exclusion failed: the next attempt may land
-    // on the node again, which the journal says).
-    true
+}
+
+/// Slurm requeued the job itself (seen when its SIGTERM reached the job
+/// level): journal it, lower the pending job's node count where its spares
+/// were spent, and exclude the failed nodes from the next allocation.
+pub fn after_slurm_requeue(
+    plan: decide::AfterSlurmRequeue,
+    info: &crate::slurm::JobInfo,
+    job: &str,
+    slurm: &dyn Slurm,
+    journal: &mut Writer,
+) {
+    let reason = if plan.exclude.is_empty() {
+        "Slurm requeued the job itself (a preemption, or a failure Slurm saw)".to_string()
+    } else {
+        format!(
+            "Slurm requeued the job itself after a node failure ({})",
+            crate::slurm::hostlist::compress(&plan.exclude)
+        )
+    };
+    tracing::warn!("{reason}");
+    journal.write(
+        ev::Requeue {
+            by: Some("slurm".into()),
+            state: Some(info.state.clone()),
+            reason: Some(reason),
+            exclude: Some(plan.exclude.clone()),
+        },
+        true,
+    );
+    // Lowered first: how many nodes the exclusion may take depends on it.
+    if let Some(n) = plan.num_nodes {
+        // Like the exclusion, possible once the job is no longer running.
+        let tasks = plan.num_tasks;
+        match Retry::EXCLUSION.run(|| slurm.set_size(job, n, tasks), std::thread::sleep) {
+            Ok(()) => journal.write(
+                ev::NodeCountLowered {
+                    from: Some(plan.requested),
+                    to: Some(n),
+                    reason: Some("the spare nodes were spent on the failed ones: the job starts on what is left ([run] shrink_after_node_failure)".into()),
+                },
+                true,
+            ),
+            Err(e) => {
+                let e = e.map_or("no answer".to_string(), |e| e.to_string());
+                tracing::warn!("could not lower job {job}'s node count to {n}: {e}");
+                journal.write(
+                    ev::MonitorError {
+                        error: Some(format!("lowering the node count to {n}: {e}")),
+                    },
+                    true,
+                );
+            }
+        }
+    }
+    let exclude = schedulable_exclusion(slurm, job, plan.exclude, journal);
+    exclude_next(slurm, job, &exclude, journal, std::thread::sleep);
 }
 
 /// Carry out what the node history asks at an allocation's start.

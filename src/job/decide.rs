@@ -304,6 +304,65 @@ pub fn plan_at_start(
     StartPlan::Requeue { here }
 }
 
+/// Whether Slurm requeued the job itself (a node failure, a preemption):
+/// its `Restarts` went past this allocation's, or it is pending again.
+pub fn requeued_by_slurm(info: &JobInfo, allocation_restarts: u32) -> bool {
+    info.restarts > allocation_restarts
+        || info.state.starts_with("PENDING")
+        || info.state.starts_with("REQUEUE")
+}
+
+/// What the job level still does once Slurm has requeued the job itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AfterSlurmRequeue {
+    /// The allocation's failed nodes, and those the step had left out:
+    /// the next allocation must not get them.
+    pub exclude: Vec<String>,
+    /// Lower the pending job's node count to this: the spare nodes it held
+    /// were spent on the failed ones, and without them the job would wait
+    /// for the full count (`[run] shrink_after_node_failure`).
+    pub num_nodes: Option<u32>,
+    /// The job's node count before.
+    pub requested: u32,
+    /// With the node count: the job's task count, lowered alike (a job of
+    /// `--ntasks-per-node=K` asks for K tasks per node it holds).
+    pub num_tasks: Option<u32>,
+}
+
+/// Pure: `held` the allocation's nodes, `failed` those Slurm now reports
+/// failed, `left_out` those the step left out, `step_nodes` the step's
+/// size (when the command says it), `requested` the job's node count,
+/// `tasks` its task count (`SLURM_NTASKS`).
+pub fn after_slurm_requeue(
+    held: &[String],
+    failed: &[String],
+    left_out: &[String],
+    step_nodes: Option<u32>,
+    requested: u32,
+    tasks: Option<u32>,
+    shrink: bool,
+) -> AfterSlurmRequeue {
+    let mut exclude: Vec<String> = Vec::new();
+    for n in failed.iter().chain(left_out) {
+        if held.contains(n) && !exclude.contains(n) {
+            exclude.push(n.clone());
+        }
+    }
+    let num_nodes = step_nodes
+        .filter(|_| shrink && !exclude.is_empty())
+        .map(|step| step.max((held.len() - exclude.len()) as u32))
+        .filter(|n| *n < requested);
+    let num_tasks = num_nodes
+        .zip(tasks)
+        .and_then(|(n, t)| (requested > 0 && t % requested == 0).then(|| t / requested * n));
+    AfterSlurmRequeue {
+        exclude,
+        num_nodes,
+        requested,
+        num_tasks,
+    }
+}
+
 /// An earlier allocation as Slurm saw it, for the journal of a later one.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SeenBySlurm {
@@ -403,6 +462,67 @@ mod tests {
     use crate::policy::failure::Verdict;
     use serde_json::{json, Value};
     use std::cell::Cell;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn a_requeue_by_slurm_is_told_by_restarts_or_a_pending_state() {
+        let info = |state: &str, restarts| JobInfo {
+            state: state.into(),
+            restarts,
+            ..Default::default()
+        };
+        assert!(!requeued_by_slurm(&info("COMPLETING", 1), 1));
+        assert!(!requeued_by_slurm(&info("CANCELLED", 0), 0));
+        assert!(requeued_by_slurm(&info("COMPLETING", 2), 1));
+        assert!(requeued_by_slurm(&info("PENDING", 0), 0));
+        assert!(requeued_by_slurm(&info("REQUEUED", 0), 0));
+    }
+
+    #[test]
+    fn after_slurms_own_requeue_the_failed_node_is_excluded_and_spent_spares_dropped() {
+        let held = names(&["n1", "n2", "n3", "n4"]);
+        // n2 failed; the step (3 nodes) had left n4 out already.
+        let p = after_slurm_requeue(
+            &held,
+            &names(&["n2", "n9"]),
+            &names(&["n4"]),
+            Some(3),
+            4,
+            Some(4),
+            true,
+        );
+        assert_eq!(p.num_tasks, Some(3));
+        assert_eq!(p.exclude, names(&["n2", "n4"]));
+        // Two nodes gone from four: the job needs 3 for its step, no fewer.
+        assert_eq!(p.num_nodes, Some(3));
+        let one = after_slurm_requeue(&held, &names(&["n2"]), &[], Some(3), 4, Some(8), true);
+        // Two tasks per node: six for three nodes.
+        assert_eq!(
+            (one.exclude, one.num_nodes, one.num_tasks),
+            (names(&["n2"]), Some(3), Some(6))
+        );
+        // A task count that is not per node is left alone.
+        let odd = after_slurm_requeue(&held, &names(&["n2"]), &[], Some(3), 4, Some(7), true);
+        assert_eq!((odd.num_nodes, odd.num_tasks), (Some(3), None));
+        // Not asked for, no spare, no step size, nothing failed: the count stays.
+        assert_eq!(
+            after_slurm_requeue(&held, &names(&["n2"]), &[], Some(3), 4, Some(8), false).num_nodes,
+            None
+        );
+        assert_eq!(
+            after_slurm_requeue(&held, &names(&["n2"]), &[], Some(4), 4, Some(8), true).num_nodes,
+            None
+        );
+        assert_eq!(
+            after_slurm_requeue(&held, &names(&["n2"]), &[], None, 4, Some(8), true).num_nodes,
+            None
+        );
+        let none = after_slurm_requeue(&held, &[], &[], Some(3), 4, Some(8), true);
+        assert_eq!((none.exclude.len(), none.num_nodes), (0, None));
+    }
 
     fn rec(
         kind: &str,

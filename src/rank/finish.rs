@@ -235,6 +235,11 @@ impl Agent<'_> {
 
     /// Batch level: judge the step and decide (requeue, relaunch, stop).
     fn after_step(&mut self, e: &Ending, verdict: &failure::Verdict) -> Next {
+        if self.requeued_by_slurm {
+            // Slurm decided (and the exclusion is set): the next allocation
+            // runs the job again.
+            return Next::Exit(e.code());
+        }
         let r = &mut *self.r;
         let mut tail_lines = r.tail.last_lines(200);
         // A step that started no rank: launch trouble, whatever srun said

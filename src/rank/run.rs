@@ -76,6 +76,9 @@ pub(crate) struct Agent<'a> {
     /// Batch level: the step started no rank before `[run]
     /// step_start_timeout`, and srun was killed.
     pub(super) step_start_missed: Option<Duration>,
+    /// Batch level: Slurm requeued the job itself (seen at its SIGTERM);
+    /// the job level decides nothing more.
+    pub(super) requeued_by_slurm: bool,
 }
 
 /// How long the ranks left of a torn-down step must be silent (their agents
@@ -145,6 +148,7 @@ impl<'a> Agent<'a> {
             launcher_lost: false,
             step_abandoned: false,
             step_start_missed: None,
+            requeued_by_slurm: false,
         };
         (agent, Done { diag, probe })
     }
@@ -294,6 +298,61 @@ impl<'a> Agent<'a> {
         process::signal_group(self.r.pid, Signal::SIGKILL);
     }
 
+    /// Batch level, at a SIGTERM: did Slurm requeue the job itself (a node
+    /// failure without `--no-kill`, a preemption)? Then, while the job is
+    /// still being torn down, the failed nodes are excluded from its next
+    /// allocation (and its node count lowered where its spares were spent:
+    /// `[run] shrink_after_node_failure`), and nothing else is decided.
+    fn see_requeue_by_slurm(&mut self) {
+        if !self.r.batch_level || self.requeued_by_slurm {
+            return;
+        }
+        let r = &mut *self.r;
+        let Ok(info) = self.slurm_cli.show_job(&r.id.job) else {
+            return;
+        };
+        if !crate::job::decide::requeued_by_slurm(&info, r.slurm.restart_count) {
+            return;
+        }
+        self.requeued_by_slurm = true;
+        let held = &r.slurm.job_nodes;
+        let failed: Vec<String> = self
+            .slurm_cli
+            .node_states(held)
+            .map(|v| {
+                v.into_iter()
+                    .filter(|n| n.is_failed())
+                    .map(|n| n.name)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let left_out = r.step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default();
+        let step_nodes = r
+            .step_out
+            .as_ref()
+            .map(|o| o.1)
+            .filter(|n| *n > 0)
+            .or_else(|| crate::slurm::step::requested_nodes(&r.argv));
+        let plan = crate::job::decide::after_slurm_requeue(
+            held,
+            &failed,
+            &left_out,
+            step_nodes,
+            // What the job holds (while Slurm tears it down, `NumNodes`
+            // counts only the nodes left).
+            info.num_nodes.max(held.len() as u32),
+            r.slurm.ntasks,
+            r.cfg.shrink_after_node_failure,
+        );
+        crate::job::act::after_slurm_requeue(
+            plan,
+            &info,
+            &r.id.job,
+            self.slurm_cli,
+            &mut r.journal,
+        );
+    }
+
     /// The local launcher died when this process was re-parented (to a
     /// subreaper or init): journal it once, and train on.
     pub(super) fn watch_launcher(&mut self) {
@@ -324,9 +383,13 @@ impl<'a> Agent<'a> {
                 self.reap_due = true;
                 Vec::new()
             }
-            Woke::Signal(s) => self
-                .lc
-                .on_signal(s, Instant::now(), crate::util::clock::now()),
+            Woke::Signal(s) => {
+                if s == Sig::Term {
+                    self.see_requeue_by_slurm();
+                }
+                self.lc
+                    .on_signal(s, Instant::now(), crate::util::clock::now())
+            }
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {

@@ -250,6 +250,20 @@ impl Slurm for SlurmCli {
         self.run("scontrol", &["requeue", job]).map(|_| ())
     }
 
+    fn set_size(&self, job: &str, nodes: u32, tasks: Option<u32>) -> Result<(), SlurmError> {
+        check_job(job)?;
+        let mut args = vec![
+            "update".to_string(),
+            format!("JobId={job}"),
+            format!("NumNodes={nodes}"),
+        ];
+        if let Some(t) = tasks {
+            args.push(format!("NumTasks={t}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run("scontrol", &args).map(|_| ())
+    }
+
     fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError> {
         check_job(job)?;
         let name = signal.as_str().trim_start_matches("SIG");

@@ -100,6 +100,23 @@ impl Slurm for FakeSlurm {
         Ok(())
     }
 
+    fn set_size(&self, job: &str, nodes: u32, tasks: Option<u32>) -> Result<(), SlurmError> {
+        self.call("set_size", format!("{job} {nodes} {tasks:?}"))?;
+        let mut jobs = self.jobs.lock().unwrap();
+        let j = jobs.get_mut(job).ok_or_else(|| SlurmError::Failed {
+            cmd: "scontrol update".into(),
+            message: "Invalid job id specified".into(),
+        })?;
+        if !j.state.starts_with("PENDING") {
+            return Err(SlurmError::Failed {
+                cmd: "scontrol update".into(),
+                message: format!("Job is no longer pending execution for job {job}"),
+            });
+        }
+        j.num_nodes = nodes;
+        Ok(())
+    }
+
     fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError> {
         self.call("signal_steps", format!("{job} {signal}"))
     }

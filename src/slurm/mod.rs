@@ -108,6 +108,8 @@ pub trait Slurm {
     fn set_excluded(&self, job: &str, nodes: &[String]) -> Result<(), SlurmError>;
     /// `scontrol requeue`.
     fn requeue(&self, job: &str) -> Result<(), SlurmError>;
+    /// `scontrol update JobId=J NumNodes=N [NumTasks=T]` (a pending job only).
+    fn set_size(&self, job: &str, nodes: u32, tasks: Option<u32>) -> Result<(), SlurmError>;
     /// `scancel --signal=SIG JOB`: signal every step of the job (not the batch script).
     fn signal_steps(&self, job: &str, signal: nix::sys::signal::Signal) -> Result<(), SlurmError>;
     /// `scontrol update NodeName=... State=...`.
