@@ -181,6 +181,13 @@ impl Job {
             .unwrap_or_else(|| panic!("no supervisor under a guardian: {procs:?} {supers:?}"))
             .0
     }
+    /// Wait for the job's end, which must be COMPLETED; its journal.
+    fn completed(&self, limit: Duration) -> Vec<Record> {
+        let state = self.wait_final(limit);
+        let recs = self.records();
+        assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", self.output());
+        recs
+    }
     fn kinds(&self, kind: &str) -> Vec<Record> {
         self.records()
             .into_iter()
@@ -710,9 +717,7 @@ fn nodes_the_history_lists_are_left_out_at_start() {
         "--total 10 --step-time 0.1",
         &["n2"],
     );
-    let state = job.wait_final(Duration::from_secs(120));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(120));
     assert_eq!(job.show().restarts, 0);
     let ex = job.kinds("node_excluded");
     assert_eq!(ex.len(), 1, "{recs:#?}");
@@ -731,9 +736,7 @@ fn nodes_the_history_lists_are_left_out_at_start() {
 
     // No spare node: one requeue with ExcNodeList, then the job runs elsewhere.
     let job = submit_seeded(3, "", "-t 10", &opts, "--total 10 --step-time 0.1", &["n1"]);
-    let state = job.wait_final(Duration::from_secs(180));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(180));
     assert_eq!(job.show().restarts, 1);
     assert!(job.show().excluded.contains(&"n1".to_string()));
     let rq = job.kinds("requeue");
@@ -846,9 +849,7 @@ fn time_limit_checkpoints_then_requeues() {
         "",
         "--total 120 --step-time 0.5 --ckpt-every 1000",
     );
-    let state = job.wait_final(Duration::from_secs(420));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(420));
     assert!(job.show().restarts >= 1);
     let first: Vec<&Record> = recs.iter().filter(|r| r.attempt == 0).collect();
     let pos = |kind: &str| first.iter().position(|r| r.kind == kind);
@@ -1667,9 +1668,7 @@ fn one_prefix_a_crash_is_judged_and_requeued_without_the_node_and_status_sees_th
         assert!(Instant::now() < deadline, "status: {:?}", status_steps(&jd));
         std::thread::sleep(Duration::from_millis(200));
     }
-    let state = job.wait_final(Duration::from_secs(240));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(240));
     let bad = rank_nodes(&recs, 0)
         .into_iter()
         .find(|(r, _)| *r == 1)
@@ -1702,9 +1701,7 @@ fn one_prefix_two_ranks_failing_at_once_get_exactly_one_decision() {
         "--kill-on-bad-exit=1",
         "--total 30 --step-time 0.25 --fault-plan 0:exit:1:12,0:exit:2:12",
     );
-    let state = job.wait_final(Duration::from_secs(240));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(240));
     let failed: Vec<u32> = of_attempt(&recs, "rank_exit", 0)
         .iter()
         .filter(|r| r.str("class") == Some("unknown"))
@@ -1758,9 +1755,7 @@ fn one_prefix_a_hang_is_judged_job_wide_and_requeued() {
         "",
         "--total 20 --step-time 0.2 --fault hang --fault-rank 1 --fault-step 8 --fault-attempts 0",
     );
-    let state = job.wait_final(Duration::from_secs(240));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(240));
     // The coordinator (rank 0's agent) judged the hang across the ranks.
     assert_eq!(
         of_attempt(&recs, "hang", 0).len(),
@@ -1792,9 +1787,7 @@ fn a_step_that_starts_no_rank_is_launch_trouble_and_runs_again() {
         agent_and_trainer(dir.path(), "--total 15 --step-time 0.2")
     );
     let job = sbatch_in(dir, 3, "-t 10", &body);
-    let state = job.wait_final(Duration::from_secs(240));
-    let recs = job.records();
-    assert_eq!(state, "COMPLETED", "{}\n{recs:#?}", job.output());
+    let recs = job.completed(Duration::from_secs(240));
     let timeout = of_attempt(&recs, "step_start_timeout", 0);
     assert_eq!(timeout.len(), 1, "{recs:#?}");
     assert_eq!(timeout[0].f64("after_s"), Some(8.0));
