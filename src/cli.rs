@@ -243,8 +243,12 @@ struct TimelineArgs {
 #[derive(Args, Debug)]
 struct NodesArgs {
     /// Machine-readable output
-    #[arg(long, conflicts_with_all = ["exclude_list", "drain"])]
+    #[arg(long, conflicts_with_all = ["exclude_list", "drain", "prometheus"])]
     json: bool,
+    /// Prometheus text format, for node_exporter's textfile collector
+    /// (node scores, listed nodes, failures by class, fleet totals)
+    #[arg(long, conflicts_with_all = ["exclude_list", "drain"])]
+    prometheus: bool,
     /// Print a Slurm hostlist of nodes at or above the threshold (for sbatch --exclude=)
     #[arg(long, conflicts_with = "drain")]
     exclude_list: bool,
@@ -541,6 +545,13 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     }
     if a.exclude_list {
         println!("{}", node_history::exclude_list(&history, a.threshold));
+        return Ok(0);
+    }
+    if a.prometheus {
+        print!(
+            "{}",
+            node_history::render_prometheus(&history, a.threshold, sources.journals)
+        );
         return Ok(0);
     }
     if !a.drain {

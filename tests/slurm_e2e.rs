@@ -1668,6 +1668,25 @@ fn one_prefix_a_crash_is_judged_and_requeued_without_the_node_and_status_sees_th
         assert!(Instant::now() < deadline, "status: {:?}", status_steps(&jd));
         std::thread::sleep(Duration::from_millis(200));
     }
+    // And a site's Prometheus finds it and scrapes it without the token.
+    let target = job.state_dir().join(format!("prometheus/{}.json", job.id));
+    let t: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&target).expect("target registered")).unwrap();
+    let addr = t[0]["targets"][0].as_str().unwrap().to_string();
+    let body = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            c,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        out
+    };
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(body.contains("resilio_ranks{"), "{body}");
     let recs = job.completed(Duration::from_secs(240));
     let bad = rank_nodes(&recs, 0)
         .into_iter()

@@ -367,6 +367,109 @@ pub fn from_events(
 }
 
 /// Nodes at or above `threshold`, as a Slurm hostlist expression.
+/// The node history for node_exporter's textfile collector (Prometheus
+/// text format): per node its score, whether it is listed at `threshold`,
+/// its failures by class and its jobs; and the fleet's totals. `jobs`: how
+/// many job journals were read.
+pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -> String {
+    let esc = |s: &str| {
+        s.replace('\\', "\\\\")
+            .replace('"', "\\\"")
+            .replace('\n', "\\n")
+    };
+    let mut out = String::new();
+    let mut family = |name: &str, kind: &str, help: &str, rows: Vec<(String, String)>| {
+        out += &format!("# HELP resilio_{name} {help}\n# TYPE resilio_{name} {kind}\n");
+        for (labels, value) in rows {
+            out += &format!("resilio_{name}{labels} {value}\n");
+        }
+    };
+    let node = |h: &NodeHistory| format!("node=\"{}\"", esc(&h.node));
+    family(
+        "node_score",
+        "gauge",
+        "Failures held against the node, each 1.0 when new and halving every half-life",
+        history
+            .iter()
+            .map(|h| (format!("{{{}}}", node(h)), format!("{:.4}", h.score)))
+            .collect(),
+    );
+    family(
+        "node_listed",
+        "gauge",
+        "1 when the node's score is at or above the threshold (resilio nodes --exclude-list)",
+        history
+            .iter()
+            .map(|h| {
+                (
+                    format!("{{{},threshold=\"{threshold}\"}}", node(h)),
+                    u8::from(h.score >= threshold).to_string(),
+                )
+            })
+            .collect(),
+    );
+    family(
+        "node_failures",
+        "gauge",
+        "Failures held against the node, by class",
+        history
+            .iter()
+            .flat_map(|h| {
+                h.failures_by_class.iter().map(move |(c, n)| {
+                    (
+                        format!("{{{},class=\"{}\"}}", node(h), esc(c)),
+                        n.to_string(),
+                    )
+                })
+            })
+            .collect(),
+    );
+    family(
+        "node_jobs",
+        "gauge",
+        "Jobs in which the node had failures held against it",
+        history
+            .iter()
+            .map(|h| (format!("{{{}}}", node(h)), h.jobs.len().to_string()))
+            .collect(),
+    );
+    let mut by_class: BTreeMap<&str, u32> = BTreeMap::new();
+    for h in history {
+        for (c, n) in &h.failures_by_class {
+            *by_class.entry(c).or_default() += n;
+        }
+    }
+    family(
+        "fleet_failures",
+        "gauge",
+        "Failures held against any node, by class",
+        by_class
+            .iter()
+            .map(|(c, n)| (format!("{{class=\"{}\"}}", esc(c)), n.to_string()))
+            .collect(),
+    );
+    family(
+        "fleet_nodes_listed",
+        "gauge",
+        "Nodes at or above the threshold",
+        vec![(
+            String::new(),
+            history
+                .iter()
+                .filter(|h| h.score >= threshold)
+                .count()
+                .to_string(),
+        )],
+    );
+    family(
+        "fleet_jobs",
+        "gauge",
+        "Job journals read",
+        vec![(String::new(), jobs.to_string())],
+    );
+    out
+}
+
 pub fn exclude_list(history: &[NodeHistory], threshold: f64) -> String {
     let bad: Vec<&str> = history
         .iter()
@@ -427,6 +530,47 @@ mod tests {
             rank,
             node: Some(node.into()),
             data: data.as_object().cloned().unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_textfile_collector_gets_every_node_and_the_fleet() {
+        let node = |name: &str, score: f64, classes: &[(&str, u32)]| NodeHistory {
+            node: name.into(),
+            score,
+            failures_by_class: classes.iter().map(|(c, n)| (c.to_string(), *n)).collect(),
+            jobs: vec!["1".into(), "2".into()],
+            last_seen: Utc::now(),
+            events: Vec::new(),
+        };
+        let h = vec![
+            node("gpu01", 1.5, &[("infrastructure", 2)]),
+            node("gpu\"02", 0.2, &[("straggler", 1), ("infrastructure", 1)]),
+        ];
+        let t = render_prometheus(&h, 0.9, 7);
+        for line in [
+            "# TYPE resilio_node_score gauge",
+            "resilio_node_score{node=\"gpu01\"} 1.5000",
+            "resilio_node_listed{node=\"gpu01\",threshold=\"0.9\"} 1",
+            "resilio_node_listed{node=\"gpu\\\"02\",threshold=\"0.9\"} 0",
+            "resilio_node_failures{node=\"gpu01\",class=\"infrastructure\"} 2",
+            "resilio_node_jobs{node=\"gpu01\"} 2",
+            "resilio_fleet_failures{class=\"infrastructure\"} 3",
+            "resilio_fleet_failures{class=\"straggler\"} 1",
+            "resilio_fleet_nodes_listed 1",
+            "resilio_fleet_jobs 7",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in:\n{t}");
+        }
+        // Every sample line belongs to a family declared before it.
+        let mut declared = Vec::new();
+        for l in t.lines() {
+            if let Some(rest) = l.strip_prefix("# TYPE ") {
+                declared.push(rest.split(' ').next().unwrap().to_string());
+            } else if !l.starts_with('#') {
+                let name = l.split(['{', ' ']).next().unwrap();
+                assert!(declared.iter().any(|d| d == name), "{l}");
+            }
         }
     }
 

@@ -173,6 +173,7 @@ section!(CoordinatorSection "coordinator" {
     checkpoint_lead: Dur => coordinator.policy.checkpoint_lead by duration,
     checkpoint_every: String => coordinator.policy by checkpoint_every,
     lost_after: Dur => coordinator.policy.lost_after by timeout,
+    site_metrics: bool => coordinator.site_metrics by set,
 });
 
 section!(StragglerSection "straggler" {

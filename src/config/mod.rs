@@ -92,6 +92,10 @@ pub struct CoordinatorSettings {
     /// Also send `[checkpoint] signal` to the trainer on a coordinated
     /// checkpoint request (besides the control file).
     pub signal_trainer: bool,
+    /// Under Slurm: serve `/metrics` read-only, without the token, on a
+    /// port of its own, registered for the site's Prometheus under
+    /// `STATE_DIR/prometheus/` (`file_sd_configs`).
+    pub site_metrics: bool,
     /// The cross-rank policies' parameters.
     pub policy: crate::coordinator::state::CoordinatorConfig,
 }
@@ -103,6 +107,7 @@ impl Default for CoordinatorSettings {
             bind: "auto".into(),
             report_interval: Duration::from_secs(1),
             signal_trainer: false,
+            site_metrics: true,
             policy: Default::default(),
         }
     }

@@ -92,6 +92,42 @@ pub struct Coordinator {
     /// Effects for the host (failures, settled checkpoints).
     pub effects: mpsc::Receiver<Effect>,
     files: Vec<PathBuf>,
+    /// The read-only metrics listener for the site, when open.
+    site: Option<SiteMetrics>,
+}
+
+/// The read-only `/metrics` listener and its Prometheus target file.
+struct SiteMetrics {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    target: Option<PathBuf>,
+}
+
+impl Drop for SiteMetrics {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(f) = &self.target {
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+/// Where coordinators register their read-only metrics listeners for a
+/// site's Prometheus (`file_sd_configs`): one file per job.
+pub const TARGETS_DIR: &str = "prometheus";
+
+/// A `file_sd_configs` file: one target, labelled with the job and node.
+pub fn target_file_body(addr: &SocketAddr, job: &str, node: &str) -> String {
+    serde_json::json!([{
+        "targets": [addr.to_string()],
+        "labels": {"resilio_job": job, "resilio_node": node},
+    }])
+    .to_string()
 }
 
 impl Coordinator {
@@ -196,7 +232,69 @@ impl Coordinator {
             thread: Some(thread),
             effects: host_rx,
             files,
+            site: None,
         })
+    }
+
+    /// A second, read-only listener for the site's Prometheus: `GET
+    /// /metrics` without the token, at the coordinator's address on a port
+    /// of its own, registered in `STATE_DIR/prometheus/JOB.json` for
+    /// `file_sd_configs` (removed when the coordinator stops). The metrics
+    /// are the job's figures only; everything else stays behind the token.
+    /// Fails open: a listener that cannot open costs the site's scrape,
+    /// never the job.
+    pub fn serve_site_metrics(
+        &mut self,
+        state_dir: &Path,
+        job: &str,
+        node: &str,
+    ) -> std::io::Result<SocketAddr> {
+        let ip = self
+            .url
+            .trim_start_matches("http://")
+            .parse::<SocketAddr>()
+            .map(|a| a.ip())
+            .map_err(std::io::Error::other)?;
+        let listener = std::net::TcpListener::bind(SocketAddr::new(ip, 0))?;
+        let addr = listener.local_addr()?;
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+        let s = self.shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("site-metrics".into())
+            .spawn(move || {
+                let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                else {
+                    return;
+                };
+                if let Err(e) = rt.block_on(server::serve_metrics(listener, s, stop_rx)) {
+                    tracing::warn!("site metrics listener stopped: {e}");
+                }
+            })?;
+        let mut site = SiteMetrics {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            target: None,
+        };
+        let dir = state_dir.join(TARGETS_DIR);
+        let file = dir.join(format!("{job}.json"));
+        let tmp = dir.join(format!(".{job}.json.{}", std::process::id()));
+        let written = std::fs::create_dir_all(&dir)
+            .and_then(|_| std::fs::write(&tmp, target_file_body(&addr, job, node)))
+            .and_then(|_| std::fs::rename(&tmp, &file));
+        match written {
+            Ok(()) => site.target = Some(file),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                tracing::warn!(
+                    "cannot register the metrics target in {}: {e} (served at {addr} all the same)",
+                    dir.display()
+                );
+            }
+        }
+        self.site = Some(site);
+        Ok(addr)
     }
 
     /// Environment for agents.
@@ -390,6 +488,7 @@ fn revised(old: Option<std::time::Duration>, new: Option<std::time::Duration>) -
 
 impl Drop for Coordinator {
     fn drop(&mut self) {
+        self.site = None;
         if let Some(s) = self.stop.take() {
             let _ = s.send(());
         }
@@ -551,6 +650,85 @@ fn stale(info: &serde_json::Value) -> bool {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// `GET path` over plain HTTP/1.1: the status code and the body.
+    fn get(addr: &str, path: &str) -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            c,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        c.read_to_string(&mut out).unwrap();
+        let code = out
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (
+            code,
+            out.split_once("\r\n\r\n")
+                .map(|x| x.1.to_string())
+                .unwrap_or_default(),
+        )
+    }
+
+    #[test]
+    fn the_site_scrapes_metrics_without_the_token_and_nothing_else() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = crate::journal::job_dir(state.path(), "77");
+        std::fs::create_dir_all(&dir).unwrap();
+        let view = JobView::new("77", 2, 0, Default::default(), Instant::now());
+        let w = Writer::open(&dir, "coordinator.jsonl", 0, None, Some("n1".into()));
+        let mut c =
+            Coordinator::start(view, "127.0.0.1:0".parse().unwrap(), w, Some(&dir)).unwrap();
+        let addr = c.serve_site_metrics(state.path(), "77", "n1").unwrap();
+        // Registered for file_sd_configs, with the job and node as labels.
+        let target = state.path().join(TARGETS_DIR).join("77.json");
+        let t: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&target).unwrap()).unwrap();
+        assert_eq!(t[0]["targets"][0], addr.to_string());
+        assert_eq!(t[0]["labels"]["resilio_job"], "77");
+        assert_eq!(t[0]["labels"]["resilio_node"], "n1");
+        // Read-only, no token: /metrics only.
+        let (code, body) = get(&addr.to_string(), "/metrics");
+        assert_eq!(code, 200, "{body}");
+        assert!(body.contains("resilio_ranks{job=\"77\"}"), "{body}");
+        assert_eq!(get(&addr.to_string(), "/v1/status").0, 404);
+        // The job's own listener still wants the token.
+        let own = c.url.trim_start_matches("http://").to_string();
+        assert_eq!(get(&own, "/metrics").0, 401);
+        // Every metric the example dashboard plots is served.
+        let dash: serde_json::Value =
+            serde_json::from_str(include_str!("../../conf/grafana-dashboard.json")).unwrap();
+        let names = regex::Regex::new(r"resilio_[a-z_]+").unwrap();
+        let mut plotted = 0;
+        for p in dash["panels"].as_array().unwrap() {
+            for t in p["targets"].as_array().unwrap() {
+                for m in names.find_iter(t["expr"].as_str().unwrap()) {
+                    if m.as_str() == "resilio_job" {
+                        continue;
+                    }
+                    plotted += 1;
+                    assert!(
+                        body.lines()
+                            .any(|l| l.starts_with(&format!("{}{{", m.as_str()))),
+                        "the dashboard plots {} which /metrics does not serve:\n{body}",
+                        m.as_str()
+                    );
+                }
+            }
+        }
+        assert!(plotted >= 6);
+        // The example Prometheus config reads the registered targets.
+        let prom = include_str!("../../conf/prometheus.yml");
+        assert!(prom.contains(&format!("/{TARGETS_DIR}/*.json")), "{prom}");
+        drop(c);
+        assert!(!target.exists(), "the target goes with the coordinator");
+        assert!(std::net::TcpStream::connect(addr).is_err());
+    }
 
     #[test]
     fn files_of_a_coordinator_killed_on_this_host_are_ignored() {

@@ -369,6 +369,27 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
         .into_response()
 }
 
+/// The read-only listener for a site's Prometheus: `GET /metrics` and
+/// nothing else, without the token (see [`super::Coordinator::serve_site_metrics`]).
+pub fn metrics_router(s: Arc<Shared>) -> Router {
+    Router::new().route("/metrics", get(metrics)).with_state(s)
+}
+
+/// Serve [`metrics_router`] until `stop` fires.
+pub async fn serve_metrics(
+    listener: std::net::TcpListener,
+    s: Arc<Shared>,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    axum::serve(listener, metrics_router(s))
+        .with_graceful_shutdown(async {
+            let _ = stop.await;
+        })
+        .await
+}
+
 /// The largest request body (a report, a checkpoint's reason): 256 KiB. A
 /// longer `Content-Length` gets 413 before anything is read.
 pub const MAX_BODY: usize = 256 * 1024;

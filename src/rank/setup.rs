@@ -262,7 +262,13 @@ fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
                 Some(id.node.clone()),
             )
             .with_run(id.run.key.as_deref());
-            Coordinator::start(view, bind, w, Some(&b.job_dir))
+            let mut c = Coordinator::start(view, bind, w, Some(&b.job_dir))?;
+            if cfg.coordinator.site_metrics && b.slurm.in_job() {
+                if let Err(e) = c.serve_site_metrics(&cfg.state_dir, &id.job, &id.node) {
+                    tracing::warn!("no read-only metrics listener for the site: {e}");
+                }
+            }
+            Ok(c)
         })
 }
 
