@@ -153,3 +153,96 @@ fn every_exit_code_is_in_the_readme() {
         );
     }
 }
+
+/// Markdown files of the project (not build output, not the fuzz corpora).
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        if p.is_dir() {
+            if !(name.starts_with('.')
+                || ["target", "fuzz", "node_modules"].contains(&name.as_str()))
+            {
+                markdown_files(&p, out);
+            }
+        } else if name.ends_with(".md") {
+            out.push(p);
+        }
+    }
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces
+/// as hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+fn anchors(text: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.push(slug(line.trim_start_matches('#').replace('`', "").as_str()));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_link_in_the_docs_resolves() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    markdown_files(root, &mut files);
+    assert!(files.len() >= 10, "{files:?}");
+    let link = regex::Regex::new(r"\]\(([^)\s]+)\)").unwrap();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(f).unwrap();
+        // Links in code blocks are examples, not links.
+        let mut prose = String::new();
+        let mut in_code = false;
+        for line in text.lines() {
+            if line.trim_start().starts_with("```") {
+                in_code = !in_code;
+            } else if !in_code {
+                prose += line;
+                prose.push('\n');
+            }
+        }
+        for c in link.captures_iter(&prose) {
+            let target = &c[1];
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = target.split_once('#').unwrap_or((target, ""));
+            let dest = if path.is_empty() {
+                f.clone()
+            } else {
+                f.parent().unwrap().join(path)
+            };
+            let shown = format!("{}: {target}", f.strip_prefix(root).unwrap().display());
+            if !dest.exists() {
+                broken.push(format!("{shown} (no such file)"));
+                continue;
+            }
+            if !anchor.is_empty() && dest.extension().is_some_and(|x| x == "md") {
+                let there = anchors(&std::fs::read_to_string(&dest).unwrap());
+                if !there.iter().any(|a| a == anchor) {
+                    broken.push(format!("{shown} (no heading #{anchor})"));
+                }
+            }
+        }
+    }
+    assert!(checked >= 10, "only {checked} links checked");
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
