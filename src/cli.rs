@@ -746,10 +746,48 @@ fn man_cmd(a: ManArgs) -> Result<i32> {
         clap_mangen::Man::new(cmd)
             .render(&mut buf)
             .map_err(|e| io(&path, e))?;
+        buf.extend(exit_status_section(name.strip_prefix("resilio-")).into_bytes());
         std::fs::write(&path, buf).map_err(|e| io(&path, e))?;
         println!("{}", path.display());
     }
     Ok(0)
+}
+
+/// The man page's EXIT STATUS section: the codes of `command` (all of them
+/// for the top page), from [`crate::error::EXIT_CODES`].
+fn exit_status_section(command: Option<&str>) -> String {
+    // Roff: `code` in bold, backslashes escaped, no line starting with a dot.
+    let roff = |s: &str| {
+        let s = s.replace('\\', "\\e");
+        let mut out = String::new();
+        for (i, part) in s.split('`').enumerate() {
+            if i % 2 == 1 {
+                out += &format!("\\fB{part}\\fR");
+            } else {
+                out += part;
+            }
+        }
+        if out.starts_with('.') || out.starts_with('\'') {
+            out.insert_str(0, "\\&");
+        }
+        out
+    };
+    let mut out = String::from(".SH \"EXIT STATUS\"\n");
+    for (code, meaning, commands) in crate::error::EXIT_CODES {
+        let applies = match command {
+            None => true,
+            Some(c) => {
+                commands.contains("every command")
+                    || commands.contains(&format!("`{c}`"))
+                    || commands.contains(&format!("`{c} "))
+                    || (commands.contains("only print") && !["run", "demo"].contains(&c))
+            }
+        };
+        if applies {
+            out += &format!(".TP\n{}\n{}\n", roff(code), roff(meaning));
+        }
+    }
+    out
 }
 
 /// `resilio template`: the script on stdout, or in a file.

@@ -24,6 +24,22 @@ pub const EXIT_NOT_PERMITTED: i32 = 4;
 /// running without one) or refused the request.
 pub const EXIT_NO_COORDINATOR: i32 = 5;
 
+/// Every exit code, as the README's table and the man pages' EXIT STATUS
+/// give it: (code, meaning, commands), in Markdown (`tests/docs.rs` checks
+/// the README's table against it).
+pub const EXIT_CODES: &[(&str, &str, &str)] = &[
+    ("the trainer's", "its own status; 128+N if it died of signal N; after restarts in place, the last attempt's; under Slurm's guardian, srun's", "`run`"),
+    ("`0`", "done", "every command"),
+    ("`2`", "usage or configuration error, or a path that cannot be written: one line, `file:line` for config files", "every command"),
+    ("`3`", "no journal for that job (or none readable)", "`report`, `timeline`, `status`, `checkpoint`"),
+    ("`4`", "Slurm refused an action (draining a node without permission)", "`nodes --drain`"),
+    ("`5`", "the job's coordinator cannot be reached, or refused the request", "`status`, `checkpoint`"),
+    ("`70`", "an internal failure of resilio itself (never while a trainer runs: its status wins)", "every command"),
+    ("`124`", "resilio stopped a stalled rank (as `timeout` does)", "`run`"),
+    ("`126` / `127`", "the command was found but cannot be executed / was not found", "`run`"),
+    ("`141`", "the reader of the output went away (SIGPIPE)", "commands that only print"),
+];
+
 /// Everything that can go wrong before or around supervision.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

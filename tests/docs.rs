@@ -154,6 +154,45 @@ fn every_exit_code_is_in_the_readme() {
     }
 }
 
+/// The README's exit-code table is `resilio::error::EXIT_CODES`, row for
+/// row, and every man page has its EXIT STATUS.
+#[test]
+fn the_readme_and_the_man_pages_give_the_same_exit_codes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let table = &readme[readme.find("| Code | Meaning | Commands |").unwrap()..];
+    let rows: Vec<Vec<String>> = table
+        .lines()
+        .skip(2)
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split(" | ")
+                .map(|c| c.trim().to_string())
+                .collect()
+        })
+        .collect();
+    let want: Vec<Vec<String>> = resilio::error::EXIT_CODES
+        .iter()
+        .map(|(a, b, c)| vec![a.to_string(), b.to_string(), c.to_string()])
+        .collect();
+    assert_eq!(rows, want);
+    let dir = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["man", "--dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let page = |n: &str| std::fs::read_to_string(dir.path().join(n)).unwrap();
+    let run = page("resilio-run.1");
+    let status = page("resilio-status.1");
+    assert!(run.contains(".SH \"EXIT STATUS\""), "{run}");
+    assert!(run.contains("\\fB124\\fR") && !run.contains("\\fB5\\fR"));
+    assert!(status.contains("\\fB5\\fR") && !status.contains("\\fB124\\fR"));
+    assert!(page("resilio.1").contains("\\fB141\\fR"));
+}
+
 /// Markdown files of the project (not build output, not the fuzz corpora).
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap().flatten() {
