@@ -858,7 +858,7 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
     );
     let mut w = journal::Writer::open(&dir, "coordinator.jsonl", attempt, None, None);
     w.set_run(run.as_deref());
-    let c = if a.take_over {
+    let mut c = if a.take_over {
         let from = crate::coordinator::successor_of(&dir)
             .map_err(|e| Error::Usage(format!("cannot take over the coordinator: {e}")))?;
         Coordinator::take_over(view, from, w, &dir)
@@ -867,6 +867,15 @@ fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
         Coordinator::start(view, bind, w, Some(&dir))
     }
     .map_err(|e| Error::Other(format!("coordinator: {e}")))?;
+    // In place of a job's dead coordinator: the site's scrape comes back too.
+    if a.take_over && cfg.coordinator.site_metrics {
+        let node = nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if let Err(e) = c.serve_site_metrics(&state_dir, &a.job_id, &node) {
+            tracing::warn!("no read-only metrics listener for the site: {e}");
+        }
+    }
     println!("{}", c.url);
     use std::io::Write;
     let _ = std::io::stdout().flush();
