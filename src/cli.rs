@@ -911,7 +911,16 @@ fn runs_locally() -> bool {
 
 /// Entry point: returns the process exit code.
 pub fn main() -> i32 {
-    let cli = match Cli::try_parse() {
+    // Started by the SPANK plugin in place of the task's command.
+    let args = match crate::spank::command_line(std::env::args_os().collect()) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("resilio: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    crate::util::set_args(args.clone());
+    let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;

@@ -59,6 +59,7 @@ pub mod progress;
 pub mod rank;
 pub mod runs;
 pub mod slurm;
+pub mod spank;
 pub mod state_dir;
 pub mod status;
 pub mod template;

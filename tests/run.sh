@@ -9,6 +9,8 @@ command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 # The torch virtualenv below (Debian's python3 has no ensurepip without it).
 python3 -c 'import ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc libc6-dev)
+# The SPANK plugin (slurm-plugin/) is built with make by the Slurm suite.
+command -v make >/dev/null 2>&1 || need_apt+=(make)
 # The HTML timeline is rendered in headless Chromium by a test.
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 # The wall clock is stepped under resilio with libfaketime (tests/agent/chaos.rs).

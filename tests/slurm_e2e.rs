@@ -1886,3 +1886,170 @@ fn when_slurm_requeues_the_job_itself_the_failed_node_stays_out_and_spent_spares
     assert!(nodes.iter().all(|(_, n)| *n != victim), "{nodes:?}");
     assert!(job.output().contains("step 150/150"));
 }
+
+static PLUGIN: Once = Once::new();
+
+/// The SPANK plugin built and installed on the testbed (plugstack.conf,
+/// off unless a job asks for it).
+fn plugin() {
+    testbed();
+    PLUGIN.call_once(|| testbed_cmd(&["plugin", BIN]));
+}
+
+/// `srun --label ... sh -c SCRIPT` on two nodes, its lines by task.
+fn srun_lines(extra: &[&str], state: &Path, script: &str) -> Vec<String> {
+    let o = Command::new("srun")
+        .args(["-N", "2", "-n", "2", "--cpu-bind=cores", "--label"])
+        .args(extra)
+        .args(["sh", "-c", script])
+        .env("RESILIO_STATE_DIR", state)
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "srun {extra:?}: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    lines.sort();
+    lines
+}
+
+#[test]
+fn srun_resilio_runs_each_task_under_an_agent_with_its_cpus_and_cgroup_unchanged() {
+    let _g = lock();
+    plugin();
+    let dir = job_dir();
+    let script = "grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup; \
+                  echo \"agent=${RESILIO_JOB_ID:-none} socket=${RESILIO_SOCKET:+yes}\"";
+    let plain = srun_lines(&[], dir.path(), script);
+    let wrapped = srun_lines(&["--resilio"], dir.path(), script);
+    let (binding, marks): (Vec<&String>, Vec<&String>) =
+        wrapped.iter().partition(|l| !l.contains("agent="));
+    let plain_binding: Vec<&String> = plain.iter().filter(|l| !l.contains("agent=")).collect();
+    // Cpus_allowed_list and /proc/self/cgroup of every task, the same.
+    assert!(
+        binding.iter().any(|l| l.contains("Cpus_allowed_list")),
+        "{wrapped:?}"
+    );
+    assert_eq!(
+        binding, plain_binding,
+        "with the plugin:\n{wrapped:#?}\nwithout:\n{plain:#?}"
+    );
+    // Without --resilio nothing wraps the task; with it, an agent does.
+    assert!(
+        plain.iter().any(|l| l.ends_with("agent=none socket=")),
+        "{plain:?}"
+    );
+    assert_eq!(marks.len(), 2, "{wrapped:?}");
+    assert!(
+        marks
+            .iter()
+            .all(|l| !l.contains("agent=none") && l.ends_with("socket=yes")),
+        "{marks:?}"
+    );
+    // Each task's raw wait status, from the plugin's task_exit.
+    let job = marks[0]
+        .split("agent=")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap();
+    let exits = dir.path().join(format!("jobs/{job}/task-exit"));
+    let mut files: Vec<String> = std::fs::read_dir(&exits)
+        .unwrap_or_else(|e| panic!("{}: {e}", exits.display()))
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .collect();
+    files.sort();
+    assert_eq!(files, ["raw_status=0\n", "raw_status=0\n"]);
+    // A bad option is refused before anything runs.
+    let o = Command::new("srun")
+        .args(["-N", "1", "--resilio=retries=3", "true"])
+        .env("RESILIO_STATE_DIR", dir.path())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("unknown key 'retries'"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[test]
+fn srun_resilio_in_a_batch_script_judges_a_crash_and_a_hang_and_requeues() {
+    let _g = lock();
+    plugin();
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    for (fault, class) in [("kill", "infrastructure"), ("hang", "hang")] {
+        let dir = job_dir();
+        let body = format!(
+            "srun --resilio=stall-timeout=4s,kill-grace=2s python3 {} --ckpt-dir {}/ckpt \
+             --total 20 --step-time 0.2 --fault {fault} --fault-rank 1 --fault-step 8 --fault-attempts 0",
+            trainer.display(),
+            dir.path().display()
+        );
+        let job = sbatch_in(dir, 3, "-t 10", &body);
+        let recs = job.completed(Duration::from_secs(240));
+        let j = of_attempt(&recs, "judgment", 0);
+        assert_eq!(j.len(), 1, "{fault}: {recs:#?}");
+        assert_eq!(j[0].str("class"), Some(class), "{fault}: {j:?}");
+        assert_eq!(
+            of_attempt(&recs, "requeue", 0).len(),
+            1,
+            "{fault}: {recs:#?}"
+        );
+        assert_eq!(rank_nodes(&recs, 1).len(), 3, "{fault}");
+        assert!(job.output().contains("step 20/20"), "{fault}");
+    }
+}
+
+#[test]
+fn sbatch_resilio_puts_a_plain_srun_under_the_job_level_through_a_crash_and_a_hang() {
+    let _g = lock();
+    plugin();
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    for (fault, class) in [("kill", "infrastructure"), ("hang", "hang")] {
+        let dir = job_dir();
+        let conf = dir.path().join("resilio.toml");
+        std::fs::write(&conf, "[stall]\ntimeout = \"4s\"\nkill_grace = \"2s\"\n").unwrap();
+        // No resilio in the script: the batch script runs under the job
+        // level, and srun's tasks under rank agents.
+        let body = format!(
+            "srun python3 {} --ckpt-dir {}/ckpt \
+             --total 20 --step-time 0.2 --fault {fault} --fault-rank 1 --fault-step 8 --fault-attempts 0",
+            trainer.display(),
+            dir.path().display()
+        );
+        // The job level starts before the script: its state dir comes
+        // with the submission, not from an `export` inside the script.
+        let opts = format!(
+            "-t 10\n#SBATCH --resilio=config={}\n#SBATCH --export=ALL,RESILIO_STATE_DIR={}/state",
+            conf.display(),
+            dir.path().display()
+        );
+        let job = sbatch_in(dir, 3, &opts, &body);
+        let recs = job.completed(Duration::from_secs(240));
+        // The job level ran (batch.jsonl's job_start) and decided.
+        assert!(
+            recs.iter().any(|r| r.kind == "job_start"
+                && r.rank.is_none()
+                && r.str("mode") == Some("batch")),
+            "{fault}: {recs:#?}"
+        );
+        let j = of_attempt(&recs, "judgment", 0);
+        assert_eq!(j.len(), 1, "{fault}: {recs:#?}");
+        assert_eq!(j[0].str("class"), Some(class), "{fault}: {j:?}");
+        assert!(
+            rank_nodes(&recs, 0).len() == 3,
+            "{fault}: every task under an agent"
+        );
+        assert!(job.output().contains("step 20/20"), "{fault}");
+    }
+}

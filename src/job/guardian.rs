@@ -219,7 +219,7 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
         }
     };
     let mut cmd = crate::util::own_binary();
-    cmd.args(std::env::args_os().skip(1))
+    cmd.args(crate::util::args_os().into_iter().skip(1))
         .env(ENV_LINK, theirs.as_raw_fd().to_string());
     let fd = theirs.as_raw_fd();
     // SAFETY: one fcntl (async-signal-safe) between fork and exec, on an fd

@@ -98,7 +98,7 @@ pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
 fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
     use std::os::unix::process::CommandExt;
     let mut cmd = crate::util::own_binary();
-    cmd.args(std::env::args_os().skip(1))
+    cmd.args(crate::util::args_os().into_iter().skip(1))
         .env(crate::slurm::step::ENV_RELAUNCH, r.encode());
     if let Some((k, v)) = crate::job::guardian::keep_across_exec() {
         cmd.env(k, v);

@@ -19,6 +19,22 @@ pub fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {
         .map_err(|e| crate::error::Error::Other(format!("cannot start runtime: {e}")))
 }
 
+static ARGS: std::sync::OnceLock<Vec<std::ffi::OsString>> = std::sync::OnceLock::new();
+
+/// This process's command line as resilio reads it: the one `main` parsed
+/// (the SPANK plugin's task stands for `resilio run ... -- COMMAND`), which
+/// a re-exec of itself must repeat; else the process's own.
+pub fn args_os() -> Vec<std::ffi::OsString> {
+    ARGS.get()
+        .cloned()
+        .unwrap_or_else(|| std::env::args_os().collect())
+}
+
+/// Set once by `main`, before anything re-executes itself.
+pub fn set_args(args: Vec<std::ffi::OsString>) {
+    let _ = ARGS.set(args);
+}
+
 /// A command running this very binary again, with `argv[0]` as this
 /// process got it: through `/proc/self/exe`, which still names this
 /// program after its file was replaced on disk (a package upgrade during a
@@ -31,7 +47,7 @@ pub fn own_binary() -> std::process::Command {
     } else {
         std::process::Command::new(std::env::current_exe().unwrap_or_else(|_| exe.into()))
     };
-    if let Some(a0) = std::env::args_os().next() {
+    if let Some(a0) = args_os().into_iter().next() {
         cmd.arg0(a0);
     }
     cmd

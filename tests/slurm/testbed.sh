@@ -6,6 +6,7 @@
 #   bash tests/slurm/testbed.sh down     # stop exactly what `up` started, undo its system changes
 #   bash tests/slurm/testbed.sh kill-node nI    # simulate a crash of node nI (SIGKILL slurmd + its jobs)
 #   bash tests/slurm/testbed.sh start-node nI   # start node nI's slurmd again
+#   bash tests/slurm/testbed.sh plugin BIN      # build slurm-plugin/ and install it (plugstack.conf), binary BIN
 #
 # One slurmctld, N slurmd (each in its own UTS namespace so `hostname` in a job
 # prints its node name), a private munged, and (by default) accounting through
@@ -605,12 +606,29 @@ cmd_start_node() {
   log "node $1 started"
 }
 
+# plugin BIN: build resilio's SPANK plugin (slurm-plugin/, against the
+# installed spank.h) and install it through a plugstack.conf line, its
+# binary BIN, off unless a job asks (`--resilio`). plugstack.conf is read
+# at each launch: no daemon restarts.
+cmd_plugin() {
+  [ -f "$D/up.env" ] || die "testbed is not up"
+  local bin=$1 src
+  src=$(cd "$(dirname "$0")/../../slurm-plugin" && pwd)
+  [ -x "$bin" ] || die "plugin: $bin is not an executable"
+  make -s -C "$src" >"$D/log/plugin-build.log" 2>&1 || {
+    show_log "$D/log/plugin-build.log"
+    die "building the SPANK plugin failed"
+  }
+  printf 'optional %s/resilio_spank.so resilio=%s default=off\n' "$src" "$bin" >"$D/etc/plugstack.conf"
+  log "SPANK plugin installed: $(cat "$D/etc/plugstack.conf")"
+}
+
 main() {
   local cmd=${1:-}
   case "$cmd" in
-    up | down | status | kill-node | start-node) ;;
+    up | down | status | kill-node | start-node | plugin) ;;
     *)
-      echo "usage: $0 up|down|status|kill-node nI|start-node nI" >&2
+      echo "usage: $0 up|down|status|kill-node nI|start-node nI|plugin BIN" >&2
       exit 2
       ;;
   esac
@@ -625,6 +643,7 @@ main() {
     status) cmd_status ;;
     kill-node) cmd_kill_node "${2:?node name}" ;;
     start-node) cmd_start_node "${2:?node name}" ;;
+    plugin) cmd_plugin "${2:?resilio binary}" ;;
   esac
 }
 

@@ -1,0 +1,225 @@
+/*
+ * resilio's SPANK plugin: `srun --resilio[=key=value,...] CMD` runs every
+ * task under a rank agent, `#SBATCH --resilio` runs the batch script under
+ * the job level, with no `resilio run` in the command. See README.md.
+ *
+ * How a task is wrapped: slurm_spank_task_init runs in the task's process
+ * after slurmstepd attached it to its cgroup and the task plugins bound it
+ * (task_g_pre_launch), and before the task prolog, the user limits and the
+ * execve of the task's argv. The plugin replaces argv[0] (the command's
+ * absolute path) with resilio's and passes the command's path in the
+ * task's environment (RESILIO_SPANK_EXEC); resilio rebuilds `resilio run
+ * [flags] -- COMMAND ARGS...` from it. slurmstepd's own execve then runs
+ * resilio with everything it set up: nothing is skipped.
+ *
+ * plugstack.conf: optional /usr/lib/resilio/resilio_spank.so \
+ *                   resilio=/usr/bin/resilio [state_dir=/shared/resilio] [default=off|on]
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(resilio, 1);
+
+#define OPTS_MAX 1024
+
+static char resilio_bin[PATH_MAX] = "/usr/bin/resilio";
+static char state_dir[PATH_MAX] = "";
+static int default_on = 0;
+/* -1: not given; 0: --resilio=off; 1: given. */
+static int wanted = -1;
+static char opts[OPTS_MAX] = "";
+
+/* key=value,... : keys and values of letters, digits and . _ - / : only
+ * (no shell, no spaces); resilio itself checks the keys and values. */
+static int valid_opts(const char *s)
+{
+	size_t n = strlen(s);
+	if (n >= OPTS_MAX)
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || strchr("._-/:=,", c)))
+			return 0;
+	}
+	return 1;
+}
+
+static int opt_cb(int val, const char *optarg, int remote)
+{
+	(void) val;
+	(void) remote;
+	if (optarg == NULL || optarg[0] == '\0') {
+		wanted = 1;
+		opts[0] = '\0';
+		return ESPANK_SUCCESS;
+	}
+	if (strcmp(optarg, "off") == 0) {
+		wanted = 0;
+		return ESPANK_SUCCESS;
+	}
+	if (!valid_opts(optarg)) {
+		slurm_error("resilio: --resilio=%s: expected key=value,... of letters, digits and ._-/: (e.g. --resilio=max-restarts=3,stall-timeout=5m)",
+			    optarg);
+		return ESPANK_BAD_ARG;
+	}
+	wanted = 1;
+	snprintf(opts, sizeof(opts), "%s", optarg);
+	return ESPANK_SUCCESS;
+}
+
+static struct spank_option resilio_option = {
+	"resilio", "[key=value,...]",
+	"run every task under resilio (a rank agent; in sbatch, the batch script under the job level): "
+	"keys max-restarts, stall-timeout, startup-timeout, kill-grace, config; --resilio=off turns a site default off",
+	2, 0, opt_cb
+};
+
+static int parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		if (strncmp(av[i], "resilio=", 8) == 0) {
+			const char *p = av[i] + 8;
+			if (p[0] != '/' || strlen(p) >= sizeof(resilio_bin)) {
+				slurm_error("resilio: plugstack.conf: resilio=%s must be an absolute path", p);
+				return -1;
+			}
+			snprintf(resilio_bin, sizeof(resilio_bin), "%s", p);
+		} else if (strncmp(av[i], "state_dir=", 10) == 0) {
+			const char *p = av[i] + 10;
+			if (p[0] != '/' || strlen(p) >= sizeof(state_dir)) {
+				slurm_error("resilio: plugstack.conf: state_dir=%s must be an absolute path", p);
+				return -1;
+			}
+			snprintf(state_dir, sizeof(state_dir), "%s", p);
+		} else if (strcmp(av[i], "default=on") == 0) {
+			default_on = 1;
+		} else if (strcmp(av[i], "default=off") == 0) {
+			default_on = 0;
+		} else {
+			slurm_error("resilio: plugstack.conf: unknown argument '%s' (known: resilio=PATH state_dir=DIR default=on|off)",
+				    av[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	if (parse_args(ac, av) < 0)
+		return -1;
+	if (spank_option_register(sp, &resilio_option) != ESPANK_SUCCESS) {
+		slurm_error("resilio: cannot register --resilio");
+		return -1;
+	}
+	return 0;
+}
+
+static int enabled(void)
+{
+	return wanted == 1 || (wanted == -1 && default_on);
+}
+
+/* The basename of a path. */
+static const char *base(const char *p)
+{
+	const char *s = strrchr(p, '/');
+	return s ? s + 1 : p;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	int argc = 0;
+	char **argv = NULL;
+
+	if (!spank_remote(sp) || !enabled())
+		return 0;
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS ||
+	    argc < 1 || argv == NULL || argv[0] == NULL)
+		return 0;
+	/* Already under resilio (`srun --resilio resilio run ...`): as is. */
+	if (strcmp(base(argv[0]), "resilio") == 0)
+		return 0;
+	if (access(resilio_bin, X_OK) != 0) {
+		/* Fail open: the task runs unwrapped, and says why. */
+		slurm_error("resilio: %s: %s; the task runs without resilio",
+			    resilio_bin, strerror(errno));
+		return 0;
+	}
+	if (spank_setenv(sp, "RESILIO_SPANK_EXEC", argv[0], 1) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "RESILIO_SPANK_OPTS", opts, 1) != ESPANK_SUCCESS) {
+		slurm_error("resilio: cannot set the task's environment; the task runs without resilio");
+		return 0;
+	}
+	if (state_dir[0] != '\0')
+		spank_setenv(sp, "RESILIO_STATE_DIR", state_dir, 0);
+	char *bin = strdup(resilio_bin);
+	if (bin == NULL)
+		return 0;
+	argv[0] = bin;
+	return 0;
+}
+
+/* Each task's raw wait status, for when its agent died with it (or with
+ * its node): STATE_DIR/jobs/JOB/task-exit/STEP.TASK, one line
+ * `raw_status=N`. The state dir is the task's RESILIO_STATE_DIR, else the
+ * plugstack's. */
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	(void) ac;
+	(void) av;
+	uint32_t job = 0, step = 0, task = 0, uid = 0, gid = 0;
+	int status = 0;
+	char dir[PATH_MAX], path[PATH_MAX + 64], sd[PATH_MAX];
+
+	if (!spank_remote(sp) || !enabled())
+		return 0;
+	if (spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS)
+		return 0;
+	spank_get_item(sp, S_JOB_UID, &uid);
+	spank_get_item(sp, S_JOB_GID, &gid);
+	if (spank_getenv(sp, "RESILIO_STATE_DIR", sd, sizeof(sd)) != ESPANK_SUCCESS)
+		snprintf(sd, sizeof(sd), "%s", state_dir);
+	if (sd[0] != '/')
+		return 0;
+	if (snprintf(dir, sizeof(dir), "%s/jobs/%u/task-exit", sd, job) >= (int) sizeof(dir))
+		return 0;
+	/* The job's directory belongs to its user: create only the last part. */
+	if (mkdir(dir, 0755) == 0) {
+		if (chown(dir, uid, gid) != 0)
+			slurm_debug("resilio: chown %s: %s", dir, strerror(errno));
+	}
+	if (step == SLURM_BATCH_SCRIPT)
+		snprintf(path, sizeof(path), "%s/batch.%u", dir, task);
+	else
+		snprintf(path, sizeof(path), "%s/%u.%u", dir, step, task);
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+	if (fd < 0) {
+		slurm_debug("resilio: %s: %s", path, strerror(errno));
+		return 0;
+	}
+	char line[64];
+	int n = snprintf(line, sizeof(line), "raw_status=%d\n", status);
+	if (write(fd, line, (size_t) n) != n)
+		slurm_debug("resilio: %s: short write", path);
+	if (fchown(fd, uid, gid) != 0)
+		slurm_debug("resilio: chown %s: %s", path, strerror(errno));
+	close(fd);
+	return 0;
+}
