@@ -1896,10 +1896,42 @@ fn plugin() {
     PLUGIN.call_once(|| testbed_cmd(&["plugin", BIN]));
 }
 
-/// `srun --label ... sh -c SCRIPT` on two nodes, its lines by task.
+/// The testbed restarted with Slurm's task/affinity plugin (CPU binding),
+/// for as long as this lives; then as before, the plugin installed again.
+struct Affinity;
+
+impl Affinity {
+    fn on() -> Affinity {
+        plugin();
+        testbed_cmd(&["down"]);
+        let o = Command::new("bash")
+            .arg(root().join("tests/slurm/testbed.sh"))
+            .arg("up")
+            .env("TESTBED_TASK_PLUGIN", "task/affinity")
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        testbed_cmd(&["plugin", BIN]);
+        Affinity
+    }
+}
+
+impl Drop for Affinity {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(root().join("tests/slurm/testbed.sh"))
+            .arg("down")
+            .status();
+        testbed_cmd(&["up"]);
+        testbed_cmd(&["plugin", BIN]);
+    }
+}
+
+/// `srun --label ... sh -c SCRIPT`, two tasks on one node, each bound to a
+/// CPU of its own; its lines by task.
 fn srun_lines(extra: &[&str], state: &Path, script: &str) -> Vec<String> {
     let o = Command::new("srun")
-        .args(["-N", "2", "-n", "2", "--cpu-bind=cores", "--label"])
+        .args(["-N", "1", "-n", "2", "--cpu-bind=map_cpu:0,1", "--label"])
         .args(extra)
         .args(["sh", "-c", script])
         .env("RESILIO_STATE_DIR", state)
@@ -1922,7 +1954,7 @@ fn srun_lines(extra: &[&str], state: &Path, script: &str) -> Vec<String> {
 #[test]
 fn srun_resilio_runs_each_task_under_an_agent_with_its_cpus_and_cgroup_unchanged() {
     let _g = lock();
-    plugin();
+    let _affinity = Affinity::on();
     let dir = job_dir();
     let script = "grep Cpus_allowed_list /proc/self/status; cat /proc/self/cgroup; \
                   echo \"agent=${RESILIO_JOB_ID:-none} socket=${RESILIO_SOCKET:+yes}\"";
@@ -1931,11 +1963,12 @@ fn srun_resilio_runs_each_task_under_an_agent_with_its_cpus_and_cgroup_unchanged
     let (binding, marks): (Vec<&String>, Vec<&String>) =
         wrapped.iter().partition(|l| !l.contains("agent="));
     let plain_binding: Vec<&String> = plain.iter().filter(|l| !l.contains("agent=")).collect();
-    // Cpus_allowed_list and /proc/self/cgroup of every task, the same.
-    assert!(
-        binding.iter().any(|l| l.contains("Cpus_allowed_list")),
-        "{wrapped:?}"
-    );
+    // Cpus_allowed_list and /proc/self/cgroup of every task, the same; and
+    // the binding is real: each task on a CPU of its own.
+    for (task, cpu) in [("0", "0"), ("1", "1")] {
+        let line = format!("{task}: Cpus_allowed_list:\t{cpu}");
+        assert!(plain.contains(&line), "{line:?} in {plain:#?}");
+    }
     assert_eq!(
         binding, plain_binding,
         "with the plugin:\n{wrapped:#?}\nwithout:\n{plain:#?}"

@@ -21,6 +21,7 @@
 #   TESTBED_TIMEOUT     seconds to wait for each stage (default 60)
 #   TESTBED_PORT_BASE   first of the private TCP ports (default 16800)
 #   TESTBED_DEBUG       Slurm daemons' log level       (default info)
+#   TESTBED_TASK_PLUGIN Slurm's TaskPlugin             (default task/none; task/affinity binds CPUs)
 #   TESTBED_KEEP_ON_FAILURE=1  leave a failed `up` running for inspection
 set -euo pipefail
 
@@ -30,6 +31,7 @@ ACCOUNTING=${TESTBED_ACCOUNTING:-1}
 TIMEOUT=${TESTBED_TIMEOUT:-60}
 PORT_BASE=${TESTBED_PORT_BASE:-16800}
 DEBUG_LEVEL=${TESTBED_DEBUG:-info}
+TASK_PLUGIN=${TESTBED_TASK_PLUGIN:-task/none}
 CLUSTER=resilio
 
 PORT_MARIADB=$((PORT_BASE + 6))
@@ -303,7 +305,7 @@ PlugStackConfig=$D/etc/plugstack.conf
 MpiDefault=none
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=$TASK_PLUGIN
 JobAcctGatherType=jobacct_gather/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
