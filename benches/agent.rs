@@ -93,7 +93,7 @@ fn passthrough(dir: &Path) {
         // resilio as the relay (it also scans every line for steps).
         let mut c = Command::new(bin());
         c.env("RESILIO_STATE_DIR", &state)
-            .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+            .env("RESILIO_SYSTEM_CONFIG", "")
             .args(["run", "--job-id", "bench-pass", "--", "cat", &log_s]);
         let (t, n) = drain(c);
         assert_eq!(n, bytes, "resilio lost bytes");
@@ -152,7 +152,7 @@ fn wrap_cost(dir: &Path) {
     let steps = (secs * 10).to_string();
     let mut c = Command::new(bin());
     c.env("RESILIO_STATE_DIR", dir.join("state"))
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .args(["run", "--job-id", "bench-wrap", "--", "python3"])
         .arg(trainer())
         .args(["--steps", &steps, "--interval", "0.1"])
@@ -212,7 +212,7 @@ fn stall_latency(dir: &Path) {
         let state = dir.join("state");
         let st = Command::new(bin())
             .env("RESILIO_STATE_DIR", &state)
-            .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+            .env("RESILIO_SYSTEM_CONFIG", "")
             .args([
                 "run",
                 "--job-id",

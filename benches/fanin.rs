@@ -45,7 +45,7 @@ fn main() {
         .arg(agents.to_string())
         .arg("--state-dir")
         .arg(state.path())
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the coordinator");

@@ -172,7 +172,7 @@ def clean_env(state, marker):
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK",
                          "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["RESILIO_STATE_DIR"] = state
-    env["RESILIO_SYSTEM_CONFIG"] = "/nonexistent/resilio.toml"
+    env["RESILIO_SYSTEM_CONFIG"] = ""
     env[MARK_ENV] = marker
     return env
 

@@ -141,6 +141,13 @@ enum ConfigAction {
         /// A user configuration file to check too
         file: Option<PathBuf>,
     },
+    /// Print the configuration `resilio run --config FILE` would use, every
+    /// key with where its value came from (built-in default, file:line,
+    /// environment)
+    Show {
+        /// A user configuration file, applied over the system one
+        file: Option<PathBuf>,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -183,7 +190,7 @@ struct TemplateArgs {
     /// The job's name
     #[arg(long, default_value = "train")]
     job_name: String,
-    /// RESILIO_STATE_DIR in the script [default: $HOME/.local/state/resilio]
+    /// RESILIO_STATE_DIR in the script [default: the site's [run] state_dir, else ~/.local/state/resilio]
     #[arg(long, value_name = "DIR")]
     state_dir: Option<String>,
     /// Write the script here (mode 0755) instead of stdout
@@ -707,23 +714,22 @@ fn dispatch(cli: Cli) -> Result<i32> {
 fn config_cmd(a: ConfigArgs) -> Result<i32> {
     match a.action {
         ConfigAction::Check { file } => {
-            let system = crate::config::system_file();
             Config::load(file.as_deref())?;
-            let mut read = Vec::new();
-            if system.exists() {
-                read.push(system.display().to_string());
-            }
-            if let Some(f) = &file {
-                read.push(f.display().to_string());
-            }
+            let system = crate::config::system_file()?;
+            let read: Vec<String> = system
+                .iter()
+                .chain(file.iter())
+                .map(|p| p.display().to_string())
+                .collect();
             if read.is_empty() {
-                println!(
-                    "ok: no configuration file (the defaults; {} does not exist)",
-                    system.display()
-                );
+                println!("ok: no configuration file (the built-in defaults)");
             } else {
                 println!("ok: {}", read.join(", "));
             }
+            Ok(0)
+        }
+        ConfigAction::Show { file } => {
+            print!("{}", crate::config::show(file.as_deref())?);
             Ok(0)
         }
     }

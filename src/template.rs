@@ -40,7 +40,8 @@ pub struct Settings {
     pub signal_lead_s: u32,
     /// Restarts allowed after failures (`--max-restarts`).
     pub max_restarts: u32,
-    /// `RESILIO_STATE_DIR` (default: `$HOME/.local/state/resilio`).
+    /// `RESILIO_STATE_DIR` (default: the site's `[run] state_dir`, else
+    /// `$HOME/.local/state/resilio`).
     pub state_dir: Option<String>,
     /// The training command (default: the kind's usual one).
     pub command: Vec<String>,
@@ -232,13 +233,22 @@ pub fn render(s: &Settings) -> String {
         o,
         "# Journals, the node history and `resilio report` live here: a filesystem every node sees."
     );
-    let _ = writeln!(
-        o,
-        "export RESILIO_STATE_DIR=\"${{RESILIO_STATE_DIR:-{}}}\"",
-        s.state_dir
-            .clone()
-            .unwrap_or_else(|| "$HOME/.local/state/resilio".into())
-    );
+    match &s.state_dir {
+        Some(dir) => {
+            let _ = writeln!(
+                o,
+                "export RESILIO_STATE_DIR=\"${{RESILIO_STATE_DIR:-{dir}}}\""
+            );
+        }
+        // Unset, the site's `[run] state_dir` applies, else ~/.local/state/resilio
+        // (an exported default would win over the site's).
+        None => {
+            let _ = writeln!(
+                o,
+                "# (the site's [run] state_dir, else ~/.local/state/resilio; `resilio config show` prints it)\n# export RESILIO_STATE_DIR=\"$HOME/.local/state/resilio\""
+            );
+        }
+    }
     if s.kind == Kind::Megatron && s.command.is_empty() {
         let _ = writeln!(
             o,

@@ -74,7 +74,6 @@ macro_rules! section {
             $($key: Option<Spanned<$raw>>,)*
         }
 
-        #[cfg(test)]
         impl $Section {
             const NAME: &'static str = $name;
             const KEYS: &'static [&'static str] = &[$(stringify!($key)),*];
@@ -255,8 +254,7 @@ macro_rules! file_config {
         }
 
         /// Every section (its name in the file, and in its messages) and its
-        /// keys, for the tests.
-        #[cfg(test)]
+        /// keys (`config show` lists them in this order; tests check them).
         pub(super) const SECTIONS: &[(&str, &str, &[&str])] =
             &[$((stringify!($section), $Section::NAME, $Section::KEYS)),*];
     };
@@ -501,6 +499,6 @@ fn phase_timeouts(
     Ok(())
 }
 
-fn line_of(text: &str, offset: usize) -> usize {
+pub(super) fn line_of(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }

@@ -5,8 +5,10 @@
 //! names `file:line`. `conf/resilio.toml` documents each key with its default.
 
 mod file;
+mod show;
 #[cfg(test)]
 use file::SECTIONS;
+pub use show::show;
 
 use crate::error::{Error, Result};
 use crate::policy::stall::StallConfig;
@@ -197,13 +199,21 @@ impl Default for NodesConfig {
     }
 }
 
+/// `$RESILIO_STATE_DIR` when set and not empty: it wins over `[run]
+/// state_dir` in any file (and `--state-dir` over it).
+pub fn state_dir_from_env() -> Option<PathBuf> {
+    std::env::var_os("RESILIO_STATE_DIR")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The default state directory: `$RESILIO_STATE_DIR`, else
 /// `$XDG_STATE_HOME/resilio`, else `$HOME/.local/state/resilio` (HOME, or
 /// the passwd entry's home directory), else `/tmp/resilio-state-$UID`
 /// (checked to be this user's own by [`crate::state_dir::for_writer`]).
 pub fn default_state_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("RESILIO_STATE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(dir);
+    if let Some(dir) = state_dir_from_env() {
+        return dir;
     }
     if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(dir).join("resilio");
@@ -314,12 +324,28 @@ pub fn parse_signal(text: &str) -> std::result::Result<nix::sys::signal::Signal,
         .map_err(|_| format!("unknown signal '{text}'"))
 }
 
-/// The system configuration file: `$RESILIO_SYSTEM_CONFIG`, else
-/// [`SYSTEM_CONFIG`] (read when it exists).
-pub fn system_file() -> PathBuf {
-    std::env::var_os("RESILIO_SYSTEM_CONFIG")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(SYSTEM_CONFIG))
+/// The system configuration file: the file `$RESILIO_SYSTEM_CONFIG` names
+/// (which must exist; set empty: none), else [`SYSTEM_CONFIG`] when it
+/// exists.
+pub fn system_file() -> Result<Option<PathBuf>> {
+    match std::env::var_os("RESILIO_SYSTEM_CONFIG") {
+        Some(v) if v.is_empty() => Ok(None),
+        Some(v) => {
+            let path = PathBuf::from(v);
+            if path.exists() {
+                Ok(Some(path))
+            } else {
+                Err(Error::Usage(format!(
+                    "RESILIO_SYSTEM_CONFIG={}: no such file (unset it to read {SYSTEM_CONFIG}, or set it empty for no system configuration)",
+                    path.display()
+                )))
+            }
+        }
+        None => {
+            let path = PathBuf::from(SYSTEM_CONFIG);
+            Ok(path.exists().then_some(path))
+        }
+    }
 }
 
 impl Config {
@@ -342,13 +368,17 @@ impl Config {
     /// Defaults, then the system file (if present), then the user's file.
     pub fn load(user_file: Option<&Path>) -> Result<Config> {
         let mut cfg = Config::default();
-        let system = system_file();
-        if system.exists() {
+        if let Some(system) = system_file()? {
             cfg.apply_file(&system)?;
         }
         if let Some(path) = user_file {
             cfg.apply_file(path)?;
             cfg.user_file = Some(path.to_path_buf());
+        }
+        // The environment is above the files, as flags are: a job level
+        // passes its state dir to its steps this way.
+        if let Some(dir) = state_dir_from_env() {
+            cfg.state_dir = dir;
         }
         Ok(cfg)
     }

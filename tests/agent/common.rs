@@ -53,7 +53,7 @@ pub fn resilio_run(state: &Path, job: &str) -> Command {
         c.env_remove(k);
     }
     c.env("RESILIO_STATE_DIR", state)
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent/resilio.toml")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .args(["run", "--job-id", job]);
     c
 }

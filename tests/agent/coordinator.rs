@@ -355,7 +355,7 @@ fn standalone_coordinator(
         .args(extra)
         .arg("--state-dir")
         .arg(state)
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -494,7 +494,7 @@ fn a_coordinator_that_comes_back_picks_up_the_ranks_again() {
             "--state-dir",
         ])
         .arg(tmp.path())
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .output()
         .unwrap();
     assert_eq!(third.status.code(), Some(2), "{}", stderr_of(&third));

@@ -27,7 +27,7 @@ impl Coord {
             .arg(world.to_string())
             .arg("--state-dir")
             .arg(state.path())
-            .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+            .env("RESILIO_SYSTEM_CONFIG", "")
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

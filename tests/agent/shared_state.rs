@@ -41,7 +41,7 @@ fn as_user(user: &str, args: &[&str]) -> Output {
     let mut c = Command::new("runuser");
     c.env_clear()
         .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent/resilio.toml")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .args(["-u", user, "--", bin()])
         .args(args);
     output_within(&mut c, Duration::from_secs(60)).0

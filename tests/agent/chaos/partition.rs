@@ -112,7 +112,7 @@ fn standalone_coordinator(
         .arg(cfg)
         .arg("--state-dir")
         .arg(state)
-        .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+        .env("RESILIO_SYSTEM_CONFIG", "")
         .stdin(Stdio::null())
         .stdout(Stdio::piped());
     let mut child = mark.on(&mut c).spawn().unwrap();
@@ -213,7 +213,7 @@ fn a_rank_cut_off_from_the_coordinator_trains_on_is_marked_lost_and_is_picked_up
                 .args(["status", "--json", "--state-dir"])
                 .arg(state)
                 .arg(job)
-                .env("RESILIO_SYSTEM_CONFIG", "/nonexistent")
+                .env("RESILIO_SYSTEM_CONFIG", "")
                 .output()
                 .unwrap();
             let v: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap_or_default();
