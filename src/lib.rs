@@ -47,6 +47,7 @@ pub mod config;
 pub mod context;
 pub mod coordinator;
 pub mod demo;
+pub mod device;
 pub mod duration;
 pub mod error;
 pub mod event;

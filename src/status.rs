@@ -72,6 +72,14 @@ pub fn render_status(s: &Status) -> String {
         s.restarts,
         s.stalls
     ));
+    if s.tokens_per_s.is_some() || s.mfu.is_some() || s.loss.is_some() {
+        out.push_str(&format!(
+            "throughput {} tokens/s  MFU {}  loss {}\n",
+            s.tokens_per_s.map_or("-".into(), |t| format!("{t:.0}")),
+            s.mfu.map_or("-".into(), |m| format!("{:.1}%", 100.0 * m)),
+            s.loss.map_or("-".into(), |l| format!("{l:.4}")),
+        ));
+    }
     out.push_str(&format!(
         "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
         "RANK",

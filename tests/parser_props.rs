@@ -104,7 +104,7 @@ proptest! {
             let marks = scanner.feed(&p, chunk);
             let steps: Vec<u64> = marks.iter().filter_map(|m| match m {
                 Mark::Step(s) => Some(*s),
-                Mark::Phase(_) => None,
+                Mark::Phase(_) | Mark::Figures(_) => None,
             }).collect();
             prop_assert!(steps.len() <= 1, "{:?}", marks);
             last = steps.last().copied().or(last);

@@ -38,6 +38,18 @@ fn parsers() -> &'static (Parser, Parser) {
 }
 
 fn check(marks: &[Mark]) {
+    // Figures come first, at most once, and hold names of the table only.
+    let figures = marks.iter().filter(|m| matches!(m, Mark::Figures(_))).count();
+    assert!(figures <= 1, "{marks:?}");
+    if figures == 1 {
+        assert!(matches!(marks[0], Mark::Figures(_)), "{marks:?}");
+    }
+    let marks: Vec<Mark> = marks
+        .iter()
+        .filter(|m| !matches!(m, Mark::Figures(_)))
+        .cloned()
+        .collect();
+    let marks = &marks[..];
     let steps = marks.iter().filter(|m| matches!(m, Mark::Step(_))).count();
     let phases = marks.len() - steps;
     assert!(steps <= 1 && phases <= 1, "{marks:?}");

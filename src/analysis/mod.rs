@@ -9,4 +9,5 @@ pub mod advice;
 pub mod html;
 pub mod node_history;
 pub mod report;
+pub mod throughput;
 pub mod timeline;

@@ -55,6 +55,10 @@ pub struct Attempt {
     pub wall_s: f64,
     pub productive_s: f64,
     pub lost_s: BTreeMap<String, f64>,
+    /// Step rate, tokens/s, TFLOP/s and MFU, where the trainer printed or
+    /// sent figures or the run set `[throughput]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throughput: Option<crate::analysis::throughput::Throughput>,
 }
 
 /// The whole report.
@@ -113,6 +117,9 @@ pub struct Report {
     /// when there is none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub supervisor_losses: Vec<SupervisorLoss>,
+    /// Tokens kept per device-hour and ETTR × MFU, when throughput is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub goodput: Option<crate::analysis::throughput::Goodput>,
 }
 
 /// A part of resilio above the ranks that died during the job.
@@ -278,7 +285,16 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
 
     let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
     let nodes: BTreeSet<String> = records.iter().filter_map(|r| r.node.clone()).collect();
+    let world = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::RankStart(x) => x.world_size,
+            _ => None,
+        })
+        .max()
+        .unwrap_or(ranks.len() as u32);
     Attempt {
+        throughput: crate::analysis::throughput::of_attempt(records, world),
         attempt,
         start,
         end,
@@ -379,11 +395,18 @@ pub fn build(
         checkpoint_advice: None,
         journal_gaps,
         supervisor_losses: supervisor_losses_of(&events),
+        goodput: None,
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
         run: None,
         runs: Vec::new(),
     };
+    let per_attempt: Vec<(f64, Option<&crate::analysis::throughput::Throughput>)> = report
+        .attempts
+        .iter()
+        .map(|a| (a.productive_s, a.throughput.as_ref()))
+        .collect();
+    report.goodput = crate::analysis::throughput::goodput(&per_attempt, report.wall_s);
     // The advice from this job alone (apply_fleet pools it with the history).
     if let (Some(d), Some(m)) = (report.checkpoints.mean_duration_s, report.mttf_s) {
         report.checkpoint_advice = crate::policy::checkpoint_interval::advise(
@@ -559,6 +582,70 @@ pub fn summary_line(r: &Report) -> String {
 }
 
 /// Render the report for humans.
+/// The throughput section: one line per attempt that has figures, its
+/// step rate as a sparkline, then the goodput.
+fn render_throughput(s: &mut String, r: &Report) {
+    use crate::analysis::throughput::sparkline;
+    if r.attempts.iter().all(|a| a.throughput.is_none()) {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nthroughput (median over the attempt; step rate over time):"
+    );
+    let num = |v: Option<f64>, unit: &str| match v {
+        Some(x) if x >= 1e6 => format!("{:.3}M {unit}", x / 1e6),
+        Some(x) if x >= 100.0 => format!("{x:.0} {unit}"),
+        Some(x) => format!("{x:.3} {unit}"),
+        None => format!("- {unit}"),
+    };
+    for a in &r.attempts {
+        let Some(t) = &a.throughput else { continue };
+        // Only what is known: a trainer that prints its step time alone
+        // gets that and its step rate.
+        let mut parts = vec![num(t.step_time_s, "s/step")];
+        if t.tokens_per_s.is_some() {
+            parts.push(num(t.tokens_per_s, "tokens/s"));
+        }
+        if t.samples_per_s.is_some() {
+            parts.push(num(t.samples_per_s, "samples/s"));
+        }
+        if t.tflops_per_device.is_some() {
+            parts.push(num(t.tflops_per_device, "TFLOP/s per device"));
+        }
+        if let Some(m) = t.mfu {
+            parts.push(format!("MFU {:.1}%", 100.0 * m));
+        }
+        let _ = writeln!(
+            s,
+            "  #{}  {}  on {} device(s){}  {}",
+            a.attempt,
+            parts.join("  "),
+            t.devices,
+            if t.from.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", t.from.join(", "))
+            },
+            sparkline(&t.rates, 24),
+        );
+    }
+    if let Some(g) = &r.goodput {
+        let _ = writeln!(
+            s,
+            "goodput: {} tokens kept in {:.2} device-hours allocated: {} tokens per device-hour{}",
+            num(Some(g.tokens_kept), "").trim_end(),
+            g.device_hours,
+            num(Some(g.tokens_per_device_hour), "").trim_end(),
+            g.effective_mfu.map_or(String::new(), |m| format!(
+                "; ETTR {:.1}% x MFU = {:.1}% of the devices' peak spent on kept training",
+                100.0 * r.ettr,
+                100.0 * m
+            ))
+        );
+    }
+}
+
 pub fn render_text(r: &Report) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "job {}", r.job);
@@ -642,6 +729,7 @@ pub fn render_text(r: &Report) -> String {
             }
         );
     }
+    render_throughput(&mut s, r);
     if r.checkpoints.count > 0 {
         let _ = writeln!(
             s,

@@ -28,6 +28,7 @@ impl Config {
         file.straggler.apply(self, &src)?;
         file.nodes.apply(self, &src)?;
         file.failure.apply(self, &src)?;
+        file.throughput.apply(self, &src)?;
         // The coordinator's checkpoint wait is the one the pre-timeout uses.
         self.coordinator.policy.checkpoint_wait = self.checkpoint_wait;
         Ok(())
@@ -190,6 +191,13 @@ section!(NodesSection "nodes" {
     half_life: Dur => nodes.half_life by at_least::<1000>,
 });
 
+section!(ThroughputSection "throughput" {
+    tokens_per_step: u64 => throughput.tokens_per_step by set,
+    flops_per_token: f64 => throughput.flops_per_token by non_negative,
+    peak_tflops: NumOrText => throughput.peak_tflops by peak,
+    devices_per_rank: u32 => throughput.devices_per_rank by count,
+});
+
 section!(@keys FailureSection "failure" {
     ignore_patterns: Vec<String>,
     user_patterns: Vec<String>,
@@ -273,6 +281,7 @@ file_config! {
     coordinator: CoordinatorSection,
     straggler: StragglerSection,
     nodes: NodesSection,
+    throughput: ThroughputSection,
 }
 
 /// A duration written as text or seconds.
@@ -335,6 +344,28 @@ fn adaptive_or_timeout(value: String, key: &str, out: &mut Option<Duration>) -> 
             crate::duration::parse_positive(value)
                 .map_err(|m| format!("{key}: {m}; \"adaptive\" learns it from the steps"))?,
         )
+    };
+    Ok(())
+}
+
+/// A number, or a word (`"auto"`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum NumOrText {
+    Num(f64),
+    Text(String),
+}
+
+/// `"auto"`, `"none"`, or a positive number of TFLOP/s.
+fn peak(value: NumOrText, key: &str, out: &mut Peak) -> Stored {
+    *out = match value {
+        NumOrText::Text(t) if t == "auto" => Peak::Auto,
+        NumOrText::Text(t) if t == "none" => Peak::Off,
+        NumOrText::Num(v) if v > 0.0 && v.is_finite() => Peak::Tflops(v),
+        NumOrText::Num(_) => return Err(format!("{key} must be a positive number").into()),
+        NumOrText::Text(t) => {
+            return Err(format!("{key} must be \"auto\", \"none\" or a number, not {t:?}").into())
+        }
     };
     Ok(())
 }

@@ -177,6 +177,44 @@ pub struct Config {
     pub coordinator: CoordinatorSettings,
     /// Node history at job start (`[nodes]`).
     pub nodes: NodesConfig,
+    /// What the trainer does not print, for throughput and MFU (`[throughput]`).
+    pub throughput: ThroughputConfig,
+}
+
+/// The peak TFLOP/s of one device, for MFU.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Peak {
+    /// From `nvidia-smi`'s device name and a built-in table (`crate::device`).
+    Auto,
+    /// Unknown: MFU only where the trainer prints it.
+    Off,
+    /// As given.
+    Tflops(f64),
+}
+
+/// `[throughput]`: the run's numbers for throughput and MFU where the
+/// trainer does not print them (0: unknown).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ThroughputConfig {
+    /// Tokens in one global step (global batch size × sequence length).
+    pub tokens_per_step: u64,
+    /// Model FLOPs per token of training (about 6 × parameters).
+    pub flops_per_token: f64,
+    /// One device's peak TFLOP/s.
+    pub peak_tflops: Peak,
+    /// Devices (GPUs) each rank drives.
+    pub devices_per_rank: u32,
+}
+
+impl Default for ThroughputConfig {
+    fn default() -> Self {
+        ThroughputConfig {
+            tokens_per_step: 0,
+            flops_per_token: 0.0,
+            peak_tflops: Peak::Auto,
+            devices_per_rank: 1,
+        }
+    }
 }
 
 /// `[nodes]`: a job may leave out nodes the node history lists.
@@ -277,6 +315,7 @@ impl Default for Config {
             health: HealthConfig::default(),
             coordinator: CoordinatorSettings::default(),
             nodes: NodesConfig::default(),
+            throughput: ThroughputConfig::default(),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! reason (`state::JobView::check_report`). Bounds: `docs/security.md`.
 
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Protocol version, sent in every report.
 pub const VERSION: u32 = 1;
@@ -50,6 +51,9 @@ pub struct ExitInfo {
 }
 
 /// One agent's report: cumulative totals, so a lost report loses nothing.
+/// Figures a report may carry.
+pub const MAX_FIGURES: usize = 16;
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub v: u32,
@@ -92,6 +96,11 @@ pub struct Report {
     pub long_phase: bool,
     /// The highest command sequence number the agent has seen.
     pub commands_seen: u64,
+    /// The trainer's latest figures (`loss`, `tokens_per_s_device`,
+    /// `tflops`, `mfu`, ...: `progress::figures` and the socket's), finite
+    /// values only, at most [`MAX_FIGURES`].
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub figures: BTreeMap<String, f64>,
 }
 
 /// What the coordinator asks of agents.
@@ -146,6 +155,9 @@ pub struct RankStatus {
     pub phase: String,
     pub progress_age_s: Option<f64>,
     pub last_report_age_s: f64,
+    /// The rank's latest figures (from its report).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub figures: BTreeMap<String, f64>,
     pub straggler: bool,
     /// Reports no progress of its own; alive while the job progresses.
     #[serde(default)]
@@ -169,6 +181,16 @@ pub struct Status {
     pub restarts: u32,
     pub stalls: u64,
     pub unauthorized: u64,
+    /// Tokens/s of the job: the ranks' `tokens_per_s_device` (median) ×
+    /// world size (one device per rank), when printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// MFU, median over the ranks that print it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    /// The loss of the lowest rank that prints one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

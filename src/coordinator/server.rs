@@ -321,6 +321,39 @@ pub fn render_metrics(s: &Shared) -> String {
         "Connections closed or refused at the connection limit",
         shed,
     );
+    if let Some(t) = st.tokens_per_s {
+        gauge_f(
+            &mut reg,
+            "tokens_per_second",
+            "Tokens per second of the job, from the trainer's printed per-device throughput",
+            t,
+        );
+    }
+    if let Some(m) = st.mfu {
+        gauge_f(
+            &mut reg,
+            "mfu",
+            "Model FLOPs utilisation (fraction), median over the ranks that print it",
+            m,
+        );
+    }
+    let figure = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+    for r in &st.ranks {
+        for (name, v) in &r.figures {
+            let l: Labels = vec![
+                ("job".into(), st.job.clone()),
+                ("rank".into(), r.rank.to_string()),
+                ("node".into(), r.node.clone()),
+                ("name".into(), name.clone()),
+            ];
+            figure.get_or_create(&l).set(*v);
+        }
+    }
+    reg.register(
+        "figure",
+        "The trainer's latest figures per rank (loss, tflops, mfu, tokens_per_s_device, ...)",
+        figure,
+    );
     let step = Family::<Labels, Gauge>::default();
     let step_time = Family::<Labels, Gauge<f64, AtomicU64>>::default();
     let compute = Family::<Labels, Gauge<f64, AtomicU64>>::default();

@@ -128,6 +128,14 @@ events! {
         slurm_step: String,
         step_nodes: String,
         torchrun_env: BTreeMap<String, String>,
+        /// `[throughput]`, for what the trainer does not print (rank 0).
+        tokens_per_step: f64,
+        flops_per_token: f64,
+        devices_per_rank: u32,
+        /// One device's peak TFLOP/s: as configured, or from `device`.
+        peak_tflops: f64,
+        /// The GPU's name, as `nvidia-smi` gave it (`peak_tflops = "auto"`).
+        device: String,
     }
 
     /// Progress (sampled).

@@ -16,6 +16,7 @@
 pub const MAX_STEP: u64 = (1 << 53) - 1;
 
 pub mod checkpoint_dir;
+pub mod figures;
 pub mod file;
 pub mod output;
 pub mod patterns;
@@ -59,7 +60,9 @@ pub enum Kind {
     /// no number (a progress file whose content changed).
     Step {
         step: Option<u64>,
-        /// Extra numeric fields (`loss`, `compute_s`, ...), socket only.
+        /// Numbers sent with it: the socket's `key=value` fields
+        /// (`loss`, `compute_s`, ...), or the figures printed on the
+        /// step's line (`progress::figures`).
         metrics: Vec<(String, f64)>,
         /// The phase announced in the same message (`phase=comm step=12`),
         /// which decides whether the step reports the trainer's step or
@@ -71,6 +74,9 @@ pub enum Kind {
     Phase { name: String, step: Option<u64> },
     /// The trainer finished a checkpoint (at a step, when it said which).
     CheckpointDone { step: Option<u64> },
+    /// Figures printed without a step (`{'loss': 0.09, ...}`): no progress,
+    /// they go with the next step's record.
+    Figures(Vec<(String, f64)>),
     /// A message that could not be understood, with the kind of fault.
     Malformed { fault: &'static str, sample: String },
     /// A source failed and stopped (fail open: supervision goes on without it).

@@ -9,6 +9,7 @@
 //! If resilio's own output is gone (EPIPE, closed fd), the thread keeps
 //! draining the pipe so the trainer never blocks on a full pipe: fail open.
 
+use super::figures::{self, Figures};
 use super::{Event, Kind, Sender, Source};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, splice, tee, FcntlArg, SpliceFFlags};
@@ -49,9 +50,33 @@ pub struct Parser {
 /// What one piece of text said, in order of appearance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Mark {
+    /// The figures (loss, throughput, ...) printed with or after the
+    /// step that follows, or with no step (`{'loss': ...}` on its own line).
+    Figures(Seen),
     Step(u64),
     Phase(&'static str),
 }
+
+/// Figures read from output ([`crate::progress::figures`]), compared bit
+/// for bit (a NaN loss equals itself here).
+#[derive(Clone, Debug, Default)]
+pub struct Seen(pub Figures);
+
+impl PartialEq for Seen {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len()
+            && self
+                .0
+                .iter()
+                .zip(&other.0)
+                .all(|((a, x), (b, y))| a == b && x.to_bits() == y.to_bits())
+    }
+}
+
+impl Eq for Seen {}
+
+/// How many lines without a step are searched for figures, from the last.
+const FIGURE_LINES: usize = 8;
 
 /// Substrings of which every match of the default regexes contains one
 /// (case variants as trainers print them: `step`, `Step`, `STEP`, ...).
@@ -78,6 +103,8 @@ pub const DEFAULT_LITERALS: &[&str] = &[
     "VALUAT",
     "alidation",
     "ALIDATION",
+    // Lines with figures but no step (`{'loss': 0.09, ...}`): figures only.
+    "loss",
 ];
 
 impl Parser {
@@ -172,11 +199,18 @@ impl Parser {
     /// enters the checkpoint phase at step 10; a marker followed by later
     /// steps is over already).
     pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
-        let (step, phase) = match &self.prefilter {
-            None => (self.last_step(text), self.last_phase(text)),
+        let (step, phase, seen) = match &self.prefilter {
+            None => {
+                let step = self.last_step(text);
+                let seen = figures_from(text, step.map(|(at, _)| at));
+                (step, self.last_phase(text), seen)
+            }
             Some(pf) => self.scan_candidates(pf, text),
         };
         let mut marks = Vec::new();
+        if !seen.is_empty() {
+            marks.push(Mark::Figures(Seen(seen)));
+        }
         match (step, phase) {
             (Some((s_line, s)), Some((p_at, p))) => {
                 marks.push(Mark::Step(s));
@@ -199,9 +233,11 @@ impl Parser {
         &self,
         pf: &Regex,
         text: &[u8],
-    ) -> (Option<(usize, u64)>, Option<(usize, &'static str)>) {
+    ) -> (Option<(usize, u64)>, Option<(usize, &'static str)>, Figures) {
         const WINDOW: usize = 4096;
         let mut phase: Option<(usize, &'static str)> = None;
+        let mut seen = Figures::new();
+        let mut looked = 0;
         let mut lines: Vec<(usize, usize)> = Vec::new();
         let mut end = text.len();
         while end > 0 {
@@ -224,8 +260,15 @@ impl Parser {
                 if phase.is_none() {
                     phase = self.last_phase(line).map(|(at, p)| (ls + at, p));
                 }
-                if let Some((_, s)) = self.last_step(line) {
-                    return (Some((ls, s)), phase);
+                let step = self.last_step(line);
+                if looked < FIGURE_LINES {
+                    looked += 1;
+                    if figures::may_hold(line) {
+                        figures::merge(&mut seen, figures::of_line(line, step.is_some()));
+                    }
+                }
+                if let Some((_, s)) = step {
+                    return (Some((ls, s)), phase, seen);
                 }
             }
             if start == 0 {
@@ -233,7 +276,7 @@ impl Parser {
             }
             end = start;
         }
-        (None, phase)
+        (None, phase, seen)
     }
 
     /// The step in one line, if any (used by tests and the progress file).
@@ -243,6 +286,26 @@ impl Parser {
             Some(pf) => self.scan_candidates(pf, line).0.map(|(_, s)| s),
         }
     }
+}
+
+/// Figures in the step's line and the lines after it, or, with no step,
+/// in the last [`FIGURE_LINES`] lines (newest first).
+fn figures_from(text: &[u8], step_line: Option<usize>) -> Figures {
+    let from = step_line.unwrap_or(0);
+    let mut seen = Figures::new();
+    let lines = text[from..]
+        .split(|&b| b == b'\n' || b == b'\r')
+        .filter(|l| !l.is_empty());
+    let lines: Vec<&[u8]> = lines.collect();
+    let n = lines.len();
+    for (i, line) in lines.iter().enumerate().rev().take(FIGURE_LINES) {
+        if figures::may_hold(line) {
+            let on_step = step_line.is_some() && i == 0;
+            figures::merge(&mut seen, figures::of_line(line, on_step));
+        }
+    }
+    let _ = n;
+    seen
 }
 
 /// Start of the line containing offset `at`.
@@ -324,6 +387,13 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
     if marks.len() <= 1 {
         return marks;
     }
+    // Figures: the newest value of each, first.
+    let mut seen = Figures::new();
+    for m in marks.iter().rev() {
+        if let Mark::Figures(Seen(f)) = m {
+            figures::merge(&mut seen, f.clone());
+        }
+    }
     let last_step = marks.iter().rposition(|m| matches!(m, Mark::Step(_)));
     let last_phase = marks
         .iter()
@@ -331,7 +401,11 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
         .filter(|p| last_step.is_none_or(|s| *p > s));
     let mut keep: Vec<usize> = last_step.into_iter().chain(last_phase).collect();
     keep.sort_unstable();
-    keep.into_iter().map(|i| marks[i].clone()).collect()
+    let figures = (!seen.is_empty()).then_some(Mark::Figures(Seen(seen)));
+    figures
+        .into_iter()
+        .chain(keep.into_iter().map(|i| marks[i].clone()))
+        .collect()
 }
 
 /// The last bytes of the trainer's output (both streams, interleaved as read):
@@ -587,6 +661,11 @@ pub fn labelled(label: &[u8], bytes: &[u8], at_start: &mut bool) -> Vec<u8> {
     out
 }
 
+/// Figures with owned names, as events carry metrics.
+fn named(f: Figures) -> Vec<(String, f64)> {
+    f.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
+}
+
 /// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
 /// keep the tail, report marks on `tx`. The thread ends at end of stream.
 /// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
@@ -615,11 +694,17 @@ pub fn spawn_pump(
             let mut out_ok = true;
             let send = |marks: Vec<Mark>| {
                 let at = Instant::now();
+                // Figures go with the step they come with, else on their own.
+                let mut figures: Option<Figures> = None;
                 for mark in marks {
                     let kind = match mark {
+                        Mark::Figures(Seen(f)) => {
+                            figures = Some(f);
+                            continue;
+                        }
                         Mark::Step(s) => Kind::Step {
                             step: Some(s),
-                            metrics: Vec::new(),
+                            metrics: named(figures.take().unwrap_or_default()),
                             with_phase: None,
                         },
                         Mark::Phase(p) => Kind::Phase {
@@ -628,6 +713,13 @@ pub fn spawn_pump(
                         },
                     };
                     tx.send(Event { at, source, kind });
+                }
+                if let Some(f) = figures {
+                    tx.send(Event {
+                        at,
+                        source,
+                        kind: Kind::Figures(named(f)),
+                    });
                 }
             };
             // Line-atomic mode (several ranks share one terminal, as in local
@@ -761,7 +853,7 @@ mod tests {
         assert!(s.feed(&p, b"noise\n iterat").is_empty());
         assert_eq!(
             s.feed(&p, b"ion      120/  10000 | loss 2.0\n"),
-            vec![Mark::Step(120)]
+            vec![Mark::Figures(Seen(vec![("loss", 2.0)])), Mark::Step(120)]
         );
         assert_eq!(s.feed(&p, b"step 7\nstep 8\nstep 9"), vec![Mark::Step(8)]);
         assert_eq!(s.finish(&p), vec![Mark::Step(9)]);

@@ -23,11 +23,13 @@ use serde::Deserialize;
 /// and socket steps take precedence). Words glued to other
 /// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
 /// prose and totals (`Total optimization steps = 1000`), and labelled bars
-/// (dataset preprocessing, checkpoint shard loading) do not match.
+/// (dataset preprocessing, checkpoint shard loading) do not match. A
+/// colour code just before the word counts as a boundary: torchtitan
+/// colours its step lines (`\x1b[31mstep: 10`) unless told not to.
 pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
-    r#"(?im-u)(?:^|[^a-z0-9_])(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
-    r#"|(?:^|[^a-z0-9_])iteration\s+(\d+)\s*/\s*\d+"#,
-    r#"|(?:^|[^a-z0-9_])iter\s+(\d+):"#,
+    r#"(?im-u)(?:^|[^a-z0-9_]|\x1b\[[0-9;]*m)(?:global[_ ])?step["']?\s*[:=]?\s*(\d+)"#,
+    r#"|(?:^|[^a-z0-9_]|\x1b\[[0-9;]*m)iteration\s+(\d+)\s*/\s*\d+"#,
+    r#"|(?:^|[^a-z0-9_]|\x1b\[[0-9;]*m)iter\s+(\d+):"#,
     r#"|^steps:\s+(\d+)"#,
     r#"|num_updates["']?[=\s:"']+(\d+)"#,
     r#"|\[batch=(\d+)/\d+\]"#,

@@ -52,6 +52,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         } => on_step(k, at, source, step, metrics, with_phase),
         Kind::Phase { name, step } => on_phase(k, at, source, name, step),
         Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
+        Kind::Figures(f) => crate::progress::figures::merge_named(&mut k.plog.figures, f),
         Kind::Malformed { fault, sample } => {
             let (journal, faults) = (&mut *k.journal, &mut *k.faults);
             let n = faults.malformed.entry(fault).or_insert(0);
@@ -159,6 +160,14 @@ fn on_step(
                 r.compute.0 += 1;
                 r.compute.1 += c;
             }
+            for (name, v) in &metrics {
+                let known = crate::progress::figures::NAMES.contains(&name.as_str())
+                    || r.figures.contains_key(name)
+                    || r.figures.len() < crate::coordinator::protocol::MAX_FIGURES;
+                if v.is_finite() && known && crate::progress::figures::is_name(name) {
+                    r.figures.insert(name.clone(), *v);
+                }
+            }
         });
         if o.alive {
             *out.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
@@ -168,6 +177,8 @@ fn on_step(
         plog.last_named_at = Some(at);
     }
     if o.alive {
+        let mut metrics = metrics;
+        crate::progress::figures::merge_named(&mut metrics, std::mem::take(&mut plog.figures));
         plog.observe(
             journal,
             clock,

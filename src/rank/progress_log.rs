@@ -29,7 +29,7 @@ pub(crate) struct Observed {
     pub step: Option<u64>,
     /// The source that showed the progress.
     pub source: &'static str,
-    /// Metrics sent with it (socket only).
+    /// Metrics sent with it (the socket's), or figures read from output.
     pub metrics: Vec<(String, f64)>,
 }
 
@@ -55,6 +55,10 @@ pub(crate) struct ProgressLog {
     pub unknown_phases: std::collections::HashSet<String>,
     /// Unknown phase names beyond those listed.
     pub unknown_phases_unlisted: u64,
+    /// Figures printed since the last step, for its record.
+    pub figures: Vec<(String, f64)>,
+    /// Metrics seen since the last record: name, sum, count.
+    sums: Vec<(String, f64, u32)>,
 }
 
 /// How many distinct unknown phase names are warned about and journaled;
@@ -62,11 +66,15 @@ pub(crate) struct ProgressLog {
 pub const UNKNOWN_PHASES_LISTED: usize = 32;
 
 impl ProgressLog {
-    fn write(journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
-        let metrics = (!p.metrics.is_empty()).then(|| {
-            p.metrics
-                .iter()
-                .map(|(k, v)| (k.clone(), serde_json::json!(v)))
+    /// Write `p` as a `progress` record, its metrics the mean of every value
+    /// seen since the previous record (a NaN among them makes it NaN,
+    /// written `null`): a record every 10 s stands for all the steps in
+    /// between, not only the last.
+    fn write(&mut self, journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
+        let sums = std::mem::take(&mut self.sums);
+        let metrics = (!sums.is_empty()).then(|| {
+            sums.into_iter()
+                .map(|(k, sum, n)| (k, serde_json::json!(sum / f64::from(n.max(1)))))
                 .collect()
         });
         let event = ev::Progress {
@@ -78,19 +86,33 @@ impl ProgressLog {
         journal.write_at(clock.wall(p.at), event, false);
     }
 
+    /// Add one observation's metrics to the sums of the next record.
+    fn accumulate(&mut self, metrics: &[(String, f64)]) {
+        for (k, v) in metrics {
+            match self.sums.iter_mut().find(|(n, _, _)| n == k) {
+                Some((_, sum, n)) => {
+                    *sum += v;
+                    *n += 1;
+                }
+                None => self.sums.push((k.clone(), *v, 1)),
+            }
+        }
+    }
+
     pub fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
         let at = p.at;
         self.last_at = Some(at);
+        self.accumulate(&p.metrics);
         if self.first_at.is_none() {
             self.first_at = Some(at);
-            Self::write(journal, clock, &p, true);
+            self.write(journal, clock, &p, true);
             self.last_written = Some(at);
             self.pending = None;
         } else if self
             .last_written
             .is_none_or(|w| at.duration_since(w) >= self.interval)
         {
-            Self::write(journal, clock, &p, false);
+            self.write(journal, clock, &p, false);
             self.last_written = Some(at);
             self.pending = None;
         } else {
@@ -101,7 +123,7 @@ impl ProgressLog {
     /// Write the last progress if it was held back by sampling.
     pub fn flush(&mut self, journal: &mut Writer, clock: &Clock) {
         if let Some(p) = self.pending.take() {
-            Self::write(journal, clock, &p, false);
+            self.write(journal, clock, &p, false);
             self.last_written = Some(p.at);
         }
     }
@@ -118,6 +140,8 @@ impl ProgressLog {
             last_at: None,
             last_named_at: None,
             checkpoint_began: None,
+            figures: Vec::new(),
+            sums: Vec::new(),
             tracker: Tracker::new(),
             unknown_phases: Default::default(),
             unknown_phases_unlisted: 0,

@@ -688,6 +688,7 @@ impl Rank {
         }
     }
 
+    /// The `rank_start` record (rank 0's carries `[throughput]`).
     fn rank_start(
         &mut self,
         argv_text: &[String],
@@ -723,8 +724,35 @@ impl Rank {
                     .map(|(k, v)| (k.to_string(), v.clone()))
                     .collect(),
             ),
+            ..Default::default()
+        };
+        let start = if self.id.rank == 0 {
+            with_throughput(start, &cfg.throughput)
+        } else {
+            start
         };
         self.journal
             .write_at(self.clock.wall(self.launched), start, true);
     }
+}
+
+/// Rank 0's `rank_start` with the run's `[throughput]` settings, the peak
+/// looked up from the GPU's name when asked (`peak_tflops = "auto"`; no
+/// nvidia-smi or an unknown device: no peak).
+fn with_throughput(mut start: ev::RankStart, t: &crate::config::ThroughputConfig) -> ev::RankStart {
+    use crate::config::Peak;
+    start.tokens_per_step = (t.tokens_per_step > 0).then_some(t.tokens_per_step as f64);
+    start.flops_per_token = (t.flops_per_token > 0.0).then_some(t.flops_per_token);
+    start.devices_per_rank = (t.devices_per_rank != 1).then_some(t.devices_per_rank);
+    match t.peak_tflops {
+        Peak::Tflops(v) => start.peak_tflops = Some(v),
+        Peak::Off => {}
+        Peak::Auto => {
+            if let Some(name) = crate::device::gpu_name() {
+                start.peak_tflops = crate::device::peak_tflops(&name);
+                start.device = Some(name);
+            }
+        }
+    }
+    start
 }

@@ -23,5 +23,6 @@ mod site;
 mod stall;
 #[path = "../support/status.rs"]
 mod status;
+mod throughput;
 #[path = "../support/timing.rs"]
 mod timing;

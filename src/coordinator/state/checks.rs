@@ -119,6 +119,18 @@ impl JobView {
         }
         seconds("intervals (sum)", r.intervals.1)?;
         seconds("compute (sum)", r.compute.1)?;
+        if r.figures.len() > crate::coordinator::protocol::MAX_FIGURES {
+            return Err(Invalid(format!(
+                "{} figures: at most {}",
+                r.figures.len(),
+                crate::coordinator::protocol::MAX_FIGURES
+            )));
+        }
+        for (name, v) in &r.figures {
+            if !crate::progress::figures::is_name(name) || !v.is_finite() {
+                return Err(Invalid(format!("figure {name:?} = {v} is out of range")));
+            }
+        }
         if let Some(step) = r.step {
             if step > MAX_STEP {
                 return Err(Invalid(format!("step {step} is above {MAX_STEP}")));

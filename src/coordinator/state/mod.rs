@@ -591,6 +591,7 @@ impl JobView {
                     last_report_age_s: heard,
                     straggler: sr.contains(&r.to_string()),
                     silent: e.report.silent,
+                    figures: e.report.figures.clone(),
                 }
             })
             .collect();
@@ -606,7 +607,20 @@ impl JobView {
                 .collect(),
             age_s: now.duration_since(p.asked).as_secs_f64(),
         });
+        let figure = |name: &str| -> Vec<f64> {
+            ranks
+                .iter()
+                .filter_map(|r| r.figures.get(name).copied())
+                .collect()
+        };
+        let tokens_per_s =
+            median(figure("tokens_per_s_device")).map(|t| t * self.world_size as f64);
+        let mfu = median(figure("mfu"));
+        let loss = figure("loss").first().copied();
         Status {
+            tokens_per_s,
+            mfu,
+            loss,
             job: self.job.clone(),
             attempt: self.attempt,
             world_size: self.world_size,

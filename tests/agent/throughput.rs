@@ -1,0 +1,182 @@
+//! Useful work, read from the trainer's own lines with no code change:
+//! tokens/s, TFLOP/s and MFU per attempt, live in `status`, and goodput in
+//! the report, checked against what the trainer itself recorded.
+
+use crate::common::*;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn throughput_trainer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/throughput_trainer.py")
+}
+
+fn report_json(state: &Path, job: &str) -> serde_json::Value {
+    let out = Command::new(bin())
+        .args([
+            "report",
+            "--json",
+            "--state-dir",
+            state.to_str().unwrap(),
+            job,
+        ])
+        .env("RESILIO_SYSTEM_CONFIG", "")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn report_text(state: &Path, job: &str) -> String {
+    let out = Command::new(bin())
+        .args(["report", "--state-dir", state.to_str().unwrap(), job])
+        .env("RESILIO_SYSTEM_CONFIG", "")
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn torchtitan_lines_give_tokens_mfu_live_and_a_goodput_the_trainer_agrees_with() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(tmp.path(), "[journal]\nprogress_interval = \"1s\"\n");
+    let record = tmp.path().join("record.json");
+    let ready = tmp.path().join("ready");
+    let mut c = resilio_run(tmp.path(), "titan");
+    c.args(["--ntasks", "2", "--max-restarts", "0", "--config"])
+        .arg(&cfg)
+        .arg("--")
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args(["--style", "titan", "--steps", "240", "--step-time", "0.05"])
+        .args(["--tokens", "4096", "--record"])
+        .arg(&record)
+        .arg("--ready-file")
+        .arg(&ready);
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = c.spawn().unwrap();
+    assert!(wait_for(Duration::from_secs(30), || ready.exists()));
+    // Live: `status` shows the job's tokens/s and MFU from rank 0's lines.
+    let mut live = serde_json::Value::Null;
+    let seen = wait_for(Duration::from_secs(15), || {
+        let o = Command::new(bin())
+            .args(["status", "titan", "--json", "--state-dir"])
+            .arg(tmp.path())
+            .output()
+            .unwrap();
+        live = serde_json::from_slice(&o.stdout).unwrap_or_default();
+        live["tokens_per_s"].as_f64().is_some() && live["mfu"].as_f64().is_some()
+    });
+    assert!(seen, "status never showed throughput: {live}");
+    // 4096 tokens per 0.05 s on each of 2 devices: about 163,840 tokens/s.
+    let tps = live["tokens_per_s"].as_f64().unwrap();
+    assert!((120_000.0..170_000.0).contains(&tps), "{live}");
+    assert!(
+        live["ranks"][0]["figures"]["loss"].as_f64().is_some(),
+        "{live}"
+    );
+    let (out, _) = wait_output(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+
+    let r = report_json(tmp.path(), "titan");
+    let t = &r["attempts"][0]["throughput"];
+    assert_eq!(t["devices"], 2, "{t}");
+    assert_eq!(t["from"], serde_json::json!(["printed"]), "{t}");
+    let mfu = t["mfu"].as_f64().unwrap();
+    // The trainer prints tflops = tps * 6e9 / 1e12 and mfu = tflops / 989.
+    let tflops = t["tflops_per_device"].as_f64().unwrap();
+    assert!((mfu - tflops / 989.0).abs() < 0.01, "{t}");
+    // Goodput: the tokens in productive time, against the trainer's own
+    // count of the tokens it trained (this run loses nothing), within 1%.
+    let mine: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    let trained = mine["tokens"].as_f64().unwrap() * mine["world"].as_f64().unwrap();
+    let kept = r["goodput"]["tokens_kept"].as_f64().unwrap();
+    assert!(
+        (kept - trained).abs() / trained < 0.01,
+        "report: {kept} tokens kept; trainer: {trained} trained"
+    );
+    let text = report_text(tmp.path(), "titan");
+    assert!(text.contains("\nthroughput"), "{text}");
+    assert!(text.contains("goodput: "), "{text}");
+}
+
+#[test]
+fn megatron_lines_with_the_gpus_peak_from_nvidia_smi_give_mfu() {
+    // Megatron prints TFLOP/s per GPU but no MFU: the peak comes from the
+    // GPU's name (a labelled fake nvidia-smi: this machine has no GPU).
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[journal]\nprogress_interval = \"1s\"\n[throughput]\npeak_tflops = \"auto\"\n",
+    );
+    let fake = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/fake-gpu");
+    let path = format!(
+        "{}:{}",
+        fake.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut c = resilio_run(tmp.path(), "mega");
+    c.env("PATH", path)
+        .args(["--max-restarts", "0", "--config"])
+        .arg(&cfg)
+        .arg("--")
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args([
+            "--style",
+            "megatron",
+            "--steps",
+            "60",
+            "--step-time",
+            "0.05",
+        ]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "mega");
+    let start = one(&recs, "rank_start");
+    assert_eq!(
+        start.get("device").and_then(|d| d.as_str()),
+        Some("NVIDIA H100 80GB HBM3")
+    );
+    assert_eq!(
+        start.get("peak_tflops").and_then(|p| p.as_f64()),
+        Some(989.0)
+    );
+    let r = report_json(tmp.path(), "mega");
+    let t = &r["attempts"][0]["throughput"];
+    let tflops = t["tflops_per_device"].as_f64().unwrap();
+    let mfu = t["mfu"].as_f64().unwrap();
+    assert!((mfu - tflops / 989.0).abs() < 1e-9, "{t}");
+    assert!(t["step_time_s"].as_f64().unwrap() > 0.04, "{t}");
+    assert!(r["goodput"]["effective_mfu"].as_f64().is_some(), "{r}");
+}
+
+#[test]
+fn without_figures_the_configured_tokens_and_flops_give_the_throughput() {
+    // A trainer that prints steps only (nanoGPT-style, no mfu): tokens per
+    // step and FLOPs per token from [throughput].
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[journal]\nprogress_interval = \"1s\"\n[throughput]\ntokens_per_step = 8192\nflops_per_token = 1e9\npeak_tflops = 100\n",
+    );
+    let mut c = run_trainer(
+        tmp.path(),
+        "plain",
+        &["--config", cfg.to_str().unwrap()],
+        &["--steps", "60", "--interval", "0.05"],
+    );
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let r = report_json(tmp.path(), "plain");
+    let t = &r["attempts"][0]["throughput"];
+    let rate = t["steps_per_s"].as_f64().unwrap();
+    let tokens = t["tokens_per_s"].as_f64().unwrap();
+    assert!((tokens - 8192.0 * rate).abs() < 1e-6, "{t}");
+    let mfu = t["mfu"].as_f64().unwrap();
+    assert!((mfu - tokens * 1e9 / 1e12 / 100.0).abs() < 1e-9, "{t}");
+    assert_eq!(t["from"], serde_json::json!(["settings"]), "{t}");
+}
