@@ -13,6 +13,9 @@ pub const EXIT_NOT_FOUND: i32 = 127;
 pub const EXIT_NOT_EXECUTABLE: i32 = 126;
 /// Exit code when resilio stopped the rank because it stalled (as timeout(1)).
 pub const EXIT_STALLED: i32 = 124;
+/// Exit code of a rank resilio stopped for a numerical failure (a loss gone
+/// to NaN or Inf, `[numerical]`), as `EX_DATAERR`.
+pub const EXIT_NUMERICAL: i32 = 65;
 /// Exit code for an internal failure of resilio itself (never used while a
 /// child is running: the child's status always wins).
 pub const EXIT_INTERNAL: i32 = 70;
@@ -34,6 +37,7 @@ pub const EXIT_CODES: &[(&str, &str, &str)] = &[
     ("`3`", "no journal for that job (or none readable)", "`report`, `timeline`, `status`, `checkpoint`"),
     ("`4`", "Slurm refused an action (draining a node without permission)", "`nodes --drain`"),
     ("`5`", "the job's coordinator cannot be reached, or refused the request", "`status`, `checkpoint`"),
+    ("`65`", "resilio stopped a rank whose loss went to NaN or Inf (`[numerical]`); not restarted", "`run`"),
     ("`70`", "an internal failure of resilio itself (never while a trainer runs: its status wins)", "every command"),
     ("`124`", "resilio stopped a stalled rank (as `timeout` does)", "`run`"),
     ("`126` / `127`", "the command was found but cannot be executed / was not found", "`run`"),

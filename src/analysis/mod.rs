@@ -7,6 +7,7 @@
 pub mod accounting;
 pub mod advice;
 pub mod html;
+pub mod loss;
 pub mod node_history;
 pub mod report;
 pub mod throughput;

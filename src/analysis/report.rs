@@ -120,6 +120,10 @@ pub struct Report {
     /// Tokens kept per device-hour and ETTR × MFU, when throughput is known.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub goodput: Option<crate::analysis::throughput::Goodput>,
+    /// Whether the loss stayed healthy (no NaN/Inf, no spike), when the
+    /// trainer printed or sent one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss: Option<crate::analysis::loss::LossHealth>,
 }
 
 /// A part of resilio above the ranks that died during the job.
@@ -396,6 +400,7 @@ pub fn build(
         journal_gaps,
         supervisor_losses: supervisor_losses_of(&events),
         goodput: None,
+        loss: crate::analysis::loss::health(records),
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
         run: None,
@@ -582,6 +587,32 @@ pub fn summary_line(r: &Report) -> String {
 }
 
 /// Render the report for humans.
+/// Whether the loss stayed healthy, when one was seen.
+fn render_loss(s: &mut String, r: &Report) {
+    if let Some(l) = &r.loss {
+        let num = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.4}"));
+        if l.healthy {
+            let _ = writeln!(
+                s,
+                "loss: healthy (no NaN or Inf, no spike): first {}, last {}, lowest {}",
+                num(l.first),
+                num(l.last),
+                num(l.min)
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "loss: NOT healthy: {} record(s) with a NaN or Inf loss; last finite {}",
+                l.nonfinite_records,
+                num(l.last)
+            );
+            for f in &l.findings {
+                let _ = writeln!(s, "  {f}");
+            }
+        }
+    }
+}
+
 /// The throughput section: one line per attempt that has figures, its
 /// step rate as a sparkline, then the goodput.
 fn render_throughput(s: &mut String, r: &Report) {
@@ -730,6 +761,7 @@ pub fn render_text(r: &Report) -> String {
         );
     }
     render_throughput(&mut s, r);
+    render_loss(&mut s, r);
     if r.checkpoints.count > 0 {
         let _ = writeln!(
             s,

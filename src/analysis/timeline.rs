@@ -74,6 +74,15 @@ fn describe_event(event: &Event) -> Option<String> {
             x.timeout_s.unwrap_or(0.0),
             num(x.last_step)
         ),
+        Event::Numerical(x) => format!(
+            "NUMERICAL {}: {} ({})",
+            text(&x.finding),
+            text(&x.detail),
+            match x.action.as_deref() {
+                Some("stop") => "stopping the rank, not restarted",
+                _ => "recorded",
+            }
+        ),
         Event::Diagnostics(x) => format!(
             "diagnostics: {} output lines, {} py-spy dump(s){}{}",
             x.tail.as_ref().map_or(0, Vec::len),

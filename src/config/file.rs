@@ -29,6 +29,7 @@ impl Config {
         file.nodes.apply(self, &src)?;
         file.failure.apply(self, &src)?;
         file.throughput.apply(self, &src)?;
+        file.numerical.apply(self, &src)?;
         // The coordinator's checkpoint wait is the one the pre-timeout uses.
         self.coordinator.policy.checkpoint_wait = self.checkpoint_wait;
         Ok(())
@@ -198,6 +199,15 @@ section!(ThroughputSection "throughput" {
     devices_per_rank: u32 => throughput.devices_per_rank by count,
 });
 
+section!(NumericalSection "numerical" {
+    nan_steps: u32 => numerical.nan_steps by count,
+    nan_action: String => numerical.nan_action by numerical_act,
+    spike_factor: f64 => numerical.spike_factor by non_negative,
+    spike_steps: u32 => numerical.spike_steps by count,
+    spike_window: usize => numerical.spike_window by count,
+    spike_action: String => numerical.spike_action by numerical_act,
+});
+
 section!(@keys FailureSection "failure" {
     ignore_patterns: Vec<String>,
     user_patterns: Vec<String>,
@@ -282,6 +292,7 @@ file_config! {
     straggler: StragglerSection,
     nodes: NodesSection,
     throughput: ThroughputSection,
+    numerical: NumericalSection,
 }
 
 /// A duration written as text or seconds.
@@ -345,6 +356,13 @@ fn adaptive_or_timeout(value: String, key: &str, out: &mut Option<Duration>) -> 
                 .map_err(|m| format!("{key}: {m}; \"adaptive\" learns it from the steps"))?,
         )
     };
+    Ok(())
+}
+
+/// `"record"` or `"stop"`.
+fn numerical_act(value: String, key: &str, out: &mut crate::policy::numerical::Act) -> Stored {
+    *out = crate::policy::numerical::Act::parse(&value)
+        .ok_or_else(|| format!("{key} must be \"record\" or \"stop\", not {value:?}"))?;
     Ok(())
 }
 

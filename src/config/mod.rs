@@ -179,6 +179,8 @@ pub struct Config {
     pub nodes: NodesConfig,
     /// What the trainer does not print, for throughput and MFU (`[throughput]`).
     pub throughput: ThroughputConfig,
+    /// Loss gone to NaN, loss spikes (`[numerical]`).
+    pub numerical: crate::policy::numerical::NumericalConfig,
 }
 
 /// The peak TFLOP/s of one device, for MFU.
@@ -316,6 +318,7 @@ impl Default for Config {
             coordinator: CoordinatorSettings::default(),
             nodes: NodesConfig::default(),
             throughput: ThroughputConfig::default(),
+            numerical: Default::default(),
         }
     }
 }

@@ -138,6 +138,25 @@ events! {
         device: String,
     }
 
+    /// A numerical failure: the loss (or grad norm) NaN/Inf for several
+    /// reports, or a loss spike (`policy::numerical`).
+    Numerical = "numerical" {
+        /// `nan` or `spike`.
+        finding: String,
+        /// `loss` or `grad_norm`.
+        metric: String,
+        /// The value, as text (`nan`, `inf`, `31.5`).
+        value: String,
+        step: u64,
+        since_step: u64,
+        consecutive: u32,
+        /// A spike's running median.
+        baseline: f64,
+        /// `stop` or `record`.
+        action: String,
+        detail: String,
+    }
+
     /// Progress (sampled).
     Progress = "progress" {
         /// The step's number, from the source that names it.

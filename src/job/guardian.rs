@@ -483,6 +483,7 @@ fn decide(
             stalled: false,
             stop_requested: stopped,
             health_check_failed: false,
+            numerical: None,
             tail: tail.to_vec(),
         },
         &d.cfg.patterns(),

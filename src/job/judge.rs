@@ -218,7 +218,10 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
     let rank = x.about_rank.unwrap_or(u32::MAX);
     failures.retain(|f| f.rank != rank);
     for f in failures.iter_mut() {
-        if !matches!(f.verdict.class, Class::Clean | Class::UserError) {
+        if !matches!(
+            f.verdict.class,
+            Class::Clean | Class::UserError | Class::Numerical
+        ) {
             f.verdict = Verdict {
                 class: Class::Secondary,
                 reason: "stopped to leave a straggling node out".into(),

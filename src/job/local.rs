@@ -573,7 +573,10 @@ impl Local {
                 // trainer's output, or the person who stopped it, tells.
                 let self_evident = self.single
                     && run.attempt == 0
-                    && matches!(class, Some(Class::UserError | Class::Preempted));
+                    && matches!(
+                        class,
+                        Some(Class::UserError | Class::Preempted | Class::Numerical)
+                    );
                 if self.cfg.max_restarts > 0 && !self_evident {
                     tracing::warn!("not restarting: {reason}");
                 }

@@ -28,6 +28,10 @@ pub enum Class {
     Secondary,
     /// Stopped by Slurm or an operator (time limit, preemption, scancel).
     Preempted,
+    /// The loss (or grad norm) went to NaN or Inf and stayed there
+    /// (`policy::numerical`): a restart from the same checkpoint and data
+    /// would diverge the same way, so it is not restarted.
+    Numerical,
     /// A failure with no known signature (an unrecognised exception, a bare
     /// non-zero exit): maybe transient, so it gets one restart; the same
     /// failure again is taken for the user's code and stops (crash loop).
@@ -54,6 +58,7 @@ impl Class {
             Class::Hang => "hang",
             Class::Secondary => "secondary",
             Class::Preempted => "preempted",
+            Class::Numerical => "numerical",
         }
     }
 
@@ -79,6 +84,8 @@ pub struct RankEnd {
     pub stop_requested: bool,
     /// The site health check failed on its node.
     pub health_check_failed: bool,
+    /// resilio stopped it for a numerical failure (what was seen).
+    pub numerical: Option<String>,
     /// Its last output lines, oldest first.
     pub tail: Vec<String>,
 }
@@ -277,6 +284,13 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
     }
     if end.stalled {
         return v(Class::Hang, "stopped for making no progress", None);
+    }
+    if let Some(seen) = &end.numerical {
+        return v(
+            Class::Numerical,
+            "stopped: its loss went to NaN or Inf",
+            Some(seen),
+        );
     }
     // Death by SIGTERM, SIGINT or SIGHUP is a stop from outside (Slurm's
     // teardown, an operator) even when resilio did not see the signal itself.

@@ -7,6 +7,7 @@
 pub mod checkpoint_interval;
 pub mod failure;
 pub mod hang;
+pub mod numerical;
 pub mod restart;
 pub mod stall;
 pub mod straggler;

@@ -247,6 +247,12 @@ fn decide_scoped(
                 current.detail
             ))
         }
+        Class::Numerical => {
+            return stop(format!(
+                "numerical failure ({}): {not_done}, the same checkpoint and data would diverge the same way",
+                current.detail
+            ))
+        }
         Class::Preempted if scope == Scope::Local => {
             return stop(
                 "stopped from outside (a signal to resilio or to the trainer): not restarted"

@@ -26,6 +26,8 @@ impl Ending {
     pub fn code(&self) -> i32 {
         if self.stall.is_some() {
             crate::error::EXIT_STALLED
+        } else if self.numerical().is_some() {
+            crate::error::EXIT_NUMERICAL
         } else {
             self.exit.code()
         }
@@ -37,9 +39,18 @@ impl Ending {
             (Some(StopReason::Stall), _) => "stalled".to_string(),
             (Some(StopReason::Signal(name)), _) => format!("stopped by {name}"),
             (Some(StopReason::Coordinator), _) => "stopped by the coordinator".into(),
+            (Some(StopReason::Numerical(_)), _) => "stopped: numerical failure".into(),
             (None, Exit::Code(0)) => "completed".into(),
             (None, Exit::Code(_)) => "exited with error".into(),
             (None, Exit::Signal(..)) => "killed by signal".into(),
+        }
+    }
+
+    /// What the numerical failure it was stopped for was.
+    pub fn numerical(&self) -> Option<&str> {
+        match &self.stop {
+            Some(StopReason::Numerical(d)) => Some(d),
+            _ => None,
         }
     }
 

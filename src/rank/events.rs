@@ -29,6 +29,9 @@ pub(crate) struct Sinks<'a> {
     pub faults: &'a mut SourceFaults,
     /// The report for the coordinator, when linked.
     pub outbox: Option<&'a Outbox>,
+    /// The numerical watch (none at the batch level), and what it found.
+    pub numerical: Option<&'a mut crate::policy::numerical::Watch>,
+    pub findings: &'a mut Vec<crate::policy::numerical::Finding>,
 }
 
 pub(crate) fn drain_events(tx: &progress::Sender, sinks: &mut Sinks<'_>) {
@@ -52,7 +55,12 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         } => on_step(k, at, source, step, metrics, with_phase),
         Kind::Phase { name, step } => on_phase(k, at, source, name, step),
         Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
-        Kind::Figures(f) => crate::progress::figures::merge_named(&mut k.plog.figures, f),
+        Kind::Figures(f) => {
+            if let Some(w) = k.numerical.as_deref_mut() {
+                k.findings.extend(w.observe(None, &f));
+            }
+            crate::progress::figures::merge_named(&mut k.plog.figures, f)
+        }
         Kind::Malformed { fault, sample } => {
             let (journal, faults) = (&mut *k.journal, &mut *k.faults);
             let n = faults.malformed.entry(fault).or_insert(0);
@@ -94,6 +102,9 @@ fn on_step(
     metrics: Vec<(String, f64)>,
     with_phase: Option<String>,
 ) {
+    if let Some(w) = k.numerical.as_deref_mut() {
+        k.findings.extend(w.observe(step, &metrics));
+    }
     let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);
     // A step sent with a long phase names what the phase is about
     // (`phase=checkpoint step=10`), not the trainer's step.

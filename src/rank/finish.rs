@@ -127,6 +127,7 @@ impl Agent<'_> {
                 stalled: e.stall.is_some(),
                 stop_requested: e.stopped_on_request(),
                 health_check_failed: after_check.as_ref().is_some_and(|h| !h.ok),
+                numerical: e.numerical().map(str::to_string),
                 tail: r.tail.last_lines(r.cfg.diagnostics.tail_lines.max(20)),
             },
             &r.cfg.patterns(),
@@ -173,18 +174,21 @@ impl Agent<'_> {
         }
         let kind = if e.stall.is_some() {
             "stall"
+        } else if e.numerical().is_some() {
+            "numerical"
         } else if matches!(e.exit, Exit::Signal(..)) {
             "signal"
         } else {
             "crash"
         };
-        let detail = match &e.stall {
-            Some(s) => format!(
+        let detail = match (&e.stall, e.numerical()) {
+            (Some(s), _) => format!(
                 "{} after {:.1}s without progress",
                 s.kind.name(),
                 s.timeout.as_secs_f64()
             ),
-            None => e.exit.describe(),
+            (None, Some(n)) => n.to_string(),
+            (None, None) => e.exit.describe(),
         };
         r.journal.write(
             ev::Failure {

@@ -29,6 +29,8 @@ pub enum StopReason {
     Stall,
     /// The coordinator stopped the step (another rank failed).
     Coordinator,
+    /// Its loss went to NaN or Inf (`policy::numerical`): what was seen.
+    Numerical(String),
 }
 
 /// Where the rank's lifecycle stands (the trainer's exit, and the SIGKILL
@@ -146,6 +148,11 @@ pub enum Action {
     },
     /// The step failed elsewhere: SIGTERM to the trainer's group.
     StopForCoordinator {
+        detail: String,
+        grace: Duration,
+    },
+    /// A numerical failure: SIGTERM to the trainer's group.
+    StopForNumerical {
         detail: String,
         grace: Duration,
     },
@@ -420,6 +427,23 @@ impl Lifecycle {
         vec![Action::CoordinatorBack {
             gap_s,
             failed_requests,
+        }]
+    }
+
+    /// A numerical failure to stop for: SIGTERM now, SIGKILL after
+    /// `kill_grace` (the trainer's own grace: it may save what it can).
+    pub fn on_numerical(&mut self, detail: String, now: Instant) -> Vec<Action> {
+        if !self.monitoring() {
+            return Vec::new();
+        }
+        self.state = State::Stopping(StopReason::Numerical(detail.clone()));
+        if self.kill_at.is_none() {
+            self.grace_used = self.s.grace;
+        }
+        self.kill_at.get_or_insert(now + self.s.grace);
+        vec![Action::StopForNumerical {
+            detail,
+            grace: self.s.grace,
         }]
     }
 

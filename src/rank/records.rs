@@ -212,6 +212,17 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             true,
         ),
+        Action::StopForNumerical { detail, grace } => (
+            ev::Stop {
+                reason: Some("numerical".into()),
+                detail: Some(detail.clone()),
+                signal: Some("SIGTERM".into()),
+                grace_s: Some(grace.as_secs_f64()),
+                ..Default::default()
+            }
+            .into(),
+            true,
+        ),
         Action::CoordinatorLost { error } => (
             ev::CoordinatorUnreachable {
                 error: Some(error.to_string()),

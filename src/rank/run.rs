@@ -51,6 +51,9 @@ pub(crate) struct Agent<'a> {
     pub lc: Lifecycle,
     pub plog: ProgressLog,
     pub faults: SourceFaults,
+    /// Loss gone to NaN, loss spikes (none at the batch level: its ranks'
+    /// agents watch their own).
+    pub numerical: Option<crate::policy::numerical::Watch>,
     pub(super) helpers: Helpers,
     pub(super) diag_tx: UnboundedSender<Diagnostics>,
     pub(super) probe_tx: UnboundedSender<ProbeDone>,
@@ -129,12 +132,15 @@ impl<'a> Agent<'a> {
             .first()
             .and_then(|p| std::path::Path::new(p).file_name())
             .is_some_and(|n| n == "srun");
+        let numerical =
+            (!r.batch_level).then(|| crate::policy::numerical::Watch::new(r.cfg.numerical.clone()));
         let agent = Agent {
             plog: ProgressLog::new(r.cfg.journal_progress_interval),
             scratch: r.job_dir.join("diag"),
             r,
             lc,
             faults: SourceFaults::default(),
+            numerical,
             helpers: Helpers::default(),
             diag_tx,
             probe_tx,
@@ -485,6 +491,7 @@ impl<'a> Agent<'a> {
     fn drain(&mut self) {
         let linked = self.r.link.is_some();
         let r = &mut *self.r;
+        let mut findings = Vec::new();
         drain_events(
             &r.tx,
             &mut Sinks {
@@ -494,8 +501,43 @@ impl<'a> Agent<'a> {
                 clock: &r.clock,
                 faults: &mut self.faults,
                 outbox: linked.then_some(&*r.outbox),
+                numerical: self.numerical.as_mut(),
+                findings: &mut findings,
             },
         );
+        for f in findings {
+            self.numerical_finding(f);
+        }
+    }
+
+    /// A numerical failure: journaled; stopped for when so configured.
+    fn numerical_finding(&mut self, f: crate::policy::numerical::Finding) {
+        use crate::policy::numerical::Act;
+        let detail = f.describe();
+        let value = if f.value.is_nan() {
+            "nan".to_string()
+        } else {
+            f.value.to_string()
+        };
+        self.r.journal.write(
+            ev::Numerical {
+                finding: Some(f.kind.into()),
+                metric: Some(f.metric.clone()),
+                value: Some(value),
+                step: f.step,
+                since_step: f.since_step,
+                consecutive: Some(f.consecutive),
+                baseline: f.baseline,
+                action: Some(f.act.name().into()),
+                detail: Some(detail.clone()),
+            },
+            true,
+        );
+        tracing::warn!("numerical failure: {detail}");
+        if f.act == Act::Stop {
+            let actions = self.lc.on_numerical(detail, Instant::now());
+            self.carry_out(actions);
+        }
     }
 
     /// Drain the last events (unless a stall stopped taking them).
@@ -570,7 +612,9 @@ impl<'a> Agent<'a> {
                 let skip = self.skip();
                 stop_stalled(&mut self.r.journal, pid, &skip, grace);
             }
-            Action::StopForCoordinator { .. } => process::terminate(pid, None),
+            Action::StopForCoordinator { .. } | Action::StopForNumerical { .. } => {
+                process::terminate(pid, None)
+            }
             Action::Probe { reason } => self.probe(reason),
             Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
             Action::LiveOnJobProgress => self.live_on_job_progress(),

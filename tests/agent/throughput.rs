@@ -180,3 +180,90 @@ fn without_figures_the_configured_tokens_and_flops_give_the_throughput() {
     assert!((mfu - tokens * 1e9 / 1e12 / 100.0).abs() < 1e-9, "{t}");
     assert_eq!(t["from"], serde_json::json!(["settings"]), "{t}");
 }
+
+#[test]
+fn a_loss_gone_to_nan_stops_the_job_as_numerical_without_a_restart() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(tmp.path(), "nan");
+    c.args(["--ntasks", "2", "--max-restarts", "3", "--"])
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args([
+            "--style",
+            "nanogpt",
+            "--steps",
+            "600",
+            "--step-time",
+            "0.05",
+        ])
+        .args(["--nan-at", "30"]);
+    let (out, took) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(65), "{}", stderr_of(&out));
+    assert!(took < Duration::from_secs(20), "{took:?}: the run went on");
+    let recs = records(tmp.path(), "nan");
+    let n = one(&recs, "numerical");
+    assert_eq!(n.get("finding").and_then(|v| v.as_str()), Some("nan"));
+    assert_eq!(n.get("metric").and_then(|v| v.as_str()), Some("loss"));
+    assert_eq!(n.get("since_step").and_then(|v| v.as_u64()), Some(30));
+    assert_eq!(n.get("action").and_then(|v| v.as_str()), Some("stop"));
+    assert_eq!(n.rank, Some(0));
+    // Rank 0 is the cause; rank 1 was stopped for it; nothing was restarted.
+    let exits = kinds(&recs, "rank_exit");
+    let class_of = |rank: u32| {
+        exits
+            .iter()
+            .find(|r| r.rank == Some(rank))
+            .and_then(|r| r.get("class"))
+            .and_then(|v| v.as_str())
+            .map(str::to_string)
+    };
+    assert_eq!(class_of(0).as_deref(), Some("numerical"));
+    assert_ne!(class_of(1).as_deref(), Some("numerical"));
+    assert!(recs.iter().all(|r| r.attempt == 0), "restarted");
+    let judgment = one(&recs, "judgment");
+    assert_eq!(
+        judgment.get("class").and_then(|v| v.as_str()),
+        Some("numerical")
+    );
+    let decision = one(&recs, "decision");
+    assert_eq!(
+        decision.get("decision").unwrap()["action"],
+        "stop",
+        "{decision:?}"
+    );
+    let text = report_text(tmp.path(), "nan");
+    assert!(text.contains("loss: NOT healthy"), "{text}");
+    assert!(text.contains("numerical"), "{text}");
+}
+
+#[test]
+fn a_loss_spike_is_recorded_and_the_run_goes_on() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(tmp.path(), "spike");
+    c.args(["--max-restarts", "0", "--"])
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args(["--style", "titan", "--steps", "160", "--step-time", "0.02"])
+        .args(["--spike-at", "120"]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "spike");
+    let n = one(&recs, "numerical");
+    assert_eq!(n.get("finding").and_then(|v| v.as_str()), Some("spike"));
+    assert_eq!(n.get("action").and_then(|v| v.as_str()), Some("record"));
+    let since = n.get("since_step").and_then(|v| v.as_u64()).unwrap();
+    assert!((120..130).contains(&since), "{n:?}");
+    let text = report_text(tmp.path(), "spike");
+    assert!(text.contains("loss: NOT healthy"), "{text}");
+    // A run without either says so too.
+    let tmp2 = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(tmp2.path(), "fine");
+    c.args(["--max-restarts", "0", "--"])
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args(["--style", "titan", "--steps", "40", "--step-time", "0.02"]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let text = report_text(tmp2.path(), "fine");
+    assert!(text.contains("loss: healthy"), "{text}");
+}
