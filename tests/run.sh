@@ -49,7 +49,9 @@ fi
 # Every suite runs (--no-fail-fast); the last line sums them all, because
 # cargo's own last line is the empty doc-test run's "0 passed". The fuzz
 # targets come after (tests/fuzz.sh: built, each run 10 s over its seed
-# corpus), their line counted in the sum, one test per target.
+# corpus), their line counted in the sum, one test per target; then the
+# packages (tests/packaging.sh: the .deb and the RPM built, the .deb
+# installed, used and purged), one test per check.
 log=$(mktemp)
 set +e
 cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$log"
@@ -57,6 +59,9 @@ status=${PIPESTATUS[0]}
 bash tests/fuzz.sh 2>&1 | tee -a "$log"
 fuzz_status=${PIPESTATUS[0]}
 [ "$status" -ne 0 ] || status=$fuzz_status
+bash tests/packaging.sh 2>&1 | tee -a "$log"
+packaging_status=${PIPESTATUS[0]}
+[ "$status" -ne 0 ] || status=$packaging_status
 set -e
 awk '/^test result:/ { for (i = 2; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"
