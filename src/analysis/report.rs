@@ -353,9 +353,21 @@ pub fn build(
         }
     }
     let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
-    let productive = acc.productive_s;
+    let mut productive = acc.productive_s;
+    let mut lost = acc.lost_s.clone();
+    // Running slower than the job's own baseline: productive time, part of
+    // which bought no steps. Its own bucket, out of productive time.
+    for (attempt, slow) in crate::analysis::throughput::slow_time(records) {
+        let Some(a) = attempts.iter_mut().find(|a| a.attempt == attempt) else {
+            continue;
+        };
+        let slow = slow.min(a.productive_s);
+        a.productive_s -= slow;
+        *a.lost_s.entry("slowdown".into()).or_insert(0.0) += slow;
+        productive -= slow;
+        *lost.entry("slowdown".into()).or_insert(0.0) += slow;
+    }
     let journal_gaps = crate::analysis::accounting::journal_gaps(records, &acc.segments);
-    let lost = acc.lost_s.clone();
     let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
     let failures = failures_of(&events);
     let exit_code = events
@@ -727,6 +739,15 @@ pub fn render_text(r: &Report) -> String {
     for k in &crate::analysis::accounting::BUCKETS[1..] {
         let v = r.lost_s.get(*k).copied().unwrap_or(0.0);
         let _ = writeln!(s, "  {:<18} {:>10.1}s {:>6.1}%", k, v, pct(v, r.wall_s));
+    }
+    if let Some(v) = r.lost_s.get("slowdown") {
+        let _ = writeln!(
+            s,
+            "  {:<18} {:>10.1}s {:>6.1}%  (productive time that bought no steps: slower than the job's baseline)",
+            "slowdown",
+            v,
+            pct(*v, r.wall_s)
+        );
     }
     let _ = writeln!(s, "\nattempts:");
     for a in &r.attempts {

@@ -272,6 +272,45 @@ pub fn goodput(attempts: &[(f64, Option<&Throughput>)], wall_s: f64) -> Option<G
     })
 }
 
+/// Productive time lost to running slower than the baseline, by attempt:
+/// each slowdown from its first slow window to its end (or the attempt's
+/// last record), times the share of steps it cost (1 - baseline/step).
+pub fn slow_time(records: &[Record]) -> BTreeMap<u32, f64> {
+    let mut out = BTreeMap::new();
+    let mut open: BTreeMap<u32, (chrono::DateTime<chrono::Utc>, f64)> = BTreeMap::new();
+    let mut last_ts: BTreeMap<u32, chrono::DateTime<chrono::Utc>> = BTreeMap::new();
+    let cost =
+        |from: chrono::DateTime<chrono::Utc>, to: chrono::DateTime<chrono::Utc>, ratio: f64| {
+            let secs = (to - from).num_microseconds().unwrap_or(0) as f64 / 1e6;
+            secs.max(0.0) * (1.0 - 1.0 / ratio.max(1.0))
+        };
+    for r in records {
+        last_ts.insert(r.attempt, r.ts);
+        let Some(Event::Slowdown(s)) = r.event() else {
+            continue;
+        };
+        match s.state.as_deref() {
+            Some("started") => {
+                let back =
+                    chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);
+                open.insert(r.attempt, (r.ts - back, s.ratio.unwrap_or(1.0)));
+            }
+            Some("ended") => {
+                if let Some((from, ratio)) = open.remove(&r.attempt) {
+                    *out.entry(r.attempt).or_insert(0.0) += cost(from, r.ts, ratio);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (attempt, (from, ratio)) in open {
+        if let Some(to) = last_ts.get(&attempt) {
+            *out.entry(attempt).or_insert(0.0) += cost(from, *to, ratio);
+        }
+    }
+    out
+}
+
 /// A one-line sparkline of `values` in at most `width` characters (each
 /// the mean of its share of the values), scaled to their maximum.
 pub fn sparkline(values: &[f64], width: usize) -> String {

@@ -74,6 +74,17 @@ fn describe_event(event: &Event) -> Option<String> {
             x.timeout_s.unwrap_or(0.0),
             num(x.last_step)
         ),
+        Event::Slowdown(x) if x.state.as_deref() == Some("started") => format!(
+            "SLOWDOWN: {} ({})",
+            text(&x.detail),
+            text(&x.action)
+        ),
+        Event::Slowdown(x) => format!(
+            "slowdown over after {:.0}s: {:.3}s per step, baseline {:.3}s",
+            x.lasted_s.unwrap_or(0.0),
+            x.step_s.unwrap_or(0.0),
+            x.baseline_s.unwrap_or(0.0)
+        ),
         Event::Numerical(x) => format!(
             "NUMERICAL {}: {} ({})",
             text(&x.finding),

@@ -30,6 +30,7 @@ impl Config {
         file.failure.apply(self, &src)?;
         file.throughput.apply(self, &src)?;
         file.numerical.apply(self, &src)?;
+        file.slowdown.apply(self, &src)?;
         // The coordinator's checkpoint wait is the one the pre-timeout uses.
         self.coordinator.policy.checkpoint_wait = self.checkpoint_wait;
         Ok(())
@@ -199,6 +200,14 @@ section!(ThroughputSection "throughput" {
     devices_per_rank: u32 => throughput.devices_per_rank by count,
 });
 
+section!(SlowdownSection "slowdown" {
+    threshold: f64 => coordinator.policy.slowdown.threshold by non_negative,
+    sustain: Dur => coordinator.policy.slowdown.sustain by duration,
+    baseline_windows: usize => coordinator.policy.slowdown.baseline_windows by count,
+    warmup_windows: u32 => coordinator.policy.slowdown.warmup_windows by set,
+    action: String => coordinator.policy.slowdown.action by slow_action,
+});
+
 section!(NumericalSection "numerical" {
     nan_steps: u32 => numerical.nan_steps by count,
     nan_action: String => numerical.nan_action by numerical_act,
@@ -293,6 +302,7 @@ file_config! {
     nodes: NodesSection,
     throughput: ThroughputSection,
     numerical: NumericalSection,
+    slowdown: SlowdownSection,
 }
 
 /// A duration written as text or seconds.
@@ -356,6 +366,14 @@ fn adaptive_or_timeout(value: String, key: &str, out: &mut Option<Duration>) -> 
                 .map_err(|m| format!("{key}: {m}; \"adaptive\" learns it from the steps"))?,
         )
     };
+    Ok(())
+}
+
+/// `"record"`, `"checkpoint"` or `"exclude"`.
+fn slow_action(value: String, key: &str, out: &mut crate::policy::slowdown::SlowAction) -> Stored {
+    *out = crate::policy::slowdown::SlowAction::parse(&value).ok_or_else(|| {
+        format!("{key} must be \"record\", \"checkpoint\" or \"exclude\", not {value:?}")
+    })?;
     Ok(())
 }
 

@@ -157,6 +157,30 @@ events! {
         detail: String,
     }
 
+    /// The job's step time rose above its own baseline for a while, or
+    /// came back (`policy::slowdown`, judged by the coordinator).
+    Slowdown = "slowdown" {
+        /// `started` or `ended`.
+        state: String,
+        /// The job's step time in the last window, and its baseline.
+        step_s: f64,
+        baseline_s: f64,
+        ratio: f64,
+        /// How long it had been slow when it was called a slowdown.
+        slow_for_s: f64,
+        /// `ended`: from its first slow window to the first normal one.
+        lasted_s: f64,
+        /// `rank`, `node`, `ranks`, `all_ranks`, `waiting`, `unknown`.
+        attribution: String,
+        /// The ranks whose compute time rose, and their node.
+        ranks: Vec<u32>,
+        straggler_node: String,
+        compute_ratio: f64,
+        /// `record`, `checkpoint`, `exclude`.
+        action: String,
+        detail: String,
+    }
+
     /// Progress (sampled).
     Progress = "progress" {
         /// The step's number, from the source that names it.

@@ -9,5 +9,6 @@ pub mod failure;
 pub mod hang;
 pub mod numerical;
 pub mod restart;
+pub mod slowdown;
 pub mod stall;
 pub mod straggler;

@@ -267,3 +267,67 @@ fn a_loss_spike_is_recorded_and_the_run_goes_on() {
     let text = report_text(tmp2.path(), "fine");
     assert!(text.contains("loss: healthy"), "{text}");
 }
+
+#[test]
+fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
+    // Lockstep ranks: from step 30 rank 1 computes three times as long and
+    // rank 0 waits for it at every step, so both step intervals rise; only
+    // the ranks' compute_s tells which one holds the other back.
+    let tmp = tempfile::tempdir().unwrap();
+    let ckpt = tmp.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[straggler]\nwindow = \"500ms\"\ncheckpoint = false\n\
+         [slowdown]\nthreshold = 0.3\nsustain = \"2s\"\nbaseline_windows = 6\nwarmup_windows = 1\n",
+    );
+    let mut c = run_local(
+        tmp.path(),
+        "slow",
+        2,
+        &["--max-restarts", "0", "--config", cfg.to_str().unwrap()],
+        &[
+            "--total",
+            "75",
+            "--step-time",
+            "0.1",
+            "--ckpt-dir",
+            ckpt.to_str().unwrap(),
+            "--ckpt-every",
+            "1000",
+            "--slow-rank",
+            "1",
+            "--slow-factor",
+            "3",
+            "--slow-from",
+            "30",
+        ],
+    );
+    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "slow");
+    let started: Vec<_> = kinds(&recs, "slowdown")
+        .into_iter()
+        .filter(|r| r.get("state").and_then(|s| s.as_str()) == Some("started"))
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    let s = started[0];
+    assert_eq!(
+        s.get("attribution").and_then(|v| v.as_str()),
+        Some("rank"),
+        "{s:?}"
+    );
+    assert_eq!(
+        s.get("ranks").cloned(),
+        Some(serde_json::json!([1])),
+        "{s:?}"
+    );
+    let ratio = s.get("ratio").and_then(|v| v.as_f64()).unwrap();
+    assert!(ratio > 1.8, "{s:?}");
+    // The report counts the time it cost as its own bucket.
+    let r = report_json(tmp.path(), "slow");
+    let slow = r["lost_s"]["slowdown"].as_f64().unwrap_or(0.0);
+    assert!(slow > 1.0, "{}", r["lost_s"]);
+    let text = report_text(tmp.path(), "slow");
+    assert!(text.contains("\n  slowdown "), "{text}");
+}

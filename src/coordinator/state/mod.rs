@@ -42,6 +42,8 @@ pub struct CoordinatorConfig {
     pub checkpoint_advised: bool,
     /// A rank not heard from for this long is reported lost.
     pub lost_after: Duration,
+    /// The job's step time against its own baseline (`[slowdown]`).
+    pub slowdown: crate::policy::slowdown::SlowdownConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -56,6 +58,7 @@ impl Default for CoordinatorConfig {
             checkpoint_every: None,
             checkpoint_advised: false,
             lost_after: Duration::from_secs(30),
+            slowdown: Default::default(),
         }
     }
 }
@@ -120,6 +123,8 @@ pub struct JobView {
     commands: Vec<Command>,
     seq: u64,
     straggler: StragglerPolicy,
+    /// Slowdowns against the job's own step time, this attempt.
+    slowdown: crate::policy::slowdown::Watch,
     next_window: Instant,
     /// Nodes flagged as stragglers in each attempt (confirmation across restarts).
     slow_nodes_by_attempt: BTreeMap<u32, Vec<String>>,
@@ -171,6 +176,7 @@ impl JobView {
             commands: Vec::new(),
             seq: 0,
             straggler: StragglerPolicy::new(cfg.straggler.clone()),
+            slowdown: crate::policy::slowdown::Watch::new(cfg.slowdown.clone()),
             next_window: now + cfg.straggler.window,
             slow_nodes_by_attempt: BTreeMap::new(),
             pending: None,
@@ -239,6 +245,7 @@ impl JobView {
         self.restarts += 1;
         self.relaunch_measured = false;
         self.straggler.reset_totals();
+        self.slowdown = crate::policy::slowdown::Watch::new(self.cfg.slowdown.clone());
         self.next_window = now + self.cfg.straggler.window;
         vec![journal(
             ev::CoordinatorAttempt {

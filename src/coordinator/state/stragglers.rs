@@ -82,6 +82,84 @@ impl JobView {
         if exclude_now && self.pending.is_none() {
             self.exclude_straggler(None, now, out);
         }
+        self.slowdown_window(&totals, now, out);
+    }
+
+    /// The job's step time against its baseline: a slowdown's start and
+    /// end journaled, and its action (`[slowdown] action`) carried out.
+    fn slowdown_window(&mut self, totals: &[Totals], now: Instant, out: &mut Vec<Effect>) {
+        use crate::policy::slowdown::{Change, SlowAction};
+        let Some(change) = self.slowdown.on_window(now, totals) else {
+            return;
+        };
+        let action = self.cfg.slowdown.action;
+        match change {
+            Change::Started {
+                since,
+                step_s,
+                baseline_s,
+                attribution,
+            } => {
+                let detail = format!(
+                    "{step_s:.3}s per step against a baseline of {baseline_s:.3}s (+{:.0}%) for {:.0}s: {}",
+                    100.0 * (step_s / baseline_s - 1.0),
+                    now.saturating_duration_since(since).as_secs_f64(),
+                    attribution.describe()
+                );
+                out.push(journal(
+                    ev::Slowdown {
+                        state: Some("started".into()),
+                        step_s: Some(step_s),
+                        baseline_s: Some(baseline_s),
+                        ratio: Some(step_s / baseline_s),
+                        slow_for_s: Some(now.saturating_duration_since(since).as_secs_f64()),
+                        attribution: Some(attribution.kind.into()),
+                        ranks: Some(attribution.ranks.clone()),
+                        straggler_node: attribution.node.clone(),
+                        compute_ratio: attribution.compute_ratio,
+                        action: Some(action.name().into()),
+                        detail: Some(detail.clone()),
+                        ..Default::default()
+                    },
+                    true,
+                ));
+                let blamed = attribution
+                    .node
+                    .clone()
+                    .filter(|_| matches!(attribution.kind, "rank" | "node"));
+                if action == SlowAction::Exclude
+                    && self.excluding.is_none()
+                    && self.failing.is_none()
+                {
+                    if let Some(node) = blamed {
+                        self.excluding = Some((node, format!("slowdown: {detail}")));
+                    }
+                }
+                if action != SlowAction::Record && self.failing.is_none() {
+                    if let Ok((_, _, e)) = self.request_checkpoint("slowdown", now) {
+                        out.extend(e);
+                    }
+                }
+                if self.excluding.is_some() && self.pending.is_none() {
+                    self.exclude_straggler(None, now, out);
+                }
+            }
+            Change::Ended {
+                step_s,
+                baseline_s,
+                lasted,
+            } => out.push(journal(
+                ev::Slowdown {
+                    state: Some("ended".into()),
+                    step_s: Some(step_s),
+                    baseline_s: Some(baseline_s),
+                    ratio: Some(step_s / baseline_s),
+                    lasted_s: Some(lasted.as_secs_f64()),
+                    ..Default::default()
+                },
+                true,
+            )),
+        }
     }
 
     /// Nodes flagged as stragglers in earlier attempts, from the journal
