@@ -445,6 +445,10 @@ impl Shown {
     fn report(&self, slurm: Option<&crate::analysis::accounting::SlurmTimes>) -> report::Report {
         let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
         r.skipped_lines = self.skipped.clone();
+        // The site's (or the default) share of the interval a save may take;
+        // a configuration that does not load costs only this warning's tuning.
+        r.checkpoints.warn_share =
+            Some(Config::load(None).map_or(0.1, |c| c.checkpoint_warn_share));
         r.run = Some(self.run.clone());
         r.runs = self.runs.clone();
         r

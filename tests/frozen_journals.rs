@@ -12,7 +12,8 @@
 //!
 //! Slurm's own records and the node history are left out (they depend on
 //! the cluster and the date): this is the journal's part of each output.
-//! Sections later builds added (the loss health) are checked apart.
+//! Sections later builds added (the loss health, the last restorable
+//! checkpoint) are checked apart.
 
 use resilio::analysis::{html as report_html, report, timeline};
 use resilio::journal;
@@ -68,6 +69,15 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
         // A section later builds added: whether the loss stayed healthy.
         // The earlier outputs are compared without it; it is checked here:
         // these runs' losses (the socket's `loss=`) were all healthy.
+        // And the last restorable checkpoint: every job with a confirmed
+        // checkpoint has one (none was found incomplete then).
+        let last = r.checkpoints.last_restorable.take();
+        if r.checkpoints.count > 0 && last.is_none() {
+            failures.push(format!(
+                "{job}: no restorable checkpoint of {}",
+                r.checkpoints.count
+            ));
+        }
         if let Some(l) = r.loss.take() {
             with_loss += 1;
             if !l.healthy || l.last.is_none() {

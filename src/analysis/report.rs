@@ -196,6 +196,35 @@ pub struct Checkpoints {
     pub mean_duration_s: Option<f64>,
     /// Mean time between successive confirmed checkpoints.
     pub mean_interval_s: Option<f64>,
+    /// The last checkpoint that can be restored: confirmed, and whole
+    /// where its files were looked at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_restorable: Option<Restorable>,
+    /// Checkpoints whose directory still held temporary names when found.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub incomplete: Vec<Restorable>,
+    /// Mean size of the checkpoints whose directory was watched.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mean_size_bytes: Option<f64>,
+    /// `[checkpoint] warn_share` where the report's reader set it: warn
+    /// when a save takes more than this share of the interval.
+    #[serde(skip)]
+    pub warn_share: Option<f64>,
+}
+
+/// One confirmed checkpoint.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Restorable {
+    pub attempt: u32,
+    pub step: Option<u64>,
+    pub ts: Option<DateTime<Utc>>,
+    pub source: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub temp_names: Vec<String>,
 }
 
 fn checkpoint_stats(records: &[Record]) -> Checkpoints {
@@ -203,6 +232,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     let mut done: Vec<(u32, Option<u64>, DateTime<Utc>)> = Vec::new();
     let mut durations = Vec::new();
     let mut started: BTreeMap<(Option<u32>, u32), DateTime<Utc>> = BTreeMap::new();
+    let (mut last_restorable, mut incomplete, mut sizes) = (None, Vec::new(), Vec::new());
     for (r, e) in crate::journal::events(records) {
         match e {
             Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
@@ -211,6 +241,21 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
             Event::CheckpointDone(c) => {
                 if let Some(t0) = started.remove(&(r.rank, r.attempt)) {
                     durations.push(secs(t0, r.ts));
+                }
+                let one = Restorable {
+                    attempt: r.attempt,
+                    step: c.step,
+                    ts: Some(r.ts),
+                    source: c.source.clone(),
+                    path: c.path.clone(),
+                    size_bytes: c.size_bytes,
+                    temp_names: c.temp_names.clone().unwrap_or_default(),
+                };
+                sizes.extend(c.size_bytes.map(|b| b as f64));
+                if c.complete == Some(false) {
+                    incomplete.push(one);
+                } else {
+                    last_restorable = Some(one);
                 }
                 let key = (r.attempt, c.step);
                 if !done.iter().any(|(a, s, _)| (*a, *s) == key) {
@@ -230,6 +275,10 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
         count: done.len(),
         mean_duration_s: mean(&durations),
         mean_interval_s: mean(&intervals),
+        last_restorable,
+        incomplete,
+        mean_size_bytes: mean(&sizes),
+        warn_share: None,
     }
 }
 
@@ -599,6 +648,56 @@ pub fn summary_line(r: &Report) -> String {
 }
 
 /// Render the report for humans.
+/// The checkpoint that can be restored, checkpoints found incomplete, and
+/// saves that take too much of the time between them.
+fn render_checkpoint_health(s: &mut String, r: &Report) {
+    let c = &r.checkpoints;
+    let size = |b: u64| {
+        if b >= 1 << 30 {
+            format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)
+        } else {
+            format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+        }
+    };
+    if let Some(l) = &c.last_restorable {
+        let _ = writeln!(
+            s,
+            "last restorable checkpoint: step {}{}{} (attempt {}, {})",
+            l.step.map_or("-".into(), |x| x.to_string()),
+            l.path
+                .as_ref()
+                .map_or(String::new(), |p| format!(" in {p}")),
+            l.size_bytes
+                .map_or(String::new(), |b| format!(", {}", size(b))),
+            l.attempt,
+            l.ts.map_or("-".into(), |t| t.format("%H:%M:%S%.3fZ").to_string()),
+        );
+    } else if !c.incomplete.is_empty() {
+        let _ = writeln!(s, "last restorable checkpoint: none");
+    }
+    for i in &c.incomplete {
+        let _ = writeln!(
+            s,
+            "  incomplete: step {}{}: temporary names left in it ({})",
+            i.step.map_or("-".into(), |x| x.to_string()),
+            i.path
+                .as_ref()
+                .map_or(String::new(), |p| format!(" in {p}")),
+            i.temp_names.join(", ")
+        );
+    }
+    if let (Some(share), Some(d), Some(iv)) = (c.warn_share, c.mean_duration_s, c.mean_interval_s) {
+        if iv > 0.0 && d / iv > share {
+            let _ = writeln!(
+                s,
+                "warning: a checkpoint takes {d:.1}s, {:.0}% of the {iv:.1}s between them (more than [checkpoint] warn_share {:.0}%): save less often or asynchronously",
+                100.0 * d / iv,
+                100.0 * share
+            );
+        }
+    }
+}
+
 /// Whether the loss stayed healthy, when one was seen.
 fn render_loss(s: &mut String, r: &Report) {
     if let Some(l) = &r.loss {
@@ -796,6 +895,7 @@ pub fn render_text(r: &Report) -> String {
                 .map_or("-".into(), |d| format!("{d:.1}s")),
         );
     }
+    render_checkpoint_health(&mut s, r);
     if let Some(a) = &r.checkpoint_advice {
         let _ = writeln!(
             s,
@@ -926,6 +1026,36 @@ mod tests {
             node: Some("n1".into()),
             data: data.as_object().cloned().unwrap_or_default(),
         }
+    }
+
+    #[test]
+    fn a_save_taking_a_large_share_of_the_interval_is_warned_about() {
+        let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
+        for (i, t) in [10.0, 30.0, 50.0].iter().enumerate() {
+            recs.push(rec(*t, "phase", 0, json!({"phase": "checkpoint"})));
+            recs.push(rec(
+                t + 5.0,
+                "checkpoint_done",
+                0,
+                json!({"step": 10 * (i + 1)}),
+            ));
+        }
+        recs.push(rec(60.0, "rank_exit", 0, json!({"exit_code": 0})));
+        let mut r = build("j", &recs, 0, None);
+        assert_eq!(r.checkpoints.mean_duration_s, Some(5.0));
+        assert_eq!(r.checkpoints.mean_interval_s, Some(20.0));
+        assert_eq!(
+            r.checkpoints.last_restorable.as_ref().unwrap().step,
+            Some(30)
+        );
+        r.checkpoints.warn_share = Some(0.1);
+        let text = render_text(&r);
+        assert!(
+            text.contains("warning: a checkpoint takes 5.0s, 25% of the 20.0s between them"),
+            "{text}"
+        );
+        r.checkpoints.warn_share = Some(0.3);
+        assert!(!render_text(&r).contains("warning: a checkpoint"));
     }
 
     #[test]

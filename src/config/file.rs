@@ -154,6 +154,7 @@ section!(CheckpointSection "checkpoint" {
     watch_dir: PathBuf => checkpoint_watch_dir by path_or_off,
     watch_regex: String => checkpoint_watch_regex by path_regex,
     watch_poll: Dur => checkpoint_watch_poll by at_least::<100>,
+    warn_share: f64 => checkpoint_warn_share by fraction,
 });
 
 section!(SlurmSection "slurm" {

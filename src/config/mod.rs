@@ -165,6 +165,9 @@ pub struct Config {
     pub checkpoint_watch_regex: regex::Regex,
     /// Rescan period (what inotify cannot see: network filesystems).
     pub checkpoint_watch_poll: Duration,
+    /// `report` warns when a save takes more than this share of the
+    /// interval between saves.
+    pub checkpoint_warn_share: f64,
     /// The signal Slurm sends before the time limit (`sbatch --signal=B:USR1@N`).
     pub pre_timeout_signal: nix::sys::signal::Signal,
     /// In a Slurm step, forward signals to the trainer too. Off by default:
@@ -312,6 +315,7 @@ impl Default for Config {
             checkpoint_watch_regex: regex::Regex::new(DEFAULT_CHECKPOINT_WATCH_REGEX)
                 .expect("default regex"),
             checkpoint_watch_poll: Duration::from_secs(5),
+            checkpoint_warn_share: 0.1,
             pre_timeout_signal: nix::sys::signal::Signal::SIGUSR1,
             slurm_forward_signals: false,
             health: HealthConfig::default(),

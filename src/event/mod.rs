@@ -220,6 +220,14 @@ events! {
         source: String,
         duration_s: f64,
         blocked_training: bool,
+        /// From the watched checkpoint directory: the checkpoint's
+        /// directory, its size and files, and whether it looks whole (no
+        /// temporary names left in it).
+        path: String,
+        size_bytes: u64,
+        files: u64,
+        complete: bool,
+        temp_names: Vec<String>,
     }
 
     /// No progress within the limit.

@@ -30,6 +30,72 @@ impl Drop for DirWatch {
     }
 }
 
+/// One checkpoint's files, looked at when it was found complete.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Files {
+    /// The checkpoint, relative to the watched directory (`checkpoint-500`).
+    pub path: String,
+    pub step: Option<u64>,
+    pub bytes: u64,
+    pub files: u64,
+    /// Names a save in progress leaves (`*.tmp`, `*.partial`, ...), at most 5.
+    pub temp_names: Vec<String>,
+    /// More than [`MAX_FILES`] entries: the counts stop there.
+    pub truncated: bool,
+}
+
+/// Entries looked at per checkpoint, at most.
+pub const MAX_FILES: u64 = 100_000;
+
+/// A name a save leaves while it writes (or leaves behind when it dies).
+fn is_temporary(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    [".tmp", ".temp", ".partial", ".incomplete", ".lock", "~"]
+        .iter()
+        .any(|s| lower.ends_with(s))
+        || lower.starts_with(".tmp")
+        || lower.contains(".tmp.")
+}
+
+/// The files of the checkpoint `matched` names: the directory of its first
+/// path component (`checkpoint-500/trainer_state.json` is in
+/// `checkpoint-500/`), or the matched file alone at the top.
+pub fn inspect(dir: &Path, matched: &str, step: Option<u64>) -> Files {
+    let top = matched.split('/').next().unwrap_or(matched);
+    let root = dir.join(top);
+    let mut f = Files {
+        path: top.to_string(),
+        step,
+        ..Default::default()
+    };
+    let mut stack = vec![root];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if f.files >= MAX_FILES {
+            f.truncated = true;
+            break;
+        }
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if is_temporary(&name) && f.temp_names.len() < 5 {
+            f.temp_names.push(name);
+        }
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else {
+            f.files += 1;
+            f.bytes += meta.len();
+        }
+    }
+    f
+}
+
 /// Matching paths under `dir` (relative, `/`-separated), with their steps.
 pub fn scan(dir: &Path, re: &Regex) -> Vec<(String, Option<u64>)> {
     let mut out = Vec::new();
@@ -99,7 +165,12 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 let mut found = scan(&dir, &re);
                 found.sort_by_key(|(_, s)| *s);
                 for (path, step) in found {
-                    if seen.insert(path) {
+                    if seen.insert(path.clone()) {
+                        tx.send(Event {
+                            at: Instant::now(),
+                            source: Source::CheckpointDir,
+                            kind: Kind::CheckpointFiles(inspect(&dir, &path, step)),
+                        });
                         tx.send(Event {
                             at: Instant::now(),
                             source: Source::CheckpointDir,
@@ -118,6 +189,29 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoints_size_and_leftover_temporary_names_are_found() {
+        let d = tempfile::tempdir().unwrap();
+        for (p, n) in [
+            ("checkpoint-100/model.safetensors", 1000),
+            ("checkpoint-100/optimizer/shard0.pt", 500),
+            ("checkpoint-100/optimizer/shard1.pt.tmp", 7),
+            ("checkpoint-100/trainer_state.json", 3),
+            ("checkpoint-200/model.safetensors", 99),
+        ] {
+            let f = d.path().join(p);
+            std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+            std::fs::write(f, vec![0u8; n]).unwrap();
+        }
+        let f = inspect(d.path(), "checkpoint-100/trainer_state.json", Some(100));
+        assert_eq!(
+            (f.path.as_str(), f.files, f.bytes),
+            ("checkpoint-100", 4, 1510)
+        );
+        assert_eq!(f.temp_names, vec!["shard1.pt.tmp".to_string()]);
+        assert!(!f.truncated);
+    }
 
     #[test]
     fn only_complete_checkpoints_match_and_give_their_step() {

@@ -74,6 +74,10 @@ pub enum Kind {
     Phase { name: String, step: Option<u64> },
     /// The trainer finished a checkpoint (at a step, when it said which).
     CheckpointDone { step: Option<u64> },
+    /// What the watched checkpoint directory holds for the checkpoint whose
+    /// `CheckpointDone` follows (its size, and names a save in progress
+    /// leaves behind).
+    CheckpointFiles(checkpoint_dir::Files),
     /// Figures printed without a step (`{'loss': 0.09, ...}`): no progress,
     /// they go with the next step's record.
     Figures(Vec<(String, f64)>),

@@ -55,6 +55,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         } => on_step(k, at, source, step, metrics, with_phase),
         Kind::Phase { name, step } => on_phase(k, at, source, name, step),
         Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
+        Kind::CheckpointFiles(f) => k.plog.checkpoint_files = Some(f),
         Kind::Figures(f) => {
             if let Some(w) = k.numerical.as_deref_mut() {
                 k.findings.extend(w.observe(None, &f));
@@ -294,6 +295,10 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
     // Its duration, and whether training went on meanwhile (an
     // asynchronous save) or waited for it.
     let began = plog.checkpoint_began.take();
+    let files = plog
+        .checkpoint_files
+        .take()
+        .filter(|f| f.step == step && source == progress::Source::CheckpointDir);
     journal.write_at(
         clock.wall(at),
         ev::CheckpointDone {
@@ -301,6 +306,14 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
             source: Some(source.name().into()),
             duration_s: began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
             blocked_training: began.map(|(_, at_step)| policy.last_step() <= at_step),
+            complete: files.as_ref().map(|f| f.temp_names.is_empty()),
+            path: files.as_ref().map(|f| f.path.clone()),
+            size_bytes: files.as_ref().map(|f| f.bytes),
+            files: files.as_ref().map(|f| f.files),
+            temp_names: files
+                .as_ref()
+                .filter(|f| !f.temp_names.is_empty())
+                .map(|f| f.temp_names.clone()),
         },
         true,
     );

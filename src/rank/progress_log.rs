@@ -57,6 +57,8 @@ pub(crate) struct ProgressLog {
     pub unknown_phases_unlisted: u64,
     /// Figures printed since the last step, for its record.
     pub figures: Vec<(String, f64)>,
+    /// The files of the checkpoint whose `CheckpointDone` comes next.
+    pub checkpoint_files: Option<crate::progress::checkpoint_dir::Files>,
     /// Metrics seen since the last record: name, sum, count.
     sums: Vec<(String, f64, u32)>,
 }
@@ -141,6 +143,7 @@ impl ProgressLog {
             last_named_at: None,
             checkpoint_began: None,
             figures: Vec::new(),
+            checkpoint_files: None,
             sums: Vec::new(),
             tracker: Tracker::new(),
             unknown_phases: Default::default(),

@@ -331,3 +331,78 @@ fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
     let text = report_text(tmp.path(), "slow");
     assert!(text.contains("\n  slowdown "), "{text}");
 }
+
+#[test]
+fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    std::fs::create_dir_all(&ck).unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"200ms\"\n",
+            ck.display()
+        ),
+    );
+    // checkpoint-10 saved whole (3000 bytes, COMPLETE written last); then
+    // checkpoint-20, whose marker came while a shard still had its
+    // temporary name (a save that went wrong).
+    let script = format!(
+        "import os, time\nck = {:?}\n\
+         os.makedirs(ck + '/checkpoint-10/shards')\n\
+         open(ck + '/checkpoint-10/shards/a.pt', 'wb').write(b'x' * 2000)\n\
+         open(ck + '/checkpoint-10/model.pt', 'wb').write(b'x' * 1000)\n\
+         open(ck + '/checkpoint-10/COMPLETE', 'w').close()\n\
+         time.sleep(1.0)\n\
+         os.makedirs(ck + '/checkpoint-20')\n\
+         open(ck + '/checkpoint-20/model.pt.tmp', 'wb').write(b'x' * 10)\n\
+         open(ck + '/checkpoint-20/COMPLETE', 'w').close()\n\
+         time.sleep(1.0)\n",
+        ck.to_str().unwrap()
+    );
+    let mut c = resilio_run(tmp.path(), "ckh");
+    c.args([
+        "--max-restarts",
+        "0",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "ckh");
+    let done = kinds(&recs, "checkpoint_done");
+    assert_eq!(done.len(), 2, "{done:#?}");
+    assert_eq!(
+        done[0].get("size_bytes").and_then(|v| v.as_u64()),
+        Some(3000)
+    );
+    assert_eq!(done[0].get("files").and_then(|v| v.as_u64()), Some(3));
+    assert_eq!(
+        done[0].get("complete").and_then(|v| v.as_bool()),
+        Some(true)
+    );
+    assert_eq!(
+        done[1].get("complete").and_then(|v| v.as_bool()),
+        Some(false)
+    );
+    let r = report_json(tmp.path(), "ckh");
+    let last = &r["checkpoints"]["last_restorable"];
+    assert_eq!(last["step"], 10, "{r}");
+    assert_eq!(last["path"], "checkpoint-10", "{r}");
+    assert_eq!(r["checkpoints"]["incomplete"][0]["step"], 20, "{r}");
+    let text = report_text(tmp.path(), "ckh");
+    assert!(
+        text.contains("last restorable checkpoint: step 10 in checkpoint-10"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "incomplete: step 20 in checkpoint-20: temporary names left in it (model.pt.tmp)"
+        ),
+        "{text}"
+    );
+}
