@@ -101,7 +101,8 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
                 failures.push(format!("{job}.{ext}: {}", first_difference(&want, &got)));
             }
         }
-        let html = report_html::render(&job, &j.records, &r);
+        // (The charts under the rows came later too: the page without them.)
+        let html = report_html::render_with(&job, &j.records, &r, false);
         let path = expected.join(format!("{job}.html.fnv64"));
         let want = std::fs::read_to_string(&path).unwrap();
         compared += 1;

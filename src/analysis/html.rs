@@ -3,7 +3,8 @@
 //! time accounting as one bar, then a row per rank (per node for jobs of
 //! more than [`MAX_RANK_ROWS`] ranks) with time on the x axis: startup,
 //! progressing, checkpointing, stalled, down, queued; failure markers and
-//! the supervisor's actions, each with a tooltip giving cause and evidence.
+//! the supervisor's actions, each with a tooltip giving cause and evidence;
+//! under them the charts of [`crate::analysis::charts`] (step rate, loss, MFU).
 
 use crate::analysis::report::Report;
 use crate::event::{Class, Event};
@@ -205,6 +206,12 @@ fn tooltip_of(r: &Record) -> String {
 
 /// Render the page.
 pub fn render(job: &str, records: &[Record], report: &Report) -> String {
+    render_with(job, records, report, true)
+}
+
+/// [`render`], with or without the charts under the rows (the frozen
+/// journals' pages were made before there were any).
+pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool) -> String {
     let (Some(t0), Some(t1)) = (report.start, report.end) else {
         return format!(
             "<!doctype html><html><head><meta charset=\"utf-8\"><title>resilio: job {0}</title></head><body><p>job {0}: no records</p></body></html>\n",
@@ -320,7 +327,13 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
     let plot_top = 150.0;
     let job_row_y = plot_top;
     let first_row_y = job_row_y + ROW_H + 3.0 * ROW_GAP;
-    let height = first_row_y + rows.len() as f64 * (ROW_H + ROW_GAP) + 40.0;
+    let rows_end = first_row_y + rows.len() as f64 * (ROW_H + ROW_GAP);
+    let (chart_svg, chart_h) = if charts {
+        super::charts::render(records, report, &x, rows_end + 20.0, LABEL_W, PLOT_W)
+    } else {
+        (String::new(), 0.0)
+    };
+    let height = rows_end + chart_h + 40.0;
     let width = LABEL_W + PLOT_W + 20.0;
     let row_y = |name: &str| {
         rows.iter()
@@ -558,6 +571,7 @@ pub fn render(job: &str, records: &[Record], report: &Report) -> String {
             }
         }
     }
+    h.push_str(&chart_svg);
     h.push_str("</svg>\n");
     let _ = writeln!(
         h,

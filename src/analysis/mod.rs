@@ -6,6 +6,7 @@
 
 pub mod accounting;
 pub mod advice;
+pub mod charts;
 pub mod html;
 pub mod loss;
 pub mod node_history;

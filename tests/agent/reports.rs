@@ -290,7 +290,7 @@ fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
 }
 
 /// Pixels of exactly this colour in an RGB(A) PNG.
-fn count_colour(png_path: &std::path::Path, rgb: [u8; 3]) -> usize {
+pub(crate) fn count_colour(png_path: &std::path::Path, rgb: [u8; 3]) -> usize {
     let decoder = png::Decoder::new(std::fs::File::open(png_path).unwrap());
     let mut reader = decoder.read_info().unwrap();
     let mut buf = vec![0; reader.output_buffer_size()];

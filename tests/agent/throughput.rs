@@ -406,3 +406,110 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
         "{text}"
     );
 }
+
+/// The HTML timeline's charts (tokens/s, loss with its NaN marks, MFU),
+/// rendered by headless Chromium: each line must be on the screenshot.
+#[test]
+fn the_timeline_charts_render_in_headless_chromium() {
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect(
+            "headless Chromium is needed for this test (tests/run.sh installs Debian's `chromium`)",
+        );
+    let tmp = tempfile::tempdir().unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        "[journal]\nprogress_interval = \"300ms\"\n[numerical]\nnan_action = \"record\"\n",
+    );
+    let mut c = resilio_run(tmp.path(), "charts");
+    c.args([
+        "--max-restarts",
+        "0",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--",
+    ])
+    .arg("python3")
+    .arg(throughput_trainer())
+    .args([
+        "--style",
+        "titan",
+        "--steps",
+        "150",
+        "--step-time",
+        "0.03",
+        "--nan-at",
+        "120",
+    ]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let page = tmp.path().join("charts.html");
+    let o = Command::new(bin())
+        .args([
+            "timeline",
+            "charts",
+            "--html",
+            page.to_str().unwrap(),
+            "--state-dir",
+        ])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(!html.contains("<script"), "self-contained, no script");
+    for (title, colour) in [
+        ("tokens/s", resilio::analysis::charts::RATE),
+        ("loss", resilio::analysis::charts::LOSS),
+        ("MFU", resilio::analysis::charts::MFU),
+    ] {
+        assert!(
+            html.contains(&format!(">{title}</text>")),
+            "no {title} chart"
+        );
+        assert!(
+            html.contains(&format!("stroke=\"{colour}\"")),
+            "no {title} line"
+        );
+    }
+    assert!(
+        html.contains("<title>NaN or Inf</title>"),
+        "the NaN losses are marked"
+    );
+    let shot = tmp.path().join("charts.png");
+    let mut c = Command::new(chromium);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--window-size=1250,900",
+    ])
+    .arg(format!(
+        "--user-data-dir={}",
+        tmp.path().join("profile").display()
+    ))
+    .arg(format!("--screenshot={}", shot.display()))
+    .arg(format!("file://{}", page.display()))
+    .env("HOME", tmp.path());
+    let (o, _) = output_within(&mut c, Duration::from_secs(120));
+    assert!(shot.exists(), "no screenshot: {}", stderr_of(&o));
+    let rgb = |hex: &str| {
+        let v = u32::from_str_radix(&hex[1..], 16).unwrap();
+        [(v >> 16) as u8, (v >> 8) as u8, v as u8]
+    };
+    for (what, colour) in [
+        ("tokens/s", resilio::analysis::charts::RATE),
+        ("loss", resilio::analysis::charts::LOSS),
+        ("MFU", resilio::analysis::charts::MFU),
+    ] {
+        let n = crate::reports::count_colour(&shot, rgb(colour));
+        assert!(n > 150, "{what} line: {n} pixels of {colour}");
+    }
+}
