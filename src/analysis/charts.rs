@@ -223,7 +223,7 @@ pub fn render(
         if c.title != "loss" {
             lo = lo.min(0.0);
         }
-        if !(hi > lo) {
+        if hi.partial_cmp(&lo) != Some(std::cmp::Ordering::Greater) {
             hi = lo + 1.0;
         }
         let yv = |v: f64| y + CHART_H - CHART_H * (v - lo) / (hi - lo);
