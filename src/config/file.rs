@@ -378,10 +378,11 @@ fn slow_action(value: String, key: &str, out: &mut crate::policy::slowdown::Slow
     Ok(())
 }
 
-/// `"record"` or `"stop"`.
+/// `"record"`, `"stop"` or `"rollback"`.
 fn numerical_act(value: String, key: &str, out: &mut crate::policy::numerical::Act) -> Stored {
-    *out = crate::policy::numerical::Act::parse(&value)
-        .ok_or_else(|| format!("{key} must be \"record\" or \"stop\", not {value:?}"))?;
+    *out = crate::policy::numerical::Act::parse(&value).ok_or_else(|| {
+        format!("{key} must be \"record\", \"stop\" or \"rollback\", not {value:?}")
+    })?;
     Ok(())
 }
 

@@ -181,6 +181,16 @@ events! {
         detail: String,
     }
 
+    /// The next attempt restarts from the checkpoint before a numerical
+    /// failure, skipping the steps whose data led to it.
+    RollbackPlanned = "rollback" {
+        for_attempt: u32,
+        checkpoint_step: u64,
+        /// `FROM-TO`, as `RESILIO_SKIP_STEPS` gives it to the trainer.
+        skip_steps: String,
+        detail: String,
+    }
+
     /// Progress (sampled).
     Progress = "progress" {
         /// The step's number, from the source that names it.

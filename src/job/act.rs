@@ -75,6 +75,105 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
 }
 
 /// The job has ended (no restart follows from this process).
+/// The file the next attempt's agents read a rollback from.
+pub const ROLLBACK_FILE: &str = "rollback.json";
+
+/// A rollback for the next attempt: the checkpoint to restart from and the
+/// steps whose data to skip (`policy::numerical`, action `rollback`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Rollback {
+    pub for_attempt: u32,
+    /// The last checkpoint confirmed before the bad values began (none:
+    /// the trainer starts from scratch, or from what it has).
+    pub checkpoint_step: Option<u64>,
+    /// The steps whose data led to the bad values: from the first bad
+    /// report's step to the one the finding was made at.
+    pub skip_from: Option<u64>,
+    pub skip_to: Option<u64>,
+    pub detail: String,
+}
+
+impl Rollback {
+    /// `RESILIO_SKIP_STEPS`: `FROM-TO`.
+    pub fn skip_steps(&self) -> Option<String> {
+        match (self.skip_from, self.skip_to) {
+            (Some(a), Some(b)) => Some(format!("{a}-{}", b.max(a))),
+            (Some(a), None) | (None, Some(a)) => Some(format!("{a}-{a}")),
+            (None, None) => None,
+        }
+    }
+}
+
+/// After a decision to run again on a rollback: work the rollback out from
+/// the journal, journal it and leave it for the next attempt's agents
+/// (`JOB_DIR/rollback.json`, replaced whole). Nothing for other decisions.
+pub fn leave_rollback(
+    job_dir: &std::path::Path,
+    records: &[crate::journal::Record],
+    d: &Decision,
+    journal: &mut Writer,
+) {
+    if !d.outcome.is_rollback() || matches!(d.action, Action::Stop { .. } | Action::Finish) {
+        return;
+    }
+    let attempt = d.outcome.attempt;
+    let finding = records.iter().rev().find_map(|r| match r.event() {
+        Some(ev::Event::Numerical(n))
+            if r.attempt == attempt && n.action.as_deref() == Some("rollback") =>
+        {
+            Some(n)
+        }
+        _ => None,
+    });
+    let (since, at) = finding
+        .as_ref()
+        .map_or((None, None), |n| (n.since_step.or(n.step), n.step));
+    let checkpoint_step = records
+        .iter()
+        .filter_map(|r| match r.event() {
+            Some(ev::Event::CheckpointDone(c)) if c.complete != Some(false) => c.step,
+            _ => None,
+        })
+        .filter(|s| since.is_none_or(|b| *s < b))
+        .max();
+    let rb = Rollback {
+        for_attempt: attempt + 1,
+        checkpoint_step,
+        skip_from: since,
+        skip_to: at,
+        detail: d.outcome.detail.clone(),
+    };
+    journal.write(
+        ev::RollbackPlanned {
+            for_attempt: Some(rb.for_attempt),
+            checkpoint_step: rb.checkpoint_step,
+            skip_steps: rb.skip_steps(),
+            detail: Some(rb.detail.clone()),
+        },
+        true,
+    );
+    let path = job_dir.join(ROLLBACK_FILE);
+    let tmp = job_dir.join(format!(".{ROLLBACK_FILE}.{}", std::process::id()));
+    let written = serde_json::to_vec(&rb)
+        .map_err(std::io::Error::other)
+        .and_then(|b| std::fs::write(&tmp, b))
+        .and_then(|_| std::fs::rename(&tmp, &path));
+    if let Err(e) = written {
+        tracing::warn!(
+            "cannot leave the rollback for the next attempt in {}: {e}",
+            path.display()
+        );
+    }
+}
+
+/// The rollback left for `attempt`, if any.
+pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback> {
+    let text = std::fs::read(job_dir.join(ROLLBACK_FILE)).ok()?;
+    serde_json::from_slice::<Rollback>(&text)
+        .ok()
+        .filter(|r| r.for_attempt == attempt)
+}
+
 pub fn job_end(journal: &mut Writer, exit_code: i32, reason: &str) {
     journal.write(
         ev::JobEnd {

@@ -125,6 +125,7 @@ pub fn reconcile_previous(
 /// Local mode's judgment and decision ([`decide::decide_local`]),
 /// journaled (`judgment`, `decision`). `None` when nothing failed.
 pub fn decide_local(
+    job_dir: &Path,
     records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
@@ -134,6 +135,7 @@ pub fn decide_local(
 ) -> Option<Decision> {
     let d = decide::decide_local(records, attempt, step, max_restarts, remembered)?;
     act::journal_decision(journal, &d);
+    act::leave_rollback(job_dir, records, &d, journal);
     Some(d)
 }
 
@@ -193,6 +195,7 @@ pub fn after_attempt(
         return Next::Exit(step.exit_code);
     };
     act::journal_decision(journal, &d);
+    act::leave_rollback(&journal::job_dir(state_dir, job), &records, &d, journal);
     let before = alloc.map(|a| a.excluded).unwrap_or_default();
     act::carry_out(d, job, attempt, step.exit_code, &before, slurm, journal)
 }
@@ -864,7 +867,7 @@ mod tests {
             pre_timeout: false,
             agents: &[],
         };
-        let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
+        let d = decide_local(state.path(), &read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
         assert!(
             matches!(&d.action, Action::RestartInPlace { reason } if reason == "infrastructure: killed by SIGKILL"),
             "{:?}",
@@ -879,9 +882,10 @@ mod tests {
         // own view decides, and what it decided before still counts, so the
         // same failure again is a crash loop instead of endless restarts.
         let mut quiet = Writer::disabled();
-        let first = decide_local(&[], 0, &step, 3, &[], &mut quiet).unwrap();
+        let first = decide_local(state.path(), &[], 0, &step, 3, &[], &mut quiet).unwrap();
         assert!(matches!(first.action, Action::RestartInPlace { .. }));
         let second = decide_local(
+            state.path(),
             &[],
             1,
             &step,
@@ -927,7 +931,7 @@ mod tests {
             pre_timeout: false,
             agents: &[],
         };
-        let d = decide_local(&read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
+        let d = decide_local(state.path(), &read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
         assert!(
             matches!(&d.action, Action::Stop { reason } if reason.contains("health check") && reason.contains("ECC")),
             "{:?}",

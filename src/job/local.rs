@@ -549,6 +549,7 @@ impl Local {
             agents: &agents,
         };
         let decided = batch::decide_local(
+            &self.job_dir,
             &records,
             run.attempt,
             &step,

@@ -19,21 +19,30 @@ pub enum Act {
     Record,
     /// Stop the rank; the job is not restarted (class `numerical`).
     Stop,
+    /// Stop the rank; the job restarts (within its budget) from the last
+    /// checkpoint taken before the bad values began, told which steps'
+    /// data to skip (`RESILIO_ROLLBACK_STEP`, `RESILIO_SKIP_STEPS`).
+    Rollback,
 }
+
+/// How a rollback's evidence begins (the verdict and the decision read it).
+pub const ROLLBACK: &str = "rollback: ";
 
 impl Act {
     pub fn name(self) -> &'static str {
         match self {
             Act::Record => "record",
             Act::Stop => "stop",
+            Act::Rollback => "rollback",
         }
     }
 
-    /// `"record"` or `"stop"`.
+    /// `"record"`, `"stop"` or `"rollback"`.
     pub fn parse(s: &str) -> Option<Act> {
         match s {
             "record" => Some(Act::Record),
             "stop" => Some(Act::Stop),
+            "rollback" => Some(Act::Rollback),
             _ => None,
         }
     }

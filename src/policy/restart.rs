@@ -26,6 +26,13 @@ pub struct AttemptOutcome {
 }
 
 impl AttemptOutcome {
+    /// A numerical failure whose action is a rollback: restarted within
+    /// the budget (from the checkpoint before it), not stopped.
+    pub fn is_rollback(&self) -> bool {
+        self.class == Class::Numerical
+            && self.detail.starts_with(crate::policy::numerical::ROLLBACK)
+    }
+
     /// An outcome whose signature is taken from `evidence` (the original
     /// text is kept as `detail`).
     pub fn new(
@@ -247,7 +254,7 @@ fn decide_scoped(
                 current.detail
             ))
         }
-        Class::Numerical => {
+        Class::Numerical if !current.is_rollback() => {
             return stop(format!(
                 "numerical failure ({}): {not_done}, the same checkpoint and data would diverge the same way",
                 current.detail
@@ -273,7 +280,7 @@ fn decide_scoped(
     }
     let failures: Vec<&AttemptOutcome> = earlier
         .iter()
-        .filter(|a| a.class.retryable() && a.class != Class::Preempted)
+        .filter(|a| (a.class.retryable() || a.is_rollback()) && a.class != Class::Preempted)
         .collect();
     if failures.len() as u32 >= max_restarts {
         return stop(format!(
@@ -433,6 +440,49 @@ mod tests {
                 Class::Infrastructure
             ),
             Relaunch::Requeue { .. }
+        ));
+    }
+
+    #[test]
+    fn a_numerical_failure_stops_unless_it_is_a_rollback_within_the_budget() {
+        let nan = out(
+            0,
+            Class::Numerical,
+            "loss nan since step 30 (3 steps in a row)",
+            Some(37),
+            &[],
+        );
+        assert!(
+            matches!(decide_in_place(&nan, &[], 3), Action::Stop { reason } if reason.starts_with("numerical failure"))
+        );
+        let spike = |a, step| {
+            out(
+                a,
+                Class::Numerical,
+                "rollback: loss 9.1 is 10.0x its running median 0.9 since step 130 (3 steps in a row)",
+                Some(step),
+                &[],
+            )
+        };
+        assert!(spike(0, 133).is_rollback() && !nan.is_rollback());
+        assert!(matches!(
+            decide_in_place(&spike(0, 133), &[], 3),
+            Action::RestartInPlace { .. }
+        ));
+        // The budget counts rollbacks.
+        assert!(matches!(
+            decide_in_place(&spike(1, 260), &[spike(0, 133)], 1),
+            Action::Stop { reason } if reason.starts_with("restart budget exhausted")
+        ));
+        // Rolled back and spiking again before getting further: a loop.
+        assert!(matches!(
+            decide_in_place(&spike(1, 131), &[spike(0, 133)], 3),
+            Action::Stop { reason } if reason.starts_with("crash loop")
+        ));
+        // Further on, a new spike is rolled back again.
+        assert!(matches!(
+            decide_in_place(&spike(1, 260), &[spike(0, 133)], 3),
+            Action::RestartInPlace { .. }
         ));
     }
 

@@ -534,10 +534,13 @@ impl<'a> Agent<'a> {
             true,
         );
         tracing::warn!("numerical failure: {detail}");
-        if f.act == Act::Stop {
-            let actions = self.lc.on_numerical(detail, Instant::now());
-            self.carry_out(actions);
-        }
+        let evidence = match f.act {
+            Act::Record => return,
+            Act::Stop => detail,
+            Act::Rollback => format!("{}{detail}", crate::policy::numerical::ROLLBACK),
+        };
+        let actions = self.lc.on_numerical(evidence, Instant::now());
+        self.carry_out(actions);
     }
 
     /// Drain the last events (unless a stall stopped taking them).

@@ -360,6 +360,18 @@ fn trainer_env(
         // The job level decides after the steps: their agents do not.
         env.push((crate::job::step_level::ENV_JOB_LEVEL.into(), "1".into()));
     }
+    // A rollback the decision left for this attempt (`[numerical]`): the
+    // checkpoint to restart from and the steps whose data to skip.
+    if let Some(rb) =
+        crate::job::act::rollback_for(&b.job_dir, b.id.attempt).filter(|_| !b.batch_level)
+    {
+        if let Some(s) = rb.checkpoint_step {
+            env.push(("RESILIO_ROLLBACK_STEP".into(), s.to_string().into()));
+        }
+        if let Some(s) = rb.skip_steps() {
+            env.push(("RESILIO_SKIP_STEPS".into(), s.into()));
+        }
+    }
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     }

@@ -513,3 +513,69 @@ fn the_timeline_charts_render_in_headless_chromium() {
         assert!(n > 150, "{what} line: {n} pixels of {colour}");
     }
 }
+
+#[test]
+fn a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_data_skipped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let record = tmp.path().join("record.json");
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            "[numerical]\nspike_action = \"rollback\"\n\
+             [checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"200ms\"\n",
+            ck.display()
+        ),
+    );
+    let mut c = resilio_run(tmp.path(), "rollback");
+    c.args([
+        "--max-restarts",
+        "2",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--",
+    ])
+    .arg("python3")
+    .arg(throughput_trainer())
+    .args(["--style", "titan", "--steps", "200", "--step-time", "0.02"])
+    .args(["--spike-at", "130", "--ckpt-every", "50", "--ckpt-dir"])
+    .arg(&ck)
+    .arg("--record")
+    .arg(&record);
+    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "rollback");
+    let n = one(&recs, "numerical");
+    assert_eq!(n.get("finding").and_then(|v| v.as_str()), Some("spike"));
+    assert_eq!(n.get("action").and_then(|v| v.as_str()), Some("rollback"));
+    let since = n.get("since_step").and_then(|v| v.as_u64()).unwrap();
+    assert!((130..140).contains(&since), "{n:?}");
+    // Restarted in place, from checkpoint 100: the last one before the spike
+    // (checkpoint 150 may have been saved while it was being confirmed).
+    let rb = one(&recs, "rollback");
+    assert_eq!(rb.get("for_attempt").and_then(|v| v.as_u64()), Some(1));
+    assert_eq!(
+        rb.get("checkpoint_step").and_then(|v| v.as_u64()),
+        Some(100),
+        "{rb:?}"
+    );
+    let skip = rb
+        .get("skip_steps")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    assert!(skip.starts_with(&format!("{since}-")), "{skip}");
+    let decision = kinds(&recs, "decision");
+    assert_eq!(
+        decision[0].get("decision").unwrap()["action"],
+        "restart_in_place"
+    );
+    // The trainer of attempt 1 was told both, and trained on to the end.
+    let mine: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(mine["resumed_from"], 100, "{mine}");
+    assert_eq!(mine["skipped"], skip.as_str(), "{mine}");
+    assert!(recs.iter().any(|r| r.attempt == 1
+        && r.kind == "rank_exit"
+        && r.get("exit_code").and_then(|v| v.as_i64()) == Some(0)));
+}
