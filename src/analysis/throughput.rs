@@ -22,6 +22,8 @@ pub struct Settings {
     pub peak_tflops: Option<f64>,
     /// Devices each rank drives.
     pub devices_per_rank: Option<u32>,
+    /// The sequence length (tokens per sample).
+    pub seq_len: Option<u64>,
 }
 
 /// One attempt's throughput, from its progress records.
@@ -90,6 +92,7 @@ pub fn settings_of(records: &[&Record]) -> Settings {
             s.flops_per_token = s.flops_per_token.or(x.flops_per_token);
             s.peak_tflops = s.peak_tflops.or(x.peak_tflops);
             s.devices_per_rank = s.devices_per_rank.or(x.devices_per_rank);
+            s.seq_len = s.seq_len.or(x.seq_len);
         }
     }
     s
@@ -135,7 +138,9 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
             .any(|(_, _, m)| THROUGHPUT_FIGURES.iter().any(|f| m.contains_key(*f)))
     };
     let any_figures = by_rank.values().any(|v| has_figures(v));
-    let any_settings = settings.tokens_per_step.is_some() || settings.flops_per_token.is_some();
+    let any_settings = settings.tokens_per_step.is_some()
+        || settings.flops_per_token.is_some()
+        || settings.seq_len.is_some();
     if !any_figures && !any_settings {
         return None;
     }
@@ -198,6 +203,12 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     } else if let (Some(t), Some(r)) = (settings.tokens_per_step, rate) {
         note("settings");
         Some(t * r)
+    } else if let (Some(b), Some(l), Some(r)) =
+        (figure("global_batch_size"), settings.seq_len, rate)
+    {
+        note("printed");
+        note("settings");
+        Some(b * l as f64 * r)
     } else {
         None
     };
@@ -413,6 +424,19 @@ mod tests {
         assert!((t.tflops_per_device.unwrap() - 24.576).abs() < 1e-9);
         assert!((t.mfu.unwrap() - 0.24576).abs() < 1e-9);
         assert_eq!(t.from, vec!["settings".to_string()]);
+    }
+
+    #[test]
+    fn megatrons_global_batch_and_the_sequence_length_give_tokens() {
+        let recs = [
+            start(r#","seq_len":2048"#),
+            progress(0, 0, 0, r#""global_batch_size":128,"step_time_s":2.0"#),
+            progress(0, 10, 5, r#""global_batch_size":128,"step_time_s":2.0"#),
+        ];
+        let refs: Vec<&Record> = recs.iter().collect();
+        let t = of_attempt(&refs, 8).unwrap();
+        assert_eq!(t.tokens_per_s, Some(128.0 * 2048.0 * 0.5));
+        assert_eq!(t.samples_per_s, Some(64.0));
     }
 
     #[test]

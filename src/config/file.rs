@@ -197,6 +197,8 @@ section!(NodesSection "nodes" {
 section!(ThroughputSection "throughput" {
     tokens_per_step: u64 => throughput.tokens_per_step by set,
     flops_per_token: f64 => throughput.flops_per_token by non_negative,
+    parameters: f64 => throughput.parameters by non_negative,
+    seq_len: u64 => throughput.seq_len by set,
     peak_tflops: NumOrText => throughput.peak_tflops by peak,
     devices_per_rank: u32 => throughput.devices_per_rank by count,
 });

@@ -205,6 +205,12 @@ pub struct ThroughputConfig {
     pub tokens_per_step: u64,
     /// Model FLOPs per token of training (about 6 × parameters).
     pub flops_per_token: f64,
+    /// The model's parameters: 6 × this is the FLOPs per token when
+    /// `flops_per_token` is not given.
+    pub parameters: f64,
+    /// The sequence length: with the global batch size the trainer prints
+    /// (Megatron, NeMo), the tokens of a step when `tokens_per_step` is not given.
+    pub seq_len: u64,
     /// One device's peak TFLOP/s.
     pub peak_tflops: Peak,
     /// Devices (GPUs) each rank drives.
@@ -216,6 +222,8 @@ impl Default for ThroughputConfig {
         ThroughputConfig {
             tokens_per_step: 0,
             flops_per_token: 0.0,
+            parameters: 0.0,
+            seq_len: 0,
             peak_tflops: Peak::Auto,
             devices_per_rank: 1,
         }

@@ -131,6 +131,8 @@ events! {
         /// `[throughput]`, for what the trainer does not print (rank 0).
         tokens_per_step: f64,
         flops_per_token: f64,
+        /// The sequence length (`[throughput] seq_len`).
+        seq_len: u64,
         devices_per_rank: u32,
         /// One device's peak TFLOP/s: as configured, or from `device`.
         peak_tflops: f64,

@@ -754,7 +754,12 @@ impl Rank {
 fn with_throughput(mut start: ev::RankStart, t: &crate::config::ThroughputConfig) -> ev::RankStart {
     use crate::config::Peak;
     start.tokens_per_step = (t.tokens_per_step > 0).then_some(t.tokens_per_step as f64);
-    start.flops_per_token = (t.flops_per_token > 0.0).then_some(t.flops_per_token);
+    start.flops_per_token = if t.flops_per_token > 0.0 {
+        Some(t.flops_per_token)
+    } else {
+        (t.parameters > 0.0).then_some(6.0 * t.parameters)
+    };
+    start.seq_len = (t.seq_len > 0).then_some(t.seq_len);
     start.devices_per_rank = (t.devices_per_rank != 1).then_some(t.devices_per_rank);
     match t.peak_tflops {
         Peak::Tflops(v) => start.peak_tflops = Some(v),
