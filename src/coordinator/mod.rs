@@ -183,12 +183,14 @@ impl Coordinator {
             conns: Default::default(),
         });
         shared.apply(vec![Effect::Journal {
-            event: crate::event::CoordinatorStart {
-                url: Some(url.clone()),
-                pid: Some(std::process::id()),
-                took_over_from,
-            }
-            .into(),
+            event: Box::new(
+                crate::event::CoordinatorStart {
+                    url: Some(url.clone()),
+                    pid: Some(std::process::id()),
+                    took_over_from,
+                }
+                .into(),
+            ),
             durable: true,
         }]);
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -313,7 +315,7 @@ impl Coordinator {
     /// A journal record in the coordinator's journal.
     pub fn write(&self, event: impl Into<crate::event::Event>, durable: bool) {
         self.shared.apply(vec![Effect::Journal {
-            event: event.into(),
+            event: Box::new(event.into()),
             durable,
         }]);
     }

@@ -42,7 +42,7 @@ impl Shared {
         let mut j = self.journal.lock().unwrap_or_else(|e| e.into_inner());
         for e in effects {
             match e {
-                Effect::Journal { event, durable } => j.write(event, durable),
+                Effect::Journal { event, durable } => j.write(*event, durable),
                 other => {
                     let _ = self
                         .host

@@ -189,13 +189,7 @@ mod periodic_tests {
             let now = t + Duration::from_secs(secs);
             v.on_report(r.clone(), now);
             v.tick(now).iter().any(|e| {
-                matches!(
-                    e,
-                    Effect::Journal {
-                        event: Event::CheckpointRequested(_),
-                        ..
-                    }
-                )
+                matches!(e, Effect::Journal { event, .. } if matches!(**event, Event::CheckpointRequested(_)))
             })
         };
         // Nothing advised yet: no periodic checkpoint, however long.

@@ -67,7 +67,7 @@ impl Default for CoordinatorConfig {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
     /// A journal record for the coordinator's journal.
-    Journal { event: Event, durable: bool },
+    Journal { event: Box<Event>, durable: bool },
     /// The attempt failed; a stop went to every rank. The host tears the
     /// step down (if it launched it) and decides on a restart.
     Failed {
@@ -82,7 +82,7 @@ pub enum Effect {
 
 fn journal(event: impl Into<Event>, durable: bool) -> Effect {
     Effect::Journal {
-        event: event.into(),
+        event: Box::new(event.into()),
         durable,
     }
 }

@@ -326,10 +326,11 @@ mod straggler_exclusion_tests {
         let data = e
             .iter()
             .find_map(|e| match e {
-                Effect::Journal {
-                    event: event @ Event::StragglerExclusion(_),
-                    ..
-                } => Some(event.clone().into_fields()),
+                Effect::Journal { event, .. }
+                    if matches!(**event, Event::StragglerExclusion(_)) =>
+                {
+                    Some((**event).clone().into_fields())
+                }
                 _ => None,
             })
             .unwrap();
