@@ -107,17 +107,8 @@ fn figures_of_every_fixture_line_are_read_by_name_and_unit() {
         "fixture too small: {with} with, {without} without"
     );
     // Every figure name is exercised by some real line.
-    for name in [
-        "loss",
-        "grad_norm",
-        "step_time_s",
-        "tokens_per_s_device",
-        "samples_per_s",
-        "tflops",
-        "mfu",
-        "global_batch_size",
-    ] {
-        assert!(names.contains(name), "no fixture line for {name}");
+    for name in resilio::progress::figures::NAMES {
+        assert!(names.contains(*name), "no fixture line for {name}");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -201,20 +201,17 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::StopForCoordinator { detail, grace } => (
+        Action::StopForCoordinator { detail, grace }
+        | Action::StopForNumerical { detail, grace } => (
             ev::Stop {
-                reason: Some("coordinator".into()),
-                detail: Some(detail.clone()),
-                signal: Some("SIGTERM".into()),
-                grace_s: Some(grace.as_secs_f64()),
-                ..Default::default()
-            }
-            .into(),
-            true,
-        ),
-        Action::StopForNumerical { detail, grace } => (
-            ev::Stop {
-                reason: Some("numerical".into()),
+                reason: Some(
+                    if matches!(a, Action::StopForNumerical { .. }) {
+                        "numerical"
+                    } else {
+                        "coordinator"
+                    }
+                    .into(),
+                ),
                 detail: Some(detail.clone()),
                 signal: Some("SIGTERM".into()),
                 grace_s: Some(grace.as_secs_f64()),

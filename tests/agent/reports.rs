@@ -306,11 +306,9 @@ pub(crate) fn count_colour(png_path: &std::path::Path, rgb: [u8; 3]) -> usize {
         .count()
 }
 
-/// `resilio timeline --html` of a run with a crash and a restart, rendered
-/// by headless Chromium (Debian's `chromium`, installed by tests/run.sh):
-/// the bars and the failure marker must be on the screenshot.
-#[test]
-fn the_html_timeline_renders_in_headless_chromium() {
+/// Headless Chromium's screenshot of `page` at `width`x`height` into
+/// `shot` (Debian's `chromium`, installed by tests/run.sh).
+pub(crate) fn screenshot(page: &std::path::Path, shot: &std::path::Path, size: &str) {
     let chromium = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
         .find(|c| {
@@ -322,6 +320,31 @@ fn the_html_timeline_renders_in_headless_chromium() {
         .expect(
             "headless Chromium is needed for this test (tests/run.sh installs Debian's `chromium`)",
         );
+    let home = shot.parent().unwrap();
+    let mut c = std::process::Command::new(chromium);
+    c.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--window-size={size}"))
+    .arg(format!(
+        "--user-data-dir={}",
+        home.join("profile").display()
+    ))
+    .arg(format!("--screenshot={}", shot.display()))
+    .arg(format!("file://{}", page.display()))
+    .env("HOME", home);
+    let (o, _) = output_within(&mut c, Duration::from_secs(120));
+    assert!(shot.exists(), "no screenshot: {}", stderr_of(&o));
+}
+
+/// `resilio timeline --html` of a run with a crash and a restart, rendered
+/// by headless Chromium (Debian's `chromium`, installed by tests/run.sh):
+/// the bars and the failure marker must be on the screenshot.
+#[test]
+fn the_html_timeline_renders_in_headless_chromium() {
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
     let (out, _) = output_within(
@@ -364,23 +387,7 @@ fn the_html_timeline_renders_in_headless_chromium() {
     );
     assert!(html.contains("ETTR"));
     let shot = tmp.path().join("timeline.png");
-    let mut c = std::process::Command::new(chromium);
-    c.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        "--window-size=1250,600",
-    ])
-    .arg(format!(
-        "--user-data-dir={}",
-        tmp.path().join("profile").display()
-    ))
-    .arg(format!("--screenshot={}", shot.display()))
-    .arg(format!("file://{}", page.display()))
-    .env("HOME", tmp.path());
-    let (o, _) = output_within(&mut c, Duration::from_secs(120));
-    assert!(shot.exists(), "no screenshot: {}", stderr_of(&o));
+    screenshot(&page, &shot, "1250,600");
     // Solid fills come out exactly: the productive green of the job bar and
     // the progressing rows, and the red marker of rank 1's failure.
     let green = count_colour(&shot, [0x2e, 0x9d, 0x4f]);

@@ -411,17 +411,6 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
 /// rendered by headless Chromium: each line must be on the screenshot.
 #[test]
 fn the_timeline_charts_render_in_headless_chromium() {
-    let chromium = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .expect(
-            "headless Chromium is needed for this test (tests/run.sh installs Debian's `chromium`)",
-        );
     let tmp = tempfile::tempdir().unwrap();
     let cfg = write_config(
         tmp.path(),
@@ -483,23 +472,7 @@ fn the_timeline_charts_render_in_headless_chromium() {
         "the NaN losses are marked"
     );
     let shot = tmp.path().join("charts.png");
-    let mut c = Command::new(chromium);
-    c.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--hide-scrollbars",
-        "--window-size=1250,900",
-    ])
-    .arg(format!(
-        "--user-data-dir={}",
-        tmp.path().join("profile").display()
-    ))
-    .arg(format!("--screenshot={}", shot.display()))
-    .arg(format!("file://{}", page.display()))
-    .env("HOME", tmp.path());
-    let (o, _) = output_within(&mut c, Duration::from_secs(120));
-    assert!(shot.exists(), "no screenshot: {}", stderr_of(&o));
+    crate::reports::screenshot(&page, &shot, "1250,900");
     let rgb = |hex: &str| {
         let v = u32::from_str_radix(&hex[1..], 16).unwrap();
         [(v >> 16) as u8, (v >> 8) as u8, v as u8]
