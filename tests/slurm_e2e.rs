@@ -2086,3 +2086,43 @@ fn sbatch_resilio_puts_a_plain_srun_under_the_job_level_through_a_crash_and_a_ha
         assert!(job.output().contains("step 20/20"), "{fault}");
     }
 }
+
+/// A loss that goes to NaN and stays there, under the job level on the
+/// cluster: the rank's agent stops it (exit 65), the job level judges it
+/// numerical and ends the job without a requeue.
+#[test]
+fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
+    let _g = lock();
+    testbed();
+    let dir = job_dir();
+    let body = format!(
+        "exec {BIN} run -- srun --kill-on-bad-exit=1 {BIN} run --kill-grace 2s -- python3 {} --style nanogpt --steps 3000 --step-time 0.05 --nan-at 40",
+        root().join("tests/fixtures/throughput_trainer.py").display()
+    );
+    let job = sbatch_in(dir, 2, "-t 10", &body);
+    let state = job.wait_final(Duration::from_secs(180));
+    assert_eq!(state, "FAILED", "{}", job.output());
+    assert_eq!(job.show().restarts, 0);
+    assert!(job.kinds("requeue").is_empty());
+    let n = job.kinds("numerical");
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert_eq!(n[0].str("finding"), Some("nan"));
+    assert_eq!(n[0].u64("since_step"), Some(40));
+    let judgment = job.kinds("judgment");
+    assert_eq!(judgment[0].str("class"), Some("numerical"), "{judgment:?}");
+    assert_eq!(judgment[0].u64("primary_rank"), Some(0));
+    let end = job.kinds("job_end");
+    let last = end.last().unwrap();
+    assert!(
+        last.str("reason").unwrap().starts_with("numerical failure"),
+        "{end:?}"
+    );
+    // The rank itself ended 65; the job level's own status is srun's.
+    let exits = job.kinds("rank_exit");
+    assert!(
+        exits
+            .iter()
+            .any(|r| r.rank == Some(0) && r.get("exit_code").and_then(|v| v.as_i64()) == Some(65)),
+        "{exits:?}"
+    );
+}
