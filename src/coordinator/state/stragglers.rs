@@ -359,3 +359,117 @@ mod straggler_exclusion_tests {
         }
     }
 }
+
+#[cfg(test)]
+mod slowdown_action_tests {
+    use super::*;
+    use crate::policy::slowdown::SlowAction;
+
+    /// Four ranks on n0 and n1, 10 steps per 5 s window: 0.5 s per step,
+    /// then from window 5 on 1 s per step, rank 3 (on n1) computing 0.9 s
+    /// where it computed 0.4. Every rank saves a requested checkpoint.
+    fn run(action: SlowAction) -> Vec<Effect> {
+        let t = Instant::now();
+        let mut cfg = CoordinatorConfig::default();
+        cfg.straggler.window = Duration::from_secs(5);
+        cfg.checkpoint_on_straggler = false;
+        cfg.slowdown.threshold = 0.3;
+        cfg.slowdown.sustain = Duration::from_secs(10);
+        cfg.slowdown.baseline_windows = 4;
+        cfg.slowdown.warmup_windows = 1;
+        cfg.slowdown.action = action;
+        let mut v = JobView::new("j", 4, 0, cfg, t);
+        let mut totals = [((0u64, 0.0f64), (0u64, 0.0f64)); 4];
+        let mut all = Vec::new();
+        for k in 1..=9u64 {
+            let now = t + Duration::from_secs(5 * k);
+            let slow = k >= 5;
+            for r in 0..4u32 {
+                let (iv, cp) = &mut totals[r as usize];
+                iv.0 += 10;
+                iv.1 += 10.0 * if slow { 1.0 } else { 0.5 };
+                cp.0 += 10;
+                cp.1 += 10.0 * if slow && r == 3 { 0.9 } else { 0.4 };
+                let mut x = Report {
+                    v: VERSION,
+                    rank: r,
+                    node: format!("n{}", r / 2),
+                    state: RankState::Running,
+                    step: Some(10 * k),
+                    progress_age_s: Some(0.0),
+                    intervals: *iv,
+                    compute: *cp,
+                    attempt: 0,
+                    phase: "train".into(),
+                    ..Default::default()
+                };
+                if let Some(p) = &v.pending {
+                    if 10 * k >= p.step {
+                        x.checkpoints = vec![p.step];
+                    }
+                }
+                all.extend(v.on_report(x, now));
+            }
+            all.extend(v.tick(now));
+        }
+        all
+    }
+
+    fn kinds(e: &[Effect]) -> Vec<&'static str> {
+        e.iter()
+            .map(|e| match e {
+                Effect::Journal { event, .. } => event.kind(),
+                Effect::Failed { .. } => "<failed>",
+                Effect::CheckpointSettled { .. } => "<settled>",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slowdown_blamed_on_one_node_asks_a_checkpoint_then_leaves_the_node_out() {
+        let e = run(SlowAction::Exclude);
+        let k = kinds(&e);
+        let at = |kind: &str| {
+            k.iter()
+                .position(|x| *x == kind)
+                .unwrap_or_else(|| panic!("no {kind}: {k:?}"))
+        };
+        assert!(at("slowdown") < at("checkpoint_requested"), "{k:?}");
+        assert!(
+            at("checkpoint_complete") < at("straggler_exclusion"),
+            "{k:?}"
+        );
+        assert!(k.contains(&"<failed>"), "{k:?}");
+        let s = e
+            .iter()
+            .find_map(|e| match e {
+                Effect::Journal { event, .. } if matches!(**event, Event::Slowdown(_)) => {
+                    Some((**event).clone().into_fields())
+                }
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(s["attribution"], "rank", "{s:?}");
+        assert_eq!(s["straggler_node"], "n1", "{s:?}");
+        assert_eq!(s["action"], "exclude");
+    }
+
+    #[test]
+    fn the_checkpoint_action_only_asks_for_a_checkpoint_and_record_does_nothing_more() {
+        let k = kinds(&run(SlowAction::Checkpoint));
+        assert!(
+            k.contains(&"slowdown") && k.contains(&"checkpoint_requested"),
+            "{k:?}"
+        );
+        assert!(
+            !k.contains(&"straggler_exclusion") && !k.contains(&"<failed>"),
+            "{k:?}"
+        );
+        let k = kinds(&run(SlowAction::Record));
+        assert!(k.contains(&"slowdown"), "{k:?}");
+        assert!(
+            !k.contains(&"checkpoint_requested") && !k.contains(&"<failed>"),
+            "{k:?}"
+        );
+    }
+}
