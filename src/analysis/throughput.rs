@@ -440,6 +440,24 @@ mod tests {
     }
 
     #[test]
+    fn the_sockets_tokens_per_rank_and_step_make_the_jobs_tokens() {
+        // Two of four ranks send `tokens=` (2048 each per step): the others
+        // count as they do; 2 steps/s.
+        let recs = [
+            start(""),
+            progress(0, 0, 0, r#""tokens":2048,"samples":2"#),
+            progress(0, 10, 20, r#""tokens":2048,"samples":2"#),
+            progress(1, 0, 0, r#""tokens":2048"#),
+            progress(1, 10, 20, r#""tokens":2048"#),
+        ];
+        let refs: Vec<&Record> = recs.iter().collect();
+        let t = of_attempt(&refs, 4).unwrap();
+        assert_eq!(t.tokens_per_s, Some(2048.0 * 4.0 * 2.0));
+        assert_eq!(t.samples_per_s, Some(2.0 * 4.0 * 2.0));
+        assert_eq!(t.from, vec!["socket".to_string()]);
+    }
+
+    #[test]
     fn steps_alone_are_not_throughput() {
         let recs = [
             start(""),

@@ -183,12 +183,18 @@ fn a_rank_with_twice_the_compute_time_is_flagged_as_straggler_and_no_other() {
     assert!((1.6..2.6).contains(&ratio), "{ratio}");
 }
 
-fn coordinator_of(state: &Path, job: &str) -> Option<(String, String)> {
+pub(crate) fn coordinator_of(state: &Path, job: &str) -> Option<(String, String)> {
     resilio::coordinator::discover_files(&resilio::journal::job_dir(state, job))
 }
 
 /// One raw HTTP/1.1 request (no client library: what an attacker would send).
-fn http(url: &str, method: &str, path: &str, token: Option<&str>, body: &str) -> (u16, String) {
+pub(crate) fn http(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (u16, String) {
     let addr = url.trim_start_matches("http://");
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));

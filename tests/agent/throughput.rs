@@ -77,6 +77,17 @@ fn torchtitan_lines_give_tokens_mfu_live_and_a_goodput_the_trainer_agrees_with()
         live["ranks"][0]["figures"]["loss"].as_f64().is_some(),
         "{live}"
     );
+    // And /metrics, for Prometheus.
+    let (url, token) = crate::coordinator::coordinator_of(tmp.path(), "titan").unwrap();
+    let (code, metrics) = crate::coordinator::http(&url, "GET", "/metrics", Some(&token), "");
+    assert_eq!(code, 200);
+    for line in [
+        "resilio_tokens_per_second{job=\"titan\"} ",
+        "resilio_mfu{job=\"titan\"} ",
+        "resilio_figure{job=\"titan\",rank=\"0\",node=",
+    ] {
+        assert!(metrics.contains(line), "no {line} in:\n{metrics}");
+    }
     let (out, _) = wait_output(child, Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 
