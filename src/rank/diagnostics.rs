@@ -236,9 +236,29 @@ fn by_state(state: char) -> Option<&'static str> {
     }
 }
 
-/// Classify one process by its state, else by its system call.
-fn probe_one(p: &process::ProcInfo) -> (Option<bool>, String) {
+/// The process (thread group) tracing `pid`, from its `TracerPid` (a
+/// thread's id) and that thread's `Tgid`; `None` when nothing traces it.
+fn tracer_of(pid: i32) -> Option<i32> {
+    let field = |pid: i32, name: &str| -> Option<i32> {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+    };
+    let tid = field(pid, "TracerPid:").filter(|&t| t > 0)?;
+    Some(field(tid, "Tgid:").unwrap_or(tid))
+}
+
+/// Classify one process by its state, else by its system call. A process
+/// held in a tracing stop by one of resilio's own helpers (the py-spy of a
+/// stall's diagnostics, while another probe runs) is paused by us for a
+/// moment, not by a debugger: its system call says what it waits on.
+fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> (Option<bool>, String) {
     match by_state(p.state) {
+        Some(_) if p.state == 't' && tracer_of(p.pid).is_some_and(|t| helpers.contains(&t)) => {
+            let (w, what) = probe_process(p.pid);
+            (w, format!("{what} (paused by resilio's own py-spy)"))
+        }
         Some(what) => (Some(false), what.to_string()),
         None => probe_process(p.pid),
     }
@@ -251,7 +271,7 @@ pub fn probe(skip: &[i32]) -> Probe {
         if proc_.state == 'Z' || skip.contains(&proc_.pid) {
             continue;
         }
-        let (w, what) = probe_one(&proc_);
+        let (w, what) = probe_one(&proc_, skip);
         p.evidence
             .push(format!("{} {}: {what}", proc_.pid, proc_.comm));
         p.waiting_on_peer = match (p.waiting_on_peer, w) {
@@ -464,11 +484,59 @@ mod probe_tests {
         assert_eq!(probe_process(pid).0, Some(true));
         // ...but a stopped process waits on nobody. (Not `probe()`: it
         // sees every child of this test binary, other tests' too.)
-        let (w, what) = probe_one(&process::read_stat(pid).unwrap());
+        let (w, what) = probe_one(&process::read_stat(pid).unwrap(), &[]);
         let _ = waiter.kill();
         let _ = waiter.wait();
         assert_eq!(w, Some(false), "{what}");
         assert!(what.starts_with("stopped (SIGSTOP"), "{what}");
+    }
+
+    /// The race a loaded machine showed: a rank's stall diagnostics ran
+    /// py-spy on it (a tracing stop) while the coordinator's probe read its
+    /// state, and a rank blocked in a collective was taken for one held by
+    /// a debugger, so nobody was blamed for the hang.
+    #[test]
+    fn a_process_paused_by_our_own_helper_is_judged_by_its_system_call() {
+        let mut waiter = std::process::Command::new("python3")
+            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
+            .spawn()
+            .unwrap();
+        let pid = waiter.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while probe_process(pid).0 != Some(true) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // A tracer in this process (as py-spy traces the trainer) holds it.
+        // SAFETY: plain ptrace requests on our own child; no memory passed.
+        unsafe {
+            assert_eq!(libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0), 0);
+            assert_eq!(libc::ptrace(libc::PTRACE_INTERRUPT, pid, 0, 0), 0);
+            let mut status = 0;
+            libc::waitpid(pid, &mut status, libc::__WALL);
+        }
+        let info = process::read_stat(pid).unwrap();
+        let me = std::process::id() as i32;
+        let ours = probe_one(&info, &[me]);
+        let someone_elses = probe_one(&info, &[me + 1]);
+        unsafe {
+            libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
+        }
+        let _ = waiter.kill();
+        let _ = waiter.wait();
+        assert_eq!(info.state, 't');
+        assert_eq!(tracer_of(pid), None, "the tracer is gone with the process");
+        assert_eq!(ours.0, Some(true), "{}", ours.1);
+        assert!(
+            ours.1.contains("paused by resilio's own py-spy"),
+            "{}",
+            ours.1
+        );
+        assert_eq!(someone_elses.0, Some(false), "{}", someone_elses.1);
+        assert!(
+            someone_elses.1.starts_with("stopped by a tracer"),
+            "{}",
+            someone_elses.1
+        );
     }
 
     #[test]
