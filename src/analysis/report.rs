@@ -225,6 +225,8 @@ pub struct Restorable {
     pub size_bytes: Option<u64>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub temp_names: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub changing: Vec<String>,
 }
 
 fn checkpoint_stats(records: &[Record]) -> Checkpoints {
@@ -250,6 +252,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                     path: c.path.clone(),
                     size_bytes: c.size_bytes,
                     temp_names: c.temp_names.clone().unwrap_or_default(),
+                    changing: c.changing.clone().unwrap_or_default(),
                 };
                 sizes.extend(c.size_bytes.map(|b| b as f64));
                 if c.complete == Some(false) {
@@ -676,14 +679,27 @@ fn render_checkpoint_health(s: &mut String, r: &Report) {
         let _ = writeln!(s, "last restorable checkpoint: none");
     }
     for i in &c.incomplete {
+        let mut why = Vec::new();
+        if !i.temp_names.is_empty() {
+            why.push(format!(
+                "temporary names left in it ({})",
+                i.temp_names.join(", ")
+            ));
+        }
+        if !i.changing.is_empty() {
+            why.push(format!(
+                "still written to after its marker ({})",
+                i.changing.join(", ")
+            ));
+        }
         let _ = writeln!(
             s,
-            "  incomplete: step {}{}: temporary names left in it ({})",
+            "  incomplete: step {}{}: {}",
             i.step.map_or("-".into(), |x| x.to_string()),
             i.path
                 .as_ref()
                 .map_or(String::new(), |p| format!(" in {p}")),
-            i.temp_names.join(", ")
+            why.join("; ")
         );
     }
     if let (Some(share), Some(d), Some(iv)) = (c.warn_share, c.mean_duration_s, c.mean_interval_s) {

@@ -234,12 +234,14 @@ events! {
         blocked_training: bool,
         /// From the watched checkpoint directory: the checkpoint's
         /// directory, its size and files, and whether it looks whole (no
-        /// temporary names left in it).
+        /// temporary names left in it, and no file written to in the half
+        /// second after its marker).
         path: String,
         size_bytes: u64,
         files: u64,
         complete: bool,
         temp_names: Vec<String>,
+        changing: Vec<String>,
     }
 
     /// No progress within the limit.

@@ -40,12 +40,30 @@ pub struct Files {
     pub files: u64,
     /// Names a save in progress leaves (`*.tmp`, `*.partial`, ...), at most 5.
     pub temp_names: Vec<String>,
+    /// Files whose size or modification time changed while it settled
+    /// (written to after its marker said complete), at most 5.
+    pub changing: Vec<String>,
     /// More than [`MAX_FILES`] entries: the counts stop there.
     pub truncated: bool,
 }
 
 /// Entries looked at per checkpoint, at most.
 pub const MAX_FILES: u64 = 100_000;
+
+/// How long a checkpoint found complete must keep its files unchanged to
+/// be judged whole (its sizes and modification times looked at twice).
+pub const SETTLE: Duration = Duration::from_millis(500);
+
+impl Files {
+    /// Whole: no temporary names left in it, and nothing written to it
+    /// while it settled.
+    pub fn complete(&self) -> bool {
+        self.temp_names.is_empty() && self.changing.is_empty()
+    }
+}
+
+/// Every file of a checkpoint: its size and modification time.
+type Look = std::collections::BTreeMap<PathBuf, (u64, Option<std::time::SystemTime>)>;
 
 /// A name a save leaves while it writes (or leaves behind when it dies).
 fn is_temporary(name: &str) -> bool {
@@ -59,16 +77,40 @@ fn is_temporary(name: &str) -> bool {
 
 /// The files of the checkpoint `matched` names: the directory of its first
 /// path component (`checkpoint-500/trainer_state.json` is in
-/// `checkpoint-500/`), or the matched file alone at the top.
-pub fn inspect(dir: &Path, matched: &str, step: Option<u64>) -> Files {
+/// `checkpoint-500/`), or the matched file alone at the top. Looked at
+/// twice, `settle` apart (once when `settle` is zero): a file whose size
+/// or modification time moved in between was still being written.
+pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -> Files {
     let top = matched.split('/').next().unwrap_or(matched);
-    let root = dir.join(top);
-    let mut f = Files {
-        path: top.to_string(),
-        step,
-        ..Default::default()
-    };
-    let mut stack = vec![root];
+    let (mut f, first) = look(&dir.join(top));
+    if !settle.is_zero() {
+        std::thread::sleep(settle);
+        let (again, second) = look(&dir.join(top));
+        f = again;
+        let names = first
+            .keys()
+            .chain(second.keys())
+            .collect::<std::collections::BTreeSet<_>>();
+        f.changing = names
+            .into_iter()
+            .filter(|p| first.get(*p) != second.get(*p))
+            .take(5)
+            .map(|p| {
+                p.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            })
+            .collect();
+    }
+    f.path = top.to_string();
+    f.step = step;
+    f
+}
+
+fn look(root: &Path) -> (Files, Look) {
+    let mut f = Files::default();
+    let mut files = Look::new();
+    let mut stack = vec![root.to_path_buf()];
     while let Some(p) = stack.pop() {
         let Ok(meta) = std::fs::symlink_metadata(&p) else {
             continue;
@@ -91,9 +133,10 @@ pub fn inspect(dir: &Path, matched: &str, step: Option<u64>) -> Files {
         } else {
             f.files += 1;
             f.bytes += meta.len();
+            files.insert(p, (meta.len(), meta.modified().ok()));
         }
     }
-    f
+    (f, files)
 }
 
 /// Matching paths under `dir` (relative, `/`-separated), with their steps.
@@ -166,13 +209,15 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 found.sort_by_key(|(_, s)| *s);
                 for (path, step) in found {
                     if seen.insert(path.clone()) {
+                        // Found now; judged whole after it settled.
+                        let at = Instant::now();
                         tx.send(Event {
-                            at: Instant::now(),
+                            at,
                             source: Source::CheckpointDir,
-                            kind: Kind::CheckpointFiles(inspect(&dir, &path, step)),
+                            kind: Kind::CheckpointFiles(inspect(&dir, &path, step, SETTLE)),
                         });
                         tx.send(Event {
-                            at: Instant::now(),
+                            at,
                             source: Source::CheckpointDir,
                             kind: Kind::CheckpointDone { step },
                         });
@@ -204,13 +249,53 @@ mod tests {
             std::fs::create_dir_all(f.parent().unwrap()).unwrap();
             std::fs::write(f, vec![0u8; n]).unwrap();
         }
-        let f = inspect(d.path(), "checkpoint-100/trainer_state.json", Some(100));
+        let f = inspect(
+            d.path(),
+            "checkpoint-100/trainer_state.json",
+            Some(100),
+            Duration::ZERO,
+        );
         assert_eq!(
             (f.path.as_str(), f.files, f.bytes),
             ("checkpoint-100", 4, 1510)
         );
         assert_eq!(f.temp_names, vec!["shard1.pt.tmp".to_string()]);
-        assert!(!f.truncated);
+        assert!(!f.truncated && !f.complete());
+    }
+
+    #[test]
+    fn a_file_still_written_after_the_marker_makes_the_checkpoint_incomplete() {
+        let d = tempfile::tempdir().unwrap();
+        let ck = d.path().join("checkpoint-7");
+        std::fs::create_dir_all(&ck).unwrap();
+        std::fs::write(ck.join("model.pt"), b"whole").unwrap();
+        std::fs::write(ck.join("shard.pt"), b"x").unwrap();
+        std::fs::write(ck.join("COMPLETE"), b"").unwrap();
+        let quiet = inspect(d.path(), "checkpoint-7/COMPLETE", Some(7), SETTLE);
+        assert!(quiet.complete() && quiet.changing.is_empty(), "{quiet:?}");
+        // A writer still appending to a shard (an asynchronous save that
+        // wrote its marker too soon).
+        let stop = Arc::new(AtomicBool::new(false));
+        let writer = {
+            let (stop, shard) = (stop.clone(), ck.join("shard.pt"));
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .open(shard)
+                    .unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    f.write_all(&[0u8; 64]).unwrap();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let busy = inspect(d.path(), "checkpoint-7/COMPLETE", Some(7), SETTLE);
+        stop.store(true, Ordering::Relaxed);
+        writer.join().unwrap();
+        assert_eq!(busy.changing, vec!["shard.pt".to_string()], "{busy:?}");
+        assert!(busy.temp_names.is_empty() && !busy.complete());
+        assert_eq!((busy.path.as_str(), busy.files), ("checkpoint-7", 3));
     }
 
     #[test]

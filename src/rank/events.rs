@@ -306,7 +306,7 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
             source: Some(source.name().into()),
             duration_s: began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
             blocked_training: began.map(|(_, at_step)| policy.last_step() <= at_step),
-            complete: files.as_ref().map(|f| f.temp_names.is_empty()),
+            complete: files.as_ref().map(|f| f.complete()),
             path: files.as_ref().map(|f| f.path.clone()),
             size_bytes: files.as_ref().map(|f| f.bytes),
             files: files.as_ref().map(|f| f.files),
@@ -314,6 +314,10 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
                 .as_ref()
                 .filter(|f| !f.temp_names.is_empty())
                 .map(|f| f.temp_names.clone()),
+            changing: files
+                .as_ref()
+                .filter(|f| !f.changing.is_empty())
+                .map(|f| f.changing.clone()),
         },
         true,
     );

@@ -357,7 +357,8 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
     );
     // checkpoint-10 saved whole (3000 bytes, COMPLETE written last); then
     // checkpoint-20, whose marker came while a shard still had its
-    // temporary name (a save that went wrong).
+    // temporary name (a save that went wrong); then checkpoint-30, whose
+    // marker came while a shard was still being appended to for 3 s.
     let script = format!(
         "import os, time\nck = {:?}\n\
          os.makedirs(ck + '/checkpoint-10/shards')\n\
@@ -368,6 +369,13 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
          os.makedirs(ck + '/checkpoint-20')\n\
          open(ck + '/checkpoint-20/model.pt.tmp', 'wb').write(b'x' * 10)\n\
          open(ck + '/checkpoint-20/COMPLETE', 'w').close()\n\
+         time.sleep(1.0)\n\
+         os.makedirs(ck + '/checkpoint-30')\n\
+         shard = open(ck + '/checkpoint-30/shard0.pt', 'wb')\n\
+         open(ck + '/checkpoint-30/COMPLETE', 'w').close()\n\
+         for _ in range(60):\n\
+         \x20   shard.write(b'x' * 100); shard.flush(); time.sleep(0.05)\n\
+         shard.close()\n\
          time.sleep(1.0)\n",
         ck.to_str().unwrap()
     );
@@ -386,7 +394,7 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "ckh");
     let done = kinds(&recs, "checkpoint_done");
-    assert_eq!(done.len(), 2, "{done:#?}");
+    assert_eq!(done.len(), 3, "{done:#?}");
     assert_eq!(
         done[0].get("size_bytes").and_then(|v| v.as_u64()),
         Some(3000)
@@ -400,11 +408,22 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
         done[1].get("complete").and_then(|v| v.as_bool()),
         Some(false)
     );
+    assert_eq!(
+        done[2].get("complete").and_then(|v| v.as_bool()),
+        Some(false)
+    );
+    assert_eq!(
+        done[2].get("changing"),
+        Some(&serde_json::json!(["shard0.pt"])),
+        "{:?}",
+        done[2]
+    );
     let r = report_json(tmp.path(), "ckh");
     let last = &r["checkpoints"]["last_restorable"];
     assert_eq!(last["step"], 10, "{r}");
     assert_eq!(last["path"], "checkpoint-10", "{r}");
     assert_eq!(r["checkpoints"]["incomplete"][0]["step"], 20, "{r}");
+    assert_eq!(r["checkpoints"]["incomplete"][1]["step"], 30, "{r}");
     let text = report_text(tmp.path(), "ckh");
     assert!(
         text.contains("last restorable checkpoint: step 10 in checkpoint-10"),
@@ -413,6 +432,12 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
     assert!(
         text.contains(
             "incomplete: step 20 in checkpoint-20: temporary names left in it (model.pt.tmp)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "incomplete: step 30 in checkpoint-30: still written to after its marker (shard0.pt)"
         ),
         "{text}"
     );
