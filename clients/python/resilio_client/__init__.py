@@ -15,6 +15,17 @@ Standard library only, no build step: put ``clients/python`` on PYTHONPATH
             save_checkpoint(step)
             rc.checkpoint_done(step)
 
+After a rollback (``[numerical] nan_action`` or ``spike_action =
+"rollback"``), ``rc.rollback_step()`` is the checkpoint to load instead of
+the latest, and ``rc.skip_step(step)`` is true for the steps whose batches
+made the loss diverge::
+
+    start = rc.rollback_step() or latest_checkpoint_step()
+    for step in range(start, total):
+        batch = next(data)
+        if rc.skip_step(step):
+            continue
+
 Every call is a no-op costing well under a microsecond or two when resilio is
 absent (no ``RESILIO_SOCKET``), and never raises: a supervisor must never be
 the reason training fails. The wire format is docs/progress-protocol.md
@@ -31,10 +42,33 @@ __all__ = [
     "checkpoint_requested",
     "checkpoint_done",
     "send",
+    "rollback_step",
+    "skip_step",
 ]
 
 _SOCKET_PATH = os.environ.get("RESILIO_SOCKET") or None
 _CONTROL_PATH = os.environ.get("RESILIO_CONTROL") or None
+
+
+def _rollback_env():
+    """(RESILIO_ROLLBACK_STEP, (from, to) of RESILIO_SKIP_STEPS); None where
+    absent or malformed."""
+    try:
+        at = int(os.environ.get("RESILIO_ROLLBACK_STEP", ""))
+    except Exception:
+        at = None
+    skip = None
+    try:
+        lo, hi = os.environ.get("RESILIO_SKIP_STEPS", "").split("-", 1)
+        lo, hi = int(lo), int(hi)
+        if 0 <= lo <= hi:
+            skip = (lo, hi)
+    except Exception:
+        pass
+    return at, skip
+
+
+_ROLLBACK_STEP, _SKIP = _rollback_env()
 _sock = None
 # The control file's identity when last read, and what it asked.
 _control_key = None
@@ -158,3 +192,18 @@ def checkpoint_requested():
 
 def _is_done(asked_step):
     return _done_step is not None and _done_step >= asked_step
+
+
+def rollback_step():
+    """The step of the checkpoint to restart from after a rollback (the last
+    one confirmed before the loss went bad), or None: load the latest."""
+    return _ROLLBACK_STEP
+
+
+def skip_step(n):
+    """True when step ``n``'s batch is one to skip after a rollback (from the
+    first bad report to the finding, ``RESILIO_SKIP_STEPS``)."""
+    try:
+        return _SKIP is not None and _SKIP[0] <= int(n) <= _SKIP[1]
+    except Exception:
+        return False

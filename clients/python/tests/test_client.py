@@ -125,6 +125,35 @@ class Present(unittest.TestCase):
         self.assertIsNone(self.rc.checkpoint_requested())
 
 
+class Rollback(unittest.TestCase):
+    def tearDown(self):
+        for key in ("RESILIO_ROLLBACK_STEP", "RESILIO_SKIP_STEPS"):
+            os.environ.pop(key, None)
+        load()
+
+    def test_no_rollback_means_the_latest_checkpoint_and_no_skipped_step(self):
+        rc = load()
+        self.assertIsNone(rc.rollback_step())
+        self.assertFalse(any(rc.skip_step(n) for n in range(1000)))
+
+    def test_the_rollbacks_checkpoint_and_the_steps_to_skip(self):
+        os.environ["RESILIO_ROLLBACK_STEP"] = "100"
+        os.environ["RESILIO_SKIP_STEPS"] = "118-121"
+        rc = load()
+        self.assertEqual(rc.rollback_step(), 100)
+        skipped = [n for n in range(100, 200) if rc.skip_step(n)]
+        self.assertEqual(skipped, [118, 119, 120, 121])
+        self.assertFalse(rc.skip_step("not a step"))
+
+    def test_malformed_values_are_ignored_and_never_raise(self):
+        for at, skip in (("x", "5"), ("", "9-3"), ("-", "a-b"), ("1.5", "-4")):
+            os.environ["RESILIO_ROLLBACK_STEP"] = at
+            os.environ["RESILIO_SKIP_STEPS"] = skip
+            rc = load()
+            self.assertIsNone(rc.rollback_step(), at)
+            self.assertFalse(any(rc.skip_step(n) for n in range(-10, 20)), skip)
+
+
 class Callbacks(unittest.TestCase):
     """Both callbacks import without their frameworks and drive the client."""
 
