@@ -2117,7 +2117,8 @@ fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
         last.str("reason").unwrap().starts_with("numerical failure"),
         "{end:?}"
     );
-    // The rank itself ended 65; the job level's own status is srun's.
+    // The rank itself ended 65, and so did the job (the batch script's
+    // code, as Slurm keeps it), not srun's code for the task it stopped.
     let exits = job.kinds("rank_exit");
     assert!(
         exits
@@ -2125,4 +2126,11 @@ fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
             .any(|r| r.rank == Some(0) && r.get("exit_code").and_then(|v| v.as_i64()) == Some(65)),
         "{exits:?}"
     );
+    assert_eq!(
+        last.get("exit_code").and_then(|v| v.as_i64()),
+        Some(65),
+        "{end:?}"
+    );
+    let shown = run("scontrol", &["-o", "show", "job", &job.id]);
+    assert!(shown.contains(" ExitCode=65:0 "), "{shown}");
 }

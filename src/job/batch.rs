@@ -22,7 +22,7 @@ use super::act;
 use super::decide::{self, Decision, Facts};
 use crate::event::Event;
 use crate::journal::{self, Record, Writer};
-use crate::policy::restart::{Allocation, AttemptOutcome};
+use crate::policy::restart::{Action, Allocation, AttemptOutcome};
 use crate::slurm::Slurm;
 use std::path::Path;
 
@@ -197,7 +197,15 @@ pub fn after_attempt(
     act::journal_decision(journal, &d);
     act::leave_rollback(&journal::job_dir(state_dir, job), &records, &d, journal);
     let before = alloc.map(|a| a.excluded).unwrap_or_default();
-    act::carry_out(d, job, attempt, step.exit_code, &before, slurm, journal)
+    // A failure that stands ends the job with its primary rank's code; a
+    // requeue or relaunch goes on (srun's code is the attempt's).
+    let code = match d.action {
+        Action::Stop { .. } | Action::RestartInPlace { .. } => {
+            decide::job_exit_code(&d, &records, attempt, step.exit_code)
+        }
+        _ => step.exit_code,
+    };
+    act::carry_out(d, job, attempt, code, &before, slurm, journal)
 }
 
 /// `[nodes] exclude_at_start`: before the first step of an allocation,
@@ -585,6 +593,48 @@ mod tests {
         let j = recs.iter().find(|r| r.kind == "judgment").unwrap();
         assert_eq!(j.u64("primary_rank"), Some(1));
         assert_eq!(j.get("secondary").unwrap().as_array().unwrap().len(), 2);
+    }
+
+    /// A job stopped with its failure standing exits as its primary rank
+    /// did (65 for a loss gone to NaN), not with srun's 143 for the task
+    /// it stopped: what `sacct` shows as the job's exit code.
+    #[test]
+    fn a_stopped_job_exits_with_its_primary_ranks_code_not_sruns() {
+        let state = tempfile::tempdir().unwrap();
+        let dir = journal::job_dir(state.path(), "78");
+        let mut r = Writer::open(&dir, "rank-1.jsonl", 0, Some(1), Some("n2".into()));
+        r.record(
+            "rank_exit",
+            json!({ "class": "numerical", "evidence": "loss nan since step 40 (3 steps in a row)",
+                    "class_reason": "", "last_step": 42, "exit_code": 65 }),
+            true,
+        );
+        let mut r0 = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), Some("n1".into()));
+        r0.record(
+            "rank_exit",
+            json!({ "class": "peer_failure", "class_reason": "", "last_step": 42, "exit_code": 143 }),
+            true,
+        );
+        let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
+        let v = verdict(Class::Unknown, "exit 143");
+        let f = fake(true);
+        let step = StepEnd {
+            ended: chrono::Utc::now(),
+            exit_code: 143,
+            verdict: &v,
+            tail: &[],
+            node: "n1",
+            pre_timeout: false,
+            agents: &[],
+        };
+        assert_eq!(
+            after_attempt(state.path(), "78", 0, &step, 3, None, &f, &mut w),
+            Next::Exit(crate::error::EXIT_NUMERICAL)
+        );
+        assert!(!f.calls().iter().any(|c| c.starts_with("requeue")));
+        let recs = journal::read_job(&dir).unwrap().records;
+        let end = recs.iter().find(|r| r.kind == "job_end").unwrap();
+        assert_eq!(end.get("exit_code").and_then(|c| c.as_i64()), Some(65));
     }
 
     #[test]
