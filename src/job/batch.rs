@@ -247,6 +247,17 @@ mod tests {
         evidence: Option<&str>,
         step: u64,
     ) {
+        rank_exit_with(dir, (rank, node, attempt), class, evidence, step, 1);
+    }
+
+    fn rank_exit_with(
+        dir: &Path,
+        (rank, node, attempt): (u32, &str, u32),
+        class: &str,
+        evidence: Option<&str>,
+        step: u64,
+        exit_code: i32,
+    ) {
         let mut w = Writer::open(
             dir,
             &format!("rank-{rank}.jsonl"),
@@ -256,9 +267,22 @@ mod tests {
         );
         w.record(
             "rank_exit",
-            json!({ "class": class, "evidence": evidence, "class_reason": "", "last_step": step, "exit_code": 1 }),
+            json!({ "class": class, "evidence": evidence, "class_reason": "", "last_step": step, "exit_code": exit_code }),
             true,
         );
+    }
+
+    /// A step that ended with `exit_code` on n1, srun having said nothing.
+    fn step_end(verdict: &Verdict, exit_code: i32) -> StepEnd<'_> {
+        StepEnd {
+            ended: chrono::Utc::now(),
+            exit_code,
+            verdict,
+            tail: &[],
+            node: "n1",
+            pre_timeout: false,
+            agents: &[],
+        }
     }
 
     fn verdict(class: Class, reason: &str) -> Verdict {
@@ -335,15 +359,7 @@ mod tests {
         let v = verdict(Class::Unknown, "exit 137");
         // Even a job that cannot be requeued restarts inside its allocation.
         let f = fake(false);
-        let step = StepEnd {
-            ended: chrono::Utc::now(),
-            exit_code: 137,
-            verdict: &v,
-            tail: &[],
-            node: "n1",
-            pre_timeout: false,
-            agents: &[],
-        };
+        let step = step_end(&v, 137);
         let next = after_attempt(
             state.path(),
             "77",
@@ -602,31 +618,13 @@ mod tests {
     fn a_stopped_job_exits_with_its_primary_ranks_code_not_sruns() {
         let state = tempfile::tempdir().unwrap();
         let dir = journal::job_dir(state.path(), "78");
-        let mut r = Writer::open(&dir, "rank-1.jsonl", 0, Some(1), Some("n2".into()));
-        r.record(
-            "rank_exit",
-            json!({ "class": "numerical", "evidence": "loss nan since step 40 (3 steps in a row)",
-                    "class_reason": "", "last_step": 42, "exit_code": 65 }),
-            true,
-        );
-        let mut r0 = Writer::open(&dir, "rank-0.jsonl", 0, Some(0), Some("n1".into()));
-        r0.record(
-            "rank_exit",
-            json!({ "class": "peer_failure", "class_reason": "", "last_step": 42, "exit_code": 143 }),
-            true,
-        );
+        let nan = Some("loss nan since step 40 (3 steps in a row)");
+        rank_exit_with(&dir, (1, "n2", 0), "numerical", nan, 42, 65);
+        rank_exit_with(&dir, (0, "n1", 0), "peer_failure", None, 42, 143);
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
         let v = verdict(Class::Unknown, "exit 143");
         let f = fake(true);
-        let step = StepEnd {
-            ended: chrono::Utc::now(),
-            exit_code: 143,
-            verdict: &v,
-            tail: &[],
-            node: "n1",
-            pre_timeout: false,
-            agents: &[],
-        };
+        let step = step_end(&v, 143);
         assert_eq!(
             after_attempt(state.path(), "78", 0, &step, 3, None, &f, &mut w),
             Next::Exit(crate::error::EXIT_NUMERICAL)
@@ -645,15 +643,7 @@ mod tests {
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
         let v = verdict(Class::UserError, "exit 1");
         let f = fake(true);
-        let step = StepEnd {
-            ended: chrono::Utc::now(),
-            exit_code: 1,
-            verdict: &v,
-            tail: &[],
-            node: "n1",
-            pre_timeout: false,
-            agents: &[],
-        };
+        let step = step_end(&v, 1);
         assert_eq!(
             after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w),
             Next::Exit(1)
@@ -675,15 +665,7 @@ mod tests {
                 50,
             );
             let mut w = Writer::open(&dir, "batch.jsonl", attempt, None, None);
-            let step = StepEnd {
-                ended: chrono::Utc::now(),
-                exit_code: 137,
-                verdict: &v,
-                tail: &[],
-                node: "n1",
-                pre_timeout: false,
-                agents: &[],
-            };
+            let step = step_end(&v, 137);
             after_attempt(state.path(), "77", attempt, &step, 3, None, &f, &mut w);
         }
         assert_eq!(
@@ -711,15 +693,7 @@ mod tests {
         let mut w = Writer::open(&dir, "batch.jsonl", 0, None, None);
         let v = verdict(Class::Infrastructure, "x");
         let f = fake(false);
-        let step = StepEnd {
-            ended: chrono::Utc::now(),
-            exit_code: 1,
-            verdict: &v,
-            tail: &[],
-            node: "n1",
-            pre_timeout: false,
-            agents: &[],
-        };
+        let step = step_end(&v, 1);
         after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
         let end = recs.iter().find(|r| r.kind == "job_end").unwrap();
