@@ -31,7 +31,7 @@ pub const EXIT_NO_COORDINATOR: i32 = 5;
 /// give it: (code, meaning, commands), in Markdown (`tests/docs.rs` checks
 /// the README's table against it).
 pub const EXIT_CODES: &[(&str, &str, &str)] = &[
-    ("the trainer's", "its own status; 128+N if it died of signal N; after restarts in place, the last attempt's; under Slurm's guardian, srun's", "`run`"),
+    ("the trainer's", "its own status; 128+N if it died of signal N; after restarts in place, the last attempt's; under Slurm, a job stopped after a failure ends with its primary rank's code (srun's when no rank gave one)", "`run`"),
     ("`0`", "done", "every command"),
     ("`2`", "usage or configuration error, or a path that cannot be written: one line, `file:line` for config files", "every command"),
     ("`3`", "no journal for that job (or none readable)", "`report`, `timeline`, `status`, `checkpoint`"),
