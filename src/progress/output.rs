@@ -118,6 +118,7 @@ impl Parser {
         let defaults = step.as_str() == DEFAULT_PROGRESS_REGEX
             && is(&checkpoint, DEFAULT_CHECKPOINT_REGEX)
             && is(&eval, DEFAULT_EVAL_REGEX);
+        super::figures::prepare();
         let prefilter = defaults.then(|| {
             let alternation: Vec<String> =
                 DEFAULT_LITERALS.iter().map(|l| regex::escape(l)).collect();
