@@ -73,26 +73,32 @@ pub fn decide(facts: &Facts<'_>, requeueable: impl FnOnce() -> bool) -> Option<D
     })
 }
 
-/// The job's exit code after a failure it decided on (the batch script's,
-/// so what `sacct` shows for a job that was not run again): 124 for a hang
-/// (as a stall ends, as timeout(1)); else the primary rank's own non-zero
-/// code as its agent gave it (65 for a numerical stop, the trainer's own
-/// code for a crash), not srun's, which is that of whichever task srun saw
-/// end worst (often one it stopped itself: 143); else srun's. The same rule
-/// as `resilio run` outside Slurm.
-pub fn job_exit_code(d: &Decision, records: &[Record], attempt: u32, srun_code: i32) -> i32 {
-    if d.judgment.class == Class::Hang {
+/// The job's exit code after a failure it decided on, in local mode and at
+/// the batch level alike (there the batch script's, so what `sacct` shows):
+/// 124 for a hang (as a stall ends, as timeout(1)), even when the culprit
+/// was stopped by the coordinator, not by its agent; else the primary
+/// rank's own non-zero code (65 for a numerical stop, the trainer's own for
+/// a crash); else `fallback` (under Slurm srun's, which is that of whichever
+/// task it saw end worst, often one it stopped itself: 143).
+pub fn failure_exit_code(d: &Decision, primary_code: Option<i32>, fallback: i32) -> i32 {
+    if d.outcome.class == Class::Hang {
         return crate::error::EXIT_STALLED;
     }
-    journal::events(records)
+    primary_code.filter(|c| *c != 0).unwrap_or(fallback)
+}
+
+/// [`failure_exit_code`] with the primary rank's code from its `rank_exit`
+/// in the journal of `attempt`.
+pub fn job_exit_code(d: &Decision, records: &[Record], attempt: u32, srun_code: i32) -> i32 {
+    let primary = journal::events(records)
         .filter(|(r, _)| r.attempt == attempt && r.rank == Some(d.primary.rank))
         .filter_map(|(_, e)| match e {
             Event::RankExit(x) => x.exit_code,
             _ => None,
         })
         .filter(|c| *c != 0)
-        .last()
-        .unwrap_or(srun_code)
+        .last();
+    failure_exit_code(d, primary, srun_code)
 }
 
 /// The batch-level action for a judged outcome.

@@ -16,7 +16,7 @@
 
 use super::act;
 use super::batch::{self, StepEnd};
-use super::decide::Decision;
+use super::decide::{self, Decision};
 use super::judge::{AgentEnd, AgentStatus};
 use crate::config::Config;
 use crate::coordinator::state::{Effect, JobView};
@@ -643,20 +643,12 @@ fn fallback_verdict(worst: i32, failure_note: Option<&str>) -> Verdict {
     }
 }
 
-/// The job's exit code after a failure: 124 for a hang (as a stall ends,
-/// as timeout(1)), even when the culprit was stopped by the coordinator,
-/// not by its agent; else the primary rank's own non-zero code, else the
-/// worst.
+/// The job's exit code after a failure ([`decide::failure_exit_code`]),
+/// else the worst.
 fn exit_code(d: Option<&Decision>, ranks: &[Rank], worst: i32) -> i32 {
-    d.and_then(|d| {
-        if d.outcome.class == Class::Hang {
-            return Some(crate::error::EXIT_STALLED);
-        }
-        ranks
-            .iter()
-            .find(|r| r.rank == d.primary.rank)
-            .and_then(|r| r.exit)
-            .filter(|c| *c != 0)
+    let fallback = if worst == 0 { 1 } else { worst };
+    d.map_or(fallback, |d| {
+        let primary = ranks.iter().find(|r| r.rank == d.primary.rank);
+        decide::failure_exit_code(d, primary.and_then(|r| r.exit), fallback)
     })
-    .unwrap_or(if worst == 0 { 1 } else { worst })
 }
