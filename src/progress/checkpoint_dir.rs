@@ -82,10 +82,11 @@ fn is_temporary(name: &str) -> bool {
 /// or modification time moved in between was still being written.
 pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -> Files {
     let top = matched.split('/').next().unwrap_or(matched);
-    let (mut f, first) = look(&dir.join(top));
+    let root = dir.join(top);
+    let (mut f, first) = look(&root);
     if !settle.is_zero() {
         std::thread::sleep(settle);
-        let (again, second) = look(&dir.join(top));
+        let (again, second) = look(&root);
         f = again;
         let names = first
             .keys()

@@ -437,56 +437,86 @@ pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> 
 mod probe_tests {
     use super::*;
 
+    /// A child of the test, killed and reaped when dropped (a failed
+    /// assertion must not leave it holding the test's output open).
+    struct Kid(std::process::Child);
+
+    impl Kid {
+        fn spawn(argv: &[&str]) -> Kid {
+            Kid(std::process::Command::new(argv[0])
+                .args(&argv[1..])
+                .spawn()
+                .unwrap())
+        }
+        fn id(&self) -> u32 {
+            self.0.id()
+        }
+    }
+
+    impl Drop for Kid {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// A child reading a socket that never speaks.
+    fn socket_reader() -> Kid {
+        Kid::spawn(&[
+            "python3",
+            "-c",
+            "import socket; a, b = socket.socketpair(); a.recv(1)",
+        ])
+    }
+
+    /// Wait up to 10 s for `what`; its last answer.
+    fn until(what: impl Fn() -> bool) -> bool {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !what() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        what()
+    }
+
     #[test]
     fn a_process_blocked_on_a_socket_waits_on_a_peer_and_a_sleeper_does_not() {
         // This test's own children: one reads a socket that never speaks, one sleeps.
-        let mut sleeper = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let mut waiter = std::process::Command::new("python3")
-            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
-            .spawn()
-            .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(600));
+        let sleeper = Kid::spawn(&["sleep", "30"]);
+        let waiter = socket_reader();
+        // Started: the sleeper in its nanosleep, the reader in its read.
+        let in_sleep = || {
+            std::fs::read_to_string(format!("/proc/{}/syscall", sleeper.id()))
+                .ok()
+                .and_then(|t| t.split_ascii_whitespace().next()?.parse().ok())
+                .is_some_and(|nr: libc::c_long| SLEEPS.contains(&nr))
+        };
+        assert!(until(in_sleep));
         let (s, what) = probe_process(sleeper.id() as i32);
         assert_eq!(s, Some(false), "{what}");
-        let (w, what) = probe_process(waiter.id() as i32);
-        assert_eq!(w, Some(true), "{what}");
+        assert!(
+            until(|| probe_process(waiter.id() as i32).0 == Some(true)),
+            "{}",
+            probe_process(waiter.id() as i32).1
+        );
         let all = probe(&[]);
         assert_eq!(all.waiting_on_peer, Some(true), "{:?}", all.evidence);
-        let _ = sleeper.kill();
-        let _ = waiter.kill();
-        let _ = sleeper.wait();
-        let _ = waiter.wait();
     }
 
     #[test]
     fn a_stopped_process_is_not_waiting_even_inside_a_socket_read() {
         use nix::sys::signal::{kill, Signal};
-        let mut waiter = std::process::Command::new("python3")
-            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
-            .spawn()
-            .unwrap();
+        let waiter = socket_reader();
         let pid = waiter.id() as i32;
         let state = || process::read_stat(pid).map(|p| p.state);
-        let until = |what: &dyn Fn() -> bool| {
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            while !what() && std::time::Instant::now() < deadline {
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            what()
-        };
-        assert!(until(&|| probe_process(pid).0 == Some(true)));
+        assert!(until(|| probe_process(pid).0 == Some(true)));
         kill(nix::unistd::Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
-        assert!(until(&|| state() == Some('T')));
+        assert!(until(|| state() == Some('T')));
         // Its system call is still the socket read...
         assert_eq!(probe_process(pid).0, Some(true));
         // ...but a stopped process waits on nobody. (Not `probe()`: it
         // sees every child of this test binary, other tests' too.)
         let (w, what) = probe_one(&process::read_stat(pid).unwrap(), &[]);
-        let _ = waiter.kill();
-        let _ = waiter.wait();
+        drop(waiter);
         assert_eq!(w, Some(false), "{what}");
         assert!(what.starts_with("stopped (SIGSTOP"), "{what}");
     }
@@ -497,15 +527,9 @@ mod probe_tests {
     /// a debugger, so nobody was blamed for the hang.
     #[test]
     fn a_process_paused_by_our_own_helper_is_judged_by_its_system_call() {
-        let mut waiter = std::process::Command::new("python3")
-            .args(["-c", "import socket; a, b = socket.socketpair(); a.recv(1)"])
-            .spawn()
-            .unwrap();
+        let waiter = socket_reader();
         let pid = waiter.id() as i32;
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while probe_process(pid).0 != Some(true) && std::time::Instant::now() < deadline {
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        assert!(until(|| probe_process(pid).0 == Some(true)));
         // A tracer in this process (as py-spy traces the trainer) holds it.
         // SAFETY: plain ptrace requests on our own child; no memory passed.
         unsafe {
@@ -516,15 +540,15 @@ mod probe_tests {
         }
         let info = process::read_stat(pid).unwrap();
         let me = std::process::id() as i32;
+        let tracer = tracer_of(pid);
         let ours = probe_one(&info, &[me]);
         let someone_elses = probe_one(&info, &[me + 1]);
         unsafe {
             libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
         }
-        let _ = waiter.kill();
-        let _ = waiter.wait();
+        drop(waiter);
         assert_eq!(info.state, 't');
-        assert_eq!(tracer_of(pid), None, "the tracer is gone with the process");
+        assert_eq!(tracer, Some(me), "the tracing thread's process is this one");
         assert_eq!(ours.0, Some(true), "{}", ours.1);
         assert!(
             ours.1.contains("paused by resilio's own py-spy"),

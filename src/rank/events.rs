@@ -310,14 +310,8 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
             path: files.as_ref().map(|f| f.path.clone()),
             size_bytes: files.as_ref().map(|f| f.bytes),
             files: files.as_ref().map(|f| f.files),
-            temp_names: files
-                .as_ref()
-                .filter(|f| !f.temp_names.is_empty())
-                .map(|f| f.temp_names.clone()),
-            changing: files
-                .as_ref()
-                .filter(|f| !f.changing.is_empty())
-                .map(|f| f.changing.clone()),
+            temp_names: files.as_ref().and_then(|f| names(&f.temp_names)),
+            changing: files.as_ref().and_then(|f| names(&f.changing)),
         },
         true,
     );
@@ -335,4 +329,9 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
         });
         o.urgent.notify_one();
     }
+}
+
+/// A list of names for a record: absent when empty.
+fn names(v: &[String]) -> Option<Vec<String>> {
+    (!v.is_empty()).then(|| v.to_vec())
 }

@@ -20,7 +20,9 @@ After a rollback (``[numerical] nan_action`` or ``spike_action =
 the latest, and ``rc.skip_step(step)`` is true for the steps whose batches
 made the loss diverge::
 
-    start = rc.rollback_step() or latest_checkpoint_step()
+    start = rc.rollback_step()
+    if start is None:
+        start = latest_checkpoint_step()
     for step in range(start, total):
         batch = next(data)
         if rc.skip_step(step):
