@@ -5,8 +5,14 @@
 //! otherwise an adaptive one:
 //!
 //! ```text
-//! timeout = max(floor, factor × percentile(recent step intervals), 2 × longest interval seen)
+//! timeout = max(floor, factor × percentile(recent time per step), 2 × longest gap seen)
 //! ```
+//!
+//! Time per step is the time between two sightings of the named step over
+//! the steps it moved (a bar redrawn after 21 steps in 20 s: 0.95 s a
+//! step); the gap is the time between sightings itself, so that steps seen
+//! only every so often (a log line every 50 steps) are never stopped
+//! between two sightings.
 //!
 //! so that 0.5 s steps are caught within the floor while 5-minute steps are
 //! given most of an hour, and a pause that happened once and recovered (an
@@ -187,8 +193,10 @@ pub struct StallPolicy {
     /// Start of the current wait: last progress, or phase start/end.
     anchor: Instant,
     last_step: Option<u64>,
-    /// When the named step last advanced (the start of the next interval).
+    /// When the named step last advanced (the start of the next interval),
+    /// and to which step.
     last_step_at: Option<Instant>,
+    learnt_step: Option<u64>,
     /// True when the gap since `last_step_at` crossed a phase (not learnt).
     gap_crossed_phase: bool,
     intervals: VecDeque<f64>,
@@ -214,6 +222,7 @@ impl StallPolicy {
             anchor: now,
             last_step: None,
             last_step_at: None,
+            learnt_step: None,
             gap_crossed_phase: false,
             intervals: VecDeque::new(),
             longest: 0.0,
@@ -288,16 +297,26 @@ impl StallPolicy {
         if learn {
             if let Some(prev) = self.last_step_at {
                 if !self.gap_crossed_phase {
-                    let dt = now.saturating_duration_since(prev).as_secs_f64();
+                    // Time per step: a bar redrawn after 21 steps in 20 s
+                    // says 0.95 s a step. The gap itself is kept apart (the
+                    // longest one seen): steps seen only every so often
+                    // (a log line every 50 steps) must not be stopped
+                    // between two sightings.
+                    let gap = now.saturating_duration_since(prev).as_secs_f64();
+                    let steps = match (self.learnt_step, step) {
+                        (Some(a), Some(b)) if b > a => (b - a) as f64,
+                        _ => 1.0,
+                    };
                     if self.intervals.len() == self.cfg.adaptive_window.max(1) {
                         self.intervals.pop_front();
                     }
-                    self.intervals.push_back(dt);
-                    self.longest = self.longest.max(dt);
+                    self.intervals.push_back(gap / steps);
+                    self.longest = self.longest.max(gap);
                     self.adaptive = self.compute_adaptive();
                 }
             }
             self.last_step_at = Some(now);
+            self.learnt_step = step;
             self.gap_crossed_phase = false;
         }
         self.phase = Phase::Train;
@@ -505,6 +524,33 @@ mod tests {
         assert_eq!(s.kind, StallKind::Step { adaptive: true });
         assert_eq!(s.last_step, Some(100));
         assert_eq!(s.since, last);
+    }
+
+    #[test]
+    fn time_per_step_is_learnt_from_sightings_that_cover_several_steps() {
+        // The HF Trainer's bar: a frame every 0.1 s for 21 steps, then the
+        // bar redrawn 18.7 s later at step 25 (tqdm's monitor thread, the
+        // rank after it hung). Learnt as 4.7 s a step, not 18.7 s.
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        let mut t = t0;
+        for step in (1..=21).step_by(2) {
+            t += secs(0.12);
+            p.on_progress(t, Some(step), true, "output");
+        }
+        p.on_progress(t + secs(18.7), Some(25), true, "output");
+        let limit = p.adaptive_timeout().unwrap().as_secs_f64();
+        assert!((limit - 46.75).abs() < 0.01, "{limit}");
+        // Sightings 50 steps and 5 s apart (0.1 s a step): the limit stays
+        // above the gap between two sightings.
+        let mut p = StallPolicy::new(cfg(), t0);
+        let mut t = t0;
+        for i in 1..=20u64 {
+            t += secs(5.0);
+            assert!(p.check(t).is_none(), "false stall at sighting {i}");
+            p.on_progress(t, Some(50 * i), true, "output");
+        }
+        assert_eq!(p.adaptive_timeout(), Some(secs(10.0)), "2 x the 5 s gap");
     }
 
     #[test]

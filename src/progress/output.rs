@@ -45,6 +45,9 @@ pub struct Parser {
     checkpoint: Option<Regex>,
     eval: Option<Regex>,
     prefilter: Option<Regex>,
+    /// The phase markers' literals alone, to find a marker before the last
+    /// step of a read (see [`Parser::scan`]).
+    phase_prefilter: Option<Regex>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -107,6 +110,17 @@ pub const DEFAULT_LITERALS: &[&str] = &[
     "loss",
 ];
 
+/// The literals of [`DEFAULT_LITERALS`] that only phase markers contain.
+const PHASE_LITERALS: &[&str] = &[
+    "aving",
+    "AVING",
+    "save_checkpoint",
+    "valuat",
+    "VALUAT",
+    "alidation",
+    "ALIDATION",
+];
+
 impl Parser {
     /// A parser from the step regex and optional phase regexes.
     pub fn new(step: Regex, checkpoint: Option<Regex>, eval: Option<Regex>) -> Self {
@@ -124,11 +138,17 @@ impl Parser {
                 DEFAULT_LITERALS.iter().map(|l| regex::escape(l)).collect();
             Regex::new(&alternation.join("|")).expect("literal prefilter")
         });
+        let phase_prefilter = defaults.then(|| {
+            let alternation: Vec<String> =
+                PHASE_LITERALS.iter().map(|l| regex::escape(l)).collect();
+            Regex::new(&alternation.join("|")).expect("phase prefilter")
+        });
         Parser {
             step,
             checkpoint,
             eval,
             prefilter,
+            phase_prefilter,
         }
     }
 
@@ -213,11 +233,22 @@ impl Parser {
             marks.push(Mark::Figures(Seen(seen)));
         }
         match (step, phase) {
-            (Some((s_line, s)), Some((p_at, p))) => {
+            (Some((s_line, s)), Some((p_at, p))) if p_at >= s_line => {
                 marks.push(Mark::Step(s));
-                if p_at >= s_line {
-                    marks.push(Mark::Phase(p));
+                marks.push(Mark::Phase(p));
+            }
+            (Some((_, s)), Some((p_at, p))) => {
+                // The marker came before the last step's line. Whether that
+                // step ends the phase is the stall policy's to say: a bar
+                // redrawn at the step the phase began at (tqdm's training
+                // bar under HF's evaluation banner) does not, a later step
+                // does. So the step before the marker, if this text has
+                // one, then the marker, then the last step, in order.
+                if let Some(before) = self.step_in(&text[..line_start(text, p_at)]) {
+                    marks.push(Mark::Step(before));
                 }
+                marks.push(Mark::Phase(p));
+                marks.push(Mark::Step(s));
             }
             (Some((_, s)), None) => marks.push(Mark::Step(s)),
             (None, Some((_, p))) => marks.push(Mark::Phase(p)),
@@ -269,6 +300,9 @@ impl Parser {
                     }
                 }
                 if let Some((_, s)) = step {
+                    if phase.is_none() {
+                        phase = self.phase_before(&text[..ls]);
+                    }
                     return (Some((ls, s)), phase, seen);
                 }
             }
@@ -278,6 +312,58 @@ impl Parser {
             end = start;
         }
         (None, phase, seen)
+    }
+
+    /// The step a line still being written already names, if its digits are
+    /// followed by something. tqdm draws each frame as `\r` and the frame,
+    /// with no line end: the frame is complete when written, and the next
+    /// one may come seconds later (tqdm's monitor thread), or never (a hung
+    /// trainer). A number at the very end may still grow (`step 12` of
+    /// `step 120`) and is not taken; the patterns that read bars need the
+    /// `[` after the total, so a bar cut short names nothing.
+    pub fn partial_step(&self, partial: &[u8]) -> Option<u64> {
+        if let Some(pf) = &self.prefilter {
+            if !pf.is_match(partial) {
+                return None;
+            }
+        }
+        let mut last = None;
+        for caps in self.step.captures_iter(partial) {
+            let Some((step, at)) = self.step_of(&caps) else {
+                continue;
+            };
+            let digits = partial[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            if at + digits >= partial.len() {
+                continue;
+            }
+            let line = &partial[line_start(partial, at)..];
+            if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
+                continue;
+            }
+            last = Some(step);
+        }
+        last
+    }
+
+    /// The last phase marker in `text` (the part of a read before its last
+    /// step), found by the phase literals first: one pass of literal search
+    /// over text without markers.
+    fn phase_before(&self, text: &[u8]) -> Option<(usize, &'static str)> {
+        let pf = self.phase_prefilter.as_ref()?;
+        let mut lines: Vec<usize> = Vec::new();
+        for m in pf.find_iter(text) {
+            let ls = line_start(text, m.start());
+            if lines.last() != Some(&ls) {
+                lines.push(ls);
+            }
+        }
+        lines.iter().rev().find_map(|&ls| {
+            let le = memchr_eol(&text[ls..]).map_or(text.len(), |p| ls + p);
+            self.last_phase(&text[ls..le]).map(|(at, p)| (ls + at, p))
+        })
     }
 
     /// The step in one line, if any (used by tests and the progress file).
@@ -331,7 +417,26 @@ pub struct LineScanner {
 
 impl LineScanner {
     /// Feed one read's bytes; returns the marks found in the lines it completed.
+    ///
+    /// A partial line left at the end is looked at too: a step it already
+    /// names ([`Parser::partial_step`], a tqdm frame) is reported now, not
+    /// when the next frame ends it.
     pub fn feed(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
+        let mut marks = self.feed_lines(parser, chunk);
+        if !chunk.is_empty()
+            && !self.overflow
+            && !self.carry.is_empty()
+            && !matches!(chunk.last(), Some(b'\n' | b'\r'))
+        {
+            if let Some(s) = parser.partial_step(&self.carry) {
+                marks.push(Mark::Step(s));
+                marks = compact(marks);
+            }
+        }
+        marks
+    }
+
+    fn feed_lines(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
         let Some(last_nl) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
             self.push_carry(chunk);
             return Vec::new();
@@ -382,30 +487,33 @@ impl LineScanner {
     }
 }
 
-/// Keep the last step, and the last phase unless a later step ended it, in
-/// order (two scans can each yield some; as [`Parser::scan`] of the whole).
+/// What several scans of one read said, as one scan of the whole would
+/// ([`Parser::scan`]): the figures first (the newest value of each), then
+/// the last step before the last phase marker, the marker, and the last
+/// step after it, in order. Whether a step after the marker ends the phase
+/// is the stall policy's to say (a redraw of the same step does not).
 fn compact(marks: Vec<Mark>) -> Vec<Mark> {
     if marks.len() <= 1 {
         return marks;
     }
-    // Figures: the newest value of each, first.
     let mut seen = Figures::new();
     for m in marks.iter().rev() {
         if let Mark::Figures(Seen(f)) = m {
             figures::merge(&mut seen, f.clone());
         }
     }
-    let last_step = marks.iter().rposition(|m| matches!(m, Mark::Step(_)));
-    let last_phase = marks
-        .iter()
-        .rposition(|m| matches!(m, Mark::Phase(_)))
-        .filter(|p| last_step.is_none_or(|s| *p > s));
-    let mut keep: Vec<usize> = last_step.into_iter().chain(last_phase).collect();
-    keep.sort_unstable();
+    let is_step = |m: &&Mark| matches!(m, Mark::Step(_));
+    let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
+    let (before, after) = match last_phase {
+        Some(p) => (&marks[..p], &marks[p + 1..]),
+        None => (&marks[..], &marks[..0]),
+    };
     let figures = (!seen.is_empty()).then_some(Mark::Figures(Seen(seen)));
     figures
         .into_iter()
-        .chain(keep.into_iter().map(|i| marks[i].clone()))
+        .chain(before.iter().rfind(is_step).cloned())
+        .chain(last_phase.map(|p| marks[p].clone()))
+        .chain(after.iter().rfind(is_step).cloned())
         .collect()
 }
 
@@ -876,8 +984,9 @@ mod tests {
         );
         assert_eq!(
             s.feed(&p, b"Saving model checkpoint to /x\nstep 11\n"),
-            // A later step means the phase is over.
-            vec![Mark::Step(11)]
+            // The marker, then the later step (which ends the phase: the
+            // stall policy's call, see policy::stall).
+            vec![Mark::Phase("checkpoint"), Mark::Step(11)]
         );
         assert_eq!(
             s.feed(&p, b"Running Evaluation\n"),
@@ -886,7 +995,7 @@ mod tests {
     }
 
     #[test]
-    fn one_read_reports_one_step_and_no_phase_a_later_step_ended() {
+    fn one_read_reports_one_step_on_each_side_of_a_phase_marker() {
         // Found by fuzzing (fuzz/corpus/output_lines/regress-two-steps-one-read):
         // the carried line and the rest of the read each had a step.
         let p = parser();
@@ -894,11 +1003,83 @@ mod tests {
         assert!(s.feed(&p, b"step 5").is_empty());
         assert_eq!(s.feed(&p, b"\nstep 5426\n"), vec![Mark::Step(5426)]);
         assert!(s.feed(&p, b"Saving checkpoint").is_empty());
-        assert_eq!(s.feed(&p, b"\nstep 5427\n"), vec![Mark::Step(5427)]);
+        assert_eq!(
+            s.feed(&p, b"\nstep 5427\n"),
+            vec![Mark::Phase("checkpoint"), Mark::Step(5427)]
+        );
+        assert_eq!(
+            s.feed(
+                &p,
+                b"step 5 x\nstep 6 x\nSaving checkpoint\nstep 7 x\nstep 8\n"
+            ),
+            vec![Mark::Step(6), Mark::Phase("checkpoint"), Mark::Step(8)]
+        );
         assert!(s.feed(&p, b"step 5428").is_empty());
         assert_eq!(
             s.feed(&p, b"\nSaving checkpoint\n"),
             vec![Mark::Step(5428), Mark::Phase("checkpoint")]
+        );
+    }
+
+    /// Frames of the HF Trainer's tqdm bar as they reach a pipe: each is
+    /// `\r` and the frame, with no line end.
+    fn frame(step: u64, elapsed: &str) -> Vec<u8> {
+        format!(
+            "\r 35%|\u{2588}\u{2588}\u{2588}\u{258c}      | {step}/60 [{elapsed}<00:02, 15.20it/s]"
+        )
+        .into_bytes()
+    }
+
+    /// The marks without the figures (tqdm's rate, read as step time).
+    fn no_figures(marks: Vec<Mark>) -> Vec<Mark> {
+        marks
+            .into_iter()
+            .filter(|m| !matches!(m, Mark::Figures(_)))
+            .collect()
+    }
+
+    #[test]
+    fn a_bar_frame_is_a_step_when_it_is_written_not_when_the_next_one_ends_it() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        assert_eq!(s.feed(&p, &frame(21, "00:01")), vec![Mark::Step(21)]);
+        // tqdm's monitor thread redraws the bar 20 s later: read at once.
+        assert_eq!(
+            no_figures(s.feed(&p, &frame(25, "00:20"))),
+            vec![Mark::Step(25)]
+        );
+        // A frame cut short names nothing until its `[` is there (the `\r`
+        // ends the last frame: a repeat of its step).
+        assert_eq!(
+            no_figures(s.feed(&p, b"\r 36%|\xe2\x96\x88  | 2")),
+            vec![Mark::Step(25)]
+        );
+        assert!(s.feed(&p, b"6/60").is_empty());
+        assert_eq!(s.feed(&p, b" [00:21<00:02]"), vec![Mark::Step(26)]);
+        // A number at the end of a line still being written may grow.
+        let mut s = LineScanner::default();
+        assert!(s.feed(&p, b"step 12").is_empty());
+        assert_eq!(s.feed(&p, b"0 loss"), vec![Mark::Step(120)]);
+        assert_eq!(
+            s.feed(&p, b" 2.5\n"),
+            vec![Mark::Figures(Seen(vec![("loss", 2.5)])), Mark::Step(120)]
+        );
+    }
+
+    #[test]
+    fn a_redraw_of_the_training_bar_after_an_evaluation_banner_keeps_the_order() {
+        // HF: the eval banner between two frames of the training bar at the
+        // same step. The marks keep their order, so the stall policy sees
+        // the redraw of step 30 after the phase began (a repeat, no end).
+        let p = parser();
+        let mut s = LineScanner::default();
+        assert_eq!(s.feed(&p, &frame(30, "00:02")), vec![Mark::Step(30)]);
+        let mut read = b"\n***** Running Evaluation *****\n  Num examples = 64\n".to_vec();
+        read.extend(frame(30, "00:03"));
+        read.extend(frame(30, "00:04"));
+        assert_eq!(
+            no_figures(s.feed(&p, &read)),
+            vec![Mark::Step(30), Mark::Phase("eval"), Mark::Step(30)]
         );
     }
 
