@@ -189,6 +189,11 @@ fn describe_event(event: &Event) -> Option<String> {
             num(x.master_port)
         ),
         Event::AttemptEnd(_) => "every rank of the attempt has exited".into(),
+        Event::Judgment(x) if x.primary_rank.is_none() && x.primary_node.is_none() => format!(
+            "judgment: {}, nobody blamed: {}",
+            x.class.map_or("?", |c| c.name()),
+            text(&x.evidence)
+        ),
         Event::Judgment(x) => format!(
             "judgment: {} on rank {} ({}): {}",
             x.class.map_or("?", |c| c.name()),

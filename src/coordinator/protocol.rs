@@ -80,6 +80,11 @@ pub struct Report {
     /// The probe of the trainer's threads, taken on a stall or on request:
     /// blocked on a peer (network read or poll)?
     pub waiting_on_peer: Option<bool>,
+    /// Not waiting, and shown so: a stack outside any collective, or a
+    /// process asleep or stopped in its own code (not merely running, as
+    /// NCCL spinning on a GPU is too).
+    #[serde(default)]
+    pub not_waiting_shown: bool,
     pub probe: Option<String>,
     /// A probe was taken in this attempt and its result is in this report
     /// (even when it could not tell: `waiting_on_peer` is then `None`).

@@ -54,8 +54,8 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     journal.write(
         ev::Judgment {
             class: Some(j.class),
-            primary_rank: (primary.rank != u32::MAX).then_some(primary.rank),
-            primary_node: Some(primary.node.clone()),
+            primary_rank: (primary.rank != u32::MAX && j.culprit).then_some(primary.rank),
+            primary_node: j.culprit.then(|| primary.node.clone()),
             why: Some(j.why.clone()),
             evidence: Some(d.evidence.clone()),
             reason: Some(primary.verdict.reason.clone()),

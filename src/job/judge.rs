@@ -176,6 +176,19 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
     let blamed = v.blamed_ranks;
     let why = v.reason.unwrap_or_default();
     if blamed.is_empty() {
+        // Nobody blamed stays nobody blamed: the ranks that stalled are
+        // hung, none of them the culprit (the first to report a stall is
+        // as likely the victim waiting on the one that hung).
+        for f in failures
+            .iter_mut()
+            .filter(|f| matches!(f.verdict.class, Class::Hang | Class::Preempted))
+        {
+            f.verdict = Verdict {
+                class: Class::Hang,
+                reason: failure::NOBODY_BLAMED.into(),
+                evidence: Some(why.clone()),
+            };
+        }
         return;
     }
     // A rank that finished cleanly (its trainer ended on its own
@@ -480,6 +493,34 @@ mod tests {
         let j = j.unwrap();
         assert_eq!((j.primary, j.class), (1, Class::Hang));
         assert_eq!(j.blamed_nodes, ["n2"]);
+    }
+
+    #[test]
+    fn a_hang_the_coordinator_blamed_nobody_for_names_no_rank_and_no_node() {
+        // Rank 0 reported the stall (it waited), rank 1 (silent) was
+        // stopped in the teardown: the verdict could tell nobody.
+        let records = [
+            exit(0, "n1", 10, "hang"),
+            exit(1, "n2", 11, "preempted"),
+            rec(
+                "hang",
+                None,
+                "",
+                9,
+                json!({ "verdict": { "rule": "undetermined", "blamed_ranks": [], "reason": "the probes could not tell: nobody blamed" } }),
+            ),
+        ];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 1));
+        let j = j.unwrap();
+        assert_eq!(j.class, Class::Hang);
+        assert!(!j.culprit, "{}", j.why);
+        assert!(j.blamed_nodes.is_empty(), "{:?}", j.blamed_nodes);
+        assert_eq!(failures[j.primary].verdict.reason, failure::NOBODY_BLAMED);
+        assert_eq!(
+            failures[j.primary].verdict.evidence.as_deref(),
+            Some("the probes could not tell: nobody blamed")
+        );
     }
 
     #[test]

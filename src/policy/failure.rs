@@ -384,7 +384,16 @@ pub struct Judgment {
     pub class: Class,
     /// Nodes to blame (only for infrastructure failures and hangs).
     pub blamed_nodes: Vec<String>,
+    /// The primary failure names its culprit. False for a hang nobody
+    /// could be blamed for (the coordinator's verdict, or ranks that
+    /// stalled together): the primary rank is only the first to report.
+    pub culprit: bool,
 }
+
+/// The reason given to every hung rank when the coordinator's job-wide
+/// judgment blamed nobody: "nobody blamed" stays so to the report and the
+/// node history.
+pub const NOBODY_BLAMED: &str = "hung, nobody blamed (the coordinator's job-wide judgment)";
 
 /// Judge failures across ranks: the earliest failure that is not a peer's
 /// echo is primary; its class is the job's. Secondary failures are never
@@ -446,7 +455,10 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
         .iter()
         .filter(|(_, o)| o.verdict.class == Class::Hang && (o.at - f.at).abs() < 10.0)
         .count();
-    let why = if class == Class::Hang && hung_together > 1 {
+    let nobody = class == Class::Hang && f.verdict.reason == NOBODY_BLAMED;
+    let why = if nobody {
+        format!("{why}; the coordinator's job-wide judgment blamed nobody: no rank or node blamed")
+    } else if class == Class::Hang && hung_together > 1 {
         format!("{why}; {hung_together} ranks stalled together, the culprit cannot be told from progress alone: no node blamed")
     } else {
         why
@@ -461,6 +473,7 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     if matches!(class, Class::Infrastructure | Class::Hang)
         && f.verdict.class != Class::Secondary
         && !(class == Class::Hang && hung_together > 1)
+        && !nobody
         && !launch_trouble
     {
         blamed_nodes.push(f.node.clone());
@@ -477,6 +490,7 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     }
     Some(Judgment {
         primary: idx,
+        culprit: !(nobody || (class == Class::Hang && hung_together > 1)),
         why,
         class,
         blamed_nodes,

@@ -18,7 +18,10 @@
 //!    those whose last progress is earlier than every other's by more than
 //!    the tolerance.
 //! 3. *Not waiting*: ranks (silent ones included) whose trainer was not
-//!    waiting on a peer while others were. The agents' probes say which:
+//!    waiting on a peer while others were; or, where the others' state is
+//!    unknown, ranks shown not waiting (a stack in their own code, asleep,
+//!    stopped): a rank proven not waiting is blamed over ranks nobody could
+//!    read, never a rank shown waiting. The agents' probes say which:
 //!    `py-spy dump` stacks (inside a `torch.distributed` collective or not)
 //!    when py-spy is installed, else the system call each process is blocked
 //!    in (`/proc/PID/task/*/syscall`: a socket read or poll is a peer), and
@@ -45,6 +48,10 @@ pub struct RankView {
     /// From the agent's probe: blocked on a peer (`Some(true)`), busy or
     /// blocked on something else (`Some(false)`), unknown (`None`).
     pub waiting_on_peer: Option<bool>,
+    /// Not waiting, shown by a stack outside any collective or a process
+    /// asleep or stopped in its own code (running alone shows nothing:
+    /// NCCL spins on a GPU).
+    pub not_waiting_shown: bool,
     /// Reports no progress of its own (alive on the job's progress).
     pub silent: bool,
 }
@@ -202,6 +209,28 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
         .copied()
         .filter(|r| r.waiting_on_peer.is_none())
         .collect();
+    // Shown not waiting while every other rank waits or cannot be read.
+    let shown: Vec<&RankView> = not_waiting
+        .iter()
+        .copied()
+        .filter(|r| r.not_waiting_shown)
+        .collect();
+    if !shown.is_empty()
+        && !unknown.is_empty()
+        && shown.len() + unknown.len() + waiting == live.len()
+    {
+        let reason = format!(
+            "rank(s) {} were shown not waiting on a peer (in their own code) while the probes could not tell what rank(s) {} were doing{}",
+            list(&shown),
+            list(&unknown),
+            if waiting > 0 {
+                format!(" and {waiting} rank(s) were waiting")
+            } else {
+                String::new()
+            }
+        );
+        return ("not_waiting", shown, reason);
+    }
     let evidence = if !unknown.is_empty() {
         format!(
             "the probes could not tell what rank(s) {} were doing (install py-spy for stacks)",
@@ -245,6 +274,7 @@ mod tests {
             stalled: true,
             exited: false,
             waiting_on_peer: waiting,
+            not_waiting_shown: waiting == Some(false),
             silent: false,
         }
     }
@@ -289,6 +319,40 @@ mod tests {
             "{}",
             v.reason
         );
+    }
+
+    #[test]
+    fn a_rank_shown_not_waiting_is_blamed_over_ranks_nobody_could_read() {
+        // HF-like: only rank 0 prints; rank 1 asleep in its own code at
+        // step 30, rank 0 waiting in a collective the probe could not read.
+        let mut hung = view(1, None, 0.0, Some(false));
+        hung.silent = true;
+        let v = judge(&[view(0, Some(30), 10.0, None), hung.clone()], 0.5, 0);
+        assert_eq!(v.rule, "not_waiting");
+        assert_eq!(v.blamed_ranks, vec![1], "{}", v.reason);
+        assert!(
+            v.reason.contains("could not tell what rank(s) 0"),
+            "{}",
+            v.reason
+        );
+        // Merely running shows nothing (NCCL spins on a GPU): nobody blamed,
+        // least of all the rank that could not be read.
+        hung.not_waiting_shown = false;
+        let v = judge(&[view(0, Some(30), 10.0, None), hung.clone()], 0.5, 0);
+        assert_eq!(v.rule, "undetermined");
+        assert!(v.blamed_ranks.is_empty());
+        // A rank shown waiting is never blamed, whatever the others show.
+        hung.not_waiting_shown = true;
+        let v = judge(
+            &[
+                view(0, Some(30), 10.0, Some(true)),
+                view(2, Some(30), 10.0, None),
+                hung,
+            ],
+            0.5,
+            0,
+        );
+        assert_eq!(v.blamed_ranks, vec![1], "{}", v.reason);
     }
 
     #[test]

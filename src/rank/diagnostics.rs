@@ -139,6 +139,12 @@ pub struct Probe {
     /// The verdict comes from py-spy stacks.
     #[serde(default)]
     pub stacks: bool,
+    /// Not waiting, shown: a stack outside any collective, or every process
+    /// that is not waiting is somewhere a collective never is (asleep,
+    /// reading a file, stopped, in the kernel). Running on a CPU alone is
+    /// not shown: NCCL spins there too.
+    #[serde(default)]
+    pub not_waiting_shown: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -175,19 +181,89 @@ fn has_socket(pid: i32) -> bool {
     })
 }
 
+/// What one process was found doing: waiting on a peer (`Some(true)`),
+/// not (`Some(false)`), or unknown (`None`); in words; and whether "not"
+/// is shown (somewhere a collective never is) or only likely (running).
+struct Found(Option<bool>, String, bool);
+
+/// The system call a thread is blocked in and its first argument.
+fn syscall_of(pid: i32, tid: i32) -> Option<(libc::c_long, i64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/syscall")).ok()?;
+    let mut f = text.split_ascii_whitespace();
+    let nr = f.next()?.parse::<libc::c_long>().ok()?;
+    let arg0 = f
+        .next()
+        .and_then(|a| i64::from_str_radix(a.trim_start_matches("0x"), 16).ok())
+        .unwrap_or(-1);
+    Some((nr, arg0))
+}
+
+/// Whether a gloo collective is under way in the process: torch's
+/// ProcessGroupGloo runs collectives on its `pt_gloo_runloop` threads, which
+/// wait for work together on one condition (one futex address) when idle;
+/// a thread blocked on another address is inside a collective, waiting for
+/// its peers' data (gloo's own `gloo_tcp_loop` thread does the I/O). The
+/// caller's main thread then waits for that collective on a futex. Seen
+/// with torch 2.15's gloo: idle `futex 0x5593..84f0` twice; in an
+/// all_reduce whose peer sleeps, `0x5591..9cb0` and `0x7f20..9c08`.
+fn gloo_collective(pid: i32) -> Option<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut addrs: Vec<(i32, i64)> = Vec::new();
+    for t in tasks.filter_map(|e| e.ok()) {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let comm =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with("pt_gloo_runloop") {
+            continue;
+        }
+        if let Some((nr, addr)) = syscall_of(pid, tid) {
+            if nr == libc::SYS_futex {
+                addrs.push((tid, addr));
+            }
+        }
+    }
+    if addrs.len() < 2 {
+        return None;
+    }
+    // The idle condition is an address two threads or more share; with
+    // every thread apart, all of them are busy.
+    let shared = addrs
+        .iter()
+        .map(|(_, a)| *a)
+        .find(|a| addrs.iter().filter(|(_, b)| b == a).count() >= 2);
+    let busy: Vec<String> = addrs
+        .iter()
+        .filter(|(_, a)| Some(*a) != shared)
+        .map(|(t, _)| t.to_string())
+        .collect();
+    if busy.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "in a gloo collective (pt_gloo_runloop thread(s) {} blocked apart from the idle ones)",
+        busy.join(",")
+    ))
+}
+
 /// Classify one process: `Some(true)` waiting on a peer, `Some(false)` not,
 /// `None` for a parent waiting for its children or an unreadable one.
-fn probe_process(pid: i32) -> (Option<bool>, String) {
+fn probe_process(pid: i32) -> Found {
     let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")) else {
-        return (None, "syscall unreadable".into());
+        return Found(None, "syscall unreadable".into(), false);
     };
     let mut f = text.split_ascii_whitespace();
     let first = f.next().unwrap_or("");
     if first == "running" {
-        return (Some(false), "running on a CPU".into());
+        return Found(Some(false), "running on a CPU".into(), false);
     }
     let Ok(nr) = first.parse::<libc::c_long>() else {
-        return (Some(false), format!("not in a system call ({first})"));
+        return Found(
+            Some(false),
+            format!("not in a system call ({first})"),
+            false,
+        );
     };
     let arg0 = f
         .next()
@@ -195,31 +271,43 @@ fn probe_process(pid: i32) -> (Option<bool>, String) {
         .unwrap_or(-1);
     if READS.contains(&nr) {
         return if fd_is_socket(pid, arg0) {
-            (Some(true), format!("blocked reading socket fd {arg0}"))
+            Found(
+                Some(true),
+                format!("blocked reading socket fd {arg0}"),
+                false,
+            )
         } else {
-            (
+            Found(
                 Some(false),
                 format!("blocked reading fd {arg0} (not a socket)"),
+                true,
             )
         };
     }
     if POLLS.contains(&nr) {
         return if has_socket(pid) {
-            (Some(true), "blocked polling, with sockets open".into())
+            Found(
+                Some(true),
+                "blocked polling, with sockets open".into(),
+                false,
+            )
         } else {
-            (Some(false), "blocked polling, no socket open".into())
+            Found(Some(false), "blocked polling, no socket open".into(), true)
         };
     }
     if SLEEPS.contains(&nr) {
-        return (Some(false), "sleeping".into());
+        return Found(Some(false), "sleeping".into(), true);
     }
     if WAITS.contains(&nr) {
-        return (None, "waiting for a child".into());
+        return Found(None, "waiting for a child".into(), false);
     }
     if nr == libc::SYS_futex {
-        return (None, "blocked on a lock or condition (futex)".into());
+        if let Some(what) = gloo_collective(pid) {
+            return Found(Some(true), what, false);
+        }
+        return Found(None, "blocked on a lock or condition (futex)".into(), false);
     }
-    (Some(false), format!("blocked in system call {nr}"))
+    Found(Some(false), format!("blocked in system call {nr}"), false)
 }
 
 /// A process whose state alone says it is not waiting on a peer, whatever
@@ -253,13 +341,13 @@ fn tracer_of(pid: i32) -> Option<i32> {
 /// held in a tracing stop by one of resilio's own helpers (the py-spy of a
 /// stall's diagnostics, while another probe runs) is paused by us for a
 /// moment, not by a debugger: its system call says what it waits on.
-fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> (Option<bool>, String) {
+fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> Found {
     match by_state(p.state) {
         Some(_) if p.state == 't' && tracer_of(p.pid).is_some_and(|t| helpers.contains(&t)) => {
-            let (w, what) = probe_process(p.pid);
-            (w, format!("{what} (paused by resilio's own py-spy)"))
+            let Found(w, what, shown) = probe_process(p.pid);
+            Found(w, format!("{what} (paused by resilio's own py-spy)"), shown)
         }
-        Some(what) => (Some(false), what.to_string()),
+        Some(what) => Found(Some(false), what.to_string(), true),
         None => probe_process(p.pid),
     }
 }
@@ -267,11 +355,12 @@ fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> (Option<bool>, String) {
 /// Probe every process under this agent (the trainer's tree), helpers excluded.
 pub fn probe(skip: &[i32]) -> Probe {
     let mut p = Probe::default();
+    let mut all_shown = true;
     for proc_ in process::descendants(std::process::id() as i32) {
         if proc_.state == 'Z' || skip.contains(&proc_.pid) {
             continue;
         }
-        let (w, what) = probe_one(&proc_, skip);
+        let Found(w, what, shown) = probe_one(&proc_, skip);
         p.evidence
             .push(format!("{} {}: {what}", proc_.pid, proc_.comm));
         p.waiting_on_peer = match (p.waiting_on_peer, w) {
@@ -279,7 +368,11 @@ pub fn probe(skip: &[i32]) -> Probe {
             (Some(false), _) | (_, Some(false)) => Some(false),
             _ => None,
         };
+        if w == Some(false) {
+            all_shown &= shown;
+        }
     }
+    p.not_waiting_shown = p.waiting_on_peer == Some(false) && all_shown;
     p
 }
 
@@ -407,6 +500,7 @@ pub fn collective_wait_line(lines: &[String]) -> Option<String> {
 pub fn with_output(mut p: Probe, tail: &[String]) -> Probe {
     if let Some(line) = collective_wait_line(tail) {
         p.waiting_on_peer = Some(true);
+        p.not_waiting_shown = false;
         p.evidence.push(format!("output: {line}"));
     }
     p
@@ -422,6 +516,7 @@ pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> 
     match classify_dumps(dumps) {
         Some((w, ev)) => {
             p.waiting_on_peer = Some(w || p.waiting_on_peer == Some(true));
+            p.not_waiting_shown = p.waiting_on_peer == Some(false);
             p.evidence.extend(ev);
             p.stacks = true;
         }
@@ -491,7 +586,7 @@ mod probe_tests {
                 .is_some_and(|nr: libc::c_long| SLEEPS.contains(&nr))
         };
         assert!(until(in_sleep));
-        let (s, what) = probe_process(sleeper.id() as i32);
+        let Found(s, what, _) = probe_process(sleeper.id() as i32);
         assert_eq!(s, Some(false), "{what}");
         assert!(
             until(|| probe_process(waiter.id() as i32).0 == Some(true)),
@@ -515,7 +610,7 @@ mod probe_tests {
         assert_eq!(probe_process(pid).0, Some(true));
         // ...but a stopped process waits on nobody. (Not `probe()`: it
         // sees every child of this test binary, other tests' too.)
-        let (w, what) = probe_one(&process::read_stat(pid).unwrap(), &[]);
+        let Found(w, what, _) = probe_one(&process::read_stat(pid).unwrap(), &[]);
         drop(waiter);
         assert_eq!(w, Some(false), "{what}");
         assert!(what.starts_with("stopped (SIGSTOP"), "{what}");

@@ -454,6 +454,7 @@ impl<'a> Agent<'a> {
     fn report_probe(&self, p: &Probe) {
         self.r.outbox.update(|r| {
             r.waiting_on_peer = p.waiting_on_peer;
+            r.not_waiting_shown = p.not_waiting_shown;
             r.probe = Some(p.evidence.join("; "));
             r.probed = true;
         });

@@ -9,8 +9,10 @@ Usage:
   resilio run --ntasks 2 -- python hf_trainer.py [knobs]
 
 With WORLD_SIZE > 1 in the environment (RANK, WORLD_SIZE, LOCAL_RANK,
-MASTER_ADDR, MASTER_PORT), the Trainer (through accelerate) initialises the
-process group from env://, backend gloo.
+MASTER_ADDR, MASTER_PORT), the script initialises the process group from
+env://, backend gloo, with --pg-timeout (the Trainer would do it itself, but
+ignores TrainingArguments.ddp_timeout with use_cpu=True); the Trainer then
+uses that group (DDP).
 
 Knobs: see _knobs.py (max-steps, logging-steps, step-sleep, progress,
 eval-steps, eval-batches, eval-sleep, save-steps, output-dir, seed,
@@ -33,6 +35,7 @@ after optimizer step K; nan multiplies the loss by NaN in compute_loss.
 import os
 import sys
 import time
+from datetime import timedelta
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -104,6 +107,12 @@ class KnobTrainer(Trainer):
 
 
 def main():
+    if world > 1:
+        # The Trainer (accelerate's PartialState) would do this itself, but on
+        # the CPU (use_cpu=True) it drops TrainingArguments.ddp_timeout, so
+        # --pg-timeout could not take effect: do it here, from env://.
+        torch.distributed.init_process_group("gloo", init_method="env://",
+                                             timeout=timedelta(seconds=a.pg_timeout))
     torch.manual_seed(a.seed)
     torch.set_num_threads(1)
     cfg = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=SEQ)

@@ -30,6 +30,7 @@ impl JobView {
                         .is_some_and(|x| x.class == crate::event::Class::Hang),
                 exited: e.report.state == RankState::Exited,
                 waiting_on_peer: e.report.waiting_on_peer,
+                not_waiting_shown: e.report.not_waiting_shown,
                 silent: e.report.silent,
             })
             .collect();
