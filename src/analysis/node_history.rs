@@ -405,8 +405,7 @@ pub fn events_of<'a>(
                         r,
                         "straggler",
                         String::new(),
-                        "flagged as a straggler (a slow node is rarely a broken one: 0.2)"
-                            .to_string(),
+                        "flagged as a straggler (slow, not necessarily broken: 0.2)".to_string(),
                     );
                 }
             }
