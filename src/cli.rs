@@ -580,8 +580,7 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     }
     let mut failed = 0;
     for h in history.iter().filter(|h| h.score >= a.threshold) {
-        let last = h.events.last().map(|e| e.evidence.as_str()).unwrap_or("");
-        let reason: String = format!("resilio: score {:.2}: {}", h.score, last)
+        let reason: String = format!("resilio: score {:.2}: {}", h.score, h.last_evidence())
             .chars()
             .take(200)
             .collect();

@@ -2,24 +2,42 @@
 //! across every journal under the state dir, with a score that decays with
 //! time so that a repaired node recovers.
 //!
-//! What counts against a node: a `failure` that names it (`blamed_node`, or
-//! a rank's own infrastructure failure with evidence from its output), a
-//! job-level `judgment` that blamed it, a failed `health_check` on it, a
-//! flagged straggler, and, from Slurm's accounting (`sacct`, where it
-//! exists), every job of any user that ended in NODE_FAIL on it. Slurm does
-//! not say which node of a multi-node allocation failed, so such a failure
-//! is shared among its nodes (`share` 1/N); jobs with a journal here are
-//! counted from the journal alone. Peers' echoes (`secondary`), user errors
-//! and preemptions never count.
+//! Only the infrastructure is held against a node. What counts, and its
+//! weight when new (the class as `resilio nodes` shows it):
+//! - `infrastructure` (1.0): a `failure` that names the node
+//!   (`blamed_node`), or a rank's own infrastructure failure with evidence
+//!   from its output (Xid, ECC, NCCL network errors);
+//! - `node_failure` (1.0): Slurm said the node failed; from Slurm's
+//!   accounting (`sacct`, where it exists) every job of any user that ended
+//!   in NODE_FAIL on it. Slurm does not say which node of a multi-node
+//!   allocation failed, so such a failure is shared among its nodes
+//!   (`share` 1/N); jobs with a journal here are counted from the journal
+//!   alone;
+//! - `health_check` (1.0): a failed health check on the node;
+//! - `hang_kernel` (1.0): a hang whose blamed rank was in uninterruptible
+//!   sleep (state D: a wait in the kernel or a driver) when it was probed;
+//! - `hang` (0.5): a hang of unknown cause (the coordinator blamed the rank
+//!   by its steps, or there was no job-wide verdict, and no probe said what
+//!   it was doing), on a node implicated in another job too;
+//! - `straggler` (0.2): a flagged straggler.
+//!
+//! Seen and shown, but never held against the node (`counts: false`):
+//! `hang_user_code` (the probe found the blamed rank in its own code:
+//! sleeping, running, not waiting on a peer, or the coordinator's
+//! `not_waiting` rule), `hang_stopped` (its process was stopped: SIGSTOP,
+//! Slurm's suspend, a debugger) and `hang_unconfirmed` (a hang of unknown
+//! cause no other job corroborates). Peers' echoes (`secondary`), user
+//! errors, preemptions and judgments that blamed nobody are not events at
+//! all.
 
-use crate::event::{Class, Event};
+use crate::event::{Class, Event, Hang, Judgment};
 use crate::journal::{self, Record};
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// One event held against a node.
+/// One event seen on a node: held against it (`counts`) or only shown.
 #[derive(Clone, Debug, Serialize)]
 pub struct NodeEvent {
     pub ts: DateTime<Utc>,
@@ -31,6 +49,10 @@ pub struct NodeEvent {
     pub share: f64,
     /// `journal` or `sacct`.
     pub source: &'static str,
+    /// Held against the node: in its score.
+    pub counts: bool,
+    /// Why it counts or not, in words.
+    pub reason: String,
 }
 
 /// A node's history.
@@ -38,29 +60,272 @@ pub struct NodeEvent {
 pub struct NodeHistory {
     pub node: String,
     pub score: f64,
+    /// Every event seen, by class, those not held against the node included
+    /// (their classes have weight 0: `hang_user_code`, ...).
     pub failures_by_class: BTreeMap<String, u32>,
+    /// The jobs with events held against the node.
     pub jobs: Vec<String>,
     pub last_seen: DateTime<Utc>,
     pub events: Vec<NodeEvent>,
 }
 
-/// Weight of an event class in the score.
+impl NodeHistory {
+    /// The evidence of the latest event held against the node that has
+    /// any (a straggler has none); "" when none has.
+    pub fn last_evidence(&self) -> &str {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e.counts && !e.evidence.is_empty())
+            .map_or("", |e| e.evidence.as_str())
+    }
+}
+
+/// A hang whose blamed rank waited in the kernel (state D).
+pub const HANG_KERNEL: &str = "hang_kernel";
+/// A hang of unknown cause, corroborated by another job on the node.
+pub const HANG: &str = "hang";
+/// A hang in the trainer's own code.
+pub const HANG_USER_CODE: &str = "hang_user_code";
+/// A hang of a process someone stopped.
+pub const HANG_STOPPED: &str = "hang_stopped";
+/// A hang of unknown cause no other job corroborates (yet).
+pub const HANG_UNCONFIRMED: &str = "hang_unconfirmed";
+
+/// Weight of an event class in the score (0: shown, never held against a node).
 fn weight(class: &str) -> f64 {
     match class {
-        "infrastructure" | "health_check" | "node_failure" => 1.0,
-        "hang" => 0.5,
+        "infrastructure" | "health_check" | "node_failure" | HANG_KERNEL => 1.0,
+        HANG => 0.5,
         "straggler" => 0.2,
         _ => 0.0,
     }
 }
+
+/// Whether events of `class` are held against a node.
+pub fn class_counts(class: &str) -> bool {
+    weight(class) > 0.0
+}
+
+/// What one attempt's coordinator and agents said about a hang: its last
+/// job-wide verdict (`hang`) and each rank's last probe (`probe`), in words.
+#[derive(Default)]
+struct AttemptView {
+    hang: Option<(DateTime<Utc>, Hang)>,
+    probes: BTreeMap<u32, (DateTime<Utc>, String)>,
+}
+
+impl AttemptView {
+    /// What the probe of `rank` found: the verdict's copy, else the rank's
+    /// own `probe` record.
+    fn probe(&self, rank: u32) -> Option<&str> {
+        self.hang
+            .iter()
+            .flat_map(|(_, h)| h.ranks.iter().flatten())
+            .find(|x| x.rank == rank)
+            .and_then(|x| x.probe.as_deref())
+            .filter(|p| !p.is_empty())
+            .or_else(|| self.probes.get(&rank).map(|(_, p)| p.as_str()))
+    }
+}
+
+/// Each attempt's view, by (run key, attempt).
+fn attempt_views<'a>(records: &[&'a Record]) -> BTreeMap<(Option<&'a str>, u32), AttemptView> {
+    let mut out: BTreeMap<(Option<&str>, u32), AttemptView> = BTreeMap::new();
+    // Only these two kinds: parsing every record twice would cost the
+    // history, which reads every journal, its time.
+    for r in records
+        .iter()
+        .filter(|r| r.kind == "hang" || r.kind == "probe")
+    {
+        match r.event() {
+            Some(Event::Hang(h)) => {
+                let v = out.entry((r.run(), r.attempt)).or_default();
+                if v.hang.as_ref().is_none_or(|(ts, _)| *ts <= r.ts) {
+                    v.hang = Some((r.ts, h));
+                }
+            }
+            Some(Event::Probe(p)) => {
+                let (Some(rank), Some(words)) = (r.rank, p.probe.as_ref().and_then(probe_words))
+                else {
+                    continue;
+                };
+                let v = out.entry((r.run(), r.attempt)).or_default();
+                let e = v.probes.entry(rank).or_insert((r.ts, String::new()));
+                if e.0 <= r.ts {
+                    *e = (r.ts, words);
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// A `probe` record's findings as the coordinator's report has them:
+/// its evidence lines joined by "; ".
+fn probe_words(probe: &serde_json::Value) -> Option<String> {
+    let lines: Vec<&str> = probe
+        .get("evidence")?
+        .as_array()?
+        .iter()
+        .filter_map(|l| l.as_str())
+        .collect();
+    (!lines.is_empty()).then(|| lines.join("; "))
+}
+
+/// What a rank's probe found it doing, from its words
+/// (`rank::diagnostics`: `PID COMM: what` per process, the stacks' verdicts
+/// `PID stack: ...`, a collective's timeout as `output: ...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Seen {
+    /// In uninterruptible sleep (state D): a wait in the kernel or a driver.
+    Kernel,
+    /// Stopped (SIGSTOP, Slurm's suspend, a debugger).
+    Stopped,
+    /// Waiting on a peer (a socket, a collective): an echo of something else.
+    Peer,
+    /// In its own code: sleeping, running, reading a pipe or file, a stack
+    /// not waiting on a peer.
+    Own,
+    /// Nothing the probe could tell.
+    Nothing,
+}
+
+/// The words of each finding, most telling first (a stack before a
+/// system call).
+const SEEN: &[(Seen, &[&str])] = &[
+    (Seen::Kernel, &["uninterruptible sleep"]),
+    (Seen::Stopped, &["stopped (SIGSTOP", "stopped by a tracer"]),
+    (
+        Seen::Peer,
+        &[
+            "blocked reading socket fd",
+            "blocked polling, with sockets open",
+            "stack: waiting on a peer",
+            "output: ",
+        ],
+    ),
+    (
+        Seen::Own,
+        &[
+            "stack: not waiting in",
+            ": sleeping",
+            "running on a CPU",
+            "blocked polling, no socket open",
+            "(not a socket)",
+        ],
+    ),
+];
+
+/// The most telling finding of a probe, and the words (one process's) that say it.
+fn seen_in(probe: &str) -> (Seen, &str) {
+    for (seen, words) in SEEN {
+        for w in *words {
+            if let Some(part) = probe.split("; ").find(|part| part.contains(w)) {
+                return (*seen, part.trim());
+            }
+        }
+    }
+    (Seen::Nothing, "")
+}
+
+/// How a hang judgment's blame of `node` is held: its class, and why.
+/// `None`: the judgment blamed no rank.
+fn hang_blame(
+    j: &Judgment,
+    node: &str,
+    view: Option<&AttemptView>,
+) -> Option<(&'static str, String)> {
+    let primary = j.primary_rank?;
+    let empty = AttemptView::default();
+    let view = view.unwrap_or(&empty);
+    let hang = view.hang.as_ref().map(|(_, h)| h);
+    let verdict = hang.and_then(|h| h.verdict.as_ref());
+    let rule = verdict.and_then(|v| v.rule.as_deref());
+    // The ranks the job-wide verdict blamed on this node, else the judgment's own.
+    let mut ranks: Vec<u32> = hang
+        .iter()
+        .flat_map(|h| h.ranks.iter().flatten())
+        .filter(|x| x.node == node)
+        .map(|x| x.rank)
+        .filter(|r| verdict.is_some_and(|v| v.blamed_ranks.contains(r)))
+        .collect();
+    if ranks.is_empty()
+        && j.primary_node
+            .as_deref()
+            .is_none_or(|p| p.is_empty() || p == node)
+    {
+        ranks.push(primary);
+    }
+    let found: Vec<(u32, Seen, &str)> = ranks
+        .iter()
+        .map(|&r| {
+            let (seen, words) = view.probe(r).map_or((Seen::Nothing, ""), seen_in);
+            (r, seen, words)
+        })
+        .collect();
+    let first = |s: Seen| found.iter().find(|(_, x, _)| *x == s);
+    if let Some((r, _, words)) = first(Seen::Kernel) {
+        return Some((
+            HANG_KERNEL,
+            format!(
+                "rank {r} was in uninterruptible sleep, a wait in the kernel or a driver ({words})"
+            ),
+        ));
+    }
+    if let Some((r, _, words)) = first(Seen::Stopped) {
+        return Some((
+            HANG_STOPPED,
+            format!("rank {r} was stopped ({words}): someone paused it, not the node"),
+        ));
+    }
+    let ranks_list = ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    if rule == Some("not_waiting") {
+        return Some((
+            HANG_USER_CODE,
+            format!("rank(s) {ranks_list} were not waiting on a peer while others were (rule not_waiting): the trainer's own code"),
+        ));
+    }
+    if first(Seen::Peer).is_none() {
+        if let Some((r, _, words)) = first(Seen::Own) {
+            return Some((
+                HANG_USER_CODE,
+                format!("rank {r} was in its own code ({words}): the trainer's own code"),
+            ));
+        }
+    }
+    let how = rule.map_or("no job-wide hang verdict".to_string(), |r| {
+        format!("rule {r}")
+    });
+    let probe = match first(Seen::Peer) {
+        Some((r, _, words)) => format!("rank {r} was waiting on a peer ({words})"),
+        None if ranks.is_empty() => "no blamed rank ran on it".to_string(),
+        None => format!("no probe of rank(s) {ranks_list} told what they were doing"),
+    };
+    Some((
+        HANG_UNCONFIRMED,
+        format!("cause unknown ({how}; {probe}){UNCONFIRMED}"),
+    ))
+}
+
+/// The tail of an unconfirmed hang's reason, replaced once another job
+/// corroborates it.
+const UNCONFIRMED: &str = ": held against the node only if it is implicated in another job too";
 
 /// Events against nodes found in one job's records.
 pub fn events_of<'a>(
     job: &str,
     records: impl IntoIterator<Item = &'a Record>,
 ) -> Vec<(String, NodeEvent)> {
+    let records: Vec<&Record> = records.into_iter().collect();
+    let views = attempt_views(&records);
     let mut out = Vec::new();
-    let mut push = |node: &str, r: &Record, class: &str, evidence: String| {
+    let mut push = |node: &str, r: &Record, class: &str, evidence: String, reason: String| {
         if crate::slurm::hostlist::valid_node_name(node) {
             out.push((
                 node.to_string(),
@@ -71,6 +336,8 @@ pub fn events_of<'a>(
                     evidence,
                     share: 1.0,
                     source: "journal",
+                    counts: class_counts(class),
+                    reason,
                 },
             ));
         }
@@ -82,23 +349,32 @@ pub fn events_of<'a>(
                 let class = f.class.map_or("", Class::name);
                 let evidence = f.evidence.clone().unwrap_or_default();
                 if let Some(node) = &f.blamed_node {
-                    let c = if f.failure_kind.as_deref() == Some("node_failure") {
-                        "node_failure"
+                    let (c, reason) = if f.failure_kind.as_deref() == Some("node_failure") {
+                        ("node_failure", "the node failed (Slurm)".to_string())
                     } else {
-                        class
+                        (
+                            class,
+                            format!("a failure of class {class} blamed on the node"),
+                        )
                     };
-                    push(node, r, c, evidence);
+                    push(node, r, c, evidence, reason);
                 } else if class == "infrastructure" && r.rank.is_some() && f.evidence.is_some() {
                     // A rank's own infrastructure signature, on its own node.
                     if let Some(node) = &r.node {
-                        push(node, r, class, evidence);
+                        let reason =
+                            "the rank's infrastructure failure, with evidence from its output"
+                                .to_string();
+                        push(node, r, class, evidence, reason);
                     }
                 }
             }
             Event::Judgment(j) if j.class == Some(Class::Hang) => {
                 let evidence = j.evidence.clone().unwrap_or_default();
+                let view = views.get(&(r.run(), r.attempt));
                 for n in j.blamed_nodes.iter().flatten() {
-                    push(n, r, "hang", evidence.clone());
+                    if let Some((class, reason)) = hang_blame(j, n, view) {
+                        push(n, r, class, evidence.clone(), reason);
+                    }
                 }
             }
             Event::HealthCheck(h) => {
@@ -116,6 +392,7 @@ pub fn events_of<'a>(
                             r,
                             "health_check",
                             out.lines().next().unwrap_or("").to_string(),
+                            "the node's health check failed".to_string(),
                         );
                     }
                 }
@@ -123,7 +400,13 @@ pub fn events_of<'a>(
             // A straggler record has no text of its own to give as evidence.
             Event::Straggler(x) if x.flagged != Some(false) => {
                 if let Some(node) = x.straggler_node.as_deref().or(r.node.as_deref()) {
-                    push(node, r, "straggler", String::new());
+                    push(
+                        node,
+                        r,
+                        "straggler",
+                        String::new(),
+                        "flagged as a straggler (slow, not necessarily broken: 0.2)".to_string(),
+                    );
                 }
             }
             _ => {}
@@ -176,6 +459,15 @@ pub fn events_from_sacct(
                     ),
                     share,
                     source: "sacct",
+                    counts: true,
+                    reason: if r.nodes.len() > 1 {
+                        format!(
+                            "Slurm ended the job in NODE_FAIL without naming the node: shared among its {} nodes",
+                            r.nodes.len()
+                        )
+                    } else {
+                        "Slurm ended the job in NODE_FAIL".to_string()
+                    },
                 },
             ));
         }
@@ -261,7 +553,7 @@ pub fn interruptions(job: &str, records: &[Record]) -> usize {
         .filter(|recs| {
             events_of(job, recs.iter().copied())
                 .iter()
-                .any(|(_, e)| e.class != "straggler" && weight(&e.class) > 0.0)
+                .any(|(_, e)| e.counts && e.class != "straggler")
         })
         .count()
 }
@@ -326,6 +618,29 @@ pub fn build(
     (from_events(by_node, now, half_life), sources)
 }
 
+/// A hang of unknown cause is held against its node (as `hang`, 0.5) once
+/// the node is implicated in two different jobs: by such hangs, or by a
+/// failure held against it (a straggler is not a failure, and a NODE_FAIL
+/// Slurm shared among several nodes does not name this one). One job's
+/// hangs alone are more likely that job's own.
+fn corroborate(events: &mut [NodeEvent]) {
+    let implicating: Vec<String> = events
+        .iter()
+        .filter(|e| {
+            e.class == HANG_UNCONFIRMED || (e.counts && e.class != "straggler" && e.share >= 1.0)
+        })
+        .map(|e| e.job.clone())
+        .collect();
+    for e in events.iter_mut().filter(|e| e.class == HANG_UNCONFIRMED) {
+        if let Some(other) = implicating.iter().find(|j| **j != e.job) {
+            let cause = e.reason.strip_suffix(UNCONFIRMED).unwrap_or(&e.reason);
+            e.reason = format!("{cause}; the node is implicated in job {other} too");
+            e.class = HANG.to_string();
+            e.counts = true;
+        }
+    }
+}
+
 /// Score and summarise events per node.
 pub fn from_events(
     by_node: BTreeMap<String, Vec<NodeEvent>>,
@@ -337,8 +652,10 @@ pub fn from_events(
         .into_iter()
         .map(|(node, mut events)| {
             events.sort_by_key(|e| e.ts);
+            corroborate(&mut events);
             let score = events
                 .iter()
+                .filter(|e| e.counts)
                 .map(|e| {
                     let age = ((now - e.ts).num_milliseconds() as f64 / 1000.0).max(0.0);
                     weight(&e.class) * e.share * 0.5f64.powf(age / hl)
@@ -348,7 +665,7 @@ pub fn from_events(
             let mut jobs: Vec<String> = Vec::new();
             for e in &events {
                 *failures_by_class.entry(e.class.clone()).or_insert(0) += 1;
-                if !jobs.contains(&e.job) {
+                if e.counts && !jobs.contains(&e.job) {
                     jobs.push(e.job.clone());
                 }
             }
@@ -366,11 +683,10 @@ pub fn from_events(
     out
 }
 
-/// Nodes at or above `threshold`, as a Slurm hostlist expression.
 /// The node history for node_exporter's textfile collector (Prometheus
 /// text format): per node its score, whether it is listed at `threshold`,
-/// its failures by class and its jobs; and the fleet's totals. `jobs`: how
-/// many job journals were read.
+/// its failures by class (those held against it; the others apart) and its
+/// jobs; and the fleet's totals. `jobs`: how many job journals were read.
 pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -> String {
     let esc = |s: &str| {
         s.replace('\\', "\\\\")
@@ -415,12 +731,34 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
         history
             .iter()
             .flat_map(|h| {
-                h.failures_by_class.iter().map(move |(c, n)| {
-                    (
-                        format!("{{{},class=\"{}\"}}", node(h), esc(c)),
-                        n.to_string(),
-                    )
-                })
+                h.failures_by_class
+                    .iter()
+                    .filter(|(c, _)| class_counts(c))
+                    .map(move |(c, n)| {
+                        (
+                            format!("{{{},class=\"{}\"}}", node(h), esc(c)),
+                            n.to_string(),
+                        )
+                    })
+            })
+            .collect(),
+    );
+    family(
+        "node_seen_not_counted",
+        "gauge",
+        "Events seen on the node but not held against it (hangs in the trainer's own code, unconfirmed hangs), by class",
+        history
+            .iter()
+            .flat_map(|h| {
+                h.failures_by_class
+                    .iter()
+                    .filter(|(c, _)| !class_counts(c))
+                    .map(move |(c, n)| {
+                        (
+                            format!("{{{},class=\"{}\"}}", node(h), esc(c)),
+                            n.to_string(),
+                        )
+                    })
             })
             .collect(),
     );
@@ -435,7 +773,7 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
     );
     let mut by_class: BTreeMap<&str, u32> = BTreeMap::new();
     for h in history {
-        for (c, n) in &h.failures_by_class {
+        for (c, n) in h.failures_by_class.iter().filter(|(c, _)| class_counts(c)) {
             *by_class.entry(c).or_default() += n;
         }
     }
@@ -470,6 +808,7 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
     out
 }
 
+/// Nodes at or above `threshold`, as a Slurm hostlist expression.
 pub fn exclude_list(history: &[NodeHistory], threshold: f64) -> String {
     let bad: Vec<&str> = history
         .iter()
@@ -491,13 +830,29 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
         "{:<16} {:>6}  {:<40} {:<20} last evidence",
         "node", "score", "failures by class", "last seen"
     );
+    let mut shown_apart = false;
     for h in history {
         let classes: Vec<String> = h
             .failures_by_class
             .iter()
-            .map(|(k, v)| format!("{k}={v}"))
+            .map(|(k, v)| {
+                if class_counts(k) {
+                    format!("{k}={v}")
+                } else {
+                    shown_apart = true;
+                    format!("({k}={v})")
+                }
+            })
             .collect();
-        let last = h.events.last().map(|e| e.evidence.as_str()).unwrap_or("");
+        // What the node is held for; else why what was seen is not held.
+        let last = match h.last_evidence() {
+            "" if h.events.iter().all(|e| !e.counts) => h
+                .events
+                .last()
+                .map(|e| format!("not counted: {}", e.reason))
+                .unwrap_or_default(),
+            e => e.to_string(),
+        };
         let _ = writeln!(
             s,
             "{:<16} {:>6.2}{} {:<40} {:<20} {}",
@@ -513,6 +868,12 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
         s,
         "(* score >= {threshold}: in `resilio nodes --exclude-list`)"
     );
+    if shown_apart {
+        let _ = writeln!(
+            s,
+            "((class=n): seen on the node, not held against it; `--json` says why)"
+        );
+    }
     s
 }
 
@@ -689,6 +1050,339 @@ mod tests {
         );
         assert_eq!(exclude_list(&later, 0.9), "");
         assert!(render(&later, 0.9).contains("node_failure=1"));
+        // Each says why it counts.
+        assert!(later
+            .iter()
+            .flat_map(|h| &h.events)
+            .all(|e| e.counts && !e.reason.is_empty()));
+    }
+
+    /// Attempt `attempt` of a run: a record with both set.
+    fn of(run: &str, attempt: u32, mut r: Record) -> Record {
+        r.attempt = attempt;
+        r.data.insert("run".into(), json!(run));
+        r
+    }
+
+    /// The coordinator's job-wide verdict: `rule`, blaming `blamed` (rank,
+    /// node, its probe's words) while rank 0 on n9 waited on a socket.
+    fn hang(ts: &str, rule: &str, blamed: (u32, &str, Option<&str>)) -> Record {
+        let (rank, node, probe) = blamed;
+        rec(
+            ts,
+            "hang",
+            None,
+            "n9",
+            json!({
+                "verdict": {"rule": rule, "blamed_ranks": [rank], "blamed_nodes": [node],
+                            "reason": "rank(s) behind"},
+                "ranks": [
+                    {"rank": 0, "node": "n9", "probe": "100 python3: blocked reading socket fd 5; no stacks: py-spy not on PATH"},
+                    {"rank": rank, "node": node, "probe": probe},
+                ],
+            }),
+        )
+    }
+
+    /// The job level's judgment of a hang that blamed `rank` on `node`.
+    fn hang_judgment(ts: &str, rank: u32, node: &str) -> Record {
+        rec(
+            ts,
+            "judgment",
+            None,
+            "n9",
+            json!({"class": "hang", "primary_rank": rank, "primary_node": node,
+                   "blamed_nodes": [node], "evidence": format!("rank {rank} hung")}),
+        )
+    }
+
+    fn history(jobs: &[(&str, Vec<Record>)], now: &str) -> Vec<NodeHistory> {
+        let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
+        for (job, recs) in jobs {
+            for (n, e) in events_of(job, recs) {
+                by_node.entry(n).or_default().push(e);
+            }
+        }
+        let week = std::time::Duration::from_secs(7 * 86400);
+        from_events(by_node, now.parse().unwrap(), week)
+    }
+
+    fn node<'a>(h: &'a [NodeHistory], name: &str) -> &'a NodeHistory {
+        h.iter()
+            .find(|x| x.node == name)
+            .unwrap_or_else(|| panic!("{name} not in {h:#?}"))
+    }
+
+    #[test]
+    fn hangs_in_the_trainers_own_code_are_shown_and_never_held_against_the_node() {
+        // Two jobs a day apart hang on n1 in their own code: the verdict's
+        // rule says so in one, the rank's probe (its stack) in the other.
+        let j1 = vec![
+            of(
+                "r1",
+                0,
+                hang(
+                    "2026-11-01T00:00:00Z",
+                    "not_waiting",
+                    (
+                        1,
+                        "n1",
+                        Some("4242 python3: sleeping; no stacks: py-spy not on PATH"),
+                    ),
+                ),
+            ),
+            of("r1", 0, hang_judgment("2026-11-01T00:00:01Z", 1, "n1")),
+        ];
+        let j2 = vec![
+            of(
+                "r2",
+                0,
+                hang(
+                    "2026-11-02T00:00:00Z",
+                    "behind",
+                    (3, "n1", Some("4300 python3: running on a CPU; 4300 stack: not waiting in step (train.py:31)")),
+                ),
+            ),
+            of("r2", 0, hang_judgment("2026-11-02T00:00:01Z", 3, "n1")),
+        ];
+        let h = history(&[("j1", j1), ("j2", j2)], "2026-11-02T00:01:00Z");
+        let n1 = node(&h, "n1");
+        assert_eq!(n1.score, 0.0);
+        assert_eq!(exclude_list(&h, 0.9), "");
+        assert_eq!(n1.failures_by_class.get(HANG_USER_CODE), Some(&2));
+        assert!(n1.jobs.is_empty(), "no job's failure is held against it");
+        assert!(n1.events.iter().all(|e| !e.counts));
+        assert!(
+            n1.events[0].reason.contains("rule not_waiting"),
+            "{:?}",
+            n1.events[0]
+        );
+        assert!(
+            n1.events[1].reason.contains("not waiting in step"),
+            "{:?}",
+            n1.events[1]
+        );
+        // Shown apart in the table, and with its reason in --json.
+        let t = render(&h, 0.9);
+        assert!(t.contains("(hang_user_code=2)"), "{t}");
+        assert!(t.contains("not counted: "), "{t}");
+        let j = serde_json::to_value(&h).unwrap();
+        assert_eq!(j[0]["events"][0]["counts"], json!(false));
+        // Nor in the textfile collector's count of failures.
+        let p = render_prometheus(&h, 0.9, 2);
+        assert!(!p.contains("resilio_node_failures{node=\"n1\""), "{p}");
+        assert!(
+            p.contains("resilio_node_seen_not_counted{node=\"n1\",class=\"hang_user_code\"} 2"),
+            "{p}"
+        );
+        // And no attempt of theirs is an interruption of the fleet's.
+        let j1 = vec![
+            hang(
+                "2026-11-01T00:00:00Z",
+                "not_waiting",
+                (1, "n1", Some("4242 python3: sleeping")),
+            ),
+            hang_judgment("2026-11-01T00:00:01Z", 1, "n1"),
+        ];
+        assert_eq!(interruptions("j1", &j1), 0);
+    }
+
+    #[test]
+    fn a_judgment_that_blamed_nobody_is_nothing() {
+        let recs = vec![
+            hang(
+                "2026-11-01T00:00:00Z",
+                "undetermined",
+                (
+                    1,
+                    "n1",
+                    Some("4242 python3: uninterruptible sleep (disk or driver)"),
+                ),
+            ),
+            // Ranks that stalled together: no node blamed.
+            rec(
+                "2026-11-01T00:00:01Z",
+                "judgment",
+                None,
+                "n9",
+                json!({"class": "hang", "primary_rank": 1, "primary_node": "n1", "blamed_nodes": []}),
+            ),
+            // A node named, but no rank.
+            rec(
+                "2026-11-01T00:00:02Z",
+                "judgment",
+                None,
+                "n9",
+                json!({"class": "hang", "primary_node": "n1", "blamed_nodes": ["n1"]}),
+            ),
+        ];
+        assert!(events_of("j1", &recs).is_empty());
+        assert!(history(&[("j1", recs)], "2026-11-01T00:01:00Z").is_empty());
+    }
+
+    #[test]
+    fn a_rank_stuck_in_the_kernel_counts_as_infrastructure() {
+        // The verdict's copy of the probe says so...
+        let j1 = vec![
+            hang(
+                "2026-11-03T00:00:00Z",
+                "not_waiting",
+                (1, "n1", Some("4242 python3: uninterruptible sleep (disk or driver); no stacks: py-spy not on PATH")),
+            ),
+            hang_judgment("2026-11-03T00:00:01Z", 1, "n1"),
+        ];
+        // ... or, where the verdict has none, the rank's own probe record.
+        let j2 = vec![
+            hang("2026-11-03T00:00:00Z", "stopped_first", (2, "n2", None)),
+            rec(
+                "2026-11-03T00:00:00Z",
+                "probe",
+                Some(2),
+                "n2",
+                json!({"reason": "stall", "probe": {"waiting_on_peer": false,
+                       "evidence": ["77 python3: uninterruptible sleep (disk or driver)"]}}),
+            ),
+            hang_judgment("2026-11-03T00:00:01Z", 2, "n2"),
+        ];
+        let h = history(&[("j1", j1.clone()), ("j2", j2)], "2026-11-03T00:01:00Z");
+        for n in ["n1", "n2"] {
+            let x = node(&h, n);
+            assert_eq!(x.failures_by_class.get(HANG_KERNEL), Some(&1), "{x:#?}");
+            assert!(x.events[0].counts);
+            assert!(
+                x.events[0].reason.contains("uninterruptible sleep"),
+                "{x:#?}"
+            );
+        }
+        assert!((node(&h, "n2").score - 1.0).abs() < 1e-3);
+        assert_eq!(exclude_list(&h, 0.9), "n[1-2]");
+        assert_eq!(interruptions("j1", &j1), 1);
+    }
+
+    #[test]
+    fn a_hang_of_unknown_cause_counts_only_when_another_job_implicates_the_node() {
+        // Job 1: two attempts blame n1 by steps alone, no probe either way.
+        let j1 = vec![
+            of(
+                "r1",
+                0,
+                hang("2026-11-01T00:00:00Z", "behind", (1, "n1", None)),
+            ),
+            of("r1", 0, hang_judgment("2026-11-01T00:00:01Z", 1, "n1")),
+            of(
+                "r1",
+                1,
+                hang("2026-11-01T01:00:00Z", "stopped_first", (1, "n1", None)),
+            ),
+            of("r1", 1, hang_judgment("2026-11-01T01:00:01Z", 1, "n1")),
+        ];
+        let now = "2026-11-02T00:00:00Z";
+        let h = history(&[("j1", j1.clone())], now);
+        let n1 = node(&h, "n1");
+        assert_eq!(n1.score, 0.0, "one job's hangs are likelier its own");
+        assert_eq!(n1.failures_by_class.get(HANG_UNCONFIRMED), Some(&2));
+        assert!(n1.events.iter().all(|e| !e.counts));
+        assert!(render(&h, 0.9).contains("(hang_unconfirmed=2)"));
+        // Job 2, without a coordinator (no job-wide verdict): n1 again.
+        let j2 = vec![hang_judgment("2026-11-01T12:00:00Z", 0, "n1")];
+        let h = history(&[("j1", j1.clone()), ("j2", j2)], now);
+        let n1 = node(&h, "n1");
+        assert_eq!(n1.failures_by_class.get(HANG), Some(&3), "{n1:#?}");
+        assert!(n1
+            .events
+            .iter()
+            .all(|e| e.counts && e.reason.contains("implicated in job")));
+        assert!(
+            n1.score > 1.35 && n1.score <= 1.5,
+            "three halves, a day old at most: {}",
+            n1.score
+        );
+        assert_eq!(exclude_list(&h, 0.9), "n1");
+        assert_eq!(n1.jobs, ["j1", "j2"]);
+        // An infrastructure failure of another job implicates it too; a
+        // straggler does not.
+        let xid = vec![rec(
+            "2026-11-01T12:00:00Z",
+            "failure",
+            Some(0),
+            "n1",
+            json!({"class": "infrastructure", "evidence": "Xid 79"}),
+        )];
+        let slow = vec![rec(
+            "2026-11-01T12:00:00Z",
+            "straggler",
+            None,
+            "n9",
+            json!({"straggler_node": "n1", "flagged": true}),
+        )];
+        let h = history(&[("j1", j1.clone()), ("j3", slow)], now);
+        assert_eq!(
+            node(&h, "n1").failures_by_class.get(HANG_UNCONFIRMED),
+            Some(&2)
+        );
+        let h = history(&[("j1", j1), ("j4", xid)], now);
+        let n1 = node(&h, "n1");
+        assert_eq!(n1.failures_by_class.get(HANG), Some(&2));
+        assert!(n1.score > 1.8 && n1.score <= 2.0, "{}", n1.score);
+    }
+
+    #[test]
+    fn a_hang_is_read_with_the_verdict_of_its_own_run_and_attempt() {
+        // A job id used twice: the first run's verdict (user code) says
+        // nothing of the second run's hang at the same attempt number.
+        let recs = vec![
+            of(
+                "first",
+                0,
+                hang(
+                    "2026-11-01T00:00:00Z",
+                    "not_waiting",
+                    (1, "n1", Some("9 python3: sleeping")),
+                ),
+            ),
+            of("first", 0, hang_judgment("2026-11-01T00:00:01Z", 1, "n1")),
+            of("second", 0, hang_judgment("2026-11-05T00:00:01Z", 1, "n1")),
+        ];
+        let classes: Vec<String> = events_of("j1", &recs)
+            .into_iter()
+            .map(|(_, e)| e.class)
+            .collect();
+        assert_eq!(classes, [HANG_USER_CODE, HANG_UNCONFIRMED]);
+    }
+
+    #[test]
+    fn probe_words_are_read_most_telling_first() {
+        for (words, want) in [
+            (
+                "1 python3: uninterruptible sleep (disk or driver)",
+                Seen::Kernel,
+            ),
+            (
+                "1 python3: sleeping; 2 python3: uninterruptible sleep (disk or driver)",
+                Seen::Kernel,
+            ),
+            ("1 python3: stopped (SIGSTOP or the like)", Seen::Stopped),
+            (
+                "1 python3: sleeping; 2 python3: blocked reading socket fd 3",
+                Seen::Peer,
+            ),
+            (
+                "1 python3: running on a CPU; output: Watchdog caught collective operation timeout",
+                Seen::Peer,
+            ),
+            (
+                "1 python3: sleeping (paused by resilio's own py-spy)",
+                Seen::Own,
+            ),
+            ("1 python3: blocked reading fd 4 (not a socket)", Seen::Own),
+            (
+                "1 python3: blocked on a lock or condition (futex); no stacks: py-spy not on PATH",
+                Seen::Nothing,
+            ),
+            ("1 python3: blocked in system call 16", Seen::Nothing),
+        ] {
+            assert_eq!(seen_in(words).0, want, "{words}");
+        }
     }
 }
 

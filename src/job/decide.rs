@@ -294,7 +294,7 @@ pub fn plan_at_start(
             evidence: format!(
                 "node history score {:.2} (threshold {threshold}): {}",
                 h.score,
-                h.events.last().map(|e| e.evidence.as_str()).unwrap_or("")
+                h.last_evidence()
             ),
         })
         .collect();
@@ -881,6 +881,8 @@ mod tests {
                 evidence: "Xid 79".into(),
                 share: 1.0,
                 source: "journal",
+                counts: true,
+                reason: "the rank's infrastructure failure, with evidence from its output".into(),
             }],
         }
     }
