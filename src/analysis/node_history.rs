@@ -185,9 +185,12 @@ enum Seen {
     Stopped,
     /// Waiting on a peer (a socket, a collective): an echo of something else.
     Peer,
-    /// In its own code: sleeping, running, reading a pipe or file, a stack
-    /// not waiting on a peer.
+    /// In its own code: sleeping, reading a pipe or file, a stack not
+    /// waiting on a peer.
     Own,
+    /// Running on a CPU, and nothing more telling: its own code, or a
+    /// collective spinning on a GPU (NCCL), or a device that hangs.
+    Running,
     /// Nothing the probe could tell.
     Nothing,
 }
@@ -211,11 +214,11 @@ const SEEN: &[(Seen, &[&str])] = &[
         &[
             "stack: not waiting in",
             ": sleeping",
-            "running on a CPU",
             "blocked polling, no socket open",
             "(not a socket)",
         ],
     ),
+    (Seen::Running, &["running on a CPU", "not in a system call"]),
 ];
 
 /// The most telling finding of a probe, and the words (one process's) that say it.
@@ -285,7 +288,9 @@ fn hang_blame(
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
-    if rule == Some("not_waiting") {
+    // The verdict's rule, unless all it rested on was ranks running.
+    let only_running = !found.is_empty() && found.iter().all(|(_, x, _)| *x == Seen::Running);
+    if rule == Some("not_waiting") && !only_running {
         return Some((
             HANG_USER_CODE,
             format!("rank(s) {ranks_list} were not waiting on a peer while others were (rule not_waiting): the trainer's own code"),
@@ -1380,6 +1385,12 @@ mod tests {
                 Seen::Nothing,
             ),
             ("1 python3: blocked in system call 16", Seen::Nothing),
+            // Running shows no code of its own: NCCL spins there too.
+            ("1 python3: running on a CPU", Seen::Running),
+            (
+                "1 python3: running on a CPU; 1 stack: not waiting in step (train.py:31)",
+                Seen::Own,
+            ),
         ] {
             assert_eq!(seen_in(words).0, want, "{words}");
         }

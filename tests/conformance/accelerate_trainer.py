@@ -130,9 +130,10 @@ def main():
         if step >= a.max_steps:
             break
     accelerator.wait_for_everyone()
-    accelerator.end_training()
-    if a.destroy_pg and torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    if a.destroy_pg:
+        # Accelerator.end_training() destroys the process group; the examples
+        # call it only with trackers on (--with_tracking), so not by default.
+        accelerator.end_training()
 
 
 if __name__ == "__main__":
