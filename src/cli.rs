@@ -71,6 +71,15 @@ struct RunArgs {
     /// Allowed time from launch to the first step (default 30m)
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     startup_timeout: Option<String>,
+    /// Adaptive stall limit: never below this (default 20s)
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    stall_floor: Option<String>,
+    /// Allowed duration of an evaluation the trainer announces (default 30m)
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    eval_timeout: Option<String>,
+    /// Allowed duration of a checkpoint save the trainer announces (default 30m)
+    #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
+    checkpoint_timeout: Option<String>,
     /// Regex over output lines; capture group 1 (or `step`) is the step
     #[arg(long, value_name = "RE")]
     progress_regex: Option<String>,
@@ -322,6 +331,15 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     if let Some(t) = &a.startup_timeout {
         cfg.stall.startup_timeout = flag_timeout("startup-timeout", t, "")?;
     }
+    if let Some(t) = &a.stall_floor {
+        cfg.stall.adaptive_floor = flag_timeout("stall-floor", t, "")?;
+    }
+    if let Some(t) = &a.eval_timeout {
+        cfg.stall.eval_timeout = flag_timeout("eval-timeout", t, "")?;
+    }
+    if let Some(t) = &a.checkpoint_timeout {
+        cfg.stall.checkpoint_timeout = flag_timeout("checkpoint-timeout", t, "")?;
+    }
     if let Some(re) = &a.progress_regex {
         cfg.progress.regex =
             config::compile_regex(re).map_err(|e| usage(format!("--progress-regex: {e}")))?;
@@ -355,6 +373,12 @@ fn agent_args(a: &RunArgs, cfg: &Config) -> Vec<OsString> {
     put("state-dir", Some(cfg.state_dir.clone().into()));
     put("stall-timeout", a.stall_timeout.clone().map(Into::into));
     put("startup-timeout", a.startup_timeout.clone().map(Into::into));
+    put("stall-floor", a.stall_floor.clone().map(Into::into));
+    put("eval-timeout", a.eval_timeout.clone().map(Into::into));
+    put(
+        "checkpoint-timeout",
+        a.checkpoint_timeout.clone().map(Into::into),
+    );
     put("progress-regex", a.progress_regex.clone().map(Into::into));
     put("progress-file", a.progress_file.clone().map(Into::into));
     put("kill-grace", a.kill_grace.clone().map(Into::into));

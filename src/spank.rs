@@ -15,6 +15,9 @@ const KEYS: &[&str] = &[
     "max-restarts",
     "stall-timeout",
     "startup-timeout",
+    "stall-floor",
+    "eval-timeout",
+    "checkpoint-timeout",
     "kill-grace",
     "config",
 ];

@@ -254,6 +254,9 @@ events! {
         since: DateTime<Utc>,
         last_step: u64,
         last_progress: DateTime<Utc>,
+        /// Which setting or announcement would have allowed more time, if
+        /// the trainer was in fact busy.
+        avoid: String,
     }
 
     /// What a probe of a stalled or suspected rank found.

@@ -171,6 +171,29 @@ impl StallKind {
     }
 }
 
+impl StallKind {
+    /// Which knob or announcement would have given a trainer that was in
+    /// fact busy (an evaluation, a save, a slow first step) the time it
+    /// needed: said with every stall, so that a false stop says how to
+    /// avoid the next one.
+    pub fn avoid(&self) -> String {
+        match self {
+            StallKind::Startup => "if the trainer needs longer to its first step, raise --startup-timeout ([stall] startup_timeout)".into(),
+            StallKind::Step { adaptive: true } => "if the trainer was busy without printing (an evaluation, a save), announce it (HF's `***** Running Evaluation *****`, `phase=eval` on RESILIO_SOCKET, resilio_client.phase(\"eval\")) so --eval-timeout applies, or raise --stall-floor ([stall] adaptive_floor) or set --stall-timeout".into(),
+            StallKind::Step { adaptive: false } => "if the trainer was busy without printing (an evaluation, a save), announce it (HF's `***** Running Evaluation *****`, `phase=eval` on RESILIO_SOCKET) so --eval-timeout applies, or raise --stall-timeout".into(),
+            StallKind::Phase(p) => match p.as_str() {
+                "eval" | "evaluation" | "evaluate" | "validation" | "validate" | "val" => {
+                    "if the evaluation needs longer, raise --eval-timeout ([stall] eval_timeout)".into()
+                }
+                "checkpoint" | "save" | "checkpointing" | "saving" => {
+                    "if the save needs longer, raise --checkpoint-timeout ([stall] checkpoint_timeout)".into()
+                }
+                other => format!("if phase '{other}' needs longer, raise its limit in [stall.phase_timeouts]"),
+            },
+        }
+    }
+}
+
 /// A detected stall.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Stall {
@@ -494,6 +517,25 @@ mod tests {
             p.on_progress(t, Some(start + i), true, "output");
         }
         t
+    }
+
+    #[test]
+    fn every_stall_says_which_knob_would_have_avoided_it() {
+        assert!(StallKind::Startup.avoid().contains("--startup-timeout"));
+        let adaptive = StallKind::Step { adaptive: true }.avoid();
+        assert!(adaptive.contains("--stall-floor") && adaptive.contains("Running Evaluation"));
+        assert!(StallKind::Step { adaptive: false }
+            .avoid()
+            .contains("--stall-timeout"));
+        assert!(StallKind::Phase("eval".into())
+            .avoid()
+            .contains("--eval-timeout"));
+        assert!(StallKind::Phase("save".into())
+            .avoid()
+            .contains("--checkpoint-timeout"));
+        assert!(StallKind::Phase("warmup".into())
+            .avoid()
+            .contains("phase_timeouts"));
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub(crate) fn on_stall(
             since: Some(clock.wall(s.since)),
             last_step: s.last_step,
             last_progress: plog.last_at.map(|t| clock.wall(t)),
+            avoid: Some(s.kind.avoid()),
         },
         true,
     );
@@ -43,12 +44,13 @@ pub(crate) fn on_stall(
         None => "no first step".to_string(),
     };
     tracing::warn!(
-        "rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it",
+        "rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it; {}",
         id.rank,
         id.node,
         crate::duration::format(idle),
         crate::duration::format(s.timeout),
-        s.kind.name()
+        s.kind.name(),
+        s.kind.avoid()
     );
 }
 
