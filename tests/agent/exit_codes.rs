@@ -87,6 +87,9 @@ fn usage_errors_are_one_line_and_exit_2() {
             "true",
         ],
         vec!["run", "--startup-timeout", "0ms", "--", "true"],
+        vec!["run", "--eval-timeout", "0", "--", "true"],
+        vec!["run", "--checkpoint-timeout", "5x", "--", "true"],
+        vec!["run", "--stall-floor", "-1s", "--", "true"],
         vec!["run", "--stall-timeout", "-5s", "--", "true"],
         vec!["run", "--kill-grace", "-1", "--", "true"],
         vec!["nodes", "--half-life", "0", "--no-sacct"],
@@ -105,7 +108,10 @@ fn usage_errors_are_one_line_and_exit_2() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
         assert!(err.starts_with("resilio: "), "{args:?}: {err}");
         // A bad value names its flag.
-        if let Some(flag) = args.iter().find(|a| a.ends_with("-timeout")) {
+        if let Some(flag) = args
+            .iter()
+            .find(|a| a.ends_with("-timeout") || a.ends_with("-floor"))
+        {
             assert!(err.contains(&format!("{flag}: ")), "{args:?}: {err}");
         }
     }
