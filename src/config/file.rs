@@ -222,6 +222,7 @@ section!(NumericalSection "numerical" {
 
 section!(@keys FailureSection "failure" {
     ignore_patterns: Vec<String>,
+    ambiguous_patterns: Vec<String>,
     user_patterns: Vec<String>,
     secondary_patterns: Vec<String>,
     infrastructure_patterns: Vec<String>,
@@ -234,6 +235,7 @@ impl FailureSection {
     fn apply(self, cfg: &mut Config, src: &Source) -> Result<()> {
         let FailureSection {
             ignore_patterns,
+            ambiguous_patterns,
             user_patterns,
             secondary_patterns,
             infrastructure_patterns,
@@ -242,6 +244,7 @@ impl FailureSection {
         let lists = [
             &infrastructure_patterns,
             &secondary_patterns,
+            &ambiguous_patterns,
             &user_patterns,
             &ignore_patterns,
             &generic_patterns,
@@ -260,6 +263,7 @@ impl FailureSection {
                 &mut p.infrastructure,
             ),
             (secondary_patterns, "secondary", &mut p.secondary),
+            (ambiguous_patterns, "ambiguous", &mut p.ambiguous),
             (user_patterns, "user", &mut p.user),
             (ignore_patterns, "ignore", &mut p.ignore),
             (generic_patterns, "generic", &mut p.generic),

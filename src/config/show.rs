@@ -46,6 +46,7 @@ fn builtin(section: &str, key: &str) -> Option<String> {
         ("progress", "eval_regex") => quoted(DEFAULT_EVAL_REGEX),
         ("checkpoint", "watch_regex") => quoted(DEFAULT_CHECKPOINT_WATCH_REGEX),
         ("failure", "ignore_patterns") => list(f::DEFAULT_IGNORE),
+        ("failure", "ambiguous_patterns") => list(f::DEFAULT_AMBIGUOUS),
         ("failure", "user_patterns") => list(f::DEFAULT_USER),
         ("failure", "infrastructure_patterns") => list(f::DEFAULT_INFRA),
         ("failure", "secondary_patterns") => list(f::DEFAULT_SECONDARY),

@@ -92,15 +92,17 @@ pub struct RankEnd {
 
 /// Pattern lists, compiled. Each output line is checked against the lists
 /// in this order and takes the class of the first that matches: `ignore`
-/// (alarming but harmless lines), `user` (errors that are the user's even
-/// when they look like hardware: an illegal memory access, Xid 13/31, CUDA
-/// out of memory), `secondary` (a peer's failure seen from here),
-/// `infrastructure`, then `generic` (any Python exception: the user's,
-/// unless something above says otherwise). A rank's class is then
-/// infrastructure > user > secondary > generic.
+/// (alarming but harmless lines), `ambiguous` (errors as often the GPU's
+/// or its driver's as the code's: an illegal memory access, Xid 13/31/43),
+/// `user` (the user's errors: CUDA out of memory, an ImportError),
+/// `secondary` (a peer's failure seen from here), `infrastructure`, then
+/// `generic` (any Python exception: the user's, unless something above
+/// says otherwise). A rank's class is then infrastructure > ambiguous >
+/// user > secondary > generic.
 #[derive(Clone, Debug)]
 pub struct Patterns {
     pub ignore: Vec<Regex>,
+    pub ambiguous: Vec<Regex>,
     pub user: Vec<Regex>,
     pub secondary: Vec<Regex>,
     pub infrastructure: Vec<Regex>,
@@ -118,10 +120,17 @@ pub const DEFAULT_IGNORE: &[&str] = &[
     r"^CUDA kernel errors might be asynchronously reported|^For debugging consider passing CUDA_LAUNCH_BLOCKING=1|^Compile with `TORCH_USE_CUDA_DSA`",
 ];
 
-/// The user's errors, even where they look like the hardware's.
-pub const DEFAULT_USER: &[&str] = &[
+/// Errors that are as often the GPU's or its driver's as the code's: an
+/// illegal memory access (Xid 13/31 on real clusters come from bad pages
+/// and drivers as well as bad kernels). One restart; the same again at the
+/// same step is the code's, and the crash-loop guard stops it.
+pub const DEFAULT_AMBIGUOUS: &[&str] = &[
     r"an illegal memory access was encountered",
     r"NVRM: Xid \(PCI:[0-9a-fA-F:.]+\): (?:13|31|43),",
+];
+
+/// The user's errors, even where they look like the hardware's.
+pub const DEFAULT_USER: &[&str] = &[
     r"DataLoader worker \(pid \d+\) is killed by signal: Bus error",
     r"OutOfMemoryError|CUDA out of memory",
     r"failed \(exitcode: -9\)",
@@ -166,6 +175,7 @@ pub const DEFAULT_GENERIC: &[&str] = &[
 /// The class one output line gives, if any.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LineClass {
+    Ambiguous,
     User,
     Secondary,
     Infrastructure,
@@ -176,6 +186,7 @@ impl Patterns {
     /// Compile pattern sources; the error names the bad one.
     pub fn compile(
         ignore: &[String],
+        ambiguous: &[String],
         user: &[String],
         secondary: &[String],
         infra: &[String],
@@ -183,6 +194,7 @@ impl Patterns {
     ) -> Result<Patterns, String> {
         Ok(Patterns {
             ignore: compile_list(ignore, "ignore")?,
+            ambiguous: compile_list(ambiguous, "ambiguous")?,
             user: compile_list(user, "user")?,
             secondary: compile_list(secondary, "secondary")?,
             infrastructure: compile_list(infra, "infrastructure")?,
@@ -195,6 +207,7 @@ impl Patterns {
         let own = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         Patterns::compile(
             &own(DEFAULT_IGNORE),
+            &own(DEFAULT_AMBIGUOUS),
             &own(DEFAULT_USER),
             &own(DEFAULT_SECONDARY),
             &own(DEFAULT_INFRA),
@@ -208,6 +221,8 @@ impl Patterns {
         let any = |list: &[Regex]| list.iter().any(|r| r.is_match(line));
         if any(&self.ignore) {
             None
+        } else if any(&self.ambiguous) {
+            Some(LineClass::Ambiguous)
         } else if any(&self.user) {
             Some(LineClass::User)
         } else if any(&self.secondary) {
@@ -221,10 +236,12 @@ impl Patterns {
         }
     }
 
-    /// The strongest line of a tail: infrastructure > user > secondary > generic.
+    /// The strongest line of a tail: infrastructure > ambiguous > user >
+    /// secondary > generic.
     pub fn strongest<'a>(&self, tail: &'a [String]) -> Option<(LineClass, &'a str)> {
         let rank = |c: LineClass| match c {
-            LineClass::Infrastructure => 3,
+            LineClass::Infrastructure => 4,
+            LineClass::Ambiguous => 3,
             LineClass::User => 2,
             LineClass::Secondary => 1,
             LineClass::Generic => 0,
@@ -307,6 +324,13 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
             return v(
                 Class::Infrastructure,
                 "infrastructure signature in the output",
+                Some(line),
+            )
+        }
+        Some((LineClass::Ambiguous, line)) => {
+            return v(
+                Class::Unknown,
+                "an error as often the GPU's or its driver's as the code's (one restart; the same again at the same step stops)",
                 Some(line),
             )
         }
@@ -508,6 +532,25 @@ mod tests {
             tail: tail.iter().map(|s| s.to_string()).collect(),
             ..RankEnd::default()
         }
+    }
+
+    #[test]
+    fn an_illegal_memory_access_gets_one_restart_not_a_user_error_verdict() {
+        let end = RankEnd {
+            exit_code: 1,
+            tail: vec![
+                "Traceback (most recent call last):".into(),
+                "RuntimeError: CUDA error: an illegal memory access was encountered".into(),
+            ],
+            ..Default::default()
+        };
+        let v = classify(&end, &Patterns::defaults());
+        assert_eq!(v.class, Class::Unknown, "{v:?}");
+        assert!(v.class.retryable());
+        assert!(
+            v.reason.contains("the same again at the same step stops"),
+            "{v:?}"
+        );
     }
 
     #[test]
