@@ -433,8 +433,23 @@ pub fn build(
         .flatten()
         .map(i64::from);
     let checkpoints = checkpoint_stats(records);
+    // An attempt whose trainer reported the end of training and then
+    // crashed at exit finished: its failure records are that crash.
+    let finished_then_crashed: Vec<u32> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::RankExit(x)
+                if x.class_reason.as_deref()
+                    == Some(crate::policy::failure::FINISHED_THEN_CRASHED) =>
+            {
+                Some(r.attempt)
+            }
+            _ => None,
+        })
+        .collect();
     let failed_attempts = attempts
         .iter()
+        .filter(|a| !finished_then_crashed.contains(&a.attempt))
         .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
         .count();
     let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);

@@ -130,6 +130,7 @@ pub fn judge_attempt(
     step: &StepEnd<'_>,
 ) -> (Vec<RankFailure>, Option<Judgment>) {
     let mut failures = journaled_failures(records, attempt);
+    finished_first(&mut failures);
     hung_first(records, attempt, &mut failures);
     straggler_left_out(records, attempt, &mut failures);
     lost_agents(records, attempt, step, &mut failures);
@@ -156,6 +157,32 @@ fn journaled_failures(records: &[Record], attempt: u32) -> Vec<RankFailure> {
             })
         })
         .collect()
+}
+
+/// A rank whose trainer reported the end of training and then crashed at
+/// exit finished; the ranks that failed with no signature of their own
+/// (silent ranks crashing at exit the same way, ranks stopped after it)
+/// finished with it.
+fn finished_first(failures: &mut [RankFailure]) {
+    let Some(done) = failures
+        .iter()
+        .find(|f| f.verdict.reason == failure::FINISHED_THEN_CRASHED)
+        .map(|f| f.rank)
+    else {
+        return;
+    };
+    for f in failures.iter_mut().filter(|f| {
+        matches!(
+            f.verdict.class,
+            Class::Unknown | Class::Secondary | Class::Preempted
+        )
+    }) {
+        f.verdict = Verdict {
+            class: Class::Clean,
+            reason: format!("finished: exited after rank {done} reported the end of training"),
+            evidence: f.verdict.evidence.clone(),
+        };
+    }
 }
 
 /// The coordinator's job-wide judgment of a hang names the rank that hung
@@ -371,7 +398,13 @@ fn add_unjournaled(step: &StepEnd<'_>, failures: &mut Vec<RankFailure>) {
             failures.push(f);
         }
     }
-    if failures.iter().all(|f| f.verdict.class == Class::Clean) && step.exit_code != 0 {
+    // A trainer that reported the end of training and crashed at exit
+    // finished: the step's exit code is that crash, no failure of its own.
+    let finished = failures
+        .iter()
+        .any(|f| f.verdict.reason == failure::FINISHED_THEN_CRASHED);
+    if failures.iter().all(|f| f.verdict.class == Class::Clean) && step.exit_code != 0 && !finished
+    {
         // Nothing journaled a failure, yet the step failed: our own view.
         failures.push(RankFailure {
             rank: u32::MAX,
@@ -493,6 +526,18 @@ mod tests {
         let j = j.unwrap();
         assert_eq!((j.primary, j.class), (1, Class::Hang));
         assert_eq!(j.blamed_nodes, ["n2"]);
+    }
+
+    #[test]
+    fn ranks_that_crash_after_the_trainer_reported_the_end_of_training_finished() {
+        let mut done = exit(0, "n1", 10, "clean");
+        done.data
+            .insert("class_reason".into(), json!(failure::FINISHED_THEN_CRASHED));
+        let records = [done, exit(1, "n2", 10, "unknown")];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 134));
+        assert!(j.is_none(), "nothing failed: {failures:?}");
+        assert!(failures.iter().all(|f| f.verdict.class == Class::Clean));
     }
 
     #[test]

@@ -282,6 +282,27 @@ pub struct Verdict {
     pub evidence: Option<String>,
 }
 
+/// Lines a trainer prints when its training is over: the HF Trainer's
+/// final summary (`{'train_runtime': '122.7', ...}`), Lightning's
+/// ``Trainer.fit` stopped: `max_steps=60` reached.``.
+const FINISHED_LINES: &str = r#"^\s*\{.*['"]train_runtime['"]\s*:|`Trainer\.fit` stopped: `max_(?:steps|epochs)=\d+` reached"#;
+
+/// The reason of a rank that crashed after its trainer reported the end of
+/// training (torch's threads at interpreter exit, a process group never
+/// destroyed): finished, never run again.
+pub const FINISHED_THEN_CRASHED: &str =
+    "finished: the trainer reported the end of training, then crashed at exit (not run again)";
+
+/// The line of `tail` saying training is over, if any.
+pub fn finished_line(tail: &[String]) -> Option<&str> {
+    static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| Regex::new(FINISHED_LINES).expect("finished lines"));
+    tail.iter()
+        .rev()
+        .find(|l| re.is_match(l))
+        .map(String::as_str)
+}
+
 /// Classify one rank's end.
 pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
     let v = |class, reason: &str, evidence: Option<&str>| Verdict {
@@ -317,6 +338,21 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
             "stopped on request (Slurm time limit, preemption or an operator)",
             None,
         );
+    }
+    // Training is over: what follows is an exit-time crash, reported and
+    // never a reason to train again.
+    if let Some(done) = finished_line(&end.tail) {
+        let last = end.tail.last().map_or(done, String::as_str);
+        return Verdict {
+            class: Class::Clean,
+            reason: FINISHED_THEN_CRASHED.to_string(),
+            evidence: Some(format!(
+                "exit code {} after {}; last line: {}",
+                end.exit_code,
+                done.chars().take(120).collect::<String>(),
+                last.chars().take(200).collect::<String>()
+            )),
+        };
     }
     let strongest = p.strongest(&end.tail);
     match strongest {
@@ -532,6 +568,42 @@ mod tests {
             tail: tail.iter().map(|s| s.to_string()).collect(),
             ..RankEnd::default()
         }
+    }
+
+    #[test]
+    fn a_crash_after_the_trainer_reported_the_end_of_training_is_finished() {
+        let end = RankEnd {
+            exit_code: 134,
+            signal: Some(6),
+            tail: vec![
+                "{'train_runtime': '122.7', 'train_samples_per_second': '15.65', 'train_loss': '4.1', 'epoch': '1.0'}".into(),
+                "done".into(),
+                "terminate called without an active exception".into(),
+            ],
+            ..Default::default()
+        };
+        let v = classify(&end, &Patterns::defaults());
+        assert_eq!(v.class, Class::Clean, "{v:?}");
+        assert_eq!(v.reason, FINISHED_THEN_CRASHED);
+        assert!(v.evidence.unwrap().contains("terminate called"));
+        let lightning = RankEnd {
+            exit_code: 139,
+            signal: Some(11),
+            tail: vec!["`Trainer.fit` stopped: `max_steps=60` reached.".into()],
+            ..Default::default()
+        };
+        assert_eq!(
+            classify(&lightning, &Patterns::defaults()).class,
+            Class::Clean
+        );
+        // A summary-like dict mid-training is no end (no train_runtime).
+        let mid = RankEnd {
+            exit_code: 134,
+            signal: Some(6),
+            tail: vec!["{'loss': '5.471', 'epoch': '0.5'}".into()],
+            ..Default::default()
+        };
+        assert_ne!(classify(&mid, &Patterns::defaults()).class, Class::Clean);
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod ddp;
 mod exit_codes;
 mod health;
 mod journal;
+mod judgment;
 mod local_single;
 mod matrix;
 mod own_faults;

@@ -111,11 +111,17 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
     // A requeue that Slurm refused leaves the attempt running: its
     // decision did not end the attempt.
     let requeue_refused = recs.iter().any(|r| r.kind == "requeue_failed");
-    let failed = events.iter().any(|(_, e)| match e {
-        Event::Failure(_) => true,
-        Event::Decision(d) => !requeue_refused && !finished(d),
-        _ => false,
-    }) || exits.iter().any(|(_, x)| bad_exit(x));
+    // A trainer that reported the end of training and crashed at exit
+    // finished the attempt: its ranks' exit-time crashes are no failure.
+    let finished_then_crashed = exits.iter().any(|(_, x)| {
+        x.class_reason.as_deref() == Some(crate::policy::failure::FINISHED_THEN_CRASHED)
+    });
+    let failed = !finished_then_crashed
+        && (events.iter().any(|(_, e)| match e {
+            Event::Failure(_) => true,
+            Event::Decision(d) => !requeue_refused && !finished(d),
+            _ => false,
+        }) || exits.iter().any(|(_, x)| bad_exit(x)));
     let stall_declared = recs
         .iter()
         .filter(|r| r.kind == "stall")

@@ -1,0 +1,58 @@
+//! Judgments on what real trainers do at their edges (issue 23): a run that
+//! finished and then crashed at exit is not trained again.
+
+use crate::common::*;
+use std::time::Duration;
+
+/// The HF Trainer's way to end: its summary, the script's last line, then
+/// torch's threads abort the interpreter at exit (`terminate called
+/// without an active exception`, SIGABRT) on every rank.
+const FINISHES_THEN_ABORTS: &str = r#"
+import os, sys, time
+r = int(os.environ.get("RANK", "0"))
+for i in range(1, 6):
+    if r == 0:
+        print(f"step {i}", flush=True)
+    time.sleep(0.2)
+if r == 0:
+    print("{'train_runtime': '1.2', 'train_samples_per_second': '15.65', 'train_loss': '4.1', 'epoch': '1.0'}", flush=True)
+    print("saved", flush=True)
+sys.stderr.write("terminate called without an active exception\n")
+sys.stderr.flush()
+os.abort()
+"#;
+
+#[test]
+fn a_run_that_crashes_at_exit_after_reporting_the_end_of_training_is_not_run_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, FINISHES_THEN_ABORTS).unwrap();
+    let mut c = resilio_run(tmp.path(), "fin");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    // The child's status comes through (SIGABRT: 134), as always.
+    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "fin");
+    let starts = kinds(&recs, "rank_start");
+    assert_eq!(
+        starts.len(),
+        2,
+        "trained once, not again: {} starts",
+        starts.len()
+    );
+    assert!(kinds(&recs, "restart").is_empty());
+    let finished = kinds(&recs, "rank_exit")
+        .into_iter()
+        .filter(|r| r.str("class_reason") == Some(resilio::policy::failure::FINISHED_THEN_CRASHED))
+        .count();
+    assert_eq!(finished, 1, "rank 0's exit says it finished");
+    // The report counts no failed attempt.
+    let o = std::process::Command::new(bin())
+        .args(["report", "--json", "fin", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed_attempts"], 0, "{r}");
+}
