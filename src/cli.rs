@@ -297,6 +297,56 @@ pub(crate) struct DemoArgs {
     pub state_dir: Option<PathBuf>,
 }
 
+/// A command-line error in one line that says what to do: the missing
+/// arguments by name, the flag meant (`--stal-timeout`: did you mean
+/// `--stall-timeout`?), and `--` before a trainer's command.
+fn usage_line(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let strs = |k: ContextKind| -> Vec<String> {
+        match e.get(k) {
+            Some(ContextValue::String(s)) => vec![s.clone()],
+            Some(ContextValue::Strings(v)) => v.clone(),
+            Some(ContextValue::StyledStr(s)) => vec![s.to_string()],
+            Some(ContextValue::StyledStrs(v)) => v.iter().map(|s| s.to_string()).collect(),
+            _ => Vec::new(),
+        }
+    };
+    let invalid = strs(ContextKind::InvalidArg);
+    let meant = |k: ContextKind| {
+        let s = strs(k);
+        (!s.is_empty()).then(|| format!("; did you mean '{}'?", s.join("' or '")))
+    };
+    match e.kind() {
+        ErrorKind::MissingRequiredArgument if !invalid.is_empty() => {
+            format!("missing {}", invalid.join(", "))
+        }
+        ErrorKind::UnknownArgument if !invalid.is_empty() => {
+            let arg = &invalid[0];
+            let hint = meant(ContextKind::SuggestedArg).unwrap_or_else(|| {
+                if arg.starts_with('-') {
+                    String::new()
+                } else {
+                    "; a trainer's command goes after `--`: resilio run [FLAGS] -- COMMAND [ARGS]"
+                        .to_string()
+                }
+            });
+            format!("unexpected argument '{arg}'{hint}")
+        }
+        ErrorKind::InvalidSubcommand if !strs(ContextKind::InvalidSubcommand).is_empty() => {
+            format!(
+                "unknown command '{}'{}",
+                strs(ContextKind::InvalidSubcommand)[0],
+                meant(ContextKind::SuggestedSubcommand).unwrap_or_default()
+            )
+        }
+        _ => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid usage");
+            first.strip_prefix("error: ").unwrap_or(first).to_string()
+        }
+    }
+}
+
 fn usage(msg: impl Into<String>) -> Error {
     Error::Usage(msg.into())
 }
@@ -953,7 +1003,7 @@ pub fn main() -> i32 {
         }
     };
     crate::util::set_args(args.clone());
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
         Err(e) => {
             use clap::error::ErrorKind;
@@ -970,10 +1020,19 @@ pub fn main() -> i32 {
                     0
                 };
             }
-            let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid usage");
-            let first = first.strip_prefix("error: ").unwrap_or(first);
-            eprintln!("resilio: {first} (see resilio --help)");
+            // The subcommand's own help, where one was named.
+            let sub = args
+                .iter()
+                .skip(1)
+                .filter_map(|a| a.to_str())
+                .find(|a| !a.starts_with('-'))
+                .filter(|a| {
+                    <Cli as clap::CommandFactory>::command()
+                        .find_subcommand(a)
+                        .is_some()
+                })
+                .map_or(String::new(), |a| format!(" {a}"));
+            eprintln!("resilio: {} (see resilio{sub} --help)", usage_line(&e));
             return EXIT_USAGE;
         }
     };

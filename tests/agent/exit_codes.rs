@@ -321,3 +321,35 @@ fn a_ctrl_c_every_rank_ends_cleanly_on_exits_0_as_with_one_rank() {
         }
     }
 }
+
+/// Usage errors say what to do in their one line: which argument is
+/// missing, the flag or command meant, and `--` before a trainer's command.
+#[test]
+fn usage_errors_say_what_was_meant() {
+    let state = tempfile::tempdir().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["template"],
+            "missing <KIND> (see resilio template --help)",
+        ),
+        (&["completions"], "missing <SHELL>"),
+        (
+            &["run", "python3", "x.py"],
+            "goes after `--`: resilio run [FLAGS] -- COMMAND",
+        ),
+        (
+            &["run", "--stal-timeout", "5s", "--", "true"],
+            "did you mean '--stall-timeout'?",
+        ),
+        (&["repor", "x"], "did you mean 'report'?"),
+    ];
+    for (args, want) in cases {
+        let mut c = std::process::Command::new(bin());
+        c.env("RESILIO_STATE_DIR", state.path()).args(*args);
+        let (o, _) = output_within(&mut c, Duration::from_secs(10));
+        let err = stderr_of(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
