@@ -1,20 +1,25 @@
 //! `resilio demo`: a short scripted run on this machine, no Slurm and
 //! nothing installed beyond the build, in local mode (`resilio run --ntasks 2`).
-//! A fake trainer (this same binary, `resilio __demo-trainer`) prints
-//! Megatron-style iteration lines, saves a "checkpoint" that takes longer
-//! than the step timeout (announced over `RESILIO_SOCKET`, so it is not taken
-//! for a hang); then rank 1 hangs as a rank stuck in a collective would.
-//! resilio detects the hang, asks the trainer for a stack dump (SIGUSR2),
-//! the coordinator judges it job-wide and stops the attempt, both ranks are
-//! restarted in place from the checkpoint and finish, and the report and
-//! timeline are printed from the journal.
+//! A scripted trainer (this same binary, `resilio __demo-trainer`) prints
+//! Megatron-style iteration lines, its ranks wait for each other at every
+//! step over TCP (as a collective does: rank 0 gathers every rank's step and
+//! answers), and it saves a "checkpoint" that takes longer than the step
+//! timeout (announced over `RESILIO_SOCKET`, so it is not taken for a hang);
+//! then rank 1 hangs in its own code while rank 0 waits for it. resilio
+//! detects the stall, asks the trainer for a stack dump (SIGUSR2), probes
+//! what each rank is blocked on, the coordinator judges the hang job-wide
+//! from that evidence (rank 0 waiting on a peer, rank 1 not) and stops the
+//! attempt, both ranks are restarted in place from the checkpoint and
+//! finish, and the report and timeline are printed from the journal.
 
 use crate::analysis::report;
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::journal;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Arguments of the scripted trainer.
@@ -56,19 +61,88 @@ fn notify(msg: &str) {
     }
 }
 
+/// Whether this rank is in its own code (hung) rather than waiting for
+/// its peer: what its stack dump says.
+static IN_OWN_CODE: AtomicBool = AtomicBool::new(false);
+
 extern "C" fn on_usr2(_: libc::c_int) {
-    let msg = b"demo-trainer: SIGUSR2: stack of the main thread:\n  File \"train.py\", line 88, in train_step\n    dist.all_reduce(grad)   # waiting for rank 3 (simulated)\n";
+    let own: &[u8] = b"demo-trainer: SIGUSR2: stack of the main thread (simulated):\n  File \"train.py\", line 61, in next_batch\n    time.sleep(poll)   # stuck in its own code, outside any collective\n";
+    let waiting: &[u8] = b"demo-trainer: SIGUSR2: stack of the main thread (simulated):\n  File \"train.py\", line 88, in train_step\n    dist.all_reduce(grad)   # waiting for the other rank\n";
+    let msg = if IN_OWN_CODE.load(Ordering::Relaxed) {
+        own
+    } else {
+        waiting
+    };
     // SAFETY: write(2) is async-signal-safe.
     unsafe { libc::write(2, msg.as_ptr().cast(), msg.len()) };
+}
+
+/// The ranks' "collective": rank 0 gathers each rank's step over TCP and
+/// answers every rank, so no rank runs ahead of another (rank 0 waits in a
+/// socket read for a rank that stopped, as a gloo or NCCL collective does).
+enum Peers {
+    Alone,
+    Root(Vec<TcpStream>),
+    Leaf(TcpStream),
+}
+
+impl Peers {
+    fn connect(rank: u32, world: u32) -> std::io::Result<Peers> {
+        if world <= 1 {
+            return Ok(Peers::Alone);
+        }
+        let addr = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let port: u16 = std::env::var("MASTER_PORT")
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| std::io::Error::other("MASTER_PORT is not set"))?;
+        if rank == 0 {
+            let l = TcpListener::bind((addr.as_str(), port))?;
+            let peers = (1..world)
+                .map(|_| l.accept().map(|(s, _)| s))
+                .collect::<std::io::Result<Vec<_>>>()?;
+            return Ok(Peers::Root(peers));
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            match TcpStream::connect((addr.as_str(), port)) {
+                Ok(s) => return Ok(Peers::Leaf(s)),
+                Err(e) if std::time::Instant::now() > deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        }
+    }
+
+    /// Every rank at `step`, or an error when a peer is gone.
+    fn all_reduce(&mut self, step: u64) -> std::io::Result<()> {
+        let mut buf = [0u8; 8];
+        match self {
+            Peers::Alone => Ok(()),
+            Peers::Root(peers) => {
+                for p in peers.iter_mut() {
+                    p.read_exact(&mut buf)?;
+                }
+                for p in peers.iter_mut() {
+                    p.write_all(&step.to_le_bytes())?;
+                }
+                Ok(())
+            }
+            Peers::Leaf(s) => {
+                s.write_all(&step.to_le_bytes())?;
+                s.read_exact(&mut buf)
+            }
+        }
+    }
 }
 
 /// Run the scripted trainer; returns its exit code.
 pub fn trainer(a: TrainerArgs) -> i32 {
     // SAFETY: installing a handler that only calls write(2).
     unsafe { libc::signal(libc::SIGUSR2, on_usr2 as *const () as libc::sighandler_t) };
-    let total = a.steps.max(1) * 4;
+    let total = a.steps.max(1);
     let env_num = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u32>().ok());
     let rank = env_num("RANK").unwrap_or(0);
+    let world = env_num("WORLD_SIZE").unwrap_or(1);
     let attempt = env_num("RESILIO_ATTEMPT").unwrap_or(0);
     let hangs = a.hang_at > 0
         && a.hang_rank.is_none_or(|r| r == rank)
@@ -90,9 +164,20 @@ pub fn trainer(a: TrainerArgs) -> i32 {
         }
     );
     let _ = out.flush();
+    let mut peers = match Peers::connect(rank, world) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("demo-trainer rank {rank}: cannot reach the other ranks: {e}");
+            return 1;
+        }
+    };
     std::thread::sleep(Duration::from_millis(600));
     for step in resumed + 1..=a.steps {
         std::thread::sleep(Duration::from_millis(a.step_ms));
+        if let Err(e) = peers.all_reduce(step) {
+            eprintln!("demo-trainer rank {rank}: all_reduce at step {step}: connection to a peer lost: {e}");
+            return 1;
+        }
         let loss = 4.0 / (1.0 + step as f64 * 0.1);
         let _ = writeln!(
             out,
@@ -121,8 +206,12 @@ pub fn trainer(a: TrainerArgs) -> i32 {
             let _ = out.flush();
         }
         if hangs && step == a.hang_at {
-            let _ = writeln!(out, "demo-trainer: entering all_reduce (gradient sync) ...");
+            let _ = writeln!(
+                out,
+                "demo-trainer rank {rank}: waiting for the next batch ... (stuck in its own code)"
+            );
             let _ = out.flush();
+            IN_OWN_CODE.store(true, Ordering::Relaxed);
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
             }
@@ -133,7 +222,13 @@ pub fn trainer(a: TrainerArgs) -> i32 {
 
 /// `resilio demo`.
 pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
-    let state_dir = match state_dir {
+    // --state-dir, else RESILIO_STATE_DIR (so that the `resilio report`
+    // it suggests finds it), else a directory of its own.
+    let state_dir = match state_dir.or_else(|| {
+        std::env::var_os("RESILIO_STATE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+    }) {
         Some(d) => d,
         None => std::env::temp_dir().join(format!("resilio-demo-{}", std::process::id())),
     };
@@ -176,11 +271,12 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
         "== resilio demo: job {job}, journal under {}",
         state_dir.display()
     );
-    println!("== `resilio run --ntasks 2` starts two ranks of a scripted trainer (0.2 s steps) with a coordinator.");
-    println!("== Both save a 3 s checkpoint at step 10 (announced on RESILIO_SOCKET, so not a hang); then rank 1 hangs");
-    println!("== at step 18 in its own code while rank 0 (this scripted trainer has no collective) runs on to the end.");
-    println!("== The adaptive stall timeout (2 s floor here) catches rank 1, the coordinator judges the hang job-wide");
-    println!("== (rank 1 is the only rank left, so it is blamed), and both ranks restart in place from the checkpoint.\n");
+    println!("== `resilio run --ntasks 2` starts two ranks of a scripted trainer (0.2 s steps) with a coordinator;");
+    println!("== the ranks wait for each other at every step, as in a collective. Both save a 3 s checkpoint at step 10");
+    println!("== (announced on RESILIO_SOCKET, so not a hang); then, after step 18, rank 1 hangs in its own code and rank 0");
+    println!("== waits for it. The adaptive stall timeout (2 s floor here) catches both; the coordinator judges the hang");
+    println!("== job-wide from what each rank is blocked on (rank 0 reading from its peer, rank 1 asleep in its own code),");
+    println!("== blames rank 1, and both ranks restart in place from the checkpoint.\n");
     let argv: Vec<std::ffi::OsString> = vec![
         exe.into(),
         "__demo-trainer".into(),
