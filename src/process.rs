@@ -323,6 +323,21 @@ pub fn children_of(pid: i32) -> Option<Vec<i32>> {
     any.then_some(out)
 }
 
+/// Whether our child `pid` is stopped by job control (SIGTSTP: Ctrl-Z at
+/// a terminal; SIGTTIN, SIGTTOU), as its parent sees it (`waitid` with
+/// `WNOWAIT`: the stop stays to be seen again, nothing is reaped).
+pub fn stopped_by_job_control(pid: Pid) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    matches!(
+        waitid(Id::Pid(pid), flags),
+        Ok(WaitStatus::Stopped(
+            _,
+            Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU
+        ))
+    )
+}
+
 /// All descendants of `root` (not `root` itself), parents before children.
 pub fn descendants(root: i32) -> Vec<ProcInfo> {
     if let Some(first) = children_of(root) {

@@ -374,6 +374,9 @@ events! {
     /// Woken late (suspended or starved): the stall clock restarted.
     Resumed = "resumed" {
         late_s: f64,
+        /// The trainer was found stopped (Ctrl-Z at a terminal, SIGSTOP)
+        /// when its limit came: the time it spends stopped is no stall.
+        trainer_stopped: bool,
     }
 
     /// The link to the coordinator failed (fail open).

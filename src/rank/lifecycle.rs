@@ -180,6 +180,9 @@ pub enum Action {
     Resumed {
         late: Duration,
     },
+    /// The trainer was found stopped at its limit (Ctrl-Z, SIGSTOP): its
+    /// clock restarts, and goes on restarting while it stays stopped.
+    TrainerStopped,
     /// Ask the hosted coordinator for a checkpoint of every rank.
     CoordinateCheckpoint,
     /// The pre-timeout checkpoint is done or waited for long enough: stop the step.
@@ -248,6 +251,8 @@ pub struct Lifecycle {
     next_done_check: Instant,
     /// The last plan: its wake, and whether the rank was being monitored then.
     planned: Option<(Instant, bool)>,
+    /// The trainer was found stopped, and not yet running again.
+    trainer_was_stopped: bool,
 }
 
 impl Lifecycle {
@@ -269,6 +274,7 @@ impl Lifecycle {
             pre_timeout: None,
             next_done_check: now,
             planned: None,
+            trainer_was_stopped: false,
         }
     }
 
@@ -589,6 +595,29 @@ impl Lifecycle {
         }
         self.next_done_check = now + Duration::from_secs(1);
         Some(p.asked_wall)
+    }
+
+    /// Whether the stall limit is reached at `now` (the loop then looks
+    /// at whether the trainer is stopped before [`Self::tick`]).
+    pub fn limit_reached(&self, now: Instant) -> bool {
+        self.monitoring() && !self.s.batch_level && now >= self.policy.deadline()
+    }
+
+    /// The trainer is stopped (Ctrl-Z at a terminal, SIGSTOP, `scontrol
+    /// suspend` of its tasks): the time it spends stopped is nobody's
+    /// stall, and its clock restarts. Recorded once per stop; `false` when
+    /// it is found running again.
+    pub fn trainer_stopped(&mut self, now: Instant, stopped: bool) -> Vec<Action> {
+        if !stopped {
+            self.trainer_was_stopped = false;
+            return Vec::new();
+        }
+        self.policy.on_resume(now);
+        if std::mem::replace(&mut self.trainer_was_stopped, true) {
+            Vec::new()
+        } else {
+            vec![Action::TrainerStopped]
+        }
     }
 
     /// Time passed: `now`, after the events of this round were handled;

@@ -244,6 +244,15 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
         Action::Resumed { late } => (
             ev::Resumed {
                 late_s: Some(late.as_secs_f64()),
+                ..Default::default()
+            }
+            .into(),
+            false,
+        ),
+        Action::TrainerStopped => (
+            ev::Resumed {
+                trainer_stopped: Some(true),
+                ..Default::default()
             }
             .into(),
             false,

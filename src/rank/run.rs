@@ -217,6 +217,17 @@ impl<'a> Agent<'a> {
             self.abandon_silent_step();
             self.enforce_step_start();
             let now = Instant::now();
+            if self.lc.limit_reached(now) {
+                // A trainer its user stopped at a terminal (Ctrl-Z) is
+                // paused, not stalled. (One stopped by SIGSTOP and left so
+                // holds the job up: that is judged as a hang.)
+                let acts = self
+                    .lc
+                    .trainer_stopped(now, process::stopped_by_job_control(self.r.pid));
+                if !self.carry_out(acts) {
+                    break;
+                }
+            }
             let checked = match self.lc.checkpoint_query(now) {
                 Some(since) => self.checkpoint_done_since(since),
                 None => Checked::NotLooked,
@@ -640,7 +651,8 @@ impl<'a> Agent<'a> {
             | Action::StopJudged { .. }
             | Action::DeferStallStop { .. }
             | Action::CoordinatorBack { .. }
-            | Action::Resumed { .. } => {}
+            | Action::Resumed { .. }
+            | Action::TrainerStopped => {}
         }
         true
     }

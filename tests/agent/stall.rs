@@ -334,3 +334,52 @@ fn a_suspended_and_resumed_job_is_not_a_stall() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
     assert!(kinds(&records(dir.path(), "suspend"), "stall").is_empty());
 }
+
+/// Ctrl-Z at a terminal stops the trainer's process group (it holds the
+/// foreground), not resilio: the time it spends stopped is its user's
+/// pause, never a stall; `fg` continues it and the run completes.
+#[test]
+fn a_trainer_stopped_at_its_terminal_and_continued_is_not_a_stall() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let mut c = run_trainer(
+        dir.path(),
+        "ctrlz",
+        &["--stall-timeout", "1s"],
+        &[
+            "--steps",
+            "30",
+            "--interval",
+            "0.1",
+            "--ready-file",
+            ready.to_str().unwrap(),
+        ],
+    );
+    c.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    let child = c.spawn().unwrap();
+    assert!(wait_for(Duration::from_secs(15), || ready.exists()));
+    let trainer: i32 = std::fs::read_to_string(&ready)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // The terminal's SIGTSTP goes to the foreground group: the trainer's.
+    kill(Pid::from_raw(-trainer), Signal::SIGTSTP).unwrap();
+    std::thread::sleep(Duration::from_secs(4));
+    kill(Pid::from_raw(-trainer), Signal::SIGCONT).unwrap();
+    let (o, _) = wait_output(child, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "ctrlz");
+    assert!(kinds(&recs, "stall").is_empty(), "a pause is no stall");
+    assert!(
+        kinds(&recs, "resumed")
+            .iter()
+            .any(|r| r.get("trainer_stopped") == Some(&serde_json::json!(true))),
+        "the pause is journaled"
+    );
+}
