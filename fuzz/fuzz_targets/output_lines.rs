@@ -1,7 +1,7 @@
 //! The output line parser with the default patterns: any bytes a trainer
 //! prints, cut into reads at points the input chooses. Never panics; never
-//! yields a step above `MAX_STEP`; at most one step and one phase per read,
-//! the phase not before the step;
+//! yields a step above `MAX_STEP`; at most one phase per read, with at
+//! most one step on each side of it, and activity last;
 //! on a single line the prefiltered parser (default regexes) and the plain
 //! one (the same regexes spelled differently) agree, but for keywords in a
 //! case the prefilter does not list (see `DEFAULT_LITERALS`).
@@ -50,16 +50,28 @@ fn check(marks: &[Mark]) {
         .cloned()
         .collect();
     let marks = &marks[..];
-    let steps = marks.iter().filter(|m| matches!(m, Mark::Step(_))).count();
-    let phases = marks.len() - steps;
-    assert!(steps <= 1 && phases <= 1, "{marks:?}");
-    // A phase marker before a later step is over already.
+    // Activity (another bar, a log dict's epoch) comes last, at most once.
+    let activity = marks.iter().filter(|m| matches!(m, Mark::Activity(_))).count();
+    assert!(activity <= 1, "{marks:?}");
+    if activity == 1 {
+        assert!(matches!(marks.last(), Some(Mark::Activity(_))), "{marks:?}");
+    }
+    // At most one phase marker, with at most one step on each side of it
+    // (the stall policy says whether the later one ends the phase).
+    let is_step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
+    let phase = marks.iter().position(|m| matches!(m, Mark::Phase(_)));
     assert!(
-        !matches!(marks, [Mark::Phase(_), Mark::Step(_)]),
+        marks.iter().filter(|m| matches!(m, Mark::Phase(_))).count() <= 1,
         "{marks:?}"
     );
+    let (before, after) = match phase {
+        Some(p) => (&marks[..p], &marks[p + 1..]),
+        None => (marks, &marks[..0]),
+    };
+    assert!(before.iter().filter(|m| is_step(m)).count() <= 1, "{marks:?}");
+    assert!(after.iter().filter(|m| is_step(m)).count() <= 1, "{marks:?}");
     for m in marks {
-        if let Mark::Step(s) = m {
+        if let Mark::Step(s) | Mark::Bar { count: s, .. } = m {
             assert!(*s <= MAX_STEP, "{marks:?}");
         }
     }

@@ -69,6 +69,9 @@ pub enum Kind {
         /// only names the step a long phase is about.
         with_phase: Option<String>,
     },
+    /// Life that names no step (another bar's count, a log dict's epoch):
+    /// a new count is progress, never the step's name nor an interval.
+    Activity { count: u64 },
     /// The trainer entered a phase (`train`, `checkpoint`, `eval`, ...), at
     /// a step when the message named one.
     Phase { name: String, step: Option<u64> },

@@ -48,6 +48,7 @@ pub struct Parser {
     /// The phase markers' literals alone, to find a marker before the last
     /// step of a read (see [`Parser::scan`]).
     phase_prefilter: Option<Regex>,
+    epoch: Regex,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -58,6 +59,19 @@ pub enum Mark {
     Figures(Seen),
     Step(u64),
     Phase(&'static str),
+    /// A frame of an unlabelled bar (`  5%|▌   | 120/2400 [`): its count and
+    /// total. The line scanner makes it a [`Mark::Step`] when it is the
+    /// training bar (the first bar seen, by its total), else an
+    /// [`Mark::Activity`] (HF's evaluation bar under the training bar).
+    Bar {
+        count: u64,
+        total: u64,
+    },
+    /// Life that names no step: another bar's count, or the `epoch` of a log
+    /// dict (`{'loss': '4.7', ..., 'epoch': '0.3125'}`, HF with
+    /// `disable_tqdm`) in millionths. A new value is progress; it names
+    /// nothing and is never a step interval.
+    Activity(u64),
 }
 
 /// Figures read from output ([`crate::progress::figures`]), compared bit
@@ -108,7 +122,26 @@ pub const DEFAULT_LITERALS: &[&str] = &[
     "ALIDATION",
     // Lines with figures but no step (`{'loss': 0.09, ...}`): figures only.
     "loss",
+    // Log dicts with an epoch and no step (HF with disable_tqdm).
+    "'epoch'",
+    "\"epoch\"",
 ];
+
+/// A log dict's epoch: HF's `{'loss': '4.709', ..., 'epoch': '0.3125'}`
+/// (transformers 5 quotes the values, 4 does not).
+const EPOCH_REGEX: &str =
+    r#"(?m)^\s*\{.*['"]epoch['"]\s*:\s*['"]?(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)['"]?\s*[,}]"#;
+
+/// A step as the step regex found it: the number, and the total when it
+/// came from an unlabelled bar.
+type Count = (u64, Option<u64>);
+
+fn mark_of((n, total): Count) -> Mark {
+    match total {
+        Some(total) => Mark::Bar { count: n, total },
+        None => Mark::Step(n),
+    }
+}
 
 /// The literals of [`DEFAULT_LITERALS`] that only phase markers contain.
 const PHASE_LITERALS: &[&str] = &[
@@ -149,15 +182,26 @@ impl Parser {
             eval,
             prefilter,
             phase_prefilter,
+            epoch: Regex::new(EPOCH_REGEX).expect("epoch regex"),
         }
+    }
+
+    /// The last log dict's epoch in `text`, in millionths.
+    fn last_epoch(&self, text: &[u8]) -> Option<u64> {
+        let c = self.epoch.captures_iter(text).last()?;
+        let e: f64 = std::str::from_utf8(c.get(1)?.as_bytes())
+            .ok()?
+            .parse()
+            .ok()?;
+        (e.is_finite() && (0.0..1e9).contains(&e)).then(|| (e * 1e6).round() as u64)
     }
 
     /// The step named by one match: `epoch` × `per_epoch` + `batch` when
     /// those three groups took part (a per-epoch counter made global), else
     /// group `step`, else the first group that took part in the match, else
-    /// the first run of digits in the whole match. Returns the step and the
-    /// offset of its digits.
-    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize)> {
+    /// the first run of digits in the whole match. Returns the step, the
+    /// offset of its digits and, for a bar, its total.
+    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize, Option<u64>)> {
         if let (Some(e), Some(b), Some(t)) = (
             caps.name("epoch"),
             caps.name("batch"),
@@ -167,7 +211,7 @@ impl Parser {
                 std::str::from_utf8(m.as_bytes()).ok()?.trim().parse().ok()
             };
             let step = num(e)?.checked_mul(num(t)?)?.checked_add(num(b)?)?;
-            return (step <= super::MAX_STEP).then_some((step, e.start()));
+            return (step <= super::MAX_STEP).then_some((step, e.start(), None));
         }
         let m = caps
             .name("step")
@@ -180,23 +224,26 @@ impl Parser {
             .position(|b| !b.is_ascii_digit())
             .map_or(bytes.len(), |e| start + e);
         let step: u64 = std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()?;
-        (step <= super::MAX_STEP).then_some((step, m.start() + start))
+        let total = caps
+            .name("bar_total")
+            .and_then(|t| std::str::from_utf8(t.as_bytes()).ok()?.parse().ok());
+        (step <= super::MAX_STEP).then_some((step, m.start() + start, total))
     }
 
     /// The last step in `text` with the start of the line it is on. Lines
     /// Slurm writes itself (`srun: ...`, `slurmstepd: ... *** STEP 27.0 ON n1
     /// CANCELLED`, seen by the job-level `resilio run -- srun`) are no
     /// training progress, whatever they look like.
-    fn last_step(&self, text: &[u8]) -> Option<(usize, u64)> {
+    fn last_step(&self, text: &[u8]) -> Option<(usize, Count)> {
         let mut last = None;
         for caps in self.step.captures_iter(text) {
-            if let Some((step, at)) = self.step_of(&caps) {
+            if let Some((step, at, total)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
                 if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
                     continue;
                 }
-                last = Some((ls, step));
+                last = Some((ls, (step, total)));
             }
         }
         last
@@ -219,12 +266,15 @@ impl Parser {
     /// is on the step's line or after it (`saving checkpoint at step 10`
     /// enters the checkpoint phase at step 10; a marker followed by later
     /// steps is over already).
+    ///
+    /// A log dict's epoch after the last step comes last, as activity.
     pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
-        let (step, phase, seen) = match &self.prefilter {
+        let (step, phase, seen, epoch) = match &self.prefilter {
             None => {
                 let step = self.last_step(text);
                 let seen = figures_from(text, step.map(|(at, _)| at));
-                (step, self.last_phase(text), seen)
+                let epoch = self.last_epoch(&text[step.map_or(0, |(at, _)| at)..]);
+                (step, self.last_phase(text), seen, epoch)
             }
             Some(pf) => self.scan_candidates(pf, text),
         };
@@ -234,7 +284,7 @@ impl Parser {
         }
         match (step, phase) {
             (Some((s_line, s)), Some((p_at, p))) if p_at >= s_line => {
-                marks.push(Mark::Step(s));
+                marks.push(mark_of(s));
                 marks.push(Mark::Phase(p));
             }
             (Some((_, s)), Some((p_at, p))) => {
@@ -244,15 +294,18 @@ impl Parser {
                 // bar under HF's evaluation banner) does not, a later step
                 // does. So the step before the marker, if this text has
                 // one, then the marker, then the last step, in order.
-                if let Some(before) = self.step_in(&text[..line_start(text, p_at)]) {
-                    marks.push(Mark::Step(before));
+                if let Some(before) = self.count_in(&text[..line_start(text, p_at)]) {
+                    marks.push(mark_of(before));
                 }
                 marks.push(Mark::Phase(p));
-                marks.push(Mark::Step(s));
+                marks.push(mark_of(s));
             }
-            (Some((_, s)), None) => marks.push(Mark::Step(s)),
+            (Some((_, s)), None) => marks.push(mark_of(s)),
             (None, Some((_, p))) => marks.push(Mark::Phase(p)),
             (None, None) => {}
+        }
+        if let Some(e) = epoch {
+            marks.push(Mark::Activity(e));
         }
         marks
     }
@@ -265,9 +318,15 @@ impl Parser {
         &self,
         pf: &Regex,
         text: &[u8],
-    ) -> (Option<(usize, u64)>, Option<(usize, &'static str)>, Figures) {
+    ) -> (
+        Option<(usize, Count)>,
+        Option<(usize, &'static str)>,
+        Figures,
+        Option<u64>,
+    ) {
         const WINDOW: usize = 4096;
         let mut phase: Option<(usize, &'static str)> = None;
+        let mut epoch: Option<u64> = None;
         let mut seen = Figures::new();
         let mut looked = 0;
         let mut lines: Vec<(usize, usize)> = Vec::new();
@@ -293,6 +352,9 @@ impl Parser {
                     phase = self.last_phase(line).map(|(at, p)| (ls + at, p));
                 }
                 let step = self.last_step(line);
+                if epoch.is_none() && step.is_none() {
+                    epoch = self.last_epoch(line);
+                }
                 if looked < FIGURE_LINES {
                     looked += 1;
                     if figures::may_hold(line) {
@@ -303,7 +365,7 @@ impl Parser {
                     if phase.is_none() {
                         phase = self.phase_before(&text[..ls]);
                     }
-                    return (Some((ls, s)), phase, seen);
+                    return (Some((ls, s)), phase, seen, epoch);
                 }
             }
             if start == 0 {
@@ -311,7 +373,7 @@ impl Parser {
             }
             end = start;
         }
-        (None, phase, seen)
+        (None, phase, seen, epoch)
     }
 
     /// The step a line still being written already names, if its digits are
@@ -321,7 +383,7 @@ impl Parser {
     /// trainer). A number at the very end may still grow (`step 12` of
     /// `step 120`) and is not taken; the patterns that read bars need the
     /// `[` after the total, so a bar cut short names nothing.
-    pub fn partial_step(&self, partial: &[u8]) -> Option<u64> {
+    pub fn partial_step(&self, partial: &[u8]) -> Option<Mark> {
         if let Some(pf) = &self.prefilter {
             if !pf.is_match(partial) {
                 return None;
@@ -329,7 +391,7 @@ impl Parser {
         }
         let mut last = None;
         for caps in self.step.captures_iter(partial) {
-            let Some((step, at)) = self.step_of(&caps) else {
+            let Some((step, at, total)) = self.step_of(&caps) else {
                 continue;
             };
             let digits = partial[at..]
@@ -343,7 +405,7 @@ impl Parser {
             if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
                 continue;
             }
-            last = Some(step);
+            last = Some(mark_of((step, total)));
         }
         last
     }
@@ -368,9 +430,13 @@ impl Parser {
 
     /// The step in one line, if any (used by tests and the progress file).
     pub fn step_in(&self, line: &[u8]) -> Option<u64> {
+        self.count_in(line).map(|(n, _)| n)
+    }
+
+    fn count_in(&self, text: &[u8]) -> Option<Count> {
         match &self.prefilter {
-            None => self.last_step(line).map(|(_, s)| s),
-            Some(pf) => self.scan_candidates(pf, line).0.map(|(_, s)| s),
+            None => self.last_step(text).map(|(_, s)| s),
+            Some(pf) => self.scan_candidates(pf, text).0.map(|(_, s)| s),
         }
     }
 }
@@ -413,6 +479,8 @@ fn memchr_eol(text: &[u8]) -> Option<usize> {
 pub struct LineScanner {
     carry: Vec<u8>,
     overflow: bool,
+    /// The training bar's total: the first unlabelled bar's.
+    bar_total: Option<u64>,
 }
 
 impl LineScanner {
@@ -428,9 +496,25 @@ impl LineScanner {
             && !self.carry.is_empty()
             && !matches!(chunk.last(), Some(b'\n' | b'\r'))
         {
-            if let Some(s) = parser.partial_step(&self.carry) {
-                marks.push(Mark::Step(s));
+            if let Some(m) = parser.partial_step(&self.carry) {
+                marks.push(m);
                 marks = compact(marks);
+            }
+        }
+        self.resolve(marks)
+    }
+
+    /// Bars made steps (the training bar, known by its total: the first
+    /// bar's) or activity (another bar: HF's evaluation bar).
+    fn resolve(&mut self, mut marks: Vec<Mark>) -> Vec<Mark> {
+        for m in marks.iter_mut() {
+            if let Mark::Bar { count, total } = *m {
+                let training = *self.bar_total.get_or_insert(total);
+                *m = if total == training {
+                    Mark::Step(count)
+                } else {
+                    Mark::Activity(count)
+                };
             }
         }
         marks
@@ -471,7 +555,7 @@ impl LineScanner {
             parser.scan(&self.carry)
         };
         self.carry.clear();
-        marks
+        self.resolve(marks)
     }
 
     fn push_carry(&mut self, bytes: &[u8]) {
@@ -502,7 +586,11 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
             figures::merge(&mut seen, f.clone());
         }
     }
-    let is_step = |m: &&Mark| matches!(m, Mark::Step(_));
+    let is_step = |m: &&Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
+    let activity = marks
+        .iter()
+        .rfind(|m| matches!(m, Mark::Activity(_)))
+        .cloned();
     let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
     let (before, after) = match last_phase {
         Some(p) => (&marks[..p], &marks[p + 1..]),
@@ -514,6 +602,7 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
         .chain(before.iter().rfind(is_step).cloned())
         .chain(last_phase.map(|p| marks[p].clone()))
         .chain(after.iter().rfind(is_step).cloned())
+        .chain(activity)
         .collect()
 }
 
@@ -811,11 +900,12 @@ pub fn spawn_pump(
                             figures = Some(f);
                             continue;
                         }
-                        Mark::Step(s) => Kind::Step {
+                        Mark::Step(s) | Mark::Bar { count: s, .. } => Kind::Step {
                             step: Some(s),
                             metrics: named(figures.take().unwrap_or_default()),
                             with_phase: None,
                         },
+                        Mark::Activity(count) => Kind::Activity { count },
                         Mark::Phase(p) => Kind::Phase {
                             name: p.to_string(),
                             step: None,
@@ -1081,6 +1171,68 @@ mod tests {
             no_figures(s.feed(&p, &read)),
             vec![Mark::Step(30), Mark::Phase("eval"), Mark::Step(30)]
         );
+    }
+
+    #[test]
+    fn another_bar_under_the_training_bar_is_activity_not_steps() {
+        // HF's evaluation bar (position 1, ending in ESC [A) under the
+        // training bar, as transformers 5.24 draws them into a pipe.
+        let p = parser();
+        let mut s = LineScanner::default();
+        let train = |n: u64| {
+            format!(
+                "\r 40%|\u{2588}\u{2588}\u{2588}\u{2588}      | {n}/60 [00:01<00:02, 14.54it/s]"
+            )
+        };
+        assert_eq!(
+            no_figures(s.feed(&p, train(24).as_bytes())),
+            vec![Mark::Step(24)]
+        );
+        let eval = "\n  0%|          | 0/4 [00:00<?, ?it/s]\u{1b}[A";
+        // (The newline ends frame 24: a repeat, the later bar's frame wins.)
+        assert_eq!(
+            no_figures(s.feed(&p, eval.as_bytes())),
+            vec![Mark::Activity(0)]
+        );
+        let eval = "\r 50%|\u{2588}\u{2588}\u{2588}\u{2588}\u{2588}     | 2/4 [00:00<00:00,  2.63it/s]\u{1b}[A";
+        assert_eq!(
+            no_figures(s.feed(&p, eval.as_bytes())),
+            vec![Mark::Activity(2)]
+        );
+        assert_eq!(
+            no_figures(s.feed(&p, train(25).as_bytes())),
+            vec![Mark::Step(25)]
+        );
+    }
+
+    #[test]
+    fn a_log_dict_with_an_epoch_is_activity() {
+        // HF with disable_tqdm=True: the log dicts are all there is
+        // (transformers 5 quotes the values, 4 does not).
+        let p = parser();
+        let mut s = LineScanner::default();
+        let marks = s.feed(
+            &p,
+            b"{'loss': '4.709', 'grad_norm': '0.6359', 'learning_rate': '0.00085', 'epoch': '0.3125'}\n",
+        );
+        assert_eq!(
+            marks,
+            vec![
+                Mark::Figures(Seen(vec![("loss", 4.709), ("grad_norm", 0.6359)])),
+                Mark::Activity(312_500)
+            ]
+        );
+        assert_eq!(
+            no_figures(s.feed(&p, b"{'loss': 2.1, 'learning_rate': 4e-05, 'epoch': 1.5}\n")),
+            vec![Mark::Activity(1_500_000)]
+        );
+        // A step line after the dict names the step; the dict is older.
+        assert_eq!(
+            no_figures(s.feed(&p, b"{'loss': 2.1, 'epoch': 1.6}\nstep 7\n")),
+            vec![Mark::Step(7)]
+        );
+        // Not a dict: no epoch.
+        assert!(no_figures(s.feed(&p, b"epoch': 3 loss\n")).is_empty());
     }
 
     #[test]

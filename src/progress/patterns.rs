@@ -33,7 +33,7 @@ pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
     r#"|^steps:\s+(\d+)"#,
     r#"|num_updates["']?[=\s:"']+(\d+)"#,
     r#"|\[batch=(\d+)/\d+\]"#,
-    r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/\d+\s*\["#,
+    r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/(?P<bar_total>\d+)\s*\["#,
     r#"|^epoch\s+(?P<epoch>\d+):\s+\d+%\|[^|\n]*\|\s*(?P<batch>\d+)/(?P<per_epoch>\d+)\s*\["#,
 );
 

@@ -52,7 +52,16 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             step,
             metrics,
             with_phase,
-        } => on_step(k, at, source, step, metrics, with_phase),
+        } => on_step(k, at, source, step, metrics, with_phase, None),
+        Kind::Activity { count } => on_step(
+            k,
+            at,
+            source,
+            Some(count),
+            Vec::new(),
+            None,
+            Some(StepRole::Annotation),
+        ),
         Kind::Phase { name, step } => on_phase(k, at, source, name, step),
         Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
         Kind::CheckpointFiles(f) => k.plog.checkpoint_files = Some(f),
@@ -102,17 +111,24 @@ fn on_step(
     step: Option<u64>,
     metrics: Vec<(String, f64)>,
     with_phase: Option<String>,
+    role: Option<StepRole>,
 ) {
-    if let Some(w) = k.numerical.as_deref_mut() {
-        k.findings.extend(w.observe(step, &metrics));
+    if role.is_none() {
+        if let Some(w) = k.numerical.as_deref_mut() {
+            k.findings.extend(w.observe(step, &metrics));
+        }
     }
     let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);
     // A step sent with a long phase names what the phase is about
-    // (`phase=checkpoint step=10`), not the trainer's step.
-    let role = match with_phase.as_deref().map(|p| policy.config().classify(p)) {
-        Some(PhaseClass::Long(_)) => StepRole::Annotation,
-        _ => StepRole::Report,
-    };
+    // (`phase=checkpoint step=10`), not the trainer's step; activity
+    // (another bar, a log dict's epoch) names nothing.
+    let role =
+        role.unwrap_or_else(
+            || match with_phase.as_deref().map(|p| policy.config().classify(p)) {
+                Some(PhaseClass::Long(_)) => StepRole::Annotation,
+                _ => StepRole::Report,
+            },
+        );
     let o = plog.tracker.on_step(source, step, role);
     if let Some((from, to)) = o.namer_changed {
         let reason = match to {

@@ -7,7 +7,9 @@ accelerator.save_state for checkpoints.
 
 A 2-layer MLP regressing random data; CPU only, no downloads.
 
-Usage:
+Usage (python: $(bash tests/torch-venv.sh)/bin/python, with
+PYTHONPATH=$(bash tests/conformance/frameworks-venv.sh); the script leaves
+PYTHONUNBUFFERED alone, so stdout is block-buffered on a pipe as in real runs):
   python accelerate_trainer.py [knobs]                          # one process
   torchrun --nproc-per-node 2 accelerate_trainer.py [knobs]     # DDP over gloo
   resilio run --ntasks 2 -- python accelerate_trainer.py [knobs]

@@ -20,9 +20,9 @@
 # huggingface_hub 2.x wants httpx2/httpcore2/h11/idna/truststore at import;
 # its other declared dependencies (typer, pydantic, hf-xet, ...) and
 # fsspec[http]'s aiohttp are not needed offline. filelock, fsspec,
-# typing_extensions and numpy come from the torch virtualenv. About 190 MB,
-# 15 s to install here (most of it lightning + pytorch_lightning, two copies
-# of the same code).
+# typing_extensions and numpy come from the torch virtualenv. About 200 MB
+# (lightning and pytorch_lightning are two copies of the same code), 30 s to
+# install here. The trainers' findings are in FINDINGS.md.
 #
 # Environment: as tests/torch-venv.sh (RESILIO_CI_CACHE,
 # RESILIO_TEST_BASE_PYTHON).

@@ -3,7 +3,9 @@
 A randomly initialised GPT-2 (2 layers, n_embd 32, vocab 128, context 32) on
 random tokens; CPU only, no downloads (HF_HUB_OFFLINE=1 is set here).
 
-Usage:
+Usage (python: $(bash tests/torch-venv.sh)/bin/python, with
+PYTHONPATH=$(bash tests/conformance/frameworks-venv.sh); the script leaves
+PYTHONUNBUFFERED alone, so stdout is block-buffered on a pipe as in real runs):
   python hf_trainer.py [knobs]                          # one process
   torchrun --nproc-per-node 2 hf_trainer.py [knobs]     # DDP over gloo
   resilio run --ntasks 2 -- python hf_trainer.py [knobs]
@@ -81,9 +83,6 @@ class RandomTokens(Dataset):
 
 class Knobs(TrainerCallback):
     """Slow evaluation and the step faults."""
-
-    def __init__(self):
-        self.eval_len = None
 
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kw):
         if a.eval_sleep > 0:

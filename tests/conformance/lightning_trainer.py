@@ -2,7 +2,9 @@
 
 A 2-layer MLP regressing random data; CPU only, no downloads.
 
-Usage:
+Usage (python: $(bash tests/torch-venv.sh)/bin/python, with
+PYTHONPATH=$(bash tests/conformance/frameworks-venv.sh); the script leaves
+PYTHONUNBUFFERED alone, so stdout is block-buffered on a pipe as in real runs):
   python lightning_trainer.py [knobs]                          # one process
   torchrun --nproc-per-node 2 lightning_trainer.py [knobs]     # DDP over gloo
   resilio run --ntasks 2 -- python lightning_trainer.py [knobs]
@@ -12,8 +14,10 @@ MASTER_ADDR, MASTER_PORT), the processes are taken as started externally
 (Lightning's LightningEnvironment, or TorchElasticEnvironment under torchrun):
 devices = LOCAL_WORLD_SIZE (or WORLD_SIZE), num_nodes = WORLD_SIZE / devices,
 strategy DDP with process_group_backend="gloo", which initialises the process
-group from env://. Under Slurm (SLURM_NTASKS etc. set) Lightning would pick
-its SLURMEnvironment instead; this script does not fight that.
+group from env://. Several nodes need LOCAL_WORLD_SIZE and NODE_RANK too
+(Lightning computes the global rank from them). Under Slurm (SLURM_NTASKS
+etc. set) Lightning would pick its SLURMEnvironment instead; this script
+does not fight that.
 
 Which progress bar: Lightning's default, i.e. RichProgressBar when rich is
 importable, TQDMProgressBar otherwise (PYTHONPATH with or without the rich
@@ -27,6 +31,11 @@ fault-exit-code), each also settable as TRAINER_<NAME>. Lightning-only:
   --batches-per-epoch N      training batches per epoch (25), so that epochs
                              roll over during a 60-step run
   --ckpt-verbose 0|1         ModelCheckpoint(verbose=...) for --save-steps (1)
+  --ckpt-monitor NAME        ModelCheckpoint(monitor=NAME) for --save-steps, e.g.
+                             train_loss ('' = none). Without a monitor Lightning
+                             saves silently even with verbose=True; with one
+                             (and verbose) rank 0 logs to stderr
+                             "Epoch E, global step S: 'train_loss' reached ..."
 
 Mapping: --logging-steps -> log_every_n_steps (and the loss is logged with
 prog_bar=True, so it shows in the bar); --eval-steps N -> val_check_interval=N
@@ -50,6 +59,7 @@ EXTRA = [
     ("bar", str, "default"),
     ("batches-per-epoch", int, 25),
     ("ckpt-verbose", int, 1),
+    ("ckpt-monitor", str, ""),
 ]
 
 a = _knobs.parse("lightning_trainer.py", __doc__, EXTRA)
@@ -109,6 +119,7 @@ def main():
     if a.save_steps:
         callbacks.append(ModelCheckpoint(dirpath=os.path.join(a.output_dir, "checkpoints"),
                                          every_n_train_steps=a.save_steps, save_top_k=-1,
+                                         monitor=a.ckpt_monitor or None,
                                          verbose=bool(a.ckpt_verbose)))
     if a.bar == "tqdm":
         from lightning.pytorch.callbacks import TQDMProgressBar
