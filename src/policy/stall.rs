@@ -37,6 +37,12 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
+/// A sighting is late when the time since the last one is more than this
+/// many times what its steps took by the trainer's own account, plus
+/// [`LATE_SLACK_S`] (output buffering, a slow reader).
+const LATE_FACTOR: f64 = 4.0;
+const LATE_SLACK_S: f64 = 1.0;
+
 /// Parameters of the stall policy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StallConfig {
@@ -300,7 +306,46 @@ impl StallPolicy {
         learn: bool,
         from: &'static str,
     ) {
+        self.on_progress_timed(now, step, learn, from, None)
+    }
+
+    /// [`Self::on_progress`], with the time a step took by the trainer's
+    /// own account (tqdm's rate, Megatron's elapsed time per iteration). A
+    /// sighting whose steps, by that account, took far less than the time
+    /// since the last sighting came late: the bar was redrawn long after
+    /// (tqdm's monitor thread redraws a bar 10-20 s after its last frame,
+    /// also when the trainer hung right after). Its gap is no step time,
+    /// and the clock restarts from when the steps were done, not from now.
+    pub fn on_progress_timed(
+        &mut self,
+        now: Instant,
+        step: Option<u64>,
+        learn: bool,
+        from: &'static str,
+        step_time: Option<f64>,
+    ) {
         self.steps_seen += 1;
+        let steps = match (self.learnt_step, step) {
+            (Some(a), Some(b)) if b > a => (b - a) as f64,
+            _ => 1.0,
+        };
+        let done_at = match (self.last_step_at, step_time) {
+            (Some(prev), Some(t)) if learn && t.is_finite() && t >= 0.0 => {
+                let claimed = steps * t;
+                let gap = now.saturating_duration_since(prev).as_secs_f64();
+                (gap > LATE_FACTOR * claimed + LATE_SLACK_S)
+                    .then(|| prev + Duration::from_secs_f64(claimed.min(gap)))
+            }
+            _ => None,
+        };
+        let now = match done_at {
+            Some(t) => {
+                // Not learnt: the gap says nothing of the steps' time.
+                self.gap_crossed_phase = true;
+                t
+            }
+            None => now,
+        };
         if step.is_some() {
             self.last_step = step;
         }
@@ -326,10 +371,6 @@ impl StallPolicy {
                     // (a log line every 50 steps) must not be stopped
                     // between two sightings.
                     let gap = now.saturating_duration_since(prev).as_secs_f64();
-                    let steps = match (self.learnt_step, step) {
-                        (Some(a), Some(b)) if b > a => (b - a) as f64,
-                        _ => 1.0,
-                    };
                     if self.intervals.len() == self.cfg.adaptive_window.max(1) {
                         self.intervals.pop_front();
                     }
@@ -593,6 +634,35 @@ mod tests {
             p.on_progress(t, Some(50 * i), true, "output");
         }
         assert_eq!(p.adaptive_timeout(), Some(secs(10.0)), "2 x the 5 s gap");
+    }
+
+    #[test]
+    fn a_bar_redrawn_late_is_neither_a_step_interval_nor_a_fresh_start() {
+        // HF's bar at 14 it/s (0.07 s a step) drawn every 0.14 s up to step
+        // 24; rank 1 hangs after step 25 and tqdm's monitor thread redraws
+        // the bar at 25 18.3 s later. By the bar's own rate step 25 was done
+        // 0.07 s after step 24: the clock runs from then, the floor holds.
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        let mut t = t0;
+        for step in (2..=24).step_by(2) {
+            t += secs(0.14);
+            p.on_progress_timed(t, Some(step), true, "output", Some(0.07));
+        }
+        let before = p.adaptive_timeout();
+        p.on_progress_timed(t + secs(18.3), Some(25), true, "output", Some(0.07));
+        assert_eq!(p.adaptive_timeout(), before, "the late gap is not learnt");
+        assert_eq!(p.last_step(), Some(25));
+        assert_eq!(
+            p.deadline(),
+            t + secs(0.07) + secs(5.0),
+            "from when 25 was done"
+        );
+        // A slow step the bar's rate owns up to is learnt as usual.
+        let mut p = StallPolicy::new(cfg(), t0);
+        p.on_progress_timed(t0 + secs(1.0), Some(1), true, "output", Some(0.07));
+        p.on_progress_timed(t0 + secs(4.0), Some(2), true, "output", Some(1.9));
+        assert_eq!(p.adaptive_timeout(), Some(secs(30.0)), "10 x 3 s");
     }
 
     #[test]

@@ -497,6 +497,14 @@ impl LineScanner {
             && !matches!(chunk.last(), Some(b'\n' | b'\r'))
         {
             if let Some(m) = parser.partial_step(&self.carry) {
+                // A whole bar frame (it ends with its `]`) gives its rate
+                // too: the trainer's own account of a step's time.
+                if self.carry.ends_with(b"]") && figures::may_hold(&self.carry) {
+                    let f = figures::of_line(&self.carry, true);
+                    if !f.is_empty() {
+                        marks.push(Mark::Figures(Seen(f)));
+                    }
+                }
                 marks.push(m);
                 marks = compact(marks);
             }
@@ -1132,7 +1140,14 @@ mod tests {
     fn a_bar_frame_is_a_step_when_it_is_written_not_when_the_next_one_ends_it() {
         let p = parser();
         let mut s = LineScanner::default();
-        assert_eq!(s.feed(&p, &frame(21, "00:01")), vec![Mark::Step(21)]);
+        // With the bar's rate: the trainer's own account of a step's time.
+        assert_eq!(
+            s.feed(&p, &frame(21, "00:01")),
+            vec![
+                Mark::Figures(Seen(vec![("step_time_s", 1.0 / 15.2)])),
+                Mark::Step(21)
+            ]
+        );
         // tqdm's monitor thread redraws the bar 20 s later: read at once.
         assert_eq!(
             no_figures(s.feed(&p, &frame(25, "00:20"))),
@@ -1163,7 +1178,10 @@ mod tests {
         // the redraw of step 30 after the phase began (a repeat, no end).
         let p = parser();
         let mut s = LineScanner::default();
-        assert_eq!(s.feed(&p, &frame(30, "00:02")), vec![Mark::Step(30)]);
+        assert_eq!(
+            no_figures(s.feed(&p, &frame(30, "00:02"))),
+            vec![Mark::Step(30)]
+        );
         let mut read = b"\n***** Running Evaluation *****\n  Num examples = 64\n".to_vec();
         read.extend(frame(30, "00:03"));
         read.extend(frame(30, "00:04"));

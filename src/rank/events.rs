@@ -155,7 +155,14 @@ fn on_step(
     }
     let prev = plog.last_named_at;
     if o.alive {
-        policy.on_progress(at, o.step, o.named_advanced, origin(source));
+        // The trainer's own account of a step's time (tqdm's rate,
+        // Megatron's time per iteration), when this line gave one.
+        let step_time = metrics
+            .iter()
+            .find(|(k, _)| k == "step_time_s")
+            .map(|(_, v)| *v)
+            .filter(|_| role == StepRole::Report);
+        policy.on_progress_timed(at, o.step, o.named_advanced, origin(source), step_time);
     }
     if let Some(out) = k.outbox {
         // compute_s may come on the socket after the same step was

@@ -49,7 +49,9 @@ env:// (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; LOCAL_RANK for the
 device), gloo backend, CPU only. torchrun or `resilio run --ntasks N` set them.
 
 Each fault prints one line to stderr before firing:
-  conformance: fault <kind> at step <K> on rank <R>
+  conformance: fault <kind> after update <K> on rank <R>
+(worded so that no step pattern reads it: the faulty rank stays as silent
+as a real one)
 """
 
 import argparse
@@ -132,7 +134,7 @@ def _announce(a, step, rank):
                 f.write("%s step %d rank %d\n" % (a.fault, step, rank))
         except FileExistsError:
             pass  # the other rank of a --fault-rank -1 run got there first
-    sys.stderr.write("conformance: fault %s at step %d on rank %d\n" % (a.fault, step, rank))
+    sys.stderr.write("conformance: fault %s after update %d on rank %d\n" % (a.fault, step, rank))
     sys.stderr.flush()
 
 
