@@ -293,6 +293,34 @@ pub fn read_stat(pid: i32) -> Option<ProcInfo> {
     })
 }
 
+/// The CPU time (user and system, in clock ticks) of `root`'s descendants,
+/// all their threads: what the trainer's tree has worked so far.
+pub fn tree_cpu_ticks(root: i32) -> u64 {
+    descendants(root)
+        .iter()
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok()?;
+            let rest = &text[text.rfind(')')? + 1..];
+            // After the name: state (3), ... utime (14), stime (15).
+            let mut f = rest.split_ascii_whitespace().skip(11);
+            let utime: u64 = f.next()?.parse().ok()?;
+            let stime: u64 = f.next()?.parse().ok()?;
+            Some(utime + stime)
+        })
+        .sum()
+}
+
+/// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+pub fn clock_ticks() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
 /// Every process on the system (that can be read).
 pub fn all_processes() -> Vec<ProcInfo> {
     let Ok(dir) = std::fs::read_dir("/proc") else {

@@ -259,6 +259,16 @@ events! {
         avoid: String,
     }
 
+    /// At its step limit the rank was found working without a word (its
+    /// CPU time moved, it waited on no peer): judged from now by the
+    /// evaluation limit, not stopped as hung.
+    BusySilent = "busy_silent" {
+        cpu_s: f64,
+        window_s: f64,
+        limit_s: f64,
+        probe: String,
+    }
+
     /// What a probe of a stalled or suspected rank found.
     Probe = "probe" {
         reason: String,

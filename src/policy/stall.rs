@@ -70,6 +70,10 @@ pub struct StallConfig {
     pub phase_timeouts: BTreeMap<String, Duration>,
 }
 
+/// The phase a rank found working without a word at its step limit is
+/// put in (see [`StallPolicy::on_busy`]).
+pub const BUSY: &str = "busy";
+
 /// Phases inside a step, judged by the step limit.
 pub const IN_STEP_PHASES: &[&str] = &[
     "compute",
@@ -123,6 +127,10 @@ impl StallConfig {
             "eval" | "evaluation" | "evaluate" | "validation" | "validate" | "val" => {
                 PhaseClass::Long(self.eval_timeout)
             }
+            // Busy and silent: found working (its CPU time moving, not
+            // waiting on a peer) at the step limit: judged like an
+            // evaluation nobody announced.
+            BUSY => PhaseClass::Long(self.eval_timeout),
             n if IN_STEP_PHASES.contains(&n) || self.in_step_phases.iter().any(|p| p == n) => {
                 PhaseClass::InStep { known: true }
             }
@@ -239,6 +247,9 @@ pub struct StallPolicy {
     /// it: only a later step ends it (see [`StallPolicy::on_progress`]).
     phase_step: Option<u64>,
     phase_from: &'static str,
+    /// No stall before this (a look at whether the rank is working, under
+    /// way at the limit); any progress drops it.
+    hold: Option<Instant>,
 }
 
 impl StallPolicy {
@@ -260,7 +271,34 @@ impl StallPolicy {
             scratch: Vec::new(),
             phase_step: None,
             phase_from: "",
+            hold: None,
         }
+    }
+
+    /// The start of the current wait (last progress, phase start).
+    pub fn anchor(&self) -> Instant {
+        self.anchor
+    }
+
+    /// Declare no stall before `until`: the agent is looking at whether the
+    /// rank is working (its CPU time over a moment). Progress drops it.
+    pub fn hold_until(&mut self, until: Instant) {
+        self.hold = Some(until);
+    }
+
+    /// The rank was found working at its step limit without a word (its
+    /// CPU time moved, it waits on no peer): busy and silent, judged from
+    /// now by the limit of an evaluation nobody announced, never killed as
+    /// hung at the step limit. A later step ends it as it ends any long
+    /// phase. Only from stepping: a rank already busy, in a long phase or
+    /// starting is judged by that limit.
+    pub fn on_busy(&mut self, now: Instant) -> bool {
+        if self.phase != Phase::Train {
+            return false;
+        }
+        self.hold = None;
+        self.on_phase(now, BUSY, None, "output");
+        true
     }
 
     /// The parameters in force.
@@ -349,6 +387,7 @@ impl StallPolicy {
         if step.is_some() {
             self.last_step = step;
         }
+        self.hold = None;
         self.anchor = self.anchor.max(now);
         if let Phase::Named(..) = self.phase {
             let margin = if from == self.phase_from { 1 } else { 2 };
@@ -513,7 +552,8 @@ impl StallPolicy {
 
     /// When a stall will be declared if nothing happens before.
     pub fn deadline(&self) -> Instant {
-        self.anchor + self.current_limit().0
+        let d = self.anchor + self.current_limit().0;
+        self.hold.map_or(d, |h| d.max(h))
     }
 
     /// `Some(stall)` once `now` has reached the deadline.
@@ -577,6 +617,31 @@ mod tests {
         assert!(StallKind::Phase("warmup".into())
             .avoid()
             .contains("phase_timeouts"));
+    }
+
+    #[test]
+    fn a_rank_found_working_at_its_limit_gets_an_evaluations_time() {
+        let t0 = Instant::now();
+        let mut p = StallPolicy::new(cfg(), t0);
+        let last = steps(&mut p, t0, 1, 20, 0.5);
+        let limit = last + secs(5.0);
+        assert_eq!(p.deadline(), limit);
+        // The agent looks for a second: no stall meanwhile.
+        p.hold_until(limit + secs(1.0));
+        assert!(p.check(limit + secs(0.5)).is_none());
+        // Working: an unannounced evaluation's limit from now.
+        assert!(p.on_busy(limit + secs(1.0)));
+        assert_eq!(p.phase().name(), BUSY);
+        assert!(p.check(limit + secs(100.0)).is_none());
+        let s = p
+            .check(limit + secs(121.0))
+            .expect("the evaluation's limit holds");
+        assert_eq!(s.kind, StallKind::Phase(BUSY.into()));
+        // Only from stepping: busy again at that limit is a stall.
+        assert!(!p.on_busy(limit + secs(121.0)));
+        // A later step ends it.
+        p.on_progress(limit + secs(30.0), Some(21), true, "output");
+        assert_eq!(p.phase(), &Phase::Train);
     }
 
     #[test]

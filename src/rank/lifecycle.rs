@@ -183,6 +183,13 @@ pub enum Action {
     /// The trainer was found stopped at its limit (Ctrl-Z, SIGSTOP): its
     /// clock restarts, and goes on restarting while it stays stopped.
     TrainerStopped,
+    /// Found working without a word at its step limit: busy and silent.
+    BusySilent {
+        cpu_s: f64,
+        window_s: f64,
+        limit_s: f64,
+        probe: String,
+    },
     /// Ask the hosted coordinator for a checkpoint of every rank.
     CoordinateCheckpoint,
     /// The pre-timeout checkpoint is done or waited for long enough: stop the step.
@@ -618,6 +625,28 @@ impl Lifecycle {
         } else {
             vec![Action::TrainerStopped]
         }
+    }
+
+    /// The trainer was found working at its step limit (`cpu_s` of CPU in
+    /// `window_s`), waiting on no peer (`probe`): busy and silent, given an
+    /// evaluation's limit ([`StallPolicy::on_busy`]). Nothing when it is not
+    /// stepping (starting, already busy, in a long phase).
+    pub fn busy_silent(
+        &mut self,
+        now: Instant,
+        cpu_s: f64,
+        window_s: f64,
+        probe: String,
+    ) -> Vec<Action> {
+        if !self.policy.on_busy(now) {
+            return Vec::new();
+        }
+        vec![Action::BusySilent {
+            cpu_s,
+            window_s,
+            limit_s: self.policy.current_limit().0.as_secs_f64(),
+            probe,
+        }]
     }
 
     /// Time passed: `now`, after the events of this round were handled;

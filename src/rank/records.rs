@@ -249,6 +249,21 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
+        Action::BusySilent {
+            cpu_s,
+            window_s,
+            limit_s,
+            probe,
+        } => (
+            ev::BusySilent {
+                cpu_s: Some(*cpu_s),
+                window_s: Some(*window_s),
+                limit_s: Some(*limit_s),
+                probe: Some(probe.clone()),
+            }
+            .into(),
+            false,
+        ),
         Action::TrainerStopped => (
             ev::Resumed {
                 trainer_stopped: Some(true),

@@ -25,6 +25,20 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
+/// How long the trainer's CPU time is watched at its step limit.
+const BUSY_WINDOW: Duration = Duration::from_secs(1);
+/// The share of a core it must work meanwhile to be busy, not hung.
+const BUSY_SHARE: f64 = 0.2;
+
+/// A look at the trainer's CPU time at its step limit.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct BusyLook {
+    /// The wait it is about (the stall policy's anchor then).
+    anchor: Instant,
+    t0: Instant,
+    cpu0: u64,
+}
+
 /// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
 type ProbeDone = (String, Probe, Vec<PySpyDump>);
 
@@ -59,6 +73,8 @@ pub(crate) struct Agent<'a> {
     pub(super) probe_tx: UnboundedSender<ProbeDone>,
     /// The stall's own probe, waiting for the stacks of its diagnostics.
     pub(super) stall_probe: Option<Probe>,
+    /// A look at whether the trainer is working, under way at its limit.
+    pub(super) busy_look: Option<BusyLook>,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -145,6 +161,7 @@ impl<'a> Agent<'a> {
             diag_tx,
             probe_tx,
             stall_probe: None,
+            busy_look: None,
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -221,9 +238,11 @@ impl<'a> Agent<'a> {
                 // A trainer its user stopped at a terminal (Ctrl-Z) is
                 // paused, not stalled. (One stopped by SIGSTOP and left so
                 // holds the job up: that is judged as a hang.)
-                let acts = self
-                    .lc
-                    .trainer_stopped(now, process::stopped_by_job_control(self.r.pid));
+                let stopped = process::stopped_by_job_control(self.r.pid);
+                let mut acts = self.lc.trainer_stopped(now, stopped);
+                if !stopped {
+                    acts.extend(self.look_busy(now));
+                }
                 if !self.carry_out(acts) {
                     break;
                 }
@@ -235,6 +254,48 @@ impl<'a> Agent<'a> {
             let actions = self.lc.tick(now, checked);
             if !self.carry_out(actions) {
                 break;
+            }
+        }
+    }
+
+    /// At the step limit, before a stall: is the trainer working? Its CPU
+    /// time is taken, the stall held for [`BUSY_WINDOW`], then taken again.
+    /// Working (at least [`BUSY_SHARE`] of a core) and waiting on no peer:
+    /// busy and silent (an evaluation nobody announced, a long step). Else
+    /// the stall goes ahead as it would have.
+    fn look_busy(&mut self, now: Instant) -> Vec<Action> {
+        if self.lc.policy.phase() != &crate::policy::stall::Phase::Train {
+            self.busy_look = None;
+            return Vec::new();
+        }
+        let anchor = self.lc.policy.anchor();
+        match self.busy_look {
+            Some(b) if b.anchor == anchor => {
+                if now < b.t0 + BUSY_WINDOW {
+                    return Vec::new();
+                }
+                self.busy_look = None;
+                let ticks = process::tree_cpu_ticks(std::process::id() as i32);
+                let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
+                let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
+                if cpu_s < BUSY_SHARE * window_s {
+                    return Vec::new();
+                }
+                let p = diagnostics::probe(&self.skip());
+                if p.waiting_on_peer == Some(true) {
+                    return Vec::new();
+                }
+                self.lc
+                    .busy_silent(now, cpu_s, window_s, p.evidence.join("; "))
+            }
+            _ => {
+                self.busy_look = Some(BusyLook {
+                    anchor,
+                    t0: now,
+                    cpu0: process::tree_cpu_ticks(std::process::id() as i32),
+                });
+                self.lc.policy.hold_until(now + BUSY_WINDOW);
+                Vec::new()
             }
         }
     }
@@ -653,6 +714,19 @@ impl<'a> Agent<'a> {
             | Action::CoordinatorBack { .. }
             | Action::Resumed { .. }
             | Action::TrainerStopped => {}
+            Action::BusySilent { .. } => {
+                tracing::warn!(
+                    "rank {} on {}: no progress for the step limit, but working (its CPU time moves, it waits on no peer): busy and silent, judged by the evaluation limit ({}) from now",
+                    self.r.id.rank,
+                    self.r.id.node,
+                    crate::duration::format(self.lc.policy.current_limit().0)
+                );
+                self.r.outbox.update(|r| {
+                    r.phase = crate::policy::stall::BUSY.into();
+                    r.long_phase = true;
+                });
+                self.r.outbox.urgent.notify_one();
+            }
         }
         true
     }

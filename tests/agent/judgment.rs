@@ -56,3 +56,64 @@ fn a_run_that_crashes_at_exit_after_reporting_the_end_of_training_is_not_run_aga
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(r["failed_attempts"], 0, "{r}");
 }
+
+/// Steps every 0.1 s; after step 20, 8 s without a word: working
+/// (`busy`: an evaluation nobody announced) or asleep (`sleep`: hung).
+const SILENT_AFTER_20: &str = r#"
+import sys, time
+how = sys.argv[1]
+for i in range(1, 41):
+    print(f"step {i}", flush=True)
+    time.sleep(0.1)
+    if i == 20:
+        t = time.time()
+        if how == "busy":
+            x = 0
+            while time.time() - t < 8:
+                x += 1
+        else:
+            time.sleep(8)
+"#;
+
+fn silent_after_20(how: &str) -> (std::process::Output, Vec<resilio::journal::Record>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, SILENT_AFTER_20).unwrap();
+    let mut c = resilio_run(tmp.path(), how);
+    c.args([
+        "--stall-floor",
+        "2s",
+        "--max-restarts",
+        "0",
+        "--kill-grace",
+        "2s",
+    ])
+    .args(["--", "python3"])
+    .arg(&script)
+    .arg(how);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    let recs = records(tmp.path(), how);
+    (out, recs)
+}
+
+/// Evidence before a kill: at its 2 s limit the rank is working (its CPU
+/// time moves, it waits on no peer): busy and silent, judged by the
+/// evaluation limit, and the run completes.
+#[test]
+fn a_rank_working_without_a_word_past_its_limit_is_busy_not_hung() {
+    let (out, recs) = silent_after_20("busy");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    assert!(kinds(&recs, "stall").is_empty(), "never stopped");
+    let busy = one(&recs, "busy_silent");
+    assert!(busy.f64("cpu_s").unwrap() > 0.2, "{busy:?}");
+    assert!(stderr_of(&out).contains("busy and silent"));
+}
+
+/// The same silence asleep is a hang, caught at its limit.
+#[test]
+fn a_rank_asleep_past_its_limit_is_hung() {
+    let (out, recs) = silent_after_20("sleep");
+    assert_eq!(out.status.code(), Some(124), "{}", stderr_of(&out));
+    assert!(kinds(&recs, "busy_silent").is_empty());
+    assert_eq!(kinds(&recs, "stall").len(), 1);
+}
