@@ -35,6 +35,11 @@ venv=$(bash tests/torch-venv.sh)
 export RESILIO_TEST_PYTHON=$venv/bin/python
 export RESILIO_REQUIRE_TORCH=1
 export PATH=$venv/py-spy-only:$PATH
+# The real frameworks of the conformance suite (tests/conformance.rs): HF
+# transformers, Lightning, accelerate and rich from PyPI, pinned, layered on
+# that virtualenv (a PYTHONPATH; about 200 MB and 30 s the first time).
+RESILIO_TEST_FRAMEWORKS=$(bash tests/conformance/frameworks-venv.sh)
+export RESILIO_TEST_FRAMEWORKS
 
 # The real Slurm cluster the end-to-end tests run on (installs Slurm, munge and
 # MariaDB from Debian's packages when missing; takes it down again afterwards

@@ -130,7 +130,7 @@ pub fn judge_attempt(
     step: &StepEnd<'_>,
 ) -> (Vec<RankFailure>, Option<Judgment>) {
     let mut failures = journaled_failures(records, attempt);
-    finished_first(&mut failures);
+    finished_first(records, attempt, &mut failures);
     hung_first(records, attempt, &mut failures);
     straggler_left_out(records, attempt, &mut failures);
     lost_agents(records, attempt, step, &mut failures);
@@ -162,24 +162,49 @@ fn journaled_failures(records: &[Record], attempt: u32) -> Vec<RankFailure> {
 /// A rank whose trainer reported the end of training and then crashed at
 /// exit finished; the ranks that failed with no signature of their own
 /// (silent ranks crashing at exit the same way, ranks stopped after it)
-/// finished with it.
-fn finished_first(failures: &mut [RankFailure]) {
-    let Some(done) = failures
+/// finished with it. So did a rank that aborted or segfaulted with no
+/// signature (torch's threads at interpreter exit: `terminate called
+/// without an active exception`) after another rank of the attempt
+/// completed (exit 0): a data-parallel rank completes only once every rank
+/// has done its last collective.
+fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
+    let reported = failures
         .iter()
         .find(|f| f.verdict.reason == failure::FINISHED_THEN_CRASHED)
-        .map(|f| f.rank)
-    else {
+        .map(|f| f.rank);
+    let completed = failures
+        .iter()
+        .find(|f| f.verdict.class == Class::Clean && f.verdict.reason == failure::EXITED_0)
+        .map(|f| f.rank);
+    if reported.is_none() && completed.is_none() {
         return;
+    }
+    // How each rank exited: an abort or a segfault is an exit-time crash.
+    let exit_crash = |rank: u32| {
+        journal::events(records)
+            .filter(|(r, _)| r.attempt == attempt && r.rank == Some(rank))
+            .any(|(_, e)| {
+                matches!(e, Event::RankExit(x) if matches!(x.exit_code, Some(134) | Some(139)))
+            })
     };
-    for f in failures.iter_mut().filter(|f| {
-        matches!(
-            f.verdict.class,
-            Class::Unknown | Class::Secondary | Class::Preempted
-        )
-    }) {
+    for f in failures.iter_mut() {
+        let why = match (reported, completed) {
+            (Some(done), _)
+                if matches!(
+                    f.verdict.class,
+                    Class::Unknown | Class::Secondary | Class::Preempted
+                ) =>
+            {
+                format!("finished: exited after rank {done} reported the end of training")
+            }
+            (_, Some(done)) if f.verdict.class == Class::Unknown && exit_crash(f.rank) => {
+                format!("finished: crashed at exit after rank {done} completed (exit 0)")
+            }
+            _ => continue,
+        };
         f.verdict = Verdict {
             class: Class::Clean,
-            reason: format!("finished: exited after rank {done} reported the end of training"),
+            reason: why,
             evidence: f.verdict.evidence.clone(),
         };
     }
@@ -402,7 +427,7 @@ fn add_unjournaled(step: &StepEnd<'_>, failures: &mut Vec<RankFailure>) {
     // finished: the step's exit code is that crash, no failure of its own.
     let finished = failures
         .iter()
-        .any(|f| f.verdict.reason == failure::FINISHED_THEN_CRASHED);
+        .any(|f| f.verdict.reason.starts_with("finished"));
     if failures.iter().all(|f| f.verdict.class == Class::Clean) && step.exit_code != 0 && !finished
     {
         // Nothing journaled a failure, yet the step failed: our own view.
@@ -538,6 +563,25 @@ mod tests {
         let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 134));
         assert!(j.is_none(), "nothing failed: {failures:?}");
         assert!(failures.iter().all(|f| f.verdict.class == Class::Clean));
+    }
+
+    #[test]
+    fn a_rank_aborting_at_exit_after_its_peer_completed_finished() {
+        let mut aborted = exit(1, "n2", 10, "unknown");
+        aborted.data.insert("exit_code".into(), json!(134));
+        let mut completed = exit(0, "n1", 10, "clean");
+        completed
+            .data
+            .insert("class_reason".into(), json!(failure::EXITED_0));
+        let records = [completed.clone(), aborted];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 134));
+        assert!(j.is_none(), "nothing failed: {failures:?}");
+        // A real exit 1 after the peer completed is still a failure.
+        let mut failed = exit(1, "n2", 10, "unknown");
+        failed.data.insert("exit_code".into(), json!(1));
+        let records = [completed, failed];
+        assert!(judge_attempt(&records, 0, &step(&v, &[], 1)).1.is_some());
     }
 
     #[test]

@@ -293,6 +293,9 @@ const FINISHED_LINES: &str = r#"^\s*\{.*['"]train_runtime['"]\s*:|`Trainer\.fit`
 pub const FINISHED_THEN_CRASHED: &str =
     "finished: the trainer reported the end of training, then crashed at exit (not run again)";
 
+/// The reason of a rank that exited 0.
+pub const EXITED_0: &str = "exited 0";
+
 /// The line of `tail` saying training is over, if any.
 pub fn finished_line(tail: &[String]) -> Option<&str> {
     static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
@@ -311,7 +314,7 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
         evidence: evidence.map(str::to_string),
     };
     if end.exit_code == 0 && !end.stalled {
-        return v(Class::Clean, "exited 0", None);
+        return v(Class::Clean, EXITED_0, None);
     }
     if end.health_check_failed {
         return v(

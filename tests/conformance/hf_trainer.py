@@ -29,6 +29,9 @@ fault-exit-code), each also settable as TRAINER_<NAME>. HF-only knobs:
                                  by the running mean in the logged `loss`)
   --batch-size N                 per-device batch size (4)
   --train-examples N             training set size (256)
+  --eval-compute S               each evaluation computes S seconds at its
+                                 first batch without a word (matrix
+                                 products): a silent evaluation that works
 
 Faults fire in a TrainerCallback.on_step_end (hang: asleep in that callback)
 after optimizer step K; nan multiplies the loss by NaN in compute_loss.
@@ -46,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _knobs  # noqa: E402
 
 EXTRA = [
+    ("eval-compute", float, 0.0),
     ("log-level", str, "passive"),
     ("nan-filter", int, 1),
     ("batch-size", int, 4),
@@ -84,9 +88,20 @@ class RandomTokens(Dataset):
 class Knobs(TrainerCallback):
     """Slow evaluation and the step faults."""
 
+    def on_evaluate(self, args, state, control, **kw):
+        self.computed = False
+
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kw):
         if a.eval_sleep > 0:
             time.sleep(a.eval_sleep / max(1, a.eval_batches))
+        if a.eval_compute > 0 and not getattr(self, "computed", False):
+            # A silent evaluation that really works: matrix products for
+            # --eval-compute seconds at its first batch, no output meanwhile.
+            self.computed = True
+            m = torch.randn(256, 256)
+            t = time.time()
+            while time.time() - t < a.eval_compute:
+                m = torch.tanh(m @ m)
 
     def on_step_end(self, args, state, control, **kw):
         _knobs.after_step(a, state.global_step, rank)
