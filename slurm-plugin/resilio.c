@@ -81,7 +81,7 @@ static int opt_cb(int val, const char *optarg, int remote)
 static struct spank_option resilio_option = {
 	"resilio", "[key=value,...]",
 	"run every task under resilio (a rank agent; in sbatch, the batch script under the job level): "
-	"keys max-restarts, stall-timeout, startup-timeout, stall-floor, eval-timeout, checkpoint-timeout, kill-grace, config; --resilio=off turns a site default off",
+	"keys max-restarts, stall-timeout, startup-timeout, stall-floor, eval-timeout, checkpoint-timeout, kill-grace, config, and observe (journal what would be done, do nothing); --resilio=off turns a site default off",
 	2, 0, opt_cb
 };
 

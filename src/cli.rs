@@ -80,6 +80,9 @@ struct RunArgs {
     /// Allowed duration of a checkpoint save the trainer announces (default 30m)
     #[arg(long, value_name = "DUR", allow_hyphen_values = true)]
     checkpoint_timeout: Option<String>,
+    /// Observe only: detect, judge and decide as usual, journal and report what would have been done, stop and restart nothing
+    #[arg(long)]
+    observe: bool,
     /// Regex over output lines; capture group 1 (or `step`) is the step
     #[arg(long, value_name = "RE")]
     progress_regex: Option<String>,
@@ -381,6 +384,9 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     if let Some(t) = &a.startup_timeout {
         cfg.stall.startup_timeout = flag_timeout("startup-timeout", t, "")?;
     }
+    if a.observe {
+        cfg.observe = true;
+    }
     if let Some(t) = &a.stall_floor {
         cfg.stall.adaptive_floor = flag_timeout("stall-floor", t, "")?;
     }
@@ -433,6 +439,9 @@ fn agent_args(a: &RunArgs, cfg: &Config) -> Vec<OsString> {
     put("progress-file", a.progress_file.clone().map(Into::into));
     put("kill-grace", a.kill_grace.clone().map(Into::into));
     put("dump-signal", a.dump_signal.clone().map(Into::into));
+    if a.observe || cfg.observe {
+        v.push("--observe".into());
+    }
     v
 }
 

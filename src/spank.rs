@@ -27,6 +27,11 @@ const KEYS: &[&str] = &[
 pub fn argv_of(exec: OsString, opts: &str, args: &[OsString]) -> Result<Vec<OsString>, String> {
     let mut out: Vec<OsString> = vec!["resilio".into(), "run".into()];
     for item in opts.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        // `--resilio=observe`: observe mode (journal what would be done).
+        if item == "observe" {
+            out.push("--observe".into());
+            continue;
+        }
         let (key, value) = item
             .split_once('=')
             .ok_or_else(|| format!("--resilio: '{item}' is not key=value"))?;
@@ -68,6 +73,24 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn observe_is_a_word_of_its_own() {
+        let v = argv_of("/bin/sh".into(), "observe,stall-floor=5s", &[]).unwrap();
+        assert_eq!(
+            v,
+            [
+                "resilio",
+                "run",
+                "--observe",
+                "--stall-floor",
+                "5s",
+                "--",
+                "/bin/sh"
+            ]
+            .map(std::ffi::OsString::from)
+        );
     }
 
     #[test]

@@ -73,6 +73,9 @@ pub struct Report {
     pub ettr: f64,
     pub lost_s: BTreeMap<String, f64>,
     pub failures: Vec<Failure>,
+    /// Observe mode: what resilio would have done (nothing was done).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub observed: Vec<Observed>,
     pub stalls: usize,
     pub last_step: Option<u64>,
     pub exit_code: Option<i64>,
@@ -469,6 +472,7 @@ pub fn build(
         ettr: if wall > 0.0 { productive / wall } else { 0.0 },
         lost_s: lost,
         failures,
+        observed: observed_of(&events),
         stalls: attempts.iter().map(|a| a.stalls).sum(),
         last_step: attempts.iter().filter_map(|a| a.last_step).max(),
         exit_code,
@@ -501,6 +505,34 @@ pub fn build(
         );
     }
     report
+}
+
+/// Observe mode's records: what would have been done, when, about which rank.
+#[derive(Clone, Debug, Serialize)]
+pub struct Observed {
+    pub ts: DateTime<Utc>,
+    pub attempt: u32,
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub would: String,
+    pub reason: String,
+}
+
+fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
+    events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Observed(o) => Some(Observed {
+                ts: r.ts,
+                attempt: r.attempt,
+                rank: r.rank,
+                node: r.node.clone(),
+                would: o.would.clone().unwrap_or_default(),
+                reason: o.reason.clone().unwrap_or_default(),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The failures, as listed in the report (a verdict written later counts
@@ -967,6 +999,27 @@ pub fn render_text(r: &Report) -> String {
                 f.detail
                     .as_ref()
                     .map_or(String::new(), |d| format!(": {d}"))
+            );
+        }
+    }
+    if !r.observed.is_empty() {
+        let _ = writeln!(
+            s,
+            "\nobserve mode: what resilio would have done (nothing was done):"
+        );
+        for o in &r.observed {
+            let _ = writeln!(
+                s,
+                "  {} attempt {}{}: would {} ({})",
+                o.ts.format("%H:%M:%S%.3f"),
+                o.attempt,
+                match (o.rank, &o.node) {
+                    (Some(k), Some(n)) => format!(" rank {k} on {n}"),
+                    (Some(k), None) => format!(" rank {k}"),
+                    _ => String::new(),
+                },
+                o.would,
+                o.reason
             );
         }
     }

@@ -120,6 +120,10 @@ impl Default for CoordinatorSettings {
 pub struct Config {
     /// Root of journals: `STATE_DIR/jobs/JOB/`.
     pub state_dir: PathBuf,
+    /// Observe mode: detection, diagnostics, verdicts and decisions are
+    /// journaled and reported ("would have stopped rank 1"), nothing is
+    /// stopped or restarted.
+    pub observe: bool,
     /// The user's file it was loaded from (`--config`), if any.
     pub user_file: Option<PathBuf>,
     /// Time between SIGTERM and SIGKILL when stopping the trainer.
@@ -293,6 +297,7 @@ impl Default for Config {
             kill_grace: Duration::from_secs(30),
             stall_kill_grace: Duration::from_secs(5),
             max_restarts: 3,
+            observe: false,
             restart_in_allocation: true,
             step_start_timeout: Duration::from_secs(300),
             shrink_after_node_failure: false,

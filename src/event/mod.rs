@@ -269,6 +269,13 @@ events! {
         probe: String,
     }
 
+    /// Observe mode: what resilio would have done, and why; nothing was
+    /// done.
+    Observed = "observed" {
+        would: String,
+        reason: String,
+    }
+
     /// What a probe of a stalled or suspected rank found.
     Probe = "probe" {
         reason: String,

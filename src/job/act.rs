@@ -174,6 +174,33 @@ pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback>
         .filter(|r| r.for_attempt == attempt)
 }
 
+/// A decision's action in words, for observe mode's record ("would ...").
+pub fn describe(a: &Action) -> String {
+    let leaving = |exclude: &[String]| {
+        if exclude.is_empty() {
+            String::new()
+        } else {
+            format!(", excluding {}", exclude.join(","))
+        }
+    };
+    match a {
+        Action::Finish => "finish".into(),
+        Action::Stop { reason } => format!("stop the job: {reason}"),
+        Action::RestartInPlace { reason } => format!("restart every rank in place: {reason}"),
+        Action::RestartInAllocation {
+            exclude,
+            nodes,
+            reason,
+        } => format!(
+            "relaunch the step inside the allocation on {nodes} node(s){}: {reason}",
+            leaving(exclude)
+        ),
+        Action::Requeue { exclude, reason } => {
+            format!("requeue the job{}: {reason}", leaving(exclude))
+        }
+    }
+}
+
 pub fn job_end(journal: &mut Writer, exit_code: i32, reason: &str) {
     journal.write(
         ev::JobEnd {

@@ -161,6 +161,7 @@ pub fn after_attempt(
     attempt: u32,
     step: &StepEnd<'_>,
     max_restarts: u32,
+    observe: bool,
     alloc: Option<Allocation>,
     slurm: &dyn Slurm,
     journal: &mut Writer,
@@ -195,6 +196,23 @@ pub fn after_attempt(
         return Next::Exit(step.exit_code);
     };
     act::journal_decision(journal, &d);
+    if observe && !matches!(d.action, Action::Finish | Action::Stop { .. }) {
+        // Observe mode: what would have been done, and the job ends as
+        // its step did.
+        journal.write(
+            crate::event::Observed {
+                would: Some(act::describe(&d.action)),
+                reason: Some(d.evidence.clone()),
+            },
+            true,
+        );
+        tracing::warn!(
+            "observe mode: would {}; nothing done",
+            act::describe(&d.action)
+        );
+        act::job_end(journal, step.exit_code, "observe mode: not restarted");
+        return Next::Exit(step.exit_code);
+    }
     act::leave_rollback(&journal::job_dir(state_dir, job), &records, &d, journal);
     let before = alloc.map(|a| a.excluded).unwrap_or_default();
     // A failure that stands ends the job with its primary rank's code; a
@@ -366,6 +384,7 @@ mod tests {
             0,
             &step,
             3,
+            false,
             Some(four_nodes(&[])),
             &f,
             &mut w,
@@ -428,6 +447,7 @@ mod tests {
             1,
             &step,
             3,
+            false,
             Some(four_nodes(&["n2"])),
             &f,
             &mut w,
@@ -577,7 +597,7 @@ mod tests {
             pre_timeout: false,
             agents: &[],
         };
-        let code = after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
+        let code = after_attempt(state.path(), "77", 0, &step, 3, false, None, &f, &mut w);
         assert_eq!(code, Next::Exit(137));
         assert_eq!(
             f.calls(),
@@ -626,7 +646,7 @@ mod tests {
         let f = fake(true);
         let step = step_end(&v, 143);
         assert_eq!(
-            after_attempt(state.path(), "78", 0, &step, 3, None, &f, &mut w),
+            after_attempt(state.path(), "78", 0, &step, 3, false, None, &f, &mut w),
             Next::Exit(crate::error::EXIT_NUMERICAL)
         );
         assert!(!f.calls().iter().any(|c| c.starts_with("requeue")));
@@ -645,7 +665,7 @@ mod tests {
         let f = fake(true);
         let step = step_end(&v, 1);
         assert_eq!(
-            after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w),
+            after_attempt(state.path(), "77", 0, &step, 3, false, None, &f, &mut w),
             Next::Exit(1)
         );
         assert!(!f.calls().iter().any(|c| c.starts_with("requeue")));
@@ -666,7 +686,17 @@ mod tests {
             );
             let mut w = Writer::open(&dir, "batch.jsonl", attempt, None, None);
             let step = step_end(&v, 137);
-            after_attempt(state.path(), "77", attempt, &step, 3, None, &f, &mut w);
+            after_attempt(
+                state.path(),
+                "77",
+                attempt,
+                &step,
+                3,
+                false,
+                None,
+                &f,
+                &mut w,
+            );
         }
         assert_eq!(
             f.calls()
@@ -694,7 +724,7 @@ mod tests {
         let v = verdict(Class::Infrastructure, "x");
         let f = fake(false);
         let step = step_end(&v, 1);
-        after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
+        after_attempt(state.path(), "77", 0, &step, 3, false, None, &f, &mut w);
         let recs = journal::read_job(&dir).unwrap().records;
         let end = recs.iter().find(|r| r.kind == "job_end").unwrap();
         assert!(end.str("reason").unwrap().contains("--requeue"));
@@ -718,7 +748,7 @@ mod tests {
                 pre_timeout,
                 agents: &[],
             };
-            after_attempt(state.path(), "77", 0, &step, 3, None, &f, &mut w);
+            after_attempt(state.path(), "77", 0, &step, 3, false, None, &f, &mut w);
             assert_eq!(
                 f.calls().iter().any(|c| c.starts_with("requeue")),
                 requeued,
@@ -1000,6 +1030,7 @@ mod tests {
             0,
             &step,
             3,
+            false,
             Some(four_nodes(&[])),
             &f,
             &mut w,

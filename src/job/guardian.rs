@@ -509,6 +509,7 @@ fn decide(
         h.attempt,
         &step,
         d.cfg.max_restarts,
+        d.cfg.observe,
         alloc,
         d.slurm,
         journal,

@@ -276,13 +276,9 @@ impl Local {
         }
         let bind =
             crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
-        let view = JobView::new(
-            &self.job,
-            self.n,
-            0,
-            cfg.coordinator.policy.clone(),
-            Instant::now(),
-        );
+        let mut policy = cfg.coordinator.policy.clone();
+        policy.observe = cfg.observe;
+        let view = JobView::new(&self.job, self.n, 0, policy, Instant::now());
         let w = self.writer("coordinator.jsonl");
         let dir = self.journal_ok.then_some(self.job_dir.as_path());
         match Coordinator::start(view, bind, w, dir) {
@@ -430,6 +426,18 @@ impl Local {
     /// its own meanwhile).
     fn tear_down(&self, run: &mut Run, a: &mut Attempt, now: Instant) {
         a.teardown_sent = true;
+        if self.cfg.observe {
+            if let Some(note) = &a.failure_note {
+                run.log.write(
+                    ev::Observed {
+                        would: Some("stop every rank of the attempt".into()),
+                        reason: Some(note.clone()),
+                    },
+                    true,
+                );
+            }
+            return;
+        }
         if !self.single {
             a.forward(Signal::SIGTERM);
             a.kill_at = Some(now + self.cfg.kill_grace + Duration::from_secs(5));
@@ -563,6 +571,20 @@ impl Local {
         let code = exit_code(decided.as_ref(), &a.ranks, worst);
         let class = decided.as_ref().map(|d| d.outcome.class);
         match decided.map(|d| d.action) {
+            Some(Action::RestartInPlace { reason }) if self.cfg.observe => {
+                let would = crate::job::act::describe(&Action::RestartInPlace {
+                    reason: reason.clone(),
+                });
+                tracing::warn!("observe mode: would {would}; nothing done");
+                run.log.write(
+                    ev::Observed {
+                        would: Some(would),
+                        reason: Some(reason),
+                    },
+                    true,
+                );
+                Some((code, "observe mode: not restarted".into()))
+            }
             Some(Action::RestartInPlace { reason }) => {
                 self.restart_in_place(run, &reason, teardown_s);
                 None

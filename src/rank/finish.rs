@@ -276,6 +276,7 @@ impl Agent<'_> {
             r.id.attempt,
             &step,
             r.cfg.max_restarts,
+            r.cfg.observe,
             alloc,
             self.slurm_cli,
             &mut r.journal,

@@ -90,6 +90,9 @@ pub struct Settings {
     pub checkpoint_wait: Duration,
     /// How often the loop wakes while monitoring (journal, report).
     pub progress_every: Duration,
+    /// Observe mode: a stop is journaled as what would have been done,
+    /// and the rank goes on being watched.
+    pub observe: bool,
 }
 
 /// The signals the agent handles.
@@ -183,6 +186,11 @@ pub enum Action {
     /// The trainer was found stopped at its limit (Ctrl-Z, SIGSTOP): its
     /// clock restarts, and goes on restarting while it stays stopped.
     TrainerStopped,
+    /// Observe mode: what would have been done, and why.
+    Observed {
+        would: String,
+        reason: String,
+    },
     /// Found working without a word at its step limit: busy and silent.
     BusySilent {
         cpu_s: f64,
@@ -335,6 +343,19 @@ impl Lifecycle {
     }
 
     fn stop_stalled(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self.s.observe {
+            // Watched on: the clock restarts, a later stall is judged again.
+            out.push(Action::Observed {
+                would: format!(
+                    "stop this rank (stalled): SIGTERM, then SIGKILL after {}",
+                    crate::duration::format(self.s.stall_grace)
+                ),
+                reason: self.stall_reason(),
+            });
+            self.state = State::Monitoring;
+            self.policy.on_resume(now);
+            return;
+        }
         out.push(Action::StopStalled {
             grace: self.s.stall_grace,
         });
@@ -449,6 +470,12 @@ impl Lifecycle {
         if !self.monitoring() {
             return Vec::new();
         }
+        if self.s.observe {
+            return vec![Action::Observed {
+                would: "stop this rank (numerical): SIGTERM".into(),
+                reason: detail,
+            }];
+        }
         self.state = State::Stopping(StopReason::Numerical(detail.clone()));
         if self.kill_at.is_none() {
             self.grace_used = self.s.grace;
@@ -524,7 +551,9 @@ impl Lifecycle {
             Some(StallStep::Diagnosing { stop_asked: true })
         );
         if self.main_exit.is_none() {
-            if self.s.linked && !self.coordinator_down && !stop_asked {
+            // Observe mode stops nothing, so waits for no judgment: the
+            // stop that would have been is journaled now.
+            if self.s.linked && !self.coordinator_down && !stop_asked && !self.s.observe {
                 let wait = self.s.judgment_wait;
                 if let Some(step) = self.stall_step() {
                     *step = StallStep::AwaitingJudgment { until: now + wait };
@@ -624,6 +653,19 @@ impl Lifecycle {
             Vec::new()
         } else {
             vec![Action::TrainerStopped]
+        }
+    }
+
+    /// The stall under way, in words (observe mode's record).
+    fn stall_reason(&self) -> String {
+        match &self.state {
+            State::Stalled { stall, .. } => format!(
+                "{} (limit {}, last step {})",
+                stall.kind.name(),
+                crate::duration::format(stall.timeout),
+                stall.last_step.map_or("-".to_string(), |s| s.to_string())
+            ),
+            _ => "stalled".into(),
         }
     }
 

@@ -25,6 +25,7 @@ fn settings() -> Settings {
         checkpoint_signal: Some(Signal::SIGUSR2),
         checkpoint_wait: CK_WAIT,
         progress_every: Duration::from_secs(1),
+        observe: false,
     }
 }
 
@@ -782,4 +783,25 @@ fn a_late_wake_while_monitoring_restarts_the_clock() {
     // A little late is not a suspension.
     let wake = m.plan(now).wake;
     assert!(tick(&mut m, wake + secs(1)).is_empty());
+}
+
+#[test]
+fn observing_a_stalled_rank_is_journaled_as_a_stop_that_would_have_been_and_watched_on() {
+    let (mut m, at) = stalled(Settings {
+        observe: true,
+        ..settings()
+    });
+    let out = m.on_diagnostics_done(at);
+    assert!(
+        matches!(&out[..], [Action::Observed { would, reason }]
+            if would.starts_with("stop this rank (stalled)") && reason.contains("step")),
+        "{out:?}"
+    );
+    assert!(m.monitoring(), "watched on, never stopped");
+    // The clock restarted: no stall again at once.
+    assert!(tick(&mut m, at + secs(1)).is_empty());
+    // A numerical failure is observed too.
+    let out = m.on_numerical("loss nan".into(), at + secs(2));
+    assert!(matches!(&out[..], [Action::Observed { .. }]), "{out:?}");
+    assert!(m.monitoring());
 }

@@ -249,6 +249,14 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
+        Action::Observed { would, reason } => (
+            ev::Observed {
+                would: Some(would.clone()),
+                reason: Some(reason.clone()),
+            }
+            .into(),
+            true,
+        ),
         Action::BusySilent {
             cpu_s,
             window_s,

@@ -134,6 +134,7 @@ fn settings(r: &Rank) -> Settings {
         checkpoint_signal: cfg.checkpoint_signal,
         checkpoint_wait: cfg.checkpoint_wait,
         progress_every: every,
+        observe: cfg.observe,
     }
 }
 
@@ -714,6 +715,14 @@ impl<'a> Agent<'a> {
             | Action::CoordinatorBack { .. }
             | Action::Resumed { .. }
             | Action::TrainerStopped => {}
+            Action::Observed { would, .. } => {
+                tracing::warn!(
+                    "observe mode: would {would}; nothing done, rank {} watched on",
+                    self.r.id.rank
+                );
+                self.r.outbox.update(|r| r.state = RankState::Running);
+                self.r.outbox.urgent.notify_one();
+            }
             Action::BusySilent { .. } => {
                 tracing::warn!(
                     "rank {} on {}: no progress for the step limit, but working (its CPU time moves, it waits on no peer): busy and silent, judged by the evaluation limit ({}) from now",

@@ -228,13 +228,10 @@ fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
     } else {
         id.world_size
     };
-    let mut view = crate::coordinator::state::JobView::new(
-        &id.job,
-        world,
-        id.attempt,
-        cfg.coordinator.policy.clone(),
-        Instant::now(),
-    );
+    let mut policy = cfg.coordinator.policy.clone();
+    policy.observe = cfg.observe;
+    let mut view =
+        crate::coordinator::state::JobView::new(&id.job, world, id.attempt, policy, Instant::now());
     // Stragglers flagged before this attempt: confirmation across restarts.
     if b.batch_level {
         view.seed_from_journal(&b.earlier);

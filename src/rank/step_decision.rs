@@ -175,6 +175,7 @@ impl Agent<'_> {
             attempt,
             &step,
             r.cfg.max_restarts,
+            r.cfg.observe,
             None,
             self.slurm_cli,
             &mut w,

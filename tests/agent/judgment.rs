@@ -117,3 +117,76 @@ fn a_rank_asleep_past_its_limit_is_hung() {
     assert!(kinds(&recs, "busy_silent").is_empty());
     assert_eq!(kinds(&recs, "stall").len(), 1);
 }
+
+/// Observe mode: the same 8 s asleep past a 2 s limit is journaled as the
+/// stop that would have been, and the run goes on to complete; the report
+/// says what would have been done.
+#[test]
+fn observe_mode_journals_the_stop_it_would_have_made_and_lets_the_run_complete() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, SILENT_AFTER_20).unwrap();
+    let mut c = resilio_run(tmp.path(), "obs");
+    c.args(["--observe", "--stall-floor", "2s", "--max-restarts", "2"])
+        .args(["--", "python3"])
+        .arg(&script)
+        .arg("sleep");
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "obs");
+    assert!(!kinds(&recs, "stall").is_empty(), "detected as usual");
+    let observed: Vec<&str> = kinds(&recs, "observed")
+        .iter()
+        .filter_map(|r| r.str("would"))
+        .collect();
+    assert!(
+        observed
+            .iter()
+            .any(|w| w.starts_with("stop this rank (stalled)")),
+        "{observed:?}"
+    );
+    assert!(kinds(&recs, "stop").is_empty(), "nothing stopped");
+    assert!(kinds(&recs, "restart").is_empty(), "nothing restarted");
+    assert!(stderr_of(&out).contains("observe mode: would stop this rank"));
+    let r = std::process::Command::new(bin())
+        .args(["report", "obs", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&r.stdout);
+    assert!(
+        text.contains("observe mode: what resilio would have done")
+            && text.contains("would stop this rank"),
+        "{text}"
+    );
+}
+
+/// Observe mode, a rank that fails on its own: the restart it would have
+/// made is journaled, none is made, and its exit status comes through.
+#[test]
+fn observe_mode_journals_the_restart_it_would_have_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(
+        &script,
+        "import sys, time\nfor i in range(1, 6):\n    print(f'step {i}', flush=True)\n    time.sleep(0.1)\nsys.exit(3)\n",
+    )
+    .unwrap();
+    let mut c = resilio_run(tmp.path(), "obs2");
+    c.args(["--observe", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "obs2");
+    assert_eq!(kinds(&recs, "rank_start").len(), 1, "run once");
+    let observed: Vec<&str> = kinds(&recs, "observed")
+        .iter()
+        .filter_map(|r| r.str("would"))
+        .collect();
+    assert!(
+        observed
+            .iter()
+            .any(|w| w.starts_with("restart every rank in place")),
+        "{observed:?}"
+    );
+}

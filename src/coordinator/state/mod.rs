@@ -44,6 +44,9 @@ pub struct CoordinatorConfig {
     pub lost_after: Duration,
     /// The job's step time against its own baseline (`[slowdown]`).
     pub slowdown: crate::policy::slowdown::SlowdownConfig,
+    /// Observe mode: a failed attempt is journaled as what would have been
+    /// done (`observed`), and no rank is stopped.
+    pub observe: bool,
 }
 
 impl Default for CoordinatorConfig {
@@ -58,6 +61,7 @@ impl Default for CoordinatorConfig {
             checkpoint_every: None,
             checkpoint_advised: false,
             lost_after: Duration::from_secs(30),
+            observe: false,
             slowdown: Default::default(),
         }
     }
@@ -424,6 +428,18 @@ impl JobView {
             judged: true,
         });
         self.failed_at = Some(now);
+        if self.cfg.observe {
+            out.push(journal(
+                ev::Observed {
+                    would: Some(format!(
+                        "stop every rank of the attempt (rank {rank} on {node} first)"
+                    )),
+                    reason: Some(reason),
+                },
+                true,
+            ));
+            return;
+        }
         out.push(journal(
             ev::Teardown {
                 reason: Some(reason.clone()),
