@@ -75,6 +75,9 @@ pub(crate) struct Agent<'a> {
     pub(super) stall_probe: Option<Probe>,
     /// A look at whether the trainer is working, under way at its limit.
     pub(super) busy_look: Option<BusyLook>,
+    /// When the job last progressed, as the coordinator said (another rank
+    /// stepping, or in a long phase: an evaluation, busy and silent).
+    pub(super) job_progress_at: Option<Instant>,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -163,6 +166,7 @@ impl<'a> Agent<'a> {
             probe_tx,
             stall_probe: None,
             busy_look: None,
+            job_progress_at: None,
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -276,14 +280,25 @@ impl<'a> Agent<'a> {
                     return Vec::new();
                 }
                 self.busy_look = None;
+                let p = diagnostics::probe(&self.skip());
+                if p.waiting_on_peer == Some(true) {
+                    // Waiting on a peer while the job progressed since this
+                    // rank last did (a peer stepping, or in a long phase:
+                    // an evaluation, busy and silent): it waits for them,
+                    // no stall of its own; they are judged by their limits.
+                    if self.job_progress_at.is_some_and(|t| t > anchor) {
+                        tracing::info!(
+                            "rank {}: at its limit, waiting on a peer while the job progresses: watched on",
+                            self.r.id.rank
+                        );
+                        self.lc.policy.on_resume(now);
+                    }
+                    return Vec::new();
+                }
                 let ticks = process::tree_cpu_ticks(std::process::id() as i32);
                 let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
                 if cpu_s < BUSY_SHARE * window_s {
-                    return Vec::new();
-                }
-                let p = diagnostics::probe(&self.skip());
-                if p.waiting_on_peer == Some(true) {
                     return Vec::new();
                 }
                 self.lc
@@ -517,6 +532,7 @@ impl<'a> Agent<'a> {
             }
             Note::Command(_) => Vec::new(),
             Note::JobProgress { at } => {
+                self.job_progress_at = self.job_progress_at.max(Some(at));
                 let own = self.plog.tracker.alive_count() != 0;
                 self.lc.on_job_progress(at, own)
             }
