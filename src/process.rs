@@ -293,11 +293,12 @@ pub fn read_stat(pid: i32) -> Option<ProcInfo> {
     })
 }
 
-/// The CPU time (user and system, in clock ticks) of `root`'s descendants,
-/// all their threads: what the trainer's tree has worked so far.
+/// The CPU time (user and system, in clock ticks) of `root` and its
+/// descendants, all their threads: what the trainer's tree has worked.
 pub fn tree_cpu_ticks(root: i32) -> u64 {
-    descendants(root)
-        .iter()
+    read_stat(root)
+        .into_iter()
+        .chain(descendants(root))
         .filter_map(|p| {
             let text = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok()?;
             let rest = &text[text.rfind(')')? + 1..];

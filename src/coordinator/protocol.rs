@@ -85,6 +85,9 @@ pub struct Report {
     /// NCCL spinning on a GPU is too).
     #[serde(default)]
     pub not_waiting_shown: bool,
+    /// Its trainer's CPU time moved while it was probed (it works).
+    #[serde(default)]
+    pub busy: bool,
     pub probe: Option<String>,
     /// A probe was taken in this attempt and its result is in this report
     /// (even when it could not tell: `waiting_on_peer` is then `None`).
@@ -118,6 +121,9 @@ pub enum CommandKind {
     Stop { reason: String },
     /// Probe the trainer's threads now and report (a peer stalled).
     Diagnose { reason: String },
+    /// Not hung after all: a peer is working without a word (busy and
+    /// silent); a stalled rank goes back to being watched.
+    CarryOn { reason: String },
 }
 
 /// A command with its sequence number; `ranks` empty means every rank.

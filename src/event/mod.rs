@@ -269,6 +269,12 @@ events! {
         probe: String,
     }
 
+    /// A rank's stall withdrawn: the coordinator found a peer working
+    /// without a word (busy and silent); watched on, clock restarted.
+    StallWithdrawn = "stall_withdrawn" {
+        reason: String,
+    }
+
     /// Observe mode: what resilio would have done, and why; nothing was
     /// done.
     Observed = "observed" {

@@ -278,6 +278,7 @@ impl Local {
             crate::coordinator::bind_address(&cfg.coordinator.bind, false).map_err(Error::Usage)?;
         let mut policy = cfg.coordinator.policy.clone();
         policy.observe = cfg.observe;
+        policy.busy_limit = cfg.stall.eval_timeout;
         let view = JobView::new(&self.job, self.n, 0, policy, Instant::now());
         let w = self.writer("coordinator.jsonl");
         let dir = self.journal_ok.then_some(self.job_dir.as_path());

@@ -30,6 +30,10 @@
 //!    the output can tell; the system call cannot.
 //! 4. *Undetermined*: nobody is blamed; the reason says what evidence was
 //!    missing.
+//!
+//! Before all of them, *busy*: a rank not stalled, waiting on no peer, whose
+//! trainer's CPU time moved over its probe works without a word (an
+//! evaluation nobody announced): nobody is hung, the others wait for it.
 
 use serde::Serialize;
 
@@ -54,6 +58,9 @@ pub struct RankView {
     pub not_waiting_shown: bool,
     /// Reports no progress of its own (alive on the job's progress).
     pub silent: bool,
+    /// Its trainer's CPU time moved over its probe, waiting on no peer:
+    /// it works (an evaluation nobody announced), the others wait for it.
+    pub busy: bool,
 }
 
 /// The judgment.
@@ -74,8 +81,20 @@ pub struct HangVerdict {
 /// coordinator never heard from them).
 pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
     let stalled_ranks: Vec<u32> = ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect();
+    let working: Vec<&RankView> = ranks
+        .iter()
+        .filter(|r| r.busy && !r.stalled && !r.exited && r.waiting_on_peer != Some(true))
+        .collect();
     let (rule, blamed, reason) = if ranks.is_empty() {
         ("undetermined", vec![], "no ranks reported".to_string())
+    } else if !working.is_empty() {
+        // Evidence before a kill: a rank that works without a word while
+        // the others wait is busy and silent, not hung.
+        let reason = format!(
+            "rank(s) {} are working without a word (their CPU time moves, they wait on no peer): busy and silent, the others wait for them; nobody is hung",
+            list(&working)
+        );
+        ("busy", vec![], reason)
     } else if let [only] = ranks {
         alone(only, unseen)
     } else {
@@ -276,6 +295,7 @@ mod tests {
             waiting_on_peer: waiting,
             not_waiting_shown: waiting == Some(false),
             silent: false,
+            busy: false,
         }
     }
 
@@ -319,6 +339,25 @@ mod tests {
             "{}",
             v.reason
         );
+    }
+
+    #[test]
+    fn a_rank_working_without_a_word_while_the_others_wait_is_busy_not_hung() {
+        // Rank 1 (silent) computes an evaluation nobody announced; rank 0
+        // waits for it in a collective and reached its limit.
+        let mut working = view(1, None, 0.0, Some(false));
+        (working.silent, working.stalled, working.busy) = (true, false, true);
+        let v = judge(
+            &[view(0, Some(30), 10.0, Some(true)), working.clone()],
+            0.5,
+            0,
+        );
+        assert_eq!(v.rule, "busy");
+        assert!(v.blamed_ranks.is_empty(), "{}", v.reason);
+        // Not working (asleep in its own code): the usual evidence.
+        working.busy = false;
+        let v = judge(&[view(0, Some(30), 10.0, Some(true)), working], 0.5, 0);
+        assert_eq!((v.rule, v.blamed_ranks), ("not_waiting", vec![1]));
     }
 
     #[test]

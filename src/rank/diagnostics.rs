@@ -128,7 +128,7 @@ pub fn gather(
 /// test trainers) blocks on a socket; a rank hung in its own code does not.
 /// Ranks spinning in NCCL look "running" on every rank: the probe cannot tell
 /// them apart there, and says so by answering "not waiting" for all.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
     /// `Some(true)`: some process of the rank waits on a socket.
     /// `Some(false)`: none does, and at least one is busy or blocked elsewhere.
@@ -145,6 +145,18 @@ pub struct Probe {
     /// not shown: NCCL spins there too.
     #[serde(default)]
     pub not_waiting_shown: bool,
+    /// The trainer's CPU time over the probe (a second or more): seconds
+    /// worked and seconds watched. Taken for the coordinator's probes.
+    #[serde(default)]
+    pub cpu: Option<(f64, f64)>,
+}
+
+impl Probe {
+    /// Working: at least `share` of a core over the probe.
+    pub fn busy(&self, share: f64) -> bool {
+        self.cpu
+            .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]

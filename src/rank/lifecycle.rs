@@ -186,6 +186,10 @@ pub enum Action {
     /// The trainer was found stopped at its limit (Ctrl-Z, SIGSTOP): its
     /// clock restarts, and goes on restarting while it stays stopped.
     TrainerStopped,
+    /// The stall is withdrawn: a peer works without a word (the coordinator).
+    CarryOn {
+        reason: String,
+    },
     /// Observe mode: what would have been done, and why.
     Observed {
         would: String,
@@ -268,6 +272,8 @@ pub struct Lifecycle {
     planned: Option<(Instant, bool)>,
     /// The trainer was found stopped, and not yet running again.
     trainer_was_stopped: bool,
+    /// The coordinator said to carry on while diagnostics were taken.
+    carry_on: Option<String>,
 }
 
 impl Lifecycle {
@@ -290,6 +296,7 @@ impl Lifecycle {
             next_done_check: now,
             planned: None,
             trainer_was_stopped: false,
+            carry_on: None,
         }
     }
 
@@ -523,6 +530,17 @@ impl Lifecycle {
                     _ => {}
                 }
             }
+            CommandKind::CarryOn { reason } => {
+                let step = self.stall_step().map(|s| *s);
+                match step {
+                    // Told while its diagnostics are still taken: once done.
+                    Some(StallStep::Diagnosing { .. }) => self.carry_on = Some(reason),
+                    Some(StallStep::AwaitingJudgment { .. }) if self.main_exit.is_none() => {
+                        out.extend(self.carry_on_now(reason, now))
+                    }
+                    _ => {}
+                }
+            }
             CommandKind::Diagnose { reason } => {
                 if self.main_exit.is_none() {
                     out.push(Action::Probe { reason });
@@ -550,6 +568,9 @@ impl Lifecycle {
             self.stall_step(),
             Some(StallStep::Diagnosing { stop_asked: true })
         );
+        if let Some(reason) = self.carry_on.take().filter(|_| self.main_exit.is_none()) {
+            return self.carry_on_now(reason, now);
+        }
         if self.main_exit.is_none() {
             // Observe mode stops nothing, so waits for no judgment: the
             // stop that would have been is journaled now.
@@ -654,6 +675,14 @@ impl Lifecycle {
         } else {
             vec![Action::TrainerStopped]
         }
+    }
+
+    /// The coordinator found a peer working without a word: the stall is
+    /// withdrawn, the rank watched on with its clock restarted.
+    fn carry_on_now(&mut self, reason: String, now: Instant) -> Vec<Action> {
+        self.state = State::Monitoring;
+        self.policy.on_resume(now);
+        vec![Action::CarryOn { reason }]
     }
 
     /// The stall under way, in words (observe mode's record).

@@ -249,6 +249,13 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
+        Action::CarryOn { reason } => (
+            ev::StallWithdrawn {
+                reason: Some(reason.clone()),
+            }
+            .into(),
+            true,
+        ),
         Action::Observed { would, reason } => (
             ev::Observed {
                 would: Some(would.clone()),

@@ -295,7 +295,7 @@ impl<'a> Agent<'a> {
                     }
                     return Vec::new();
                 }
-                let ticks = process::tree_cpu_ticks(std::process::id() as i32);
+                let ticks = process::tree_cpu_ticks(self.r.pid.as_raw());
                 let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
                 if cpu_s < BUSY_SHARE * window_s {
@@ -308,7 +308,7 @@ impl<'a> Agent<'a> {
                 self.busy_look = Some(BusyLook {
                     anchor,
                     t0: now,
-                    cpu0: process::tree_cpu_ticks(std::process::id() as i32),
+                    cpu0: process::tree_cpu_ticks(self.r.pid.as_raw()),
                 });
                 self.lc.policy.hold_until(now + BUSY_WINDOW);
                 Vec::new()
@@ -544,6 +544,7 @@ impl<'a> Agent<'a> {
         self.r.outbox.update(|r| {
             r.waiting_on_peer = p.waiting_on_peer;
             r.not_waiting_shown = p.not_waiting_shown;
+            r.busy = p.busy(BUSY_SHARE) && p.waiting_on_peer != Some(true);
             r.probe = Some(p.evidence.join("; "));
             r.probed = true;
         });
@@ -731,6 +732,14 @@ impl<'a> Agent<'a> {
             | Action::CoordinatorBack { .. }
             | Action::Resumed { .. }
             | Action::TrainerStopped => {}
+            Action::CarryOn { reason } => {
+                tracing::warn!(
+                    "rank {}: stall withdrawn: {reason}; watched on",
+                    self.r.id.rank
+                );
+                self.r.outbox.update(|r| r.state = RankState::Running);
+                self.r.outbox.urgent.notify_one();
+            }
             Action::Observed { would, .. } => {
                 tracing::warn!(
                     "observe mode: would {would}; nothing done, rank {} watched on",
@@ -877,10 +886,21 @@ impl<'a> Agent<'a> {
             self.probe_tx.clone(),
             self.scratch.clone(),
         );
+        let trainer = self.r.pid.as_raw();
         let spawned = std::thread::Builder::new()
             .name("probe".into())
             .spawn(move || {
+                // The trainer's CPU time over the probe (a second at least):
+                // a rank not waiting that works is busy, not hung.
+                let (t0, cpu0) = (Instant::now(), process::tree_cpu_ticks(trainer));
                 let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
+                if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
+                    std::thread::sleep(rest);
+                }
+                let cpu = process::tree_cpu_ticks(trainer).saturating_sub(cpu0) as f64
+                    / process::clock_ticks();
+                let mut p = p;
+                p.cpu = Some((cpu, t0.elapsed().as_secs_f64()));
                 let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
                 let p = diagnostics::with_output(p, &lines);
                 let _ = ptx.send((reason, p, dumps));

@@ -230,6 +230,7 @@ fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
     };
     let mut policy = cfg.coordinator.policy.clone();
     policy.observe = cfg.observe;
+    policy.busy_limit = cfg.stall.eval_timeout;
     let mut view =
         crate::coordinator::state::JobView::new(&id.job, world, id.attempt, policy, Instant::now());
     // Stragglers flagged before this attempt: confirmation across restarts.

@@ -190,3 +190,89 @@ fn observe_mode_journals_the_restart_it_would_have_made() {
         "{observed:?}"
     );
 }
+
+/// Two ranks that wait for each other at every step over TCP (as in a
+/// collective); rank 0 prints the steps, rank 1 is silent. After step 20
+/// rank 1 works 8 s without a word (`busy`) or sleeps (`sleep`) while rank 0
+/// waits for it.
+const PEER_SILENT_AFTER_20: &str = r#"
+import os, socket, sys, time
+how = sys.argv[1]
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if rank == 0:
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, port)); l.listen(1); peer, _ = l.accept()
+else:
+    for _ in range(300):
+        try:
+            peer = socket.create_connection((addr, port)); break
+        except OSError:
+            time.sleep(0.1)
+for i in range(1, 41):
+    time.sleep(0.1)
+    if rank == 1 and i == 21:
+        t = time.time()
+        if how == "busy":
+            x = 0
+            while time.time() - t < 8:
+                x += 1
+        else:
+            time.sleep(8)
+    peer.sendall(b"x")
+    if not peer.recv(1):
+        sys.exit(1)
+    if rank == 0:
+        print(f"step {i}", flush=True)
+"#;
+
+fn peer_silent_after_20(how: &str) -> (std::process::Output, Vec<resilio::journal::Record>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, PEER_SILENT_AFTER_20).unwrap();
+    let job = format!("peer-{how}");
+    let mut c = resilio_run(tmp.path(), &job);
+    c.args([
+        "--ntasks",
+        "2",
+        "--stall-floor",
+        "2s",
+        "--max-restarts",
+        "0",
+    ])
+    .args(["--kill-grace", "2s", "--", "python3"])
+    .arg(&script)
+    .arg(how);
+    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    let recs = records(tmp.path(), &job);
+    (out, recs)
+}
+
+/// Evidence before a kill, across ranks: rank 0 waits at its limit for rank
+/// 1, which works without a word; the coordinator's probe finds rank 1's
+/// CPU time moving: busy and silent, nobody hung, rank 0's stall withdrawn.
+#[test]
+fn a_peer_working_without_a_word_is_waited_for_not_blamed() {
+    let (out, recs) = peer_silent_after_20("busy");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let verdicts: Vec<String> = kinds(&recs, "hang")
+        .iter()
+        .filter_map(|h| h.get("verdict").map(|v| v["rule"].to_string()))
+        .collect();
+    assert!(
+        !verdicts.is_empty() && verdicts.iter().all(|r| r == "\"busy\""),
+        "{verdicts:?}"
+    );
+    assert!(!kinds(&recs, "stall_withdrawn").is_empty());
+    assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
+}
+
+/// The same wait for a peer asleep in its own code: rank 1 blamed.
+#[test]
+fn a_peer_asleep_while_the_others_wait_is_blamed() {
+    let (out, recs) = peer_silent_after_20("sleep");
+    assert_ne!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let h = one(&recs, "hang");
+    let v = h.get("verdict").unwrap();
+    assert_eq!(v["blamed_ranks"], serde_json::json!([1]), "{v}");
+}

@@ -32,6 +32,7 @@ impl JobView {
                 waiting_on_peer: e.report.waiting_on_peer,
                 not_waiting_shown: e.report.not_waiting_shown,
                 silent: e.report.silent,
+                busy: e.report.busy,
             })
             .collect();
         let intervals: Vec<f64> = self
@@ -71,6 +72,26 @@ impl JobView {
             },
             true,
         ));
+        if v.rule == "busy" {
+            let since = *self.busy_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < self.cfg.busy_limit {
+                // Nobody is hung: the stalled ranks wait for a working one.
+                // They carry on, watched; the next stall is judged afresh
+                // (until the busy ranks have worked an evaluation's limit).
+                let stalled: Vec<u32> =
+                    views.iter().filter(|w| w.stalled).map(|w| w.rank).collect();
+                self.failing = None;
+                if !stalled.is_empty() {
+                    self.push(
+                        stalled,
+                        CommandKind::CarryOn {
+                            reason: v.reason.clone(),
+                        },
+                    );
+                }
+                return;
+            }
+        }
         let (rank, node) = match v.blamed_ranks.first() {
             Some(r) => (
                 *r,

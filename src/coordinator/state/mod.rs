@@ -47,6 +47,9 @@ pub struct CoordinatorConfig {
     /// Observe mode: a failed attempt is journaled as what would have been
     /// done (`observed`), and no rank is stopped.
     pub observe: bool,
+    /// How long ranks found busy and silent keep the others' stalls from
+    /// being a hang (the evaluation limit, `[stall] eval_timeout`).
+    pub busy_limit: Duration,
 }
 
 impl Default for CoordinatorConfig {
@@ -62,6 +65,7 @@ impl Default for CoordinatorConfig {
             checkpoint_advised: false,
             lost_after: Duration::from_secs(30),
             observe: false,
+            busy_limit: Duration::from_secs(30 * 60),
             slowdown: Default::default(),
         }
     }
@@ -140,6 +144,8 @@ pub struct JobView {
     periodic_every: Option<Duration>,
     failing: Option<Failing>,
     failed_at: Option<Instant>,
+    /// When a rank was first found busy and silent while others stalled.
+    busy_since: Option<Instant>,
     relaunch_measured: bool,
     /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
     excluding: Option<(String, String)>,
@@ -190,6 +196,7 @@ impl JobView {
             periodic_every: cfg.checkpoint_every,
             failing: None,
             failed_at: None,
+            busy_since: None,
             relaunch_measured: true,
             excluding: None,
             restarts: 0,
