@@ -33,7 +33,9 @@
 //!
 //! Before all of them, *busy*: a rank not stalled, waiting on no peer, whose
 //! trainer's CPU time moved over its probe works without a word (an
-//! evaluation nobody announced): nobody is hung, the others wait for it.
+//! evaluation nobody announced) while others are shown waiting on a peer:
+//! nobody is hung, the others wait for it. (Where nobody is shown waiting,
+//! as on GPUs where NCCL spins and every rank burns CPU, it does not apply.)
 
 use serde::Serialize;
 
@@ -87,7 +89,7 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         .collect();
     let (rule, blamed, reason) = if ranks.is_empty() {
         ("undetermined", vec![], "no ranks reported".to_string())
-    } else if !working.is_empty() {
+    } else if !working.is_empty() && ranks.iter().any(|r| r.waiting_on_peer == Some(true)) {
         // Evidence before a kill: a rank that works without a word while
         // the others wait is busy and silent, not hung.
         let reason = format!(
@@ -354,6 +356,14 @@ mod tests {
         );
         assert_eq!(v.rule, "busy");
         assert!(v.blamed_ranks.is_empty(), "{}", v.reason);
+        // Nobody shown waiting (NCCL spinning: every rank burns CPU): no
+        // busy verdict.
+        let v = judge(
+            &[view(0, Some(30), 10.0, Some(false)), working.clone()],
+            0.5,
+            0,
+        );
+        assert_ne!(v.rule, "busy");
         // Not working (asleep in its own code): the usual evidence.
         working.busy = false;
         let v = judge(&[view(0, Some(30), 10.0, Some(true)), working], 0.5, 0);
