@@ -25,6 +25,11 @@ pub struct Failure {
     pub cause: String,
     pub exit_code: Option<i64>,
     pub detail: Option<String>,
+    /// Its place in the attempt's judgment: `primary` (the rank judged the
+    /// cause), `echo` (a rank that failed because of it: stalled waiting
+    /// for it, stopped with it), absent when no judgment names a rank.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
 }
 
 /// One rank's exit.
@@ -538,6 +543,18 @@ fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
 /// The failures, as listed in the report (a verdict written later counts
 /// for the attempt it is about).
 fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
+    // Each attempt's judged primary rank, where the judgment names one.
+    let primary: Vec<(u32, u32)> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Judgment(j) => Some((r.attempt, j.primary_rank?)),
+            _ => None,
+        })
+        .collect();
+    let role = |attempt: u32, rank: Option<u32>| -> Option<&'static str> {
+        let (_, p) = primary.iter().find(|(a, _)| *a == attempt)?;
+        Some(if rank == Some(*p) { "primary" } else { "echo" })
+    };
     events
         .iter()
         .filter_map(|(r, e)| match e {
@@ -551,6 +568,7 @@ fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
                 cause: f.cause.clone().unwrap_or_else(|| "unknown".into()),
                 exit_code: f.exit_code.map(i64::from),
                 detail: f.detail.clone(),
+                role: role(f.about_attempt.unwrap_or(r.attempt), r.rank),
             }),
             _ => None,
         })
@@ -984,11 +1002,24 @@ pub fn render_text(r: &Report) -> String {
         );
     }
     if !r.failures.is_empty() {
-        let _ = writeln!(s, "\nfailures:");
+        let _ = writeln!(
+            s,
+            "\nfailures:{}",
+            if r.failures.iter().any(|f| f.role.is_some()) {
+                " (* the rank judged the cause; the others are its echoes)"
+            } else {
+                ""
+            }
+        );
         for f in &r.failures {
             let _ = writeln!(
                 s,
-                "  {} attempt {} rank {} node {}: {} {} ({}){}",
+                "  {}{} attempt {} rank {} node {}: {} {} ({}){}",
+                match f.role {
+                    Some("primary") => "* ",
+                    Some(_) => "  ",
+                    None => "",
+                },
                 f.ts.format("%H:%M:%S%.3f"),
                 f.attempt,
                 f.rank.map_or("-".into(), |v| v.to_string()),
@@ -1110,6 +1141,41 @@ mod tests {
             node: Some("n1".into()),
             data: data.as_object().cloned().unwrap_or_default(),
         }
+    }
+
+    #[test]
+    fn the_failure_list_centres_on_the_rank_the_judgment_names() {
+        let mut waited = rec(
+            10.0,
+            "failure",
+            0,
+            json!({"cause": "stall", "class": "hang"}),
+        );
+        waited.rank = Some(0);
+        let mut hung = rec(
+            10.1,
+            "failure",
+            0,
+            json!({"cause": "stall", "class": "hang"}),
+        );
+        hung.rank = Some(1);
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            waited,
+            hung,
+            rec(
+                11.0,
+                "judgment",
+                0,
+                json!({"class": "hang", "primary_rank": 1}),
+            ),
+        ];
+        let r = build("j", &recs, 0, None);
+        let roles: Vec<_> = r.failures.iter().map(|f| (f.rank, f.role)).collect();
+        assert_eq!(roles, [(Some(0), Some("echo")), (Some(1), Some("primary"))]);
+        let text = render_text(&r);
+        assert!(text.contains("* the rank judged the cause"), "{text}");
+        assert!(text.contains("  * "), "{text}");
     }
 
     #[test]
