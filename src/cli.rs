@@ -232,6 +232,9 @@ struct CheckpointArgs {
     /// Why (journaled with the request)
     #[arg(long, default_value = "operator")]
     reason: String,
+    /// How long to wait for the ranks to confirm (0: do not wait)
+    #[arg(long, value_name = "DUR", default_value = "30s")]
+    wait: String,
 }
 
 #[derive(Args, Debug)]
@@ -779,6 +782,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
             &state_dir_of(&a.common.state_dir)?,
             a.common.job.as_deref(),
             &a.reason,
+            flag_duration("wait", &a.wait)?,
             a.common.json,
         ),
         Command::Demo(a) => crate::demo::run(a.state_dir),

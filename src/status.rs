@@ -175,10 +175,72 @@ pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32
     Ok(0)
 }
 
+/// What the ranks said of a checkpoint request, once settled or waited for.
+fn acknowledged(
+    url: &str,
+    token: &str,
+    id: u64,
+    wait: std::time::Duration,
+) -> Option<crate::coordinator::protocol::CheckpointStatus> {
+    let deadline = std::time::Instant::now() + wait;
+    let mut last = None;
+    loop {
+        let s: Option<Status> = request(
+            reqwest::Method::GET,
+            format!("{url}/v1/status"),
+            token,
+            None,
+        )
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+        if let Some(s) = s {
+            if let Some(c) = s.last_checkpoint.filter(|c| c.id == id) {
+                return Some(c);
+            }
+            if let Some(c) = s.pending_checkpoint.filter(|c| c.id == id) {
+                if c.missing.is_empty() {
+                    return Some(c);
+                }
+                last = Some(c);
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return last;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// What to tell about a checkpoint's acknowledgements, in words.
+fn acknowledgement_words(
+    c: &crate::coordinator::protocol::CheckpointStatus,
+    waited: std::time::Duration,
+) -> String {
+    if c.missing.is_empty() {
+        return format!("every rank confirmed it ({:?})", c.confirmed);
+    }
+    if c.confirmed.is_empty() {
+        return format!(
+            "no rank confirmed it within {}: the trainer does not seem to read checkpoint requests. \
+             resilio asks through $RESILIO_CONTROL and the checkpoint signal ([checkpoint] signal, SIGUSR2 by default); \
+             a trainer reads them with resilio_client.should_checkpoint() (clients/python), by reading $RESILIO_CONTROL, \
+             or by handling the signal, and confirms with `checkpoint_done step=N` on $RESILIO_SOCKET",
+            crate::duration::format(waited)
+        );
+    }
+    format!(
+        "confirmed by ranks {:?}; not within {} by ranks {:?}",
+        c.confirmed,
+        crate::duration::format(waited),
+        c.missing
+    )
+}
+
 pub fn checkpoint_cmd(
     state_dir: &Path,
     job: Option<&str>,
     reason: &str,
+    wait: std::time::Duration,
     json: bool,
 ) -> Result<i32> {
     let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
@@ -192,16 +254,28 @@ pub fn checkpoint_cmd(
     )?;
     let a: CheckpointAnswer = serde_json::from_str(&text)
         .map_err(|e| Error::Coordinator(format!("unreadable answer from {url}: {e}")))?;
+    if !json {
+        println!(
+            "checkpoint #{} requested for job {job}: every rank is asked to save at step {}",
+            a.id, a.step
+        );
+    }
+    let ack = (!wait.is_zero())
+        .then(|| acknowledged(&url, &token, a.id, wait))
+        .flatten();
     if json {
         println!(
             "{}",
-            serde_json::json!({ "job": job, "id": a.id, "step": a.step })
+            serde_json::json!({
+                "job": job,
+                "id": a.id,
+                "step": a.step,
+                "confirmed": ack.as_ref().map(|c| c.confirmed.clone()),
+                "missing": ack.as_ref().map(|c| c.missing.clone()),
+            })
         );
-    } else {
-        println!(
-            "checkpoint #{} requested for job {job}: every rank saves at step {}",
-            a.id, a.step
-        );
+    } else if let Some(c) = &ack {
+        println!("checkpoint #{}: {}", a.id, acknowledgement_words(c, wait));
     }
     Ok(0)
 }

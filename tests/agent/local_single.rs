@@ -236,12 +236,16 @@ fn status_and_checkpoint_work_for_a_single_rank_run() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("job live "));
 
-    let o = ask(&["checkpoint", "live"]);
+    // This trainer never reads a request: said plainly, with how to.
+    let o = ask(&["checkpoint", "live", "--wait", "2s"]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("every rank is asked to save at step"), "{out}");
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("every rank saves at step"),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
+        out.contains(
+            "no rank confirmed it within 2.0s: the trainer does not seem to read checkpoint requests"
+        ) && out.contains("resilio_client.should_checkpoint()"),
+        "{out}"
     );
     assert!(wait_for(Duration::from_secs(10), || {
         kinds(&records(tmp.path(), "live"), "checkpoint_requested")
