@@ -61,6 +61,9 @@ pub(crate) struct ProgressLog {
     pub checkpoint_files: Option<crate::progress::checkpoint_dir::Files>,
     /// Metrics seen since the last record: name, sum, count.
     sums: Vec<(String, f64, u32)>,
+    /// The loss as printed since the last record: the first finite value,
+    /// the last finite one, the lowest (the record's `loss` is their mean).
+    loss_printed: Option<(f64, f64, f64)>,
 }
 
 /// How many distinct unknown phase names are warned about and journaled;
@@ -74,10 +77,19 @@ impl ProgressLog {
     /// between, not only the last.
     fn write(&mut self, journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
         let sums = std::mem::take(&mut self.sums);
+        let printed = self.loss_printed.take();
         let metrics = (!sums.is_empty()).then(|| {
-            sums.into_iter()
+            let mut m: std::collections::BTreeMap<String, serde_json::Value> = sums
+                .into_iter()
                 .map(|(k, sum, n)| (k, serde_json::json!(sum / f64::from(n.max(1)))))
-                .collect()
+                .collect();
+            // The loss as printed, besides the mean: what the report shows.
+            if let Some((first, last, min)) = printed {
+                m.insert("loss_first".into(), serde_json::json!(first));
+                m.insert("loss_last".into(), serde_json::json!(last));
+                m.insert("loss_min".into(), serde_json::json!(min));
+            }
+            m
         });
         let event = ev::Progress {
             step: p.step,
@@ -91,6 +103,11 @@ impl ProgressLog {
     /// Add one observation's metrics to the sums of the next record.
     fn accumulate(&mut self, metrics: &[(String, f64)]) {
         for (k, v) in metrics {
+            if k == "loss" && v.is_finite() {
+                let p = self.loss_printed.get_or_insert((*v, *v, *v));
+                p.1 = *v;
+                p.2 = p.2.min(*v);
+            }
             match self.sums.iter_mut().find(|(n, _, _)| n == k) {
                 Some((_, sum, n)) => {
                     *sum += v;
@@ -145,6 +162,7 @@ impl ProgressLog {
             figures: Vec::new(),
             checkpoint_files: None,
             sums: Vec::new(),
+            loss_printed: None,
             tracker: Tracker::new(),
             unknown_phases: Default::default(),
             unknown_phases_unlisted: 0,
