@@ -254,7 +254,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
     }
     let evidence = if !unknown.is_empty() {
         format!(
-            "the probes could not tell what rank(s) {} were doing (install py-spy for stacks)",
+            "the probes could not tell what rank(s) {} were doing (for stacks: py-spy on PATH and ptrace allowed, kernel.yama.ptrace_scope)",
             list(&unknown)
         )
     } else if waiting == 0 {
@@ -441,7 +441,7 @@ mod tests {
         unknown.waiting_on_peer = None;
         let v = judge(&[view(0, Some(11), 50.0, None), unknown], 0.5, 0);
         assert_eq!(v.rule, "undetermined");
-        assert!(v.reason.contains("install py-spy"), "{}", v.reason);
+        assert!(v.reason.contains("py-spy on PATH and ptrace allowed"), "{}", v.reason);
         assert!(
             v.reason.contains("1 of them report no steps"),
             "{}",

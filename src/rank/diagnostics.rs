@@ -262,8 +262,16 @@ fn gloo_collective(pid: i32) -> Option<String> {
 /// Classify one process: `Some(true)` waiting on a peer, `Some(false)` not,
 /// `None` for a parent waiting for its children or an unreadable one.
 fn probe_process(pid: i32) -> Found {
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")) else {
-        return Found(None, "syscall unreadable".into(), false);
+    let text = match std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/syscall")) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Found(
+                None,
+                "syscall unreadable: ptrace refused (kernel.yama.ptrace_scope, or another user's process)".into(),
+                false,
+            )
+        }
+        Err(_) => return Found(None, "syscall unreadable".into(), false),
     };
     let mut f = text.split_ascii_whitespace();
     let first = f.next().unwrap_or("");
