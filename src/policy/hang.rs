@@ -441,7 +441,11 @@ mod tests {
         unknown.waiting_on_peer = None;
         let v = judge(&[view(0, Some(11), 50.0, None), unknown], 0.5, 0);
         assert_eq!(v.rule, "undetermined");
-        assert!(v.reason.contains("py-spy on PATH and ptrace allowed"), "{}", v.reason);
+        assert!(
+            v.reason.contains("py-spy on PATH and ptrace allowed"),
+            "{}",
+            v.reason
+        );
         assert!(
             v.reason.contains("1 of them report no steps"),
             "{}",

@@ -362,8 +362,13 @@ impl Parser {
                     }
                 }
                 if let Some((_, s)) = step {
+                    // A marker shortly before the step (in the window
+                    // searched: an evaluation banner and the bar's redraw)
+                    // is kept in order; one further back is over already.
                     if phase.is_none() {
-                        phase = self.phase_before(&text[..ls]);
+                        phase = self
+                            .phase_before(&text[start..ls])
+                            .map(|(at, p)| (start + at, p));
                     }
                     return (Some((ls, s)), phase, seen, epoch);
                 }
