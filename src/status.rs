@@ -10,6 +10,14 @@ use std::time::Duration;
 
 fn endpoint(state_dir: &Path, job: &str) -> Result<(String, String)> {
     let dir = journal::job_dir(state_dir, job);
+    // No journal at all is no such job (exit 3), not a job without a
+    // coordinator (exit 5).
+    if !dir.is_dir() {
+        return Err(Error::NoJob {
+            job: job.to_string(),
+            dir: state_dir.join("jobs"),
+        });
+    }
     crate::coordinator::discover_files(&dir).ok_or_else(|| {
         Error::Coordinator(format!(
             "no live coordinator for job {job}: {} is absent or unreadable (the job is not running, or runs without one)",

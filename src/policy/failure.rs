@@ -169,7 +169,7 @@ pub const DEFAULT_INFRA: &[&str] = &[
 /// Any Python exception: the user's unless a list above said otherwise.
 pub const DEFAULT_GENERIC: &[&str] = &[
     r"Traceback \(most recent call last\)",
-    r"^\w*(?:Error|Exception)\b",
+    r"^(?:\[rank\d+\]:\s*)?\w*(?:Error|Exception)\b",
 ];
 
 /// The class one output line gives, if any.
@@ -408,7 +408,10 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
             .tail
             .iter()
             .rev()
-            .find(|l| p.line_class(l) == Some(LineClass::Generic) && !l.starts_with("Traceback"))
+            .find(|l| {
+                p.line_class(l) == Some(LineClass::Generic)
+                    && !without_rank_prefix(l).starts_with("Traceback")
+            })
             .map_or(line, |s| s.as_str());
         return v(
             Class::Unknown,
@@ -424,6 +427,16 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
         ),
         None,
     )
+}
+
+/// A line without torch's `[rank1]: ` prefix (every line of a rank's
+/// traceback carries it).
+fn without_rank_prefix(line: &str) -> &str {
+    let t = line.trim_start();
+    match t.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
+        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => t,
+    }
 }
 
 /// One failed rank in a cross-rank judgment.
@@ -607,6 +620,24 @@ mod tests {
             ..Default::default()
         };
         assert_ne!(classify(&mid, &Patterns::defaults()).class, Class::Clean);
+    }
+
+    #[test]
+    fn a_ranks_exception_is_told_by_its_last_line_not_the_traceback_header() {
+        let end = RankEnd {
+            exit_code: 1,
+            tail: vec![
+                "[rank1]: Traceback (most recent call last):".into(),
+                "[rank1]:   File \"train.py\", line 3, in <module>".into(),
+                "[rank1]: RuntimeError: injected failure on rank 1 at step 70".into(),
+            ],
+            ..Default::default()
+        };
+        let v = classify(&end, &Patterns::defaults());
+        assert_eq!(
+            v.evidence.as_deref(),
+            Some("[rank1]: RuntimeError: injected failure on rank 1 at step 70")
+        );
     }
 
     #[test]

@@ -105,8 +105,12 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             .iter()
             .filter(|r| !r.silent && r.last_step.is_some())
             .collect();
+        // The victim is never blamed: a rank its probe shows waiting on a
+        // peer (a stack in a collective, a socket read) is no culprit,
+        // whatever its steps say (a stray `step=200` in a path it printed).
         behind(&stepping)
-            .or_else(|| stopped_first(&stepping, tolerance_s))
+            .and_then(blamable)
+            .or_else(|| stopped_first(&stepping, tolerance_s).and_then(blamable))
             .unwrap_or_else(|| by_probes(ranks, tolerance_s))
     };
     let mut nodes: Vec<String> = blamed.iter().map(|r| r.node.clone()).collect();
@@ -123,6 +127,17 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
 
 /// A rule's finding: its name, the ranks it blames, why.
 type Finding<'a> = (&'static str, Vec<&'a RankView>, String);
+
+/// A finding without the ranks shown waiting on a peer (never a culprit);
+/// `None` when none is left.
+fn blamable(f: Finding<'_>) -> Option<Finding<'_>> {
+    let (rule, blamed, reason) = f;
+    let kept: Vec<&RankView> = blamed
+        .into_iter()
+        .filter(|r| r.waiting_on_peer != Some(true))
+        .collect();
+    (!kept.is_empty()).then_some((rule, kept, reason))
+}
 
 /// One rank heard from: blamed if it is the job's only one.
 fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
@@ -341,6 +356,23 @@ mod tests {
             "{}",
             v.reason
         );
+    }
+
+    #[test]
+    fn a_rank_shown_waiting_is_never_blamed_for_its_steps() {
+        // Rank 1 printed one stray `step=200` (a checkpoint path) and then
+        // nothing; its stack waits in a broadcast. Rank 0 hung in its own
+        // code at step 330. `behind` would blame rank 1: the probes win.
+        let v = judge(
+            &[
+                view(0, Some(330), 100.0, Some(false)),
+                view(1, Some(200), 10.0, Some(true)),
+            ],
+            0.5,
+            0,
+        );
+        assert_eq!(v.blamed_ranks, vec![0], "{}", v.reason);
+        assert_eq!(v.rule, "not_waiting");
     }
 
     #[test]

@@ -240,7 +240,10 @@ impl Parser {
             if let Some((step, at, total)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
-                if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
+                if line.starts_with(b"srun: ")
+                    || line.starts_with(b"slurmstepd")
+                    || in_a_name(text, at)
+                {
                     continue;
                 }
                 last = Some((ls, (step, total)));
@@ -403,7 +406,7 @@ impl Parser {
                 .iter()
                 .take_while(|b| b.is_ascii_digit())
                 .count();
-            if at + digits >= partial.len() {
+            if at + digits >= partial.len() || in_a_name(partial, at) {
                 continue;
             }
             let line = &partial[line_start(partial, at)..];
@@ -466,6 +469,14 @@ fn figures_from(text: &[u8], step_line: Option<usize>) -> Figures {
     seen
 }
 
+/// Whether the number at `at` is part of a file name (`epoch=3-step=200.ckpt`,
+/// `global_step200.pt`): digits followed by `.` and a letter. A path a
+/// trainer prints (resuming from a checkpoint) is no step.
+fn in_a_name(text: &[u8], at: usize) -> bool {
+    let end = at + text[at..].iter().take_while(|b| b.is_ascii_digit()).count();
+    text.get(end) == Some(&b'.') && text.get(end + 1).is_some_and(u8::is_ascii_alphabetic)
+}
+
 /// Start of the line containing offset `at`.
 fn line_start(text: &[u8], at: usize) -> usize {
     text[..at]
@@ -523,7 +534,9 @@ impl LineScanner {
         for m in marks.iter_mut() {
             if let Mark::Bar { count, total } = *m {
                 let training = *self.bar_total.get_or_insert(total);
-                *m = if total == training {
+                // A bar at 0 has done no step yet (and after a resume the
+                // HF Trainer draws 0 before it jumps to where it resumed).
+                *m = if total == training && count > 0 {
                     Mark::Step(count)
                 } else {
                     Mark::Activity(count)
@@ -1045,6 +1058,18 @@ mod tests {
         assert_eq!(out, b"1: step 1\n1: step 2\n1: \n1: x");
         assert!(!at);
         assert!(labelled(b"1: ", b"", &mut at).is_empty());
+    }
+
+    #[test]
+    fn a_step_in_a_file_name_is_no_step() {
+        let p = parser();
+        assert_eq!(
+            p.step_in(b"Restoring states from the checkpoint path at /ck/epoch=3-step=200.ckpt"),
+            None
+        );
+        assert_eq!(p.step_in(b"loading global_step200.pt"), None);
+        assert_eq!(p.step_in(b"step=200. loss 2.1"), Some(200));
+        assert_eq!(p.step_in(b"step 200.5% done"), Some(200));
     }
 
     #[test]

@@ -353,3 +353,16 @@ fn usage_errors_say_what_was_meant() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// `resilio status` and `resilio checkpoint` of a job with no journal: no
+/// such job (3), as the README's table says, not "no coordinator" (5).
+#[test]
+fn status_of_a_job_without_a_journal_is_no_such_job() {
+    let state = tempfile::tempdir().unwrap();
+    for args in [["status", "nosuchjob"], ["checkpoint", "nosuchjob"]] {
+        let mut c = std::process::Command::new(bin());
+        c.env("RESILIO_STATE_DIR", state.path()).args(args);
+        let (o, _) = output_within(&mut c, Duration::from_secs(10));
+        assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr_of(&o));
+    }
+}
