@@ -247,9 +247,19 @@ fn healthy(script: &str, args: &[&str]) {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cell = run_cell(&env, script, &["--max-restarts", "1"], args, false);
     cell.completed();
+    // Never stopped: a stall is only allowed where it was withdrawn (a
+    // peer found busy and silent), never acted on.
+    let stalls = cell.kinds("stall").len();
+    let withdrawn = cell.kinds("stall_withdrawn").len();
     assert!(
-        cell.kinds("stall").is_empty(),
+        stalls <= withdrawn,
         "a healthy run stalled:\n{}",
+        cell.explain()
+    );
+    assert!(cell.kinds("teardown").is_empty(), "{}", cell.explain());
+    assert!(
+        cell.kinds("stop").is_empty(),
+        "a healthy rank was stopped:\n{}",
         cell.explain()
     );
     assert!(cell.kinds("restart").is_empty(), "{}", cell.explain());
@@ -356,6 +366,23 @@ fn hf_trainer_without_its_bar_and_a_silent_evaluation_that_works_is_never_stoppe
             "25",
             "--eval-compute",
             "10",
+        ],
+    );
+}
+
+#[test]
+fn hf_trainer_with_one_rank_evaluating_longer_is_never_stopped() {
+    // Rank 1 computes 12 s without a word; rank 0 waits for it in the
+    // evaluation's collective past its limit: busy and silent, not hung.
+    healthy(
+        "hf_trainer.py",
+        &[
+            "--eval-steps",
+            "25",
+            "--eval-compute",
+            "12",
+            "--eval-compute-rank",
+            "1",
         ],
     );
 }

@@ -32,6 +32,8 @@ fault-exit-code), each also settable as TRAINER_<NAME>. HF-only knobs:
   --eval-compute S               each evaluation computes S seconds at its
                                  first batch without a word (matrix
                                  products): a silent evaluation that works
+  --eval-compute-rank R          only rank R computes so (-1: every rank): an
+                                 uneven evaluation, the others wait for it
 
 Faults fire in a TrainerCallback.on_step_end (hang: asleep in that callback)
 after optimizer step K; nan multiplies the loss by NaN in compute_loss.
@@ -50,6 +52,7 @@ import _knobs  # noqa: E402
 
 EXTRA = [
     ("eval-compute", float, 0.0),
+    ("eval-compute-rank", int, -1),
     ("log-level", str, "passive"),
     ("nan-filter", int, 1),
     ("batch-size", int, 4),
@@ -94,7 +97,8 @@ class Knobs(TrainerCallback):
     def on_prediction_step(self, args, state, control, eval_dataloader=None, **kw):
         if a.eval_sleep > 0:
             time.sleep(a.eval_sleep / max(1, a.eval_batches))
-        if a.eval_compute > 0 and not getattr(self, "computed", False):
+        uneven = a.eval_compute_rank not in (-1, rank)
+        if a.eval_compute > 0 and not uneven and not getattr(self, "computed", False):
             # A silent evaluation that really works: matrix products for
             # --eval-compute seconds at its first batch, no output meanwhile.
             self.computed = True
