@@ -665,7 +665,9 @@ pub fn from_events(
                     let age = ((now - e.ts).num_milliseconds() as f64 / 1000.0).max(0.0);
                     weight(&e.class) * e.share * 0.5f64.powf(age / hl)
                 })
-                .sum();
+                // (+ 0.0: an empty sum of f64 is -0.0, printed `-0.00`.)
+                .sum::<f64>()
+                + 0.0;
             let mut failures_by_class = BTreeMap::new();
             let mut jobs: Vec<String> = Vec::new();
             for e in &events {

@@ -195,6 +195,7 @@ impl StallKind {
             StallKind::Startup => "if the trainer needs longer to its first step, raise --startup-timeout ([stall] startup_timeout)".into(),
             StallKind::Step { adaptive: true } => "if the trainer was busy without printing (an evaluation, a save), announce it (HF's `***** Running Evaluation *****`, `phase=eval` on RESILIO_SOCKET, resilio_client.phase(\"eval\")) so --eval-timeout applies, or raise --stall-floor ([stall] adaptive_floor) or set --stall-timeout".into(),
             StallKind::Step { adaptive: false } => "if the trainer was busy without printing (an evaluation, a save), announce it (HF's `***** Running Evaluation *****`, `phase=eval` on RESILIO_SOCKET) so --eval-timeout applies, or raise --stall-timeout".into(),
+            StallKind::Phase(p) if p == BUSY => "it was found working without a word at its step limit and has worked the evaluation limit since: if that work needs longer, raise --eval-timeout ([stall] eval_timeout), or announce it".into(),
             StallKind::Phase(p) => match p.as_str() {
                 "eval" | "evaluation" | "evaluate" | "validation" | "validate" | "val" => {
                     "if the evaluation needs longer, raise --eval-timeout ([stall] eval_timeout)".into()
@@ -602,6 +603,9 @@ mod tests {
 
     #[test]
     fn every_stall_says_which_knob_would_have_avoided_it() {
+        assert!(StallKind::Phase(BUSY.into())
+            .avoid()
+            .contains("--eval-timeout"));
         assert!(StallKind::Startup.avoid().contains("--startup-timeout"));
         let adaptive = StallKind::Step { adaptive: true }.avoid();
         assert!(adaptive.contains("--stall-floor") && adaptive.contains("Running Evaluation"));
