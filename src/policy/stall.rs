@@ -368,8 +368,11 @@ impl StallPolicy {
             (Some(a), Some(b)) if b > a => (b - a) as f64,
             _ => 1.0,
         };
+        // Only between two sightings while stepping: a gap with a phase in
+        // it is long for its own reasons.
+        let stepping = self.phase == Phase::Train && !self.gap_crossed_phase;
         let done_at = match (self.last_step_at, step_time) {
-            (Some(prev), Some(t)) if learn && t.is_finite() && t >= 0.0 => {
+            (Some(prev), Some(t)) if learn && stepping && t.is_finite() && t >= 0.0 => {
                 let claimed = steps * t;
                 let gap = now.saturating_duration_since(prev).as_secs_f64();
                 (gap > LATE_FACTOR * claimed + LATE_SLACK_S)
@@ -377,19 +380,17 @@ impl StallPolicy {
             }
             _ => None,
         };
-        let now = match done_at {
-            Some(t) => {
-                // Not learnt: the gap says nothing of the steps' time.
-                self.gap_crossed_phase = true;
-                t
-            }
-            None => now,
-        };
+        if done_at.is_some() {
+            // Not learnt: the gap says nothing of the steps' time.
+            self.gap_crossed_phase = true;
+        }
         if step.is_some() {
             self.last_step = step;
         }
         self.hold = None;
-        self.anchor = self.anchor.max(now);
+        // The clock runs from when the steps were done; the next gap is
+        // measured from this sighting.
+        self.anchor = self.anchor.max(done_at.unwrap_or(now));
         if let Phase::Named(..) = self.phase {
             let margin = if from == self.phase_from { 1 } else { 2 };
             let past = learn
@@ -727,6 +728,15 @@ mod tests {
             t + secs(0.07) + secs(5.0),
             "from when 25 was done"
         );
+        // The trainer goes on: the next sighting is measured from the late
+        // one, not from when its steps were done (no cascade of lateness).
+        p.on_progress_timed(t + secs(18.4), Some(26), true, "output", Some(0.07));
+        assert_eq!(p.deadline(), t + secs(18.4) + secs(5.0));
+        // After a phase the gap is long for its own reasons: not late.
+        p.on_phase(t + secs(19.0), "checkpoint", None, "socket");
+        p.on_progress_timed(t + secs(25.0), Some(28), true, "output", Some(0.07));
+        p.on_progress_timed(t + secs(25.1), Some(29), true, "output", Some(0.07));
+        assert_eq!(p.deadline(), t + secs(25.1) + secs(5.0));
         // A slow step the bar's rate owns up to is learnt as usual.
         let mut p = StallPolicy::new(cfg(), t0);
         p.on_progress_timed(t0 + secs(1.0), Some(1), true, "output", Some(0.07));

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// How long the trainer's CPU time is watched at its step limit.
-const BUSY_WINDOW: Duration = Duration::from_secs(1);
+const BUSY_WINDOW: Duration = Duration::from_millis(500);
 /// The share of a core it must work meanwhile to be busy, not hung.
 const BUSY_SHARE: f64 = 0.2;
 
@@ -890,7 +890,7 @@ impl<'a> Agent<'a> {
         let spawned = std::thread::Builder::new()
             .name("probe".into())
             .spawn(move || {
-                // The trainer's CPU time over the probe (a second at least):
+                // The trainer's CPU time over the probe (half a second at least):
                 // a rank not waiting that works is busy, not hung.
                 let (t0, cpu0) = (Instant::now(), process::tree_cpu_ticks(trainer));
                 let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
