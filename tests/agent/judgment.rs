@@ -118,6 +118,15 @@ fn a_rank_asleep_past_its_limit_is_hung() {
     assert_eq!(kinds(&recs, "stall").len(), 1);
 }
 
+/// An `observed` record says it would have done `what`.
+fn would_have(recs: &[resilio::journal::Record], what: &str) {
+    let observed: Vec<&str> = kinds(recs, "observed")
+        .iter()
+        .filter_map(|r| r.str("would"))
+        .collect();
+    assert!(observed.iter().any(|w| w.starts_with(what)), "{observed:?}");
+}
+
 /// Observe mode: the same 8 s asleep past a 2 s limit is journaled as the
 /// stop that would have been, and the run goes on to complete; the report
 /// says what would have been done.
@@ -135,16 +144,7 @@ fn observe_mode_journals_the_stop_it_would_have_made_and_lets_the_run_complete()
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "obs");
     assert!(!kinds(&recs, "stall").is_empty(), "detected as usual");
-    let observed: Vec<&str> = kinds(&recs, "observed")
-        .iter()
-        .filter_map(|r| r.str("would"))
-        .collect();
-    assert!(
-        observed
-            .iter()
-            .any(|w| w.starts_with("stop this rank (stalled)")),
-        "{observed:?}"
-    );
+    would_have(&recs, "stop this rank (stalled)");
     assert!(kinds(&recs, "stop").is_empty(), "nothing stopped");
     assert!(kinds(&recs, "restart").is_empty(), "nothing restarted");
     assert!(stderr_of(&out).contains("observe mode: would stop this rank"));
@@ -179,16 +179,7 @@ fn observe_mode_journals_the_restart_it_would_have_made() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "obs2");
     assert_eq!(kinds(&recs, "rank_start").len(), 1, "run once");
-    let observed: Vec<&str> = kinds(&recs, "observed")
-        .iter()
-        .filter_map(|r| r.str("would"))
-        .collect();
-    assert!(
-        observed
-            .iter()
-            .any(|w| w.starts_with("restart every rank in place")),
-        "{observed:?}"
-    );
+    would_have(&recs, "restart every rank in place");
 }
 
 /// Two ranks that wait for each other at every step over TCP (as in a

@@ -277,19 +277,21 @@ fn a_trainer_that_ends_on_its_own_during_diagnostics_keeps_its_status() {
     assert!(kinds(&recs, "failure").is_empty());
 }
 
-#[test]
-fn a_suspended_and_resumed_job_is_not_a_stall() {
-    use nix::sys::signal::{kill, Signal};
-    use nix::unistd::Pid;
-    let dir = tempfile::tempdir().unwrap();
-    let ready = dir.path().join("ready");
+/// A trainer of `steps` 0.1 s steps under a 1 s stall limit, started and
+/// ready: resilio's process and the trainer's pid.
+fn started_with_1s_limit(
+    dir: &std::path::Path,
+    job: &str,
+    steps: u32,
+) -> (std::process::Child, i32) {
+    let ready = dir.join("ready");
     let mut c = run_trainer(
-        dir.path(),
-        "suspend",
+        dir,
+        job,
         &["--stall-timeout", "1s"],
         &[
             "--steps",
-            "40",
+            &steps.to_string(),
             "--interval",
             "0.1",
             "--ready-file",
@@ -301,11 +303,20 @@ fn a_suspended_and_resumed_job_is_not_a_stall() {
         .stderr(std::process::Stdio::piped());
     let child = c.spawn().unwrap();
     assert!(wait_for(Duration::from_secs(15), || ready.exists()));
-    let trainer: i32 = std::fs::read_to_string(&ready)
+    let trainer = std::fs::read_to_string(&ready)
         .unwrap()
         .trim()
         .parse()
         .unwrap();
+    (child, trainer)
+}
+
+#[test]
+fn a_suspended_and_resumed_job_is_not_a_stall() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let dir = tempfile::tempdir().unwrap();
+    let (child, trainer) = started_with_1s_limit(dir.path(), "suspend", 40);
     std::thread::sleep(Duration::from_millis(500));
     // As `scontrol suspend` does: stop everything, wait, continue everything.
     // Outside Slurm, resilio is the launcher and the rank's agent (the
@@ -343,30 +354,7 @@ fn a_trainer_stopped_at_its_terminal_and_continued_is_not_a_stall() {
     use nix::sys::signal::{kill, Signal};
     use nix::unistd::Pid;
     let dir = tempfile::tempdir().unwrap();
-    let ready = dir.path().join("ready");
-    let mut c = run_trainer(
-        dir.path(),
-        "ctrlz",
-        &["--stall-timeout", "1s"],
-        &[
-            "--steps",
-            "30",
-            "--interval",
-            "0.1",
-            "--ready-file",
-            ready.to_str().unwrap(),
-        ],
-    );
-    c.stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    let child = c.spawn().unwrap();
-    assert!(wait_for(Duration::from_secs(15), || ready.exists()));
-    let trainer: i32 = std::fs::read_to_string(&ready)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let (child, trainer) = started_with_1s_limit(dir.path(), "ctrlz", 30);
     std::thread::sleep(Duration::from_millis(500));
     // The terminal's SIGTSTP goes to the foreground group: the trainer's.
     kill(Pid::from_raw(-trainer), Signal::SIGTSTP).unwrap();
