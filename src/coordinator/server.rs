@@ -172,7 +172,10 @@ async fn report(State(s): State<Arc<Shared>>, Json(r): Json<Report>) -> Response
         }
         let e = v.on_report(r, now);
         (
-            Ok((v.commands_for(rank, attempt, seen), v.job_progress_age(now))),
+            Ok((
+                v.commands_for(rank, attempt, seen),
+                v.job_progress_age_for(Some(rank), now),
+            )),
             e,
         )
     });

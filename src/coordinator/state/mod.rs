@@ -408,13 +408,19 @@ impl JobView {
     /// others wait in a barrier) counts as progressing now: it is judged by
     /// that phase's own limit, and the silent ranks must outlast it.
     pub fn job_progress_age(&self, now: Instant) -> Option<f64> {
-        if self
-            .live()
-            .any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running)
-        {
+        self.job_progress_age_for(None, now)
+    }
+
+    /// [`Self::job_progress_age`] by the ranks other than `rank`: what a
+    /// rank hears of the job in the replies to its reports (its own
+    /// progress, seen here a report later than by its agent, must not look
+    /// like a peer's).
+    pub fn job_progress_age_for(&self, rank: Option<u32>, now: Instant) -> Option<f64> {
+        let others = || self.live().filter(move |(r, _)| Some(**r) != rank);
+        if others().any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running) {
             return Some(0.0);
         }
-        self.live()
+        others()
             .filter_map(|(_, e)| e.last_step_at)
             .max()
             .map(|t| now.saturating_duration_since(t).as_secs_f64())
@@ -950,6 +956,15 @@ mod tests {
         v.on_report(r0, t + Duration::from_secs(2700));
         assert_eq!(
             v.job_progress_age(t + Duration::from_secs(2710)),
+            Some(10.0)
+        );
+        // Rank 0 hears of the others' progress only: none but its own.
+        assert_eq!(
+            v.job_progress_age_for(Some(0), t + Duration::from_secs(2710)),
+            None
+        );
+        assert_eq!(
+            v.job_progress_age_for(Some(1), t + Duration::from_secs(2710)),
             Some(10.0)
         );
     }
