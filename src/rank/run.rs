@@ -75,9 +75,6 @@ pub(crate) struct Agent<'a> {
     pub(super) stall_probe: Option<Probe>,
     /// A look at whether the trainer is working, under way at its limit.
     pub(super) busy_look: Option<BusyLook>,
-    /// When the job last progressed, as the coordinator said (another rank
-    /// stepping, or in a long phase: an evaluation, busy and silent).
-    pub(super) job_progress_at: Option<Instant>,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -166,7 +163,6 @@ impl<'a> Agent<'a> {
             probe_tx,
             stall_probe: None,
             busy_look: None,
-            job_progress_at: None,
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -281,18 +277,10 @@ impl<'a> Agent<'a> {
                 }
                 self.busy_look = None;
                 let p = diagnostics::probe(&self.skip());
+                // Waiting on a peer: its stall goes ahead, and the
+                // coordinator judges the peer (working: busy and silent,
+                // this stall withdrawn; else hung, whatever phase it is in).
                 if p.waiting_on_peer == Some(true) {
-                    // Waiting on a peer while the job progressed since this
-                    // rank last did (a peer stepping, or in a long phase:
-                    // an evaluation, busy and silent): it waits for them,
-                    // no stall of its own; they are judged by their limits.
-                    if self.job_progress_at.is_some_and(|t| t > anchor) {
-                        tracing::info!(
-                            "rank {}: at its limit, waiting on a peer while the job progresses: watched on",
-                            self.r.id.rank
-                        );
-                        self.lc.policy.on_resume(now);
-                    }
                     return Vec::new();
                 }
                 let ticks = process::tree_cpu_ticks(self.r.pid.as_raw());
@@ -532,7 +520,6 @@ impl<'a> Agent<'a> {
             }
             Note::Command(_) => Vec::new(),
             Note::JobProgress { at } => {
-                self.job_progress_at = self.job_progress_at.max(Some(at));
                 let own = self.plog.tracker.alive_count() != 0;
                 self.lc.on_job_progress(at, own)
             }
