@@ -542,7 +542,11 @@ impl Lifecycle {
                 }
             }
             CommandKind::Diagnose { reason } => {
-                if self.main_exit.is_none() {
+                // A rank stalled itself has taken its probe and reports it
+                // with its diagnostics: a second probe now could catch the
+                // trainer in its own dump signal's handler (writing, not
+                // waiting) and overwrite the first.
+                if self.main_exit.is_none() && !self.stalled() {
                     out.push(Action::Probe { reason });
                 }
             }

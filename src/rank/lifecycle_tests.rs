@@ -805,3 +805,20 @@ fn observing_a_stalled_rank_is_journaled_as_a_stop_that_would_have_been_and_watc
     assert!(matches!(&out[..], [Action::Observed { .. }]), "{out:?}");
     assert!(m.monitoring());
 }
+
+#[test]
+fn a_rank_stalled_itself_takes_no_second_probe_for_the_coordinator() {
+    let (mut m, at) = stalled(linked());
+    let diagnose = CommandKind::Diagnose {
+        reason: "rank 1 stalled".into(),
+    };
+    assert!(m.on_command(diagnose.clone(), at).is_empty());
+    // Monitoring, it probes.
+    let (mut m, at) = machine(linked());
+    assert_eq!(
+        m.on_command(diagnose, at),
+        vec![Action::Probe {
+            reason: "rank 1 stalled".into()
+        }]
+    );
+}
