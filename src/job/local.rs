@@ -188,6 +188,9 @@ struct Attempt {
     failure_note: Option<String>,
     kill_at: Option<Instant>,
     teardown_sent: bool,
+    /// A rank aborted or segfaulted (torch's threads at interpreter exit,
+    /// once training is done): the others may finish until then.
+    exit_crash_until: Option<Instant>,
 }
 
 impl Attempt {
@@ -344,6 +347,7 @@ impl Local {
             failure_note: None,
             kill_at: None,
             teardown_sent: false,
+            exit_crash_until: None,
         };
         if let Some(e) = spawn_error {
             tracing::warn!("{e}");
@@ -361,6 +365,9 @@ impl Local {
                 return;
             }
             let now = Instant::now();
+            if a.exit_crash_until.is_some_and(|t| now >= t) && a.failed_at.is_none() {
+                a.failed_at = Some(now);
+            }
             if (a.failed_at.is_some() || run.stopped_from_outside.is_some()) && !a.teardown_sent {
                 self.tear_down(run, a, now);
             }
@@ -388,7 +395,17 @@ impl Local {
                         },
                         at: crate::util::clock::now(),
                     });
-                    if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+                    let at_exit = matches!(st, WaitStatus::Exited(_, 134 | 139));
+                    if at_exit && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
+                        // An abort with no say of its own may be the end of
+                        // a finished run: the others get a moment first.
+                        a.exit_crash_until.get_or_insert(
+                            Instant::now() + crate::coordinator::state::EXIT_CRASH_GRACE,
+                        );
+                        a.failure_note
+                            .get_or_insert_with(|| format!("rank {} exited {c}", r.rank));
+                    } else if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none()
+                    {
                         a.failed_at = Some(Instant::now());
                         // An agent exits with its trainer's status; one
                         // killed by a signal died itself.

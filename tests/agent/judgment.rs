@@ -267,3 +267,29 @@ fn a_peer_asleep_while_the_others_wait_is_blamed() {
     let v = h.get("verdict").unwrap();
     assert_eq!(v["blamed_ranks"], serde_json::json!([1]), "{v}");
 }
+
+/// Rank 1 aborts at interpreter exit as soon as training is done; rank 0
+/// still finishes its last evaluation for 2 s and exits 0. The abort gives
+/// rank 0 its moment: nothing is torn down, nothing run again.
+#[test]
+fn a_rank_aborting_at_exit_while_its_peer_finishes_does_not_stop_the_peer() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(
+        &script,
+        "import os, sys, time\nr = int(os.environ['RANK'])\nfor i in range(1, 6):\n    if r == 0:\n        print(f'step {i}', flush=True)\n    time.sleep(0.2)\nif r == 1:\n    sys.stderr.write('terminate called without an active exception\\n'); sys.stderr.flush(); os.abort()\ntime.sleep(2)\nprint('done', flush=True)\n",
+    )
+    .unwrap();
+    let mut c = resilio_run(tmp.path(), "abort1");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    let recs = records(tmp.path(), "abort1");
+    assert!(kinds(&recs, "teardown").is_empty(), "{}", stderr_of(&out));
+    assert!(kinds(&recs, "restart").is_empty(), "{}", stderr_of(&out));
+    assert_eq!(kinds(&recs, "rank_start").len(), 2, "run once");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("done"),
+        "rank 0 finished"
+    );
+}

@@ -18,6 +18,10 @@ pub use checks::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// How long a rank's abort with no signature waits for the others to finish
+/// before the step is torn down.
+pub const EXIT_CRASH_GRACE: Duration = Duration::from_secs(10);
+
 /// Coordinator parameters (config `[coordinator]` and `[straggler]`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct CoordinatorConfig {
@@ -146,6 +150,9 @@ pub struct JobView {
     failed_at: Option<Instant>,
     /// When a rank was first found busy and silent while others stalled.
     busy_since: Option<Instant>,
+    /// A rank that aborted with no signature: (rank, node, reason, when
+    /// the step is torn down unless the others have finished by then).
+    exit_crash: Option<(u32, String, String, Instant)>,
     relaunch_measured: bool,
     /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
     excluding: Option<(String, String)>,
@@ -197,6 +204,7 @@ impl JobView {
             failing: None,
             failed_at: None,
             busy_since: None,
+            exit_crash: None,
             relaunch_measured: true,
             excluding: None,
             restarts: 0,
@@ -347,13 +355,24 @@ impl JobView {
         }
         if let Some(e) = &exit {
             // A crash with no stall being judged: tear the step down now,
-            // not after the collective timeout.
+            // not after the collective timeout. An abort or a segfault with
+            // no signature of its own (torch's threads at interpreter exit,
+            // once training is done) gives the other ranks a moment to
+            // finish on their own first: tearing a finished run down would
+            // run it all again.
             if e.code != 0 && !e.stopped && self.failing.is_none() {
                 let reason = format!(
                     "rank {rank} on {node} exited {} ({}: {})",
                     e.code, e.class, e.cause
                 );
-                self.fail(rank, &node, reason, None, now, &mut out);
+                let at_exit =
+                    matches!(e.code, 134 | 139) && e.class == crate::event::Class::Unknown;
+                if at_exit && self.exit_crash.is_none() {
+                    self.exit_crash = Some((rank, node.clone(), reason, now + EXIT_CRASH_GRACE));
+                } else if !at_exit {
+                    self.exit_crash = None;
+                    self.fail(rank, &node, reason, None, now, &mut out);
+                }
             }
         }
         if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
@@ -496,6 +515,14 @@ impl JobView {
             .is_some_and(|f| !f.judged && now >= f.judge_by)
         {
             self.judge_hang(now, &mut out);
+        }
+        if let Some((rank, node, reason, by)) = self.exit_crash.clone() {
+            if self.failing.is_some() || self.live().next().is_none() {
+                self.exit_crash = None;
+            } else if now >= by {
+                self.exit_crash = None;
+                self.fail(rank, &node, reason, None, now, &mut out);
+            }
         }
         if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
             self.settle_checkpoint(now, true, &mut out);
@@ -754,6 +781,42 @@ mod tests {
             "rank_heard_again"
         )
         .is_empty());
+    }
+
+    #[test]
+    fn an_abort_with_no_signature_gives_the_others_a_moment_to_finish() {
+        let t = Instant::now();
+        let abort = |rank| {
+            let mut x = report(rank, 60, RankState::Exited);
+            x.exit = Some(ExitInfo {
+                code: 134,
+                class: crate::event::Class::Unknown,
+                cause: "killed by signal".into(),
+                ..Default::default()
+            });
+            x
+        };
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        // Rank 1 aborts at exit; rank 0 finishes within the grace: no teardown.
+        assert!(kinds(&v.on_report(abort(1), t)).is_empty());
+        assert!(kinds(&v.tick(t + Duration::from_secs(5))).is_empty());
+        let mut done = report(0, 60, RankState::Exited);
+        done.exit = Some(ExitInfo::default());
+        v.on_report(done, t + Duration::from_secs(6));
+        assert!(
+            !kinds(&v.tick(t + EXIT_CRASH_GRACE + Duration::from_secs(1))).contains(&"<failed>")
+        );
+        // Rank 0 still running after the grace: the step is torn down.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        v.on_report(abort(1), t);
+        let e = v.tick(t + EXIT_CRASH_GRACE + Duration::from_secs(1));
+        assert_eq!(kinds(&e), vec!["teardown", "<failed>"]);
     }
 
     #[test]
