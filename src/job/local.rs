@@ -191,6 +191,8 @@ struct Attempt {
     /// A rank aborted or segfaulted (torch's threads at interpreter exit,
     /// once training is done): the others may finish until then.
     exit_crash_until: Option<Instant>,
+    /// The ranks that aborted or segfaulted so.
+    exit_crashed: Vec<u32>,
 }
 
 impl Attempt {
@@ -348,6 +350,7 @@ impl Local {
             kill_at: None,
             teardown_sent: false,
             exit_crash_until: None,
+            exit_crashed: Vec::new(),
         };
         if let Some(e) = spawn_error {
             tracing::warn!("{e}");
@@ -366,7 +369,14 @@ impl Local {
             }
             let now = Instant::now();
             if a.exit_crash_until.is_some_and(|t| now >= t) && a.failed_at.is_none() {
-                a.failed_at = Some(now);
+                a.exit_crash_until = None;
+                // A rank whose trainer reported the end of training before
+                // it crashed (its agent journaled it clean) finished: the
+                // others finish on their own, however long their last
+                // save takes.
+                if !self.finished_at_exit(run, a) {
+                    a.failed_at = Some(now);
+                }
             }
             if (a.failed_at.is_some() || run.stopped_from_outside.is_some()) && !a.teardown_sent {
                 self.tear_down(run, a, now);
@@ -402,6 +412,7 @@ impl Local {
                         a.exit_crash_until.get_or_insert(
                             Instant::now() + crate::coordinator::state::EXIT_CRASH_GRACE,
                         );
+                        a.exit_crashed.push(r.rank);
                         a.failure_note
                             .get_or_insert_with(|| format!("rank {} exited {c}", r.rank));
                     } else if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none()
@@ -549,6 +560,25 @@ impl Local {
         let (code, reason) = self.after_failure(run, &a, worst, teardown_s)?;
         act::job_end(&mut run.log, code, &reason);
         Some(code)
+    }
+
+    /// Whether a rank that crashed at exit had finished: its agent journaled
+    /// its end clean (the trainer reported the end of training), or another
+    /// rank of the attempt completed with exit 0.
+    fn finished_at_exit(&self, run: &Run, a: &Attempt) -> bool {
+        if a.ranks.iter().any(|r| r.exit == Some(0)) {
+            return true;
+        }
+        let records = journal::read_job(&self.job_dir)
+            .map(|j| crate::runs::of_key(j.records, run.log.run()))
+            .unwrap_or_default();
+        let finished = journal::events(&records).any(|(r, e)| {
+            r.attempt == run.attempt
+                && r.rank.is_some_and(|k| a.exit_crashed.contains(&k))
+                && matches!(e, crate::event::Event::RankExit(x)
+                    if x.class == Some(crate::event::Class::Clean))
+        });
+        finished
     }
 
     /// Judge and decide from the ranks' journals, as the Slurm supervisor

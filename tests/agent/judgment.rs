@@ -57,6 +57,50 @@ fn a_run_that_crashes_at_exit_after_reporting_the_end_of_training_is_not_run_aga
     assert_eq!(r["failed_attempts"], 0, "{r}");
 }
 
+/// Rank 0 reports the end of training and aborts at exit at once; rank 1
+/// saves for 14 s, longer than the 10 s given to an abort with no say of
+/// its own, and exits 0.
+const ONE_FINISHES_THEN_ABORTS_ONE_SAVES: &str = r#"
+import os, sys, time
+r = int(os.environ.get("RANK", "0"))
+for i in range(1, 6):
+    if r == 0:
+        print(f"step {i}", flush=True)
+    time.sleep(0.2)
+if r == 0:
+    print("{'train_runtime': '1.2', 'train_samples_per_second': '15.65', 'train_loss': '4.1', 'epoch': '1.0'}", flush=True)
+    sys.stderr.write("terminate called without an active exception\n")
+    sys.stderr.flush()
+    os.abort()
+for i in range(14):
+    print(f"saving shard {i}", flush=True)
+    time.sleep(1)
+"#;
+
+#[test]
+fn a_rank_still_saving_when_another_finished_then_crashed_is_left_to_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, ONE_FINISHES_THEN_ABORTS_ONE_SAVES).unwrap();
+    let mut c = resilio_run(tmp.path(), "save");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "save");
+    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
+    let saver = kinds(&recs, "rank_exit")
+        .into_iter()
+        .find(|r| r.rank == Some(1))
+        .expect("rank 1's exit");
+    assert_eq!(
+        saver.u64("exit_code"),
+        Some(0),
+        "rank 1 finished its save: {saver:?}"
+    );
+    assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
+}
+
 /// Steps every 0.1 s; after step 20, 8 s without a word: working
 /// (`busy`: an evaluation nobody announced) or asleep (`sleep`: hung).
 const SILENT_AFTER_20: &str = r#"

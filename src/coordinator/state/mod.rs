@@ -360,7 +360,15 @@ impl JobView {
             // once training is done) gives the other ranks a moment to
             // finish on their own first: tearing a finished run down would
             // run it all again.
-            if e.code != 0 && !e.stopped && self.failing.is_none() {
+            // A rank that finished (exit 0, or an exit-time crash after its
+            // trainer reported the end of training) is no failure, and
+            // training is over for the others too: they finish on their
+            // own, however long their last save takes.
+            let finished = e.class == crate::event::Class::Clean;
+            if finished {
+                self.exit_crash = None;
+            }
+            if e.code != 0 && !e.stopped && !finished && self.failing.is_none() {
                 let reason = format!(
                     "rank {rank} on {node} exited {} ({}: {})",
                     e.code, e.class, e.cause
@@ -817,6 +825,52 @@ mod tests {
         v.on_report(abort(1), t);
         let e = v.tick(t + EXIT_CRASH_GRACE + Duration::from_secs(1));
         assert_eq!(kinds(&e), vec!["teardown", "<failed>"]);
+    }
+
+    #[test]
+    fn a_rank_that_finished_then_crashed_at_exit_leaves_the_others_to_finish() {
+        let t = Instant::now();
+        let finished = |rank, code| {
+            let mut x = report(rank, 60, RankState::Exited);
+            x.exit = Some(ExitInfo {
+                code,
+                class: crate::event::Class::Clean,
+                cause: "killed by signal".into(),
+                ..Default::default()
+            });
+            x
+        };
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        // Rank 0 reported the end of training, then aborted at exit (134):
+        // rank 1, still saving, is never torn down.
+        assert!(kinds(&v.on_report(finished(0, 134), t)).is_empty());
+        v.on_report(
+            report(1, 60, RankState::Running),
+            t + Duration::from_secs(20),
+        );
+        assert!(kinds(&v.tick(t + Duration::from_secs(30))).is_empty());
+        // An abort with no say of its own, then a peer that finished: over.
+        let mut v = JobView::new("j1", 3, 0, CoordinatorConfig::default(), t);
+        for r in 0..3 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        let mut abort = report(2, 60, RankState::Exited);
+        abort.exit = Some(ExitInfo {
+            code: 134,
+            class: crate::event::Class::Unknown,
+            cause: "killed by signal".into(),
+            ..Default::default()
+        });
+        v.on_report(abort, t);
+        v.on_report(finished(0, 0), t + Duration::from_secs(1));
+        v.on_report(
+            report(1, 60, RankState::Running),
+            t + Duration::from_secs(20),
+        );
+        assert!(kinds(&v.tick(t + Duration::from_secs(30))).is_empty());
     }
 
     #[test]
