@@ -443,16 +443,20 @@ pub fn build(
     let checkpoints = checkpoint_stats(records);
     // An attempt whose trainer reported the end of training and then
     // crashed at exit finished: its failure records are that crash.
-    let finished_then_crashed: Vec<u32> = events
+    let finished_then_crashed: Vec<u32> = attempts
         .iter()
-        .filter_map(|(r, e)| match e {
-            Event::RankExit(x)
-                if x.class_reason.as_deref()
-                    == Some(crate::policy::failure::FINISHED_THEN_CRASHED) =>
-            {
-                Some(r.attempt)
-            }
-            _ => None,
+        .map(|a| a.attempt)
+        .filter(|&attempt| {
+            let exits: Vec<(&Record, &crate::event::RankExit)> = events
+                .iter()
+                .filter_map(|(r, e)| match e {
+                    Event::RankExit(x) if r.attempt == attempt => Some((*r, x)),
+                    _ => None,
+                })
+                .collect();
+            crate::policy::failure::attempt_finished(&crate::analysis::accounting::exit_facts(
+                &exits,
+            ))
         })
         .collect();
     let failed_attempts = attempts

@@ -661,7 +661,13 @@ impl Local {
             // its own while its stall was being judged): every rank's own
             // end says so.
             Some(Action::Finish) | None if worst == 0 => Some((0, "completed".into())),
-            Some(Action::Finish) | None => Some((code, "failed".into())),
+            // Judged finished though a rank's status was not 0: a rank
+            // crashed at exit once training was done. Its status comes
+            // through, as a plain launcher's would.
+            Some(Action::Finish) | None => Some((
+                code,
+                "completed; a rank crashed at exit after training was done".into(),
+            )),
         }
     }
 

@@ -296,6 +296,38 @@ pub const FINISHED_THEN_CRASHED: &str =
 /// The reason of a rank that exited 0.
 pub const EXITED_0: &str = "exited 0";
 
+/// An abort or a segfault with no signature of its own: torch's threads at
+/// interpreter exit (`terminate called without an active exception`) once
+/// training is done, or a crash like any other.
+pub fn exit_time_crash(code: Option<i32>, class: Option<Class>) -> bool {
+    matches!(code, Some(134) | Some(139)) && matches!(class, None | Some(Class::Unknown))
+}
+
+/// Whether an attempt finished, from its ranks' exits (code, class, class
+/// reason): a trainer reported the end of training before crashing at exit,
+/// or a rank completed (exit 0) and every other non-zero exit is an
+/// exit-time crash or a stop. A data-parallel rank completes only once every
+/// rank has done its last collective, so the crashes came after the work.
+pub fn attempt_finished(exits: &[(Option<i32>, Option<Class>, Option<&str>)]) -> bool {
+    if exits
+        .iter()
+        .any(|(_, _, why)| *why == Some(FINISHED_THEN_CRASHED))
+    {
+        return true;
+    }
+    let completed = exits
+        .iter()
+        .any(|(code, class, _)| *code == Some(0) && matches!(class, None | Some(Class::Clean)));
+    let crashed = exits.iter().any(|(c, k, _)| exit_time_crash(*c, *k));
+    completed
+        && crashed
+        && exits.iter().all(|(code, class, _)| {
+            code.unwrap_or(0) == 0
+                || exit_time_crash(*code, *class)
+                || matches!(class, Some(Class::Clean | Class::Preempted))
+        })
+}
+
 /// The line of `tail` saying training is over, if any.
 pub fn finished_line(tail: &[String]) -> Option<&str> {
     static RE: std::sync::OnceLock<Regex> = std::sync::OnceLock::new();
@@ -584,6 +616,35 @@ mod tests {
             tail: tail.iter().map(|s| s.to_string()).collect(),
             ..RankEnd::default()
         }
+    }
+
+    #[test]
+    fn an_attempt_with_a_rank_completed_and_another_aborted_at_exit_finished() {
+        let u = Some(Class::Unknown);
+        let c = Some(Class::Clean);
+        assert!(attempt_finished(&[
+            (Some(0), c, Some(EXITED_0)),
+            (Some(134), u, None)
+        ]));
+        assert!(attempt_finished(&[
+            (Some(139), u, None),
+            (Some(0), c, None)
+        ]));
+        // No rank completed: a crash like any other.
+        assert!(!attempt_finished(&[
+            (Some(134), u, None),
+            (Some(143), Some(Class::Preempted), None)
+        ]));
+        // A crash with a say of its own is no exit-time crash.
+        assert!(!attempt_finished(&[
+            (Some(0), c, None),
+            (Some(1), Some(Class::UserError), None)
+        ]));
+        assert!(!attempt_finished(&[(Some(0), c, None), (Some(0), c, None)]));
+        assert!(attempt_finished(&[
+            (Some(134), c, Some(FINISHED_THEN_CRASHED)),
+            (Some(143), Some(Class::Preempted), None)
+        ]));
     }
 
     #[test]

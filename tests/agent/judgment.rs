@@ -101,6 +101,48 @@ fn a_rank_still_saving_when_another_finished_then_crashed_is_left_to_finish() {
     assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
 }
 
+/// torch 2.15's gloo DDP as seen on this machine: rank 1, which prints
+/// nothing of its own, aborts at exit (no signature); rank 0, which printed
+/// the steps, completes a moment later.
+const ONE_COMPLETES_ONE_ABORTS: &str = r#"
+import os, sys, time
+r = int(os.environ.get("RANK", "0"))
+for i in range(1, 11):
+    if r == 0:
+        print(f"step {i}", flush=True)
+    time.sleep(0.2)
+if r == 1:
+    os.abort()
+time.sleep(1)
+"#;
+
+#[test]
+fn a_rank_aborting_at_exit_before_another_completes_is_no_failure_in_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, ONE_COMPLETES_ONE_ABORTS).unwrap();
+    let mut c = resilio_run(tmp.path(), "abrt");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "abrt");
+    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
+    let end = one(&recs, "job_end");
+    assert!(
+        end.str("reason").unwrap().starts_with("completed"),
+        "{end:?}"
+    );
+    let o = std::process::Command::new(bin())
+        .args(["report", "--json", "abrt", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed_attempts"], 0, "{r}");
+    assert!(r["ettr"].as_f64().unwrap() > 0.3, "{r}");
+}
+
 /// Steps every 0.1 s; after step 20, 8 s without a word: working
 /// (`busy`: an evaluation nobody announced) or asleep (`sleep`: hung).
 const SILENT_AFTER_20: &str = r#"

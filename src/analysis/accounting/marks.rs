@@ -81,6 +81,17 @@ fn step_time_of(samples: &[(DateTime<Utc>, u64)]) -> Option<i64> {
     (s1 > s0).then(|| ns(t0, t1) / (s1 - s0) as i64)
 }
 
+/// Each exit's code, class and class reason, as
+/// [`crate::policy::failure::attempt_finished`] takes them.
+pub(crate) fn exit_facts<'a>(
+    exits: &[(&Record, &'a RankExit)],
+) -> Vec<(Option<i32>, Option<Class>, Option<&'a str>)> {
+    exits
+        .iter()
+        .map(|(_, x)| (x.exit_code, x.class, x.class_reason.as_deref()))
+        .collect()
+}
+
 fn marks(attempt: u32, recs: &[&Record]) -> Marks {
     let events: Vec<(&Record, Event)> =
         recs.iter().filter_map(|r| Some((*r, r.event()?))).collect();
@@ -113,9 +124,7 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
     let requeue_refused = recs.iter().any(|r| r.kind == "requeue_failed");
     // A trainer that reported the end of training and crashed at exit
     // finished the attempt: its ranks' exit-time crashes are no failure.
-    let finished_then_crashed = exits.iter().any(|(_, x)| {
-        x.class_reason.as_deref() == Some(crate::policy::failure::FINISHED_THEN_CRASHED)
-    });
+    let finished_then_crashed = crate::policy::failure::attempt_finished(&exit_facts(&exits));
     let failed = !finished_then_crashed
         && (events.iter().any(|(_, e)| match e {
             Event::Failure(_) => true,

@@ -31,6 +31,7 @@
 //!   not say what happened then. [`journal_gaps`] lists them for the notes.
 
 mod marks;
+pub(crate) use marks::exit_facts;
 
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
