@@ -269,8 +269,8 @@ fn healthy(script: &str, args: &[&str]) {
 /// Rank 1 faults once at update 25 (`--fault KIND`): the hang is judged
 /// on rank 1, within the limit and the margin, the run restarts once and
 /// completes, and no node is held responsible.
-fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) {
-    let Some(env) = env() else { return };
+fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
+    let Some(env) = env() else { return None };
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec!["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
     all.extend_from_slice(args);
@@ -314,6 +314,7 @@ fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) {
         "{script} hang of rank 1 (py-spy {py_spy}): limit {limit:.1}s, stall after {idle:.1}s, judged {judged:.2}s later, rule {}, run {:?}",
         verdict["rule"], cell.took
     );
+    Some(cell)
 }
 
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
@@ -404,6 +405,31 @@ fn hf_trainer_rank_1_asleep_without_its_bar_is_blamed() {
         &["--progress", "off", "--logging-steps", "5"],
         false,
     );
+}
+
+/// HF without its bar at log level info, as the HF example scripts run:
+/// the banner's `Num update steps per epoch` makes each log dict's `epoch`
+/// a step, so the stall names the step and the run has a last step.
+#[test]
+fn hf_trainer_without_its_bar_names_its_steps_from_the_log_dicts() {
+    let args = [
+        "--progress",
+        "off",
+        "--logging-steps",
+        "5",
+        "--log-level",
+        "info",
+    ];
+    let Some(cell) = rank_1_hangs("hf_trainer.py", &args, false) else {
+        return;
+    };
+    let why = cell.explain();
+    let stall = cell.kinds("stall")[0];
+    // The fault fires after update 25; the last log dict rank 0 wrote
+    // before it names update 20 or 25 (stdout is block-buffered on a pipe:
+    // the last one may still sit in the trainer's buffer).
+    let last = stall.u64("last_step");
+    assert!(matches!(last, Some(20 | 25)), "last step {last:?}:\n{why}");
 }
 
 #[test]

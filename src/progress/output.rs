@@ -19,6 +19,7 @@ use nix::unistd::{read, write};
 use regex::bytes::Regex;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -49,6 +50,11 @@ pub struct Parser {
     /// step of a read (see [`Parser::scan`]).
     phase_prefilter: Option<Regex>,
     epoch: Regex,
+    per_epoch: Regex,
+    /// The steps per epoch the trainer announced (0: not yet), shared by
+    /// the clones of a rank's parser: HF logs its banner to stderr and
+    /// prints its log dicts to stdout.
+    announced: Arc<AtomicU64>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -72,6 +78,11 @@ pub enum Mark {
     /// `disable_tqdm`) in millionths. A new value is progress; it names
     /// nothing and is never a step interval.
     Activity(u64),
+    /// A log dict's `epoch`, in millionths: the line scanner makes it the
+    /// step it names when the trainer printed its steps per epoch (HF's
+    /// `Num update steps per epoch = 32`) and no bar names the steps, else
+    /// [`Mark::Activity`].
+    Epoch(u64),
 }
 
 /// Figures read from output ([`crate::progress::figures`]), compared bit
@@ -132,6 +143,12 @@ pub const DEFAULT_LITERALS: &[&str] = &[
 const EPOCH_REGEX: &str =
     r#"(?m)^\s*\{.*['"]epoch['"]\s*:\s*['"]?(\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)['"]?\s*[,}]"#;
 
+/// The steps per epoch a trainer announces at its start: the HF Trainer's
+/// banner (`  Num update steps per epoch = 32`, transformers 5 at log level
+/// info, as the HF example scripts set it), accelerate and diffusers
+/// scripts' alike.
+const PER_EPOCH_REGEX: &str = r"(?i:steps) per epoch\s*[=:]\s*(\d[\d,]{0,12})";
+
 /// A step as the step regex found it: the number, and the total when it
 /// came from an unlabelled bar.
 type Count = (u64, Option<u64>);
@@ -183,7 +200,20 @@ impl Parser {
             prefilter,
             phase_prefilter,
             epoch: Regex::new(EPOCH_REGEX).expect("epoch regex"),
+            per_epoch: Regex::new(PER_EPOCH_REGEX).expect("per epoch regex"),
+            announced: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// The steps per epoch announced in `text`, if any.
+    fn per_epoch_in(&self, text: &[u8]) -> Option<u64> {
+        let c = self.per_epoch.captures_iter(text).last()?;
+        let digits: String = std::str::from_utf8(c.get(1)?.as_bytes())
+            .ok()?
+            .chars()
+            .filter(char::is_ascii_digit)
+            .collect();
+        digits.parse().ok().filter(|n| *n > 0)
     }
 
     /// The last log dict's epoch in `text`, in millionths.
@@ -308,7 +338,7 @@ impl Parser {
             (None, None) => {}
         }
         if let Some(e) = epoch {
-            marks.push(Mark::Activity(e));
+            marks.push(Mark::Epoch(e));
         }
         marks
     }
@@ -525,13 +555,28 @@ impl LineScanner {
                 marks = compact(marks);
             }
         }
-        self.resolve(marks)
+        self.resolve(parser, marks)
     }
 
     /// Bars made steps (the training bar, known by its total: the first
-    /// bar's) or activity (another bar: HF's evaluation bar).
-    fn resolve(&mut self, mut marks: Vec<Mark>) -> Vec<Mark> {
+    /// bar's) or activity (another bar: HF's evaluation bar); a log dict's
+    /// epoch the step it names (epoch × steps per epoch, when announced and
+    /// no bar names the steps) or activity.
+    fn resolve(&mut self, parser: &Parser, mut marks: Vec<Mark>) -> Vec<Mark> {
+        let per_epoch = parser.announced.load(Ordering::Relaxed);
         for m in marks.iter_mut() {
+            if let Mark::Epoch(e) = *m {
+                let step = match self.bar_total {
+                    None => ((e as f64 / 1e6) * per_epoch as f64).round() as u64,
+                    Some(_) => 0,
+                };
+                *m = if step > 0 {
+                    Mark::Step(step)
+                } else {
+                    Mark::Activity(e)
+                };
+                continue;
+            }
             if let Mark::Bar { count, total } = *m {
                 let training = *self.bar_total.get_or_insert(total);
                 // A bar at 0 has done no step yet (and after a resume the
@@ -547,6 +592,14 @@ impl LineScanner {
     }
 
     fn feed_lines(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
+        // The announcement comes once, before the first step; until it has
+        // come, one literal search of each read (a split line is missed:
+        // the epochs stay activity).
+        if self.bar_total.is_none() && parser.announced.load(Ordering::Relaxed) == 0 {
+            if let Some(n) = parser.per_epoch_in(chunk) {
+                parser.announced.store(n, Ordering::Relaxed);
+            }
+        }
         let Some(last_nl) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
             self.push_carry(chunk);
             return Vec::new();
@@ -581,7 +634,7 @@ impl LineScanner {
             parser.scan(&self.carry)
         };
         self.carry.clear();
-        self.resolve(marks)
+        self.resolve(parser, marks)
     }
 
     fn push_carry(&mut self, bytes: &[u8]) {
@@ -615,7 +668,7 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
     let is_step = |m: &&Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
     let activity = marks
         .iter()
-        .rfind(|m| matches!(m, Mark::Activity(_)))
+        .rfind(|m| matches!(m, Mark::Activity(_) | Mark::Epoch(_)))
         .cloned();
     let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
     let (before, after) = match last_phase {
@@ -931,7 +984,7 @@ pub fn spawn_pump(
                             metrics: named(figures.take().unwrap_or_default()),
                             with_phase: None,
                         },
-                        Mark::Activity(count) => Kind::Activity { count },
+                        Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
                         Mark::Phase(p) => Kind::Phase {
                             name: p.to_string(),
                             step: None,
@@ -1250,6 +1303,46 @@ mod tests {
         assert_eq!(
             no_figures(s.feed(&p, train(25).as_bytes())),
             vec![Mark::Step(25)]
+        );
+    }
+
+    #[test]
+    fn a_log_dict_names_its_step_when_the_steps_per_epoch_were_announced() {
+        // HF at log level info (the example scripts'), disable_tqdm=True:
+        // the banner on stderr, the log dicts on stdout.
+        let p = parser();
+        let mut s = LineScanner::default();
+        let banner = "[transformers] ***** Running training *****\n[transformers]   Num examples = 256\n[transformers]   Num Epochs = 2\n[transformers]   Num update steps per epoch = 32\n[transformers]   Total optimization steps = 60\n";
+        assert!(no_figures(LineScanner::default().feed(&p.clone(), banner.as_bytes())).is_empty());
+        let dict =
+            |e: &str| format!("{{'loss': '4.709', 'grad_norm': '0.6669', 'epoch': '{e}'}}\n");
+        for (e, step) in [("0.1562", 5), ("1.094", 35), ("1.875", 60)] {
+            assert_eq!(
+                no_figures(s.feed(&p, dict(e).as_bytes())),
+                vec![Mark::Step(step)],
+                "epoch {e}"
+            );
+        }
+        // transformers 4's unquoted floats, thousands in the banner.
+        let p = parser();
+        let mut s = LineScanner::default();
+        s.feed(&p, b"  Num update steps per epoch = 1,250\n");
+        assert_eq!(
+            no_figures(s.feed(&p, b"{'loss': 2.1, 'learning_rate': 4e-05, 'epoch': 0.4}\n")),
+            vec![Mark::Step(500)]
+        );
+        // A bar names the steps: the epochs stay activity.
+        let p = parser();
+        let mut s = LineScanner::default();
+        s.feed(&p, b"  Num update steps per epoch = 32\n");
+        s.feed(
+            &p,
+            " 40%|\u{2588}\u{2588}\u{2588}\u{2588}      | 24/60 [00:01<00:02, 14.54it/s]\n"
+                .as_bytes(),
+        );
+        assert_eq!(
+            no_figures(s.feed(&p, dict("0.75").as_bytes())),
+            vec![Mark::Activity(750_000)]
         );
     }
 
