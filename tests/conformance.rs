@@ -411,7 +411,7 @@ fn hf_trainer_rank_1_asleep_without_its_bar_is_blamed() {
 /// the banner's `Num update steps per epoch` makes each log dict's `epoch`
 /// a step, so the stall names the step and the run has a last step.
 #[test]
-fn hf_trainer_without_its_bar_names_its_steps_from_the_log_dicts() {
+fn hf_trainer_without_its_bar_names_its_steps_from_the_log_dicts() -> Option<()> {
     let args = [
         "--progress",
         "off",
@@ -420,9 +420,7 @@ fn hf_trainer_without_its_bar_names_its_steps_from_the_log_dicts() {
         "--log-level",
         "info",
     ];
-    let Some(cell) = rank_1_hangs("hf_trainer.py", &args, false) else {
-        return;
-    };
+    let cell = rank_1_hangs("hf_trainer.py", &args, false)?;
     let why = cell.explain();
     let stall = cell.kinds("stall")[0];
     // The fault fires after update 25; the last log dict rank 0 wrote
@@ -430,6 +428,7 @@ fn hf_trainer_without_its_bar_names_its_steps_from_the_log_dicts() {
     // the last one may still sit in the trainer's buffer).
     let last = stall.u64("last_step");
     assert!(matches!(last, Some(20 | 25)), "last step {last:?}:\n{why}");
+    Some(())
 }
 
 #[test]
