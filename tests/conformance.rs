@@ -270,7 +270,7 @@ fn healthy(script: &str, args: &[&str]) {
 /// on rank 1, within the limit and the margin, the run restarts once and
 /// completes, and no node is held responsible.
 fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
-    let Some(env) = env() else { return None };
+    let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec!["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
     all.extend_from_slice(args);

@@ -51,10 +51,11 @@ fn check(marks: &[Mark]) {
         .collect();
     let marks = &marks[..];
     // Activity (another bar, a log dict's epoch) comes last, at most once.
-    let activity = marks.iter().filter(|m| matches!(m, Mark::Activity(_))).count();
+    let is_activity = |m: &Mark| matches!(m, Mark::Activity(_) | Mark::Epoch(_));
+    let activity = marks.iter().filter(|m| is_activity(m)).count();
     assert!(activity <= 1, "{marks:?}");
     if activity == 1 {
-        assert!(matches!(marks.last(), Some(Mark::Activity(_))), "{marks:?}");
+        assert!(marks.last().is_some_and(is_activity), "{marks:?}");
     }
     // At most one phase marker, with at most one step on each side of it
     // (the stall policy says whether the later one ends the phase).

@@ -527,6 +527,8 @@ pub struct LineScanner {
     overflow: bool,
     /// The training bar's total: the first unlabelled bar's.
     bar_total: Option<u64>,
+    /// The step regex or a bar named a step: a log dict's epoch never does.
+    steps_named: bool,
 }
 
 impl LineScanner {
@@ -564,11 +566,16 @@ impl LineScanner {
     /// no bar names the steps) or activity.
     fn resolve(&mut self, parser: &Parser, mut marks: Vec<Mark>) -> Vec<Mark> {
         let per_epoch = parser.announced.load(Ordering::Relaxed);
+        // A step the step regex or a bar named wins: the epoch is then
+        // life, as without the announcement.
+        self.steps_named |= marks
+            .iter()
+            .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. }));
         for m in marks.iter_mut() {
             if let Mark::Epoch(e) = *m {
-                let step = match self.bar_total {
-                    None => ((e as f64 / 1e6) * per_epoch as f64).round() as u64,
-                    Some(_) => 0,
+                let step = match (self.bar_total, self.steps_named) {
+                    (None, false) => ((e as f64 / 1e6) * per_epoch as f64).round() as u64,
+                    _ => 0,
                 };
                 *m = if step > 0 {
                     Mark::Step(step)
