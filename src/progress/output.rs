@@ -19,7 +19,7 @@ use nix::unistd::{read, write};
 use regex::bytes::Regex;
 use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -55,6 +55,9 @@ pub struct Parser {
     /// the clones of a rank's parser: HF logs its banner to stderr and
     /// prints its log dicts to stdout.
     announced: Arc<AtomicU64>,
+    /// A step or a log dict's epoch was seen on either stream: the
+    /// announcement, which comes before them, is no longer looked for.
+    settled: Arc<AtomicBool>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -147,7 +150,7 @@ const EPOCH_REGEX: &str =
 /// banner (`  Num update steps per epoch = 32`, transformers 5 at log level
 /// info, as the HF example scripts set it), accelerate and diffusers
 /// scripts' alike.
-const PER_EPOCH_REGEX: &str = r"(?i:steps) per epoch\s*[=:]\s*(\d[\d,]{0,12})";
+const PER_EPOCH_REGEX: &str = r"(?:steps|Steps|STEPS) per epoch\s*[=:]\s*(\d[\d,]{0,12})";
 
 /// A step as the step regex found it: the number, and the total when it
 /// came from an unlabelled bar.
@@ -202,6 +205,7 @@ impl Parser {
             epoch: Regex::new(EPOCH_REGEX).expect("epoch regex"),
             per_epoch: Regex::new(PER_EPOCH_REGEX).expect("per epoch regex"),
             announced: Arc::new(AtomicU64::new(0)),
+            settled: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -571,6 +575,9 @@ impl LineScanner {
         self.steps_named |= marks
             .iter()
             .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. }));
+        if self.steps_named || marks.iter().any(|m| matches!(m, Mark::Epoch(_))) {
+            parser.settled.store(true, Ordering::Relaxed);
+        }
         for m in marks.iter_mut() {
             if let Mark::Epoch(e) = *m {
                 let step = match (self.bar_total, self.steps_named) {
@@ -602,7 +609,8 @@ impl LineScanner {
         // The announcement comes once, before the first step; until it has
         // come, one literal search of each read (a split line is missed:
         // the epochs stay activity).
-        if self.bar_total.is_none() && parser.announced.load(Ordering::Relaxed) == 0 {
+        if !parser.settled.load(Ordering::Relaxed) && parser.announced.load(Ordering::Relaxed) == 0
+        {
             if let Some(n) = parser.per_epoch_in(chunk) {
                 parser.announced.store(n, Ordering::Relaxed);
             }
