@@ -58,6 +58,8 @@ pub struct Parser {
     /// A step or a log dict's epoch was seen on either stream: the
     /// announcement, which comes before them, is no longer looked for.
     settled: Arc<AtomicBool>,
+    /// Completion lines of checkpoint saves (with the default regexes).
+    done: Option<Regex>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -86,6 +88,11 @@ pub enum Mark {
     /// `Num update steps per epoch = 32`) and no bar names the steps, else
     /// [`Mark::Activity`].
     Epoch(u64),
+    /// A checkpoint save completed, as the trainer says: Megatron-LM's (and
+    /// NeMo's, through Megatron core) `successfully saved checkpoint from
+    /// iteration     100 to /ckpt`, asynchronous saves included (printed
+    /// when the save is finalised).
+    CheckpointDone(u64),
 }
 
 /// Figures read from output ([`crate::progress::figures`]), compared bit
@@ -152,6 +159,9 @@ const EPOCH_REGEX: &str =
 /// scripts' alike.
 const PER_EPOCH_REGEX: &str = r"(?:steps|Steps|STEPS) per epoch\s*[=:]\s*(\d[\d,]{0,12})";
 
+/// A save's completion line; group 1 is the checkpoint's step.
+const CHECKPOINT_DONE_REGEX: &str = r"successfully saved checkpoint from iteration\s+(\d{1,15})";
+
 /// A step as the step regex found it: the number, and the total when it
 /// came from an unlabelled bar.
 type Count = (u64, Option<u64>);
@@ -206,6 +216,8 @@ impl Parser {
             per_epoch: Regex::new(PER_EPOCH_REGEX).expect("per epoch regex"),
             announced: Arc::new(AtomicU64::new(0)),
             settled: Arc::new(AtomicBool::new(false)),
+            done: defaults
+                .then(|| Regex::new(CHECKPOINT_DONE_REGEX).expect("checkpoint done regex")),
         }
     }
 
@@ -340,6 +352,26 @@ impl Parser {
             (Some((_, s)), None) => marks.push(mark_of(s)),
             (None, Some((_, p))) => marks.push(Mark::Phase(p)),
             (None, None) => {}
+        }
+        if let Some((at, saved)) = self.done.as_ref().and_then(|re| {
+            let c = re.captures_iter(text).last()?;
+            let n = std::str::from_utf8(c.get(1)?.as_bytes())
+                .ok()?
+                .parse::<u64>()
+                .ok()?;
+            Some((c.get(0)?.start(), n))
+        }) {
+            // In the order printed: a save that completed before the last
+            // step's line goes before that step (training waited for it).
+            let last = marks
+                .iter()
+                .rposition(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. }));
+            match (last, step) {
+                (Some(i), Some((s_line, _))) if at < s_line => {
+                    marks.insert(i, Mark::CheckpointDone(saved))
+                }
+                _ => marks.push(Mark::CheckpointDone(saved)),
+            }
         }
         if let Some(e) = epoch {
             marks.push(Mark::Epoch(e));
@@ -680,22 +712,32 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
             figures::merge(&mut seen, f.clone());
         }
     }
-    let is_step = |m: &&Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
     let activity = marks
         .iter()
         .rfind(|m| matches!(m, Mark::Activity(_) | Mark::Epoch(_)))
         .cloned();
     let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
-    let (before, after) = match last_phase {
-        Some(p) => (&marks[..p], &marks[p + 1..]),
-        None => (&marks[..], &marks[..0]),
-    };
     let figures = (!seen.is_empty()).then_some(Mark::Figures(Seen(seen)));
+    // The steps, the marker and a completed save, in the order printed (a
+    // save that completed before the last step: training waited for it).
+    let last_of = |from: usize, to: usize, f: &dyn Fn(&Mark) -> bool| {
+        marks[from..to].iter().rposition(f).map(|i| from + i)
+    };
+    let split = last_phase.unwrap_or(marks.len());
+    let step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
+    let mut kept: Vec<usize> = [
+        last_of(0, split, &step),
+        last_phase,
+        last_of((split + 1).min(marks.len()), marks.len(), &step),
+        last_of(0, marks.len(), &|m| matches!(m, Mark::CheckpointDone(_))),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    kept.sort_unstable();
     figures
         .into_iter()
-        .chain(before.iter().rfind(is_step).cloned())
-        .chain(last_phase.map(|p| marks[p].clone()))
-        .chain(after.iter().rfind(is_step).cloned())
+        .chain(kept.into_iter().map(|i| marks[i].clone()))
         .chain(activity)
         .collect()
 }
@@ -1000,6 +1042,7 @@ pub fn spawn_pump(
                             with_phase: None,
                         },
                         Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
+                        Mark::CheckpointDone(step) => Kind::CheckpointDone { step: Some(step) },
                         Mark::Phase(p) => Kind::Phase {
                             name: p.to_string(),
                             step: None,
@@ -1359,6 +1402,37 @@ mod tests {
             no_figures(s.feed(&p, dict("0.75").as_bytes())),
             vec![Mark::Activity(750_000)]
         );
+    }
+
+    #[test]
+    fn megatrons_save_completion_line_is_a_checkpoint_done() {
+        // Megatron-LM's lines as its training.py and checkpointing.py print
+        // them (`print_rank_0('  successfully saved checkpoint from
+        // iteration {:7d} to {}'...)`).
+        let p = parser();
+        let mut s = LineScanner::default();
+        let text = " [2026-11-26 12:00:00] iteration      100/    1000 | consumed samples: 800 | lm loss: 7.1E+00 |\nsaving checkpoint at iteration     100 to /ckpt in torch_dist format\n  successfully saved checkpoint from iteration     100 to /ckpt [ t 1/1, p 1/1 ]\n";
+        assert_eq!(
+            no_figures(s.feed(&p, text.as_bytes())),
+            vec![
+                Mark::Step(100),
+                Mark::Phase("checkpoint"),
+                Mark::CheckpointDone(100)
+            ]
+        );
+        // An asynchronous save is finalised iterations later.
+        let text = " [2026-11-26 12:00:09] iteration      103/    1000 | consumed samples: 824 |\n  successfully saved checkpoint from iteration     100 to /ckpt [ t 1/1, p 1/1 ]\n";
+        assert_eq!(
+            no_figures(s.feed(&p, text.as_bytes())),
+            vec![Mark::Step(103), Mark::CheckpointDone(100)]
+        );
+        // Loading is no save.
+        assert!(no_figures(s.feed(
+            &p,
+            b"  successfully loaded checkpoint from /ckpt [ t 1/1, p 1/1 ] at iteration 100\n"
+        ))
+        .iter()
+        .all(|m| !matches!(m, Mark::CheckpointDone(_))));
     }
 
     #[test]

@@ -334,3 +334,38 @@ fn a_step_line_read_after_the_checkpoint_message_does_not_end_the_save() {
     assert_eq!(done.get("blocked_training"), Some(&true.into()), "{done:?}");
     assert!(done.f64("duration_s").unwrap() >= 1.9, "{done:?}");
 }
+
+/// Megatron-LM's save lines as it prints them (it needs a GPU, so the
+/// lines are printed here by a stand-in): the `saving checkpoint` line
+/// opens the save, `successfully saved checkpoint from iteration N` ends it
+/// as a confirmed checkpoint of step N, with its duration, and a 2 s save
+/// under a 1 s step limit is no stall.
+const MEGATRON_SAVES: &str = r#"
+import time
+for i in range(1, 9):
+    print(f" [2026-11-26 12:00:0{i}] iteration {i:8d}/       8 | consumed samples: {8 * i} | lm loss: 7.1E+00 |", flush=True)
+    time.sleep(0.1)
+    if i == 4:
+        print(f"saving checkpoint at iteration {i:7d} to /ckpt in torch_dist format", flush=True)
+        time.sleep(2)
+        print(f"  successfully saved checkpoint from iteration {i:7d} to /ckpt [ t 1/1, p 1/1 ]", flush=True)
+"#;
+
+#[test]
+fn megatrons_save_lines_make_a_confirmed_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("t.py");
+    std::fs::write(&script, MEGATRON_SAVES).unwrap();
+    let mut c = resilio_run(dir.path(), "mega");
+    c.args(["--stall-timeout", "1s", "--", "python3"])
+        .arg(&script);
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let recs = records(dir.path(), "mega");
+    assert!(kinds(&recs, "stall").is_empty(), "{recs:#?}");
+    let done = one(&recs, "checkpoint_done");
+    assert_eq!(done.u64("step"), Some(4), "{done:?}");
+    assert_eq!(done.str("source"), Some("stdout"), "{done:?}");
+    assert!(done.f64("duration_s").unwrap() >= 1.9, "{done:?}");
+    assert_eq!(done.get("blocked_training"), Some(&true.into()), "{done:?}");
+}
