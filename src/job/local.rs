@@ -408,10 +408,15 @@ impl Local {
                     let at_exit = matches!(st, WaitStatus::Exited(_, 134 | 139));
                     if at_exit && a.failed_at.is_none() && run.stopped_from_outside.is_none() {
                         // An abort with no say of its own may be the end of
-                        // a finished run: the others get a moment first.
-                        a.exit_crash_until.get_or_insert(
-                            Instant::now() + crate::coordinator::state::EXIT_CRASH_GRACE,
-                        );
+                        // a finished run: the others get a moment first. The
+                        // coordinator, when there is one, judges it (it
+                        // probes the others: one still working is left to
+                        // finish) and stops the ranks itself.
+                        if run.coordinator.is_none() {
+                            a.exit_crash_until.get_or_insert(
+                                Instant::now() + crate::coordinator::state::EXIT_CRASH_GRACE,
+                            );
+                        }
                         a.exit_crashed.push(r.rank);
                         a.failure_note
                             .get_or_insert_with(|| format!("rank {} exited {c}", r.rank));

@@ -58,6 +58,8 @@ pub struct Parser {
     /// A step or a log dict's epoch was seen on either stream: the
     /// announcement, which comes before them, is no longer looked for.
     settled: Arc<AtomicBool>,
+    /// Bytes searched for the announcement.
+    looked: Arc<AtomicU64>,
     /// Completion lines of checkpoint saves (with the default regexes).
     done: Option<Regex>,
 }
@@ -159,6 +161,10 @@ const EPOCH_REGEX: &str =
 /// scripts' alike.
 const PER_EPOCH_REGEX: &str = r"(?:steps|Steps|STEPS) per epoch\s*[=:]\s*(\d[\d,]{0,12})";
 
+/// The output an announcement of the steps per epoch is looked for in: the
+/// start of the run (HF's banner follows the model's loading messages).
+const ANNOUNCEMENT_WITHIN: u64 = 16 << 20;
+
 /// A save's completion line; group 1 is the checkpoint's step.
 const CHECKPOINT_DONE_REGEX: &str = r"successfully saved checkpoint from iteration\s+(\d{1,15})";
 
@@ -216,6 +222,7 @@ impl Parser {
             per_epoch: Regex::new(PER_EPOCH_REGEX).expect("per epoch regex"),
             announced: Arc::new(AtomicU64::new(0)),
             settled: Arc::new(AtomicBool::new(false)),
+            looked: Arc::new(AtomicU64::new(0)),
             done: defaults
                 .then(|| Regex::new(CHECKPOINT_DONE_REGEX).expect("checkpoint done regex")),
         }
@@ -645,6 +652,13 @@ impl LineScanner {
         {
             if let Some(n) = parser.per_epoch_in(chunk) {
                 parser.announced.store(n, Ordering::Relaxed);
+            }
+            // Nor past the start of the output.
+            let read = parser
+                .looked
+                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+            if read > ANNOUNCEMENT_WITHIN {
+                parser.settled.store(true, Ordering::Relaxed);
             }
         }
         let Some(last_nl) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {

@@ -101,6 +101,60 @@ fn a_rank_still_saving_when_another_finished_then_crashed_is_left_to_finish() {
     assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
 }
 
+/// Rank 1 aborts after the last step with no signature of its own (no end
+/// of training printed); rank 0 writes its final save for 14 s, longer
+/// than the 10 s moment given to the others: probed then, it is shown
+/// outside any collective (writing a file, asleep between writes), left to
+/// finish, and the run is not trained again.
+const ONE_ABORTS_ONE_SAVES_LONG: &str = r#"
+import os, sys, time
+r = int(os.environ.get("RANK", "0"))
+for i in range(1, 11):
+    if r == 0:
+        print(f"step {i}", flush=True)
+    time.sleep(0.2)
+if r == 1:
+    os.abort()
+with open(sys.argv[1], "wb") as f:
+    for i in range(28):
+        f.write(os.urandom(1 << 16))
+        f.flush()
+        time.sleep(0.5)
+print("saved", flush=True)
+"#;
+
+#[test]
+fn a_rank_saving_after_another_aborted_with_no_signature_is_left_to_finish() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(&script, ONE_ABORTS_ONE_SAVES_LONG).unwrap();
+    let mut c = resilio_run(tmp.path(), "last");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script)
+        .arg(tmp.path().join("final.bin"));
+    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("left to finish"),
+        "{}",
+        stderr_of(&out)
+    );
+    let recs = records(tmp.path(), "last");
+    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
+    assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
+    let size = std::fs::metadata(tmp.path().join("final.bin"))
+        .unwrap()
+        .len();
+    assert_eq!(size, 28 << 16, "the final save was written whole");
+    let o = std::process::Command::new(bin())
+        .args(["report", "--json", "last", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed_attempts"], 0, "{r}");
+}
+
 /// torch 2.15's gloo DDP as seen on this machine: rank 1, which prints
 /// nothing of its own, aborts at exit (no signature); rank 0, which printed
 /// the steps, completes a moment later.

@@ -153,6 +153,9 @@ pub struct JobView {
     /// A rank that aborted with no signature: (rank, node, reason, when
     /// the step is torn down unless the others have finished by then).
     exit_crash: Option<(u32, String, String, Instant)>,
+    /// The others were probed when the moment ran out: their answers are
+    /// awaited until then.
+    exit_probe: Option<Instant>,
     relaunch_measured: bool,
     /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
     excluding: Option<(String, String)>,
@@ -205,6 +208,7 @@ impl JobView {
             failed_at: None,
             busy_since: None,
             exit_crash: None,
+            exit_probe: None,
             relaunch_measured: true,
             excluding: None,
             restarts: 0,
@@ -261,6 +265,8 @@ impl JobView {
         self.failing = None;
         self.pending = None;
         self.excluding = None;
+        self.exit_crash = None;
+        self.exit_probe = None;
         self.restarts += 1;
         self.relaunch_measured = false;
         self.straggler.reset_totals();
@@ -423,6 +429,51 @@ impl JobView {
         }
     }
 
+    /// The moment given to the others after an abort with no signature ran
+    /// out: they are probed. One still working (its CPU time moves, it waits
+    /// on no peer) or shown elsewhere than in a collective (writing a file,
+    /// asleep in its own code) is finishing a run that is over (a last
+    /// save, an evaluation): the ranks are left to finish, crash, or stall
+    /// on their own (their stall limits still hold). Ranks all waiting on a
+    /// peer (the one that died), or that show nothing, are torn down.
+    fn exit_crash_over(
+        &mut self,
+        rank: u32,
+        node: &str,
+        reason: String,
+        now: Instant,
+        out: &mut Vec<Effect>,
+    ) {
+        let Some(until) = self.exit_probe else {
+            let others: Vec<u32> = self.live().map(|(r, _)| *r).collect();
+            self.push(
+                others,
+                CommandKind::Diagnose {
+                    reason: format!("rank {rank} crashed at exit: is the rest finishing?"),
+                },
+            );
+            self.exit_probe = Some(now + self.cfg.hang_wait);
+            return;
+        };
+        if !self.probes_complete() && now < until {
+            return;
+        }
+        self.exit_crash = None;
+        self.exit_probe = None;
+        let working: Vec<u32> = self
+            .live()
+            .filter(|(_, e)| e.report.busy || e.report.not_waiting_shown)
+            .map(|(r, _)| *r)
+            .collect();
+        if working.is_empty() {
+            self.fail(rank, node, reason, None, now, out);
+        } else {
+            tracing::info!(
+                "{reason}, with no signature of its own; rank(s) {working:?} are still at work outside any collective (a last save or evaluation): left to finish"
+            );
+        }
+    }
+
     /// Every live rank has answered the probe (a probe that could not tell
     /// is an answer too: waiting for it longer would tell nothing more).
     fn probes_complete(&self) -> bool {
@@ -527,9 +578,9 @@ impl JobView {
         if let Some((rank, node, reason, by)) = self.exit_crash.clone() {
             if self.failing.is_some() || self.live().next().is_none() {
                 self.exit_crash = None;
+                self.exit_probe = None;
             } else if now >= by {
-                self.exit_crash = None;
-                self.fail(rank, &node, reason, None, now, &mut out);
+                self.exit_crash_over(rank, &node, reason, now, &mut out);
             }
         }
         if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
@@ -817,13 +868,63 @@ mod tests {
         assert!(
             !kinds(&v.tick(t + EXIT_CRASH_GRACE + Duration::from_secs(1))).contains(&"<failed>")
         );
-        // Rank 0 still running after the grace: the step is torn down.
+        // Rank 0 still running after the grace: it is probed; waiting on
+        // its dead peer, the step is torn down.
+        let probed = |busy: bool| {
+            let mut x = report(0, 60, RankState::Running);
+            x.probed = true;
+            x.busy = busy;
+            x.waiting_on_peer = Some(!busy);
+            x
+        };
+        let late = t + EXIT_CRASH_GRACE + Duration::from_secs(1);
         let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
         for r in 0..2 {
             v.on_report(report(r, 60, RankState::Running), t);
         }
         v.on_report(abort(1), t);
-        let e = v.tick(t + EXIT_CRASH_GRACE + Duration::from_secs(1));
+        assert!(!kinds(&v.tick(late)).contains(&"<failed>"), "probed first");
+        assert!(v
+            .commands_for(0, 0, 0)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::Diagnose { .. })));
+        v.on_report(probed(false), late);
+        let e = v.tick(late + Duration::from_millis(100));
+        assert_eq!(kinds(&e), vec!["teardown", "<failed>"]);
+        // Working (a last save): left to finish, never torn down.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        v.on_report(abort(1), t);
+        v.tick(late);
+        v.on_report(probed(true), late);
+        for s in 0..120 {
+            let e = v.tick(late + Duration::from_secs(s));
+            assert!(!kinds(&e).contains(&"<failed>"), "{s}s: {:?}", kinds(&e));
+        }
+        // Asleep or writing a file (shown outside any collective): left too.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        v.on_report(abort(1), t);
+        v.tick(late);
+        let mut asleep = probed(false);
+        asleep.waiting_on_peer = Some(false);
+        asleep.not_waiting_shown = true;
+        v.on_report(asleep, late);
+        assert!(!kinds(&v.tick(late + Duration::from_secs(30))).contains(&"<failed>"));
+        // No answer at all (an agent that cannot probe): torn down when the
+        // wait for the probes runs out.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        v.on_report(abort(1), t);
+        v.tick(late);
+        let wait = CoordinatorConfig::default().hang_wait;
+        let e = v.tick(late + wait + Duration::from_millis(1));
         assert_eq!(kinds(&e), vec!["teardown", "<failed>"]);
     }
 
