@@ -12,6 +12,20 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
+/// One attempt's judgment: the rank and node judged the cause (none when
+/// nobody could be blamed), and what was decided.
+#[derive(Clone, Debug, Serialize)]
+pub struct Judged {
+    pub ts: DateTime<Utc>,
+    pub attempt: u32,
+    pub class: Option<String>,
+    pub rank: Option<u32>,
+    pub node: Option<String>,
+    pub evidence: Option<String>,
+    /// `restart_in_place`, `requeue`, `stop`, ... when a decision followed.
+    pub decision: Option<String>,
+}
+
 /// One failure, as listed in the report.
 #[derive(Clone, Debug, Serialize)]
 pub struct Failure {
@@ -78,6 +92,8 @@ pub struct Report {
     pub ettr: f64,
     pub lost_s: BTreeMap<String, f64>,
     pub failures: Vec<Failure>,
+    /// Each failed attempt's judgment: who was blamed, what was decided.
+    pub judgments: Vec<Judged>,
     /// Observe mode: what resilio would have done (nothing was done).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub observed: Vec<Observed>,
@@ -430,6 +446,7 @@ pub fn build(
     let journal_gaps = crate::analysis::accounting::journal_gaps(records, &acc.segments);
     let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
     let failures = failures_of(&events);
+    let judgments = judgments_of(&events);
     let exit_code = events
         .iter()
         .rev()
@@ -481,6 +498,7 @@ pub fn build(
         ettr: if wall > 0.0 { productive / wall } else { 0.0 },
         lost_s: lost,
         failures,
+        judgments,
         observed: observed_of(&events),
         stalls: attempts.iter().map(|a| a.stalls).sum(),
         last_step: attempts.iter().filter_map(|a| a.last_step).max(),
@@ -546,6 +564,32 @@ fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
 
 /// The failures, as listed in the report (a verdict written later counts
 /// for the attempt it is about).
+fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
+    let decision = |attempt: u32| {
+        events.iter().find_map(|(r, e)| match e {
+            Event::Decision(d) if d.about_attempt.unwrap_or(r.attempt) == attempt => {
+                d.decision.as_ref()?.action.clone()
+            }
+            _ => None,
+        })
+    };
+    events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Judgment(j) => Some(Judged {
+                ts: r.ts,
+                attempt: r.attempt,
+                class: j.class.map(|c| c.name().to_string()),
+                rank: j.primary_rank,
+                node: j.primary_node.clone(),
+                evidence: j.evidence.clone().or_else(|| j.reason.clone()),
+                decision: decision(r.attempt),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
 fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
     // Each attempt's judged primary rank, where the judgment names one.
     let primary: Vec<(u32, u32)> = events
@@ -712,12 +756,21 @@ pub fn summary_line(r: &Report) -> String {
         1 => " after 1 failure".into(),
         n => format!(" after {n} failures"),
     };
-    if lost.is_empty() {
-        format!("ETTR {:.1}%{failures}", 100.0 * r.ettr)
+    // No step number read at all: the time could not be told productive.
+    let ettr = if r.last_step.is_none() && r.ettr == 0.0 {
+        "ETTR unknown (no step number was read)".to_string()
     } else {
-        format!("ETTR {:.1}%{failures}: {}", 100.0 * r.ettr, lost.join(", "))
+        format!("ETTR {:.1}%", 100.0 * r.ettr)
+    };
+    if lost.is_empty() {
+        format!("{ettr}{failures}")
+    } else {
+        format!("{ettr}{failures}: {}", lost.join(", "))
     }
 }
+
+/// Why a report may have no step numbers, and what gives them.
+const NO_STEPS_HINT: &str = "no step number was read from the trainer, so no time counts as productive: Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (use TQDMProgressBar, or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
 
 /// Render the report for humans.
 /// The checkpoint that can be restored, checkpoints found incomplete, and
@@ -912,6 +965,9 @@ pub fn render_text(r: &Report) -> String {
         r.last_step.map_or("-".into(), |v| v.to_string()),
         r.exit_code.map_or("-".into(), |v| v.to_string()),
     );
+    if r.last_step.is_none() && r.ettr == 0.0 && !r.attempts.is_empty() {
+        let _ = writeln!(s, "note: {NO_STEPS_HINT}");
+    }
     let _ = writeln!(s, "\ntime accounting:");
     let _ = writeln!(
         s,
@@ -1009,8 +1065,10 @@ pub fn render_text(r: &Report) -> String {
         let _ = writeln!(
             s,
             "\nfailures:{}",
-            if r.failures.iter().any(|f| f.role.is_some()) {
+            if r.failures.iter().any(|f| f.role == Some("primary")) {
                 " (* the rank judged the cause; the others are its echoes)"
+            } else if r.failures.iter().any(|f| f.role.is_some()) {
+                " (echoes of the rank judged the cause: see judgments)"
             } else {
                 ""
             }
@@ -1034,6 +1092,32 @@ pub fn render_text(r: &Report) -> String {
                 f.detail
                     .as_ref()
                     .map_or(String::new(), |d| format!(": {d}"))
+            );
+        }
+    }
+    if !r.judgments.is_empty() {
+        let _ = writeln!(s, "\njudgments:");
+        for j in &r.judgments {
+            let blamed = match (j.rank, &j.node) {
+                (Some(k), Some(n)) => format!(" on rank {k} ({n})"),
+                (Some(k), None) => format!(" on rank {k}"),
+                (None, Some(n)) => format!(" on node {n}"),
+                (None, None) => ", nobody blamed".into(),
+            };
+            let _ = writeln!(
+                s,
+                "  {} attempt {}: {}{}{}{}",
+                j.ts.format("%H:%M:%S%.3f"),
+                j.attempt,
+                j.class.as_deref().unwrap_or("?"),
+                blamed,
+                j.decision
+                    .as_ref()
+                    .map_or(String::new(), |d| format!(" -> {}", d.replace('_', " "))),
+                j.evidence.as_ref().map_or(String::new(), |e| format!(
+                    ": {}",
+                    e.chars().take(200).collect::<String>()
+                ))
             );
         }
     }
@@ -1180,6 +1264,48 @@ mod tests {
         let text = render_text(&r);
         assert!(text.contains("* the rank judged the cause"), "{text}");
         assert!(text.contains("  * "), "{text}");
+    }
+
+    #[test]
+    fn the_report_names_the_rank_a_judgment_blamed_even_with_no_failure_of_its_own() {
+        // Rank 1 hung and was stopped by the coordinator (no failure record
+        // of its own); rank 0, waiting for it, stalled.
+        let mut waited = rec(
+            10.0,
+            "failure",
+            0,
+            json!({"cause": "stall", "class": "hang"}),
+        );
+        waited.rank = Some(0);
+        let recs = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            waited,
+            rec(
+                11.0,
+                "judgment",
+                0,
+                json!({"class": "hang", "primary_rank": 1, "primary_node": "n2",
+                       "evidence": "rank(s) 1 were not waiting on a peer while 1 rank(s) were"}),
+            ),
+            rec(
+                11.1,
+                "decision",
+                0,
+                json!({"decision": {"action": "restart_in_place"}}),
+            ),
+        ];
+        let r = build("j", &recs, 0, None);
+        assert_eq!(r.judgments.len(), 1);
+        assert_eq!(r.judgments[0].rank, Some(1));
+        let text = render_text(&r);
+        assert!(
+            text.contains(
+                "attempt 0: hang on rank 1 (n2) -> restart in place: rank(s) 1 were not waiting"
+            ),
+            "{text}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["judgments"][0]["rank"], 1, "{v}");
     }
 
     #[test]
