@@ -625,7 +625,8 @@ events! {
     }
 
     /// Something in the job's setup that will not work as it looks (spare
-    /// nodes without `--no-kill`), said once at the allocation's start.
+    /// nodes without `--no-kill`), said once at the allocation's start; a
+    /// trainer that prints no step number, said once by rank 0's agent.
     SetupWarning = "setup_warning" {
         warning: String,
     }

@@ -98,7 +98,14 @@ pub(crate) struct Agent<'a> {
     /// Batch level: Slurm requeued the job itself (seen at its SIGTERM);
     /// the job level decides nothing more.
     pub(super) requeued_by_slurm: bool,
+    /// Rank 0: when to say that its trainer has printed no step number yet
+    /// (its hangs are then caught by the startup limit only).
+    pub(super) no_step_warning: Option<Instant>,
 }
+
+/// How long rank 0 may print no step number before resilio says so (or
+/// half the startup limit, when that is shorter).
+pub const NO_STEP_WARNING: Duration = Duration::from_secs(5 * 60);
 
 /// How long the ranks left of a torn-down step must be silent (their agents
 /// report every second or two while they live) before the job-level
@@ -173,7 +180,13 @@ impl<'a> Agent<'a> {
             step_abandoned: false,
             step_start_missed: None,
             requeued_by_slurm: false,
+            no_step_warning: None,
         };
+        let mut agent = agent;
+        if !agent.r.batch_level && agent.r.id.rank == 0 {
+            let within = NO_STEP_WARNING.min(agent.r.cfg.stall.startup_timeout / 2);
+            agent.no_step_warning = Some(agent.r.launched + within);
+        }
         (agent, Done { diag, probe })
     }
 
@@ -200,6 +213,7 @@ impl<'a> Agent<'a> {
             } else {
                 plan.wake
             };
+            let wake = self.no_step_warning.map_or(wake, |t| wake.min(t));
             let woke = tokio::select! {
                 // Signals first: a SIGCONT after a suspension must restart the
                 // stall clock before the timer that expired meanwhile is judged.
@@ -235,6 +249,7 @@ impl<'a> Agent<'a> {
             self.abandon_silent_step();
             self.enforce_step_start();
             let now = Instant::now();
+            self.warn_of_no_step(now);
             if self.lc.limit_reached(now) {
                 // A trainer its user stopped at a terminal (Ctrl-Z) is
                 // paused, not stalled. (One stopped by SIGSTOP and left so
@@ -257,6 +272,32 @@ impl<'a> Agent<'a> {
                 break;
             }
         }
+    }
+
+    /// Rank 0's trainer has printed no step number for a while (though it
+    /// may print other things): its hangs are caught by the startup limit
+    /// only, and no time counts as productive. Said once, with what gives
+    /// steps.
+    fn warn_of_no_step(&mut self, now: Instant) {
+        if self.no_step_warning.is_none_or(|t| now < t) {
+            return;
+        }
+        self.no_step_warning = None;
+        if self.plog.tracker.step().is_some() || self.lc.stalled() {
+            return;
+        }
+        let waited = crate::duration::format(now.saturating_duration_since(self.r.launched));
+        let limit = crate::duration::format(self.r.cfg.stall.startup_timeout);
+        let warning = format!(
+            "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: use TQDMProgressBar, or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
+        );
+        tracing::warn!("{warning}");
+        self.r.journal.write(
+            ev::SetupWarning {
+                warning: Some(warning),
+            },
+            false,
+        );
     }
 
     /// At the step limit, before a stall: is the trainer working? Its CPU

@@ -369,3 +369,36 @@ fn megatrons_save_lines_make_a_confirmed_checkpoint() {
     assert!(done.f64("duration_s").unwrap() >= 1.9, "{done:?}");
     assert_eq!(done.get("blocked_training"), Some(&true.into()), "{done:?}");
 }
+
+/// A trainer that prints, but never a step number (Lightning's Rich bar on
+/// a pipe): rank 0 says so once, at half the startup limit here, with what
+/// gives steps; one that prints steps hears nothing of it.
+#[test]
+fn a_trainer_printing_no_step_number_is_told_so_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("t.py");
+    std::fs::write(
+        &script,
+        "import sys, time\nfor i in range(10):\n    print(sys.argv[1].format(i), flush=True)\n    time.sleep(0.5)\n",
+    )
+    .unwrap();
+    let run = |job: &str, line: &str| {
+        let mut c = resilio_run(dir.path(), job);
+        c.args(["--startup-timeout", "6s", "--", "python3"])
+            .arg(&script)
+            .arg(line);
+        let (o, _) = output_within(&mut c, Duration::from_secs(40));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        (stderr_of(&o), records(dir.path(), job))
+    };
+    let (err, recs) = run("rich", "Epoch 0/0 rendering {}");
+    let warned = one(&recs, "setup_warning");
+    assert!(
+        warned.str("warning").unwrap().contains("no step number"),
+        "{warned:?}"
+    );
+    assert_eq!(err.matches("no step number").count(), 1, "{err}");
+    let (err, recs) = run("steps", "step {} loss 1.0");
+    assert!(kinds(&recs, "setup_warning").is_empty(), "{recs:?}");
+    assert!(!err.contains("no step number"), "{err}");
+}
