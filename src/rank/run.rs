@@ -561,6 +561,8 @@ impl<'a> Agent<'a> {
             }
             Note::Command(_) => Vec::new(),
             Note::JobProgress { at } => {
+                // Another rank prints the steps (Megatron-LM's last rank).
+                self.no_step_warning = None;
                 let own = self.plog.tracker.alive_count() != 0;
                 self.lc.on_job_progress(at, own)
             }
