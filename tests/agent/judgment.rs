@@ -4,69 +4,101 @@
 use crate::common::*;
 use std::time::Duration;
 
-/// The HF Trainer's way to end: its summary, the script's last line, then
-/// torch's threads abort the interpreter at exit (`terminate called
-/// without an active exception`, SIGABRT) on every rank.
-const FINISHES_THEN_ABORTS: &str = r#"
+/// The start of every script here: ten steps, 0.2 s each, printed by
+/// rank 0 only (as the HF Trainer and Megatron-LM print), `r` its rank.
+macro_rules! ten_steps {
+    () => {
+        r#"
 import os, sys, time
 r = int(os.environ.get("RANK", "0"))
-for i in range(1, 6):
+for i in range(1, 11):
     if r == 0:
         print(f"step {i}", flush=True)
     time.sleep(0.2)
+"#
+    };
+}
+
+/// A two-rank run of `script` (with `args`) under `--max-restarts 2`: its
+/// output and journal, and the temporary directory they are in.
+fn two_ranks(
+    script: &str,
+    job: &str,
+    args: &[&std::ffi::OsStr],
+) -> (
+    tempfile::TempDir,
+    std::process::Output,
+    Vec<resilio::journal::Record>,
+) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("t.py");
+    std::fs::write(&path, script).unwrap();
+    let mut c = resilio_run(tmp.path(), job);
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&path)
+        .args(args);
+    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    let recs = records(tmp.path(), job);
+    (tmp, out, recs)
+}
+
+/// The run ended with the child's status (SIGABRT: 134), trained once, and
+/// its report (returned) counts no failed attempt.
+fn finished_once(
+    dir: &std::path::Path,
+    job: &str,
+    out: &std::process::Output,
+    recs: &[resilio::journal::Record],
+) -> serde_json::Value {
+    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(out));
+    assert_eq!(
+        kinds(recs, "rank_start").len(),
+        2,
+        "trained once, not again"
+    );
+    assert!(kinds(recs, "restart").is_empty());
+    let o = std::process::Command::new(bin())
+        .args(["report", "--json", job, "--state-dir"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["failed_attempts"], 0, "{r}");
+    r
+}
+
+/// The HF Trainer's way to end: its summary, the script's last line, then
+/// torch's threads abort the interpreter at exit (`terminate called
+/// without an active exception`, SIGABRT) on every rank.
+const FINISHES_THEN_ABORTS: &str = concat!(
+    ten_steps!(),
+    r#"
 if r == 0:
     print("{'train_runtime': '1.2', 'train_samples_per_second': '15.65', 'train_loss': '4.1', 'epoch': '1.0'}", flush=True)
     print("saved", flush=True)
 sys.stderr.write("terminate called without an active exception\n")
 sys.stderr.flush()
 os.abort()
-"#;
+"#
+);
 
 #[test]
 fn a_run_that_crashes_at_exit_after_reporting_the_end_of_training_is_not_run_again() {
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("t.py");
-    std::fs::write(&script, FINISHES_THEN_ABORTS).unwrap();
-    let mut c = resilio_run(tmp.path(), "fin");
-    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
-        .arg(&script);
-    let (out, _) = output_within(&mut c, Duration::from_secs(60));
-    // The child's status comes through (SIGABRT: 134), as always.
-    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
-    let recs = records(tmp.path(), "fin");
-    let starts = kinds(&recs, "rank_start");
-    assert_eq!(
-        starts.len(),
-        2,
-        "trained once, not again: {} starts",
-        starts.len()
-    );
-    assert!(kinds(&recs, "restart").is_empty());
+    let (tmp, out, recs) = two_ranks(FINISHES_THEN_ABORTS, "fin", &[]);
+    finished_once(tmp.path(), "fin", &out, &recs);
     let finished = kinds(&recs, "rank_exit")
         .into_iter()
         .filter(|r| r.str("class_reason") == Some(resilio::policy::failure::FINISHED_THEN_CRASHED))
         .count();
     assert_eq!(finished, 1, "rank 0's exit says it finished");
-    // The report counts no failed attempt.
-    let o = std::process::Command::new(bin())
-        .args(["report", "--json", "fin", "--state-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["failed_attempts"], 0, "{r}");
 }
 
 /// Rank 0 reports the end of training and aborts at exit at once; rank 1
 /// saves for 14 s, longer than the 10 s given to an abort with no say of
 /// its own, and exits 0.
-const ONE_FINISHES_THEN_ABORTS_ONE_SAVES: &str = r#"
-import os, sys, time
-r = int(os.environ.get("RANK", "0"))
-for i in range(1, 6):
-    if r == 0:
-        print(f"step {i}", flush=True)
-    time.sleep(0.2)
+const ONE_FINISHES_THEN_ABORTS_ONE_SAVES: &str = concat!(
+    ten_steps!(),
+    r#"
 if r == 0:
     print("{'train_runtime': '1.2', 'train_samples_per_second': '15.65', 'train_loss': '4.1', 'epoch': '1.0'}", flush=True)
     sys.stderr.write("terminate called without an active exception\n")
@@ -75,20 +107,13 @@ if r == 0:
 for i in range(14):
     print(f"saving shard {i}", flush=True)
     time.sleep(1)
-"#;
+"#
+);
 
 #[test]
 fn a_rank_still_saving_when_another_finished_then_crashed_is_left_to_finish() {
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("t.py");
-    std::fs::write(&script, ONE_FINISHES_THEN_ABORTS_ONE_SAVES).unwrap();
-    let mut c = resilio_run(tmp.path(), "save");
-    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
-        .arg(&script);
-    let (out, _) = output_within(&mut c, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
-    let recs = records(tmp.path(), "save");
-    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
+    let (tmp, out, recs) = two_ranks(ONE_FINISHES_THEN_ABORTS_ONE_SAVES, "save", &[]);
+    finished_once(tmp.path(), "save", &out, &recs);
     let saver = kinds(&recs, "rank_exit")
         .into_iter()
         .find(|r| r.rank == Some(1))
@@ -106,13 +131,9 @@ fn a_rank_still_saving_when_another_finished_then_crashed_is_left_to_finish() {
 /// than the 10 s moment given to the others: probed then, it is shown
 /// outside any collective (writing a file, asleep between writes), left to
 /// finish, and the run is not trained again.
-const ONE_ABORTS_ONE_SAVES_LONG: &str = r#"
-import os, sys, time
-r = int(os.environ.get("RANK", "0"))
-for i in range(1, 11):
-    if r == 0:
-        print(f"step {i}", flush=True)
-    time.sleep(0.2)
+const ONE_ABORTS_ONE_SAVES_LONG: &str = concat!(
+    ten_steps!(),
+    r#"
 if r == 1:
     os.abort()
 with open(sys.argv[1], "wb") as f:
@@ -121,80 +142,47 @@ with open(sys.argv[1], "wb") as f:
         f.flush()
         time.sleep(0.5)
 print("saved", flush=True)
-"#;
+"#
+);
 
 #[test]
 fn a_rank_saving_after_another_aborted_with_no_signature_is_left_to_finish() {
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("t.py");
-    std::fs::write(&script, ONE_ABORTS_ONE_SAVES_LONG).unwrap();
-    let mut c = resilio_run(tmp.path(), "last");
-    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
-        .arg(&script)
-        .arg(tmp.path().join("final.bin"));
-    let (out, _) = output_within(&mut c, Duration::from_secs(90));
-    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
+    let out_file = tempfile::tempdir().unwrap();
+    let fin = out_file.path().join("final.bin");
+    let (tmp, out, recs) = two_ranks(ONE_ABORTS_ONE_SAVES_LONG, "last", &[fin.as_os_str()]);
+    finished_once(tmp.path(), "last", &out, &recs);
     assert!(
         stderr_of(&out).contains("left to finish"),
         "{}",
         stderr_of(&out)
     );
-    let recs = records(tmp.path(), "last");
-    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
     assert!(kinds(&recs, "teardown").is_empty(), "nothing torn down");
-    let size = std::fs::metadata(tmp.path().join("final.bin"))
-        .unwrap()
-        .len();
+    let size = std::fs::metadata(&fin).unwrap().len();
     assert_eq!(size, 28 << 16, "the final save was written whole");
-    let o = std::process::Command::new(bin())
-        .args(["report", "--json", "last", "--state-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["failed_attempts"], 0, "{r}");
 }
 
 /// torch 2.15's gloo DDP as seen on this machine: rank 1, which prints
 /// nothing of its own, aborts at exit (no signature); rank 0, which printed
 /// the steps, completes a moment later.
-const ONE_COMPLETES_ONE_ABORTS: &str = r#"
-import os, sys, time
-r = int(os.environ.get("RANK", "0"))
-for i in range(1, 11):
-    if r == 0:
-        print(f"step {i}", flush=True)
-    time.sleep(0.2)
+const ONE_COMPLETES_ONE_ABORTS: &str = concat!(
+    ten_steps!(),
+    r#"
 if r == 1:
     os.abort()
 time.sleep(1)
-"#;
+"#
+);
 
 #[test]
 fn a_rank_aborting_at_exit_before_another_completes_is_no_failure_in_the_report() {
-    let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("t.py");
-    std::fs::write(&script, ONE_COMPLETES_ONE_ABORTS).unwrap();
-    let mut c = resilio_run(tmp.path(), "abrt");
-    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
-        .arg(&script);
-    let (out, _) = output_within(&mut c, Duration::from_secs(60));
-    assert_eq!(out.status.code(), Some(134), "{}", stderr_of(&out));
-    let recs = records(tmp.path(), "abrt");
-    assert_eq!(kinds(&recs, "rank_start").len(), 2, "trained once");
+    let (tmp, out, recs) = two_ranks(ONE_COMPLETES_ONE_ABORTS, "abrt", &[]);
+    let r = finished_once(tmp.path(), "abrt", &out, &recs);
+    assert!(r["ettr"].as_f64().unwrap() > 0.1, "{r}");
     let end = one(&recs, "job_end");
     assert!(
         end.str("reason").unwrap().starts_with("completed"),
         "{end:?}"
     );
-    let o = std::process::Command::new(bin())
-        .args(["report", "--json", "abrt", "--state-dir"])
-        .arg(tmp.path())
-        .output()
-        .unwrap();
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["failed_attempts"], 0, "{r}");
-    assert!(r["ettr"].as_f64().unwrap() > 0.3, "{r}");
 }
 
 /// Steps every 0.1 s; after step 20, 8 s without a word: working
