@@ -4,7 +4,10 @@
 //! --ntasks 2`, exactly as they print, with no code change. Healthy cells
 //! must never be stopped; fault cells must blame the faulty rank (never the
 //! rank waiting for it), detect within the limit plus a small margin, and
-//! leave the node history clean of software faults.
+//! leave the node history clean of software faults. Hangs are tried with
+//! py-spy on PATH, without it, and with ptrace refused (resilio without
+//! CAP_SYS_PTRACE, the trainer not dumpable: `_no_ptrace.py`), where the
+//! verdict must say it could not tell and blame nobody.
 //!
 //! The trainers and their knobs are in `tests/conformance/` (what each
 //! framework prints into a pipe: `tests/conformance/FINDINGS.md`). They
@@ -177,10 +180,33 @@ impl Cell {
 
 /// `resilio run --ntasks 2 OPTS -- python TRAINER ARGS`, within `limit`.
 fn run_cell(env: &Env, script: &str, opts: &[&str], args: &[&str], py_spy: bool) -> Cell {
+    run_cell_as(env, script, opts, args, py_spy, false)
+}
+
+/// A cell; with `ptrace_refused`, resilio runs without CAP_SYS_PTRACE
+/// (root: `setpriv --bounding-set -sys_ptrace`; any other user lacks it)
+/// and the trainer is not dumpable (`_no_ptrace.py`): neither py-spy nor
+/// `/proc/PID/syscall` can look at it, as under `kernel.yama.ptrace_scope=2`.
+fn run_cell_as(
+    env: &Env,
+    script: &str,
+    opts: &[&str],
+    args: &[&str],
+    py_spy: bool,
+    ptrace_refused: bool,
+) -> Cell {
     let state = tempfile::tempdir().unwrap();
     let job = "cell".to_string();
     let once = state.path().join("fault-once");
-    let mut c = Command::new(env!("CARGO_BIN_EXE_resilio"));
+    let root = nix::unistd::geteuid().is_root();
+    let mut c = if ptrace_refused && root {
+        let mut c = Command::new("setpriv");
+        c.args(["--bounding-set", "-sys_ptrace", "--"])
+            .arg(env!("CARGO_BIN_EXE_resilio"));
+        c
+    } else {
+        Command::new(env!("CARGO_BIN_EXE_resilio"))
+    };
     for k in [
         "SLURM_JOB_ID",
         "SLURM_PROCID",
@@ -205,6 +231,7 @@ fn run_cell(env: &Env, script: &str, opts: &[&str], args: &[&str], py_spy: bool)
         .args(opts)
         .arg("--")
         .arg(&env.python)
+        .args(ptrace_refused.then(|| trainer("_no_ptrace.py")))
         .arg(trainer(script))
         .args(["--output-dir", "out", "--pg-timeout", "120", "--fault-once"])
         .arg(&once)
@@ -315,6 +342,57 @@ fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
         verdict["rule"], cell.took
     );
     Some(cell)
+}
+
+/// Rank 1 asleep at update 25 while ptrace is refused (py-spy on PATH, but
+/// neither it nor /proc/PID/syscall may look): the probes cannot tell who
+/// waits, so the verdict is a hang with nobody blamed, said as such, within
+/// the same limit; the run restarts and completes, and no node is held
+/// responsible.
+#[test]
+fn hf_trainer_rank_1_asleep_with_ptrace_refused_is_a_hang_nobody_is_blamed_for() {
+    let Some(env) = env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let args = ["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
+    let cell = run_cell_as(
+        &env,
+        "hf_trainer.py",
+        &["--max-restarts", "1"],
+        &args,
+        true,
+        true,
+    );
+    let why = cell.explain();
+    cell.completed();
+    let hang = cell.kinds("hang");
+    assert_eq!(hang.len(), 1, "one job-wide hang judgment:\n{why}");
+    let verdict = hang[0].get("verdict").cloned().unwrap_or_default();
+    assert_eq!(
+        verdict["blamed_ranks"].as_array().map_or(0, Vec::len),
+        0,
+        "nobody blamed without evidence:\n{why}"
+    );
+    let judgment = cell.kinds("judgment");
+    assert_eq!(judgment.len(), 1, "{why}");
+    assert_eq!(judgment[0].u64("primary_rank"), None, "{why}");
+    let stall = cell.kinds("stall")[0];
+    let (idle, limit) = (
+        stall.f64("idle_s").unwrap(),
+        stall.f64("timeout_s").unwrap(),
+    );
+    assert!(
+        idle <= limit + MARGIN_S,
+        "stall after {idle}s, limit {limit}s:\n{why}"
+    );
+    assert_eq!(cell.kinds("restart").len(), 1, "{why}");
+    assert!(
+        cell.nodes_scored().is_empty(),
+        "a hang nobody was blamed for scored a node:\n{why}"
+    );
+    eprintln!(
+        "hf_trainer.py hang of rank 1 (ptrace refused): limit {limit:.1}s, stall after {idle:.1}s, rule {}, run {:?}",
+        verdict["rule"], cell.took
+    );
 }
 
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
