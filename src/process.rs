@@ -311,6 +311,29 @@ pub fn tree_cpu_ticks(root: i32) -> u64 {
         .sum()
 }
 
+/// Bytes moved by `root` and its descendants so far (`/proc/PID/io`: read
+/// and written through system calls, and to and from storage as pages are
+/// dirtied, so a long `write()` to a slow file system shows as it goes).
+/// A rank asleep, or waiting on a peer that sends nothing, moves none.
+pub fn tree_io_bytes(root: i32) -> u64 {
+    read_stat(root)
+        .into_iter()
+        .chain(descendants(root))
+        .filter_map(|p| {
+            let text = std::fs::read_to_string(format!("/proc/{}/io", p.pid)).ok()?;
+            Some(
+                text.lines()
+                    .filter_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        matches!(k, "rchar" | "wchar" | "read_bytes" | "write_bytes")
+                            .then(|| v.trim().parse::<u64>().ok())?
+                    })
+                    .sum::<u64>(),
+            )
+        })
+        .sum()
+}
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn clock_ticks() -> f64 {
     // SAFETY: sysconf has no preconditions.

@@ -68,7 +68,8 @@ pub struct RankView {
 /// The judgment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HangVerdict {
-    /// alone | behind | stopped_first | not_waiting | undetermined
+    /// alone | behind | stopped_first | not_waiting | busy | finishing |
+    /// undetermined
     pub rule: &'static str,
     pub blamed_ranks: Vec<u32>,
     pub blamed_nodes: Vec<String>,
@@ -123,6 +124,28 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         stalled_ranks,
         reason,
     }
+}
+
+/// Every rank left is stalled and every other one finished (exit 0, or an
+/// exit-time crash after which the rest were found still at work): past
+/// its last collective, a stalled rank is finishing the run (a last save,
+/// an upload), not hung. `finished`: the ranks that finished so; `ranks`:
+/// the others. `None` when some rank failed or still runs.
+pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
+    if finished == 0 || ranks.is_empty() || !ranks.iter().all(|r| r.stalled && !r.exited) {
+        return None;
+    }
+    let left: Vec<&RankView> = ranks.iter().collect();
+    Some(HangVerdict {
+        rule: "finishing",
+        blamed_ranks: vec![],
+        blamed_nodes: vec![],
+        stalled_ranks: ranks.iter().map(|r| r.rank).collect(),
+        reason: format!(
+            "every other rank has finished: rank(s) {} are past their last collective, finishing the run (a last save or upload); nobody is hung",
+            list(&left)
+        ),
+    })
 }
 
 /// A rule's finding: its name, the ranks it blames, why.
@@ -314,6 +337,23 @@ mod tests {
             silent: false,
             busy: false,
         }
+    }
+
+    #[test]
+    fn a_rank_stalled_after_every_other_one_finished_is_finishing() {
+        let saving = view(0, Some(60), 10.0, Some(false));
+        let v = finishing(std::slice::from_ref(&saving), 1).expect("finishing");
+        assert_eq!(v.rule, "finishing");
+        assert!(v.blamed_ranks.is_empty());
+        // Nobody finished: a hang like any other.
+        assert!(finishing(std::slice::from_ref(&saving), 0).is_none());
+        // Another rank failed, or still runs: judged as usual.
+        let mut crashed = view(1, Some(60), 10.0, None);
+        crashed.exited = true;
+        assert!(finishing(&[saving.clone(), crashed], 1).is_none());
+        let mut running = view(1, Some(60), 10.0, None);
+        running.stalled = false;
+        assert!(finishing(&[saving, running], 1).is_none());
     }
 
     #[test]

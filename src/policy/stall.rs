@@ -294,12 +294,29 @@ impl StallPolicy {
     /// phase. Only from stepping: a rank already busy, in a long phase or
     /// starting is judged by that limit.
     pub fn on_busy(&mut self, now: Instant) -> bool {
-        if self.phase != Phase::Train {
+        if !self.busy_lookable() {
             return false;
         }
         self.hold = None;
+        if matches!(&self.phase, Phase::Named(n, _) if n == BUSY) {
+            // Found working again, and nothing else to go by: a new window.
+            self.anchor = self.anchor.max(now);
+            return true;
+        }
         self.on_phase(now, BUSY, None, "output");
         true
+    }
+
+    /// Whether the trainer's work counts at this limit: stepping, or at the
+    /// startup limit (working before its first step: compiling, or a
+    /// trainer that prints no step at all), or at the end of a busy window
+    /// of a trainer that has shown no progress at all (its CPU time is all
+    /// there is to go by).
+    pub fn busy_lookable(&self) -> bool {
+        match &self.phase {
+            Phase::Train | Phase::Startup => true,
+            Phase::Named(n, _) => n == BUSY && self.steps_seen == 0,
+        }
     }
 
     /// The parameters in force.

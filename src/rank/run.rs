@@ -37,7 +37,21 @@ pub(super) struct BusyLook {
     anchor: Instant,
     t0: Instant,
     cpu0: u64,
+    /// Bytes the trainer had read and written ([`process::tree_io_bytes`]).
+    io0: u64,
+    /// Probes taken so far, and whether every one found it waiting on a
+    /// peer (a healthy data-parallel rank is in a collective a good share
+    /// of the time: one look may catch it there, several do not).
+    looks: u32,
+    always_waiting: bool,
 }
+
+/// How many times the trainer is probed during a busy look.
+const BUSY_LOOKS: u32 = 5;
+
+/// Bytes read or written over a busy look that show the trainer at work
+/// (a save at 64 KiB a second does it; a rank asleep moves none).
+const BUSY_IO_BYTES: u64 = 32 << 10;
 
 /// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
 type ProbeDone = (String, Probe, Vec<PySpyDump>);
@@ -306,28 +320,37 @@ impl<'a> Agent<'a> {
     /// busy and silent (an evaluation nobody announced, a long step). Else
     /// the stall goes ahead as it would have.
     fn look_busy(&mut self, now: Instant) -> Vec<Action> {
-        if self.lc.policy.phase() != &crate::policy::stall::Phase::Train {
+        if !self.lc.policy.busy_lookable() {
             self.busy_look = None;
             return Vec::new();
         }
         let anchor = self.lc.policy.anchor();
         match self.busy_look {
-            Some(b) if b.anchor == anchor => {
-                if now < b.t0 + BUSY_WINDOW {
+            Some(mut b) if b.anchor == anchor => {
+                let p = diagnostics::probe(&self.skip());
+                b.looks += 1;
+                b.always_waiting &= p.waiting_on_peer == Some(true);
+                if b.looks < BUSY_LOOKS {
+                    self.busy_look = Some(b);
+                    let next = b.t0 + BUSY_WINDOW * (b.looks + 1) / BUSY_LOOKS;
+                    self.lc.policy.hold_until(next.max(now));
                     return Vec::new();
                 }
                 self.busy_look = None;
-                let p = diagnostics::probe(&self.skip());
-                // Waiting on a peer: its stall goes ahead, and the
-                // coordinator judges the peer (working: busy and silent,
-                // this stall withdrawn; else hung, whatever phase it is in).
-                if p.waiting_on_peer == Some(true) {
+                // Waiting on a peer at every look: its stall goes ahead,
+                // and the coordinator judges the peer (working: busy and
+                // silent, this stall withdrawn; else hung, whatever phase
+                // it is in).
+                if b.always_waiting {
                     return Vec::new();
                 }
                 let ticks = process::tree_cpu_ticks(self.r.pid.as_raw());
                 let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
-                if cpu_s < BUSY_SHARE * window_s {
+                // Writing a save to a slow file system works as surely as
+                // computing does, with little CPU time.
+                let io = process::tree_io_bytes(self.r.pid.as_raw()).saturating_sub(b.io0);
+                if cpu_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
                     return Vec::new();
                 }
                 self.lc
@@ -338,8 +361,11 @@ impl<'a> Agent<'a> {
                     anchor,
                     t0: now,
                     cpu0: process::tree_cpu_ticks(self.r.pid.as_raw()),
+                    io0: process::tree_io_bytes(self.r.pid.as_raw()),
+                    looks: 0,
+                    always_waiting: true,
                 });
-                self.lc.policy.hold_until(now + BUSY_WINDOW);
+                self.lc.policy.hold_until(now + BUSY_WINDOW / BUSY_LOOKS);
                 Vec::new()
             }
         }

@@ -421,3 +421,107 @@ fn a_rank_aborting_at_exit_while_its_peer_finishes_does_not_stop_the_peer() {
         "rank 0 finished"
     );
 }
+
+/// Ten steps, then a final save written slowly (64 KiB and an fsync every
+/// 0.2 s for 8 s) without a word; with `done` rank 1 completes first.
+const SLOW_FINAL_SAVE: &str = concat!(
+    ten_steps!(),
+    r#"
+if r == 1:
+    sys.exit(0)
+with open(sys.argv[1], "wb") as f:
+    for i in range(40):
+        f.write(os.urandom(1 << 16))
+        f.flush()
+        os.fsync(f.fileno())
+        time.sleep(0.2)
+"#
+);
+
+/// A final save on a slow file system, past a 2 s step limit: the trainer
+/// moves bytes (little CPU time), so it is at work, never stopped; with two
+/// ranks the other one has completed, and the stalled saver is finishing.
+#[test]
+fn a_slow_final_save_past_the_step_limit_is_never_stopped() {
+    for ranks in ["1", "2"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let script = tmp.path().join("t.py");
+        std::fs::write(&script, SLOW_FINAL_SAVE).unwrap();
+        let job = format!("save{ranks}");
+        let mut c = resilio_run(tmp.path(), &job);
+        c.args([
+            "--ntasks",
+            ranks,
+            "--stall-floor",
+            "2s",
+            "--max-restarts",
+            "1",
+        ])
+        .args(["--", "python3"])
+        .arg(&script)
+        .arg(tmp.path().join("final.bin"));
+        let (out, _) = output_within(&mut c, Duration::from_secs(60));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{ranks} rank(s): {}",
+            stderr_of(&out)
+        );
+        let recs = records(tmp.path(), &job);
+        assert!(kinds(&recs, "restart").is_empty(), "{ranks} rank(s)");
+        let size = std::fs::metadata(tmp.path().join("final.bin"))
+            .unwrap()
+            .len();
+        assert_eq!(
+            size,
+            40 << 16,
+            "{ranks} rank(s): the save was written whole"
+        );
+    }
+}
+
+/// A trainer that prints no step at all (Lightning's Rich bar on a pipe)
+/// and works past its startup limit: busy and silent, watched on, its run
+/// completes; asleep instead, it is stopped at the limit.
+const NO_STEPS_WORKING: &str = r#"
+import sys, time
+print("training, with a bar nobody can read", flush=True)
+t = time.time()
+x = 0
+while time.time() - t < 8:
+    if sys.argv[1] == "busy":
+        x += 1
+    else:
+        time.sleep(0.1)
+"#;
+
+#[test]
+fn a_trainer_working_past_its_startup_limit_without_a_step_is_busy_not_hung() {
+    for how in ["busy", "asleep"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let script = tmp.path().join("t.py");
+        std::fs::write(&script, NO_STEPS_WORKING).unwrap();
+        let mut c = resilio_run(tmp.path(), how);
+        c.args([
+            "--startup-timeout",
+            "3s",
+            "--max-restarts",
+            "0",
+            "--kill-grace",
+            "2s",
+        ])
+        .args(["--", "python3"])
+        .arg(&script)
+        .arg(how);
+        let (out, _) = output_within(&mut c, Duration::from_secs(60));
+        let recs = records(tmp.path(), how);
+        if how == "busy" {
+            assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+            assert!(kinds(&recs, "stall").is_empty(), "never stopped");
+            one(&recs, "busy_silent");
+        } else {
+            assert_eq!(out.status.code(), Some(124), "{}", stderr_of(&out));
+            assert!(kinds(&recs, "busy_silent").is_empty());
+        }
+    }
+}

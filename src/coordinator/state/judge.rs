@@ -48,7 +48,13 @@ impl JobView {
             .filter(|e| e.report.exit.as_ref().is_some_and(|x| x.code == 0))
             .count();
         let unseen = (self.world_size as usize).saturating_sub(views.len() + finished) as u32;
-        let v = hang::judge(&views, tolerance, unseen);
+        // Ranks that crashed at exit while the rest were found still at
+        // work finished too (`exit_crash_over`).
+        let (crashed_done, views): (Vec<RankView>, Vec<RankView>) = views
+            .into_iter()
+            .partition(|w| w.exited && self.finishing.contains(&w.rank));
+        let v = hang::finishing(&views, finished + crashed_done.len())
+            .unwrap_or_else(|| hang::judge(&views, tolerance, unseen));
         let ranks = views
             .iter()
             .map(|w| ev::HangRank {
@@ -72,7 +78,7 @@ impl JobView {
             },
             true,
         ));
-        if v.rule == "busy" {
+        if v.rule == "busy" || v.rule == "finishing" {
             let since = *self.busy_since.get_or_insert(now);
             if now.saturating_duration_since(since) < self.cfg.busy_limit {
                 // Nobody is hung: the stalled ranks wait for a working one.

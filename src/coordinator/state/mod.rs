@@ -156,6 +156,10 @@ pub struct JobView {
     /// The others were probed when the moment ran out: their answers are
     /// awaited until then.
     exit_probe: Option<Instant>,
+    /// Ranks that crashed at exit while the others were found still at
+    /// work: finished, not failed (a later stall of the others is judged
+    /// as finishing the run).
+    pub(super) finishing: Vec<u32>,
     relaunch_measured: bool,
     /// A confirmed straggler node to exclude once the checkpoint settles: (node, evidence).
     excluding: Option<(String, String)>,
@@ -209,6 +213,7 @@ impl JobView {
             busy_since: None,
             exit_crash: None,
             exit_probe: None,
+            finishing: Vec::new(),
             relaunch_measured: true,
             excluding: None,
             restarts: 0,
@@ -267,6 +272,7 @@ impl JobView {
         self.excluding = None;
         self.exit_crash = None;
         self.exit_probe = None;
+        self.finishing.clear();
         self.restarts += 1;
         self.relaunch_measured = false;
         self.straggler.reset_totals();
@@ -468,6 +474,7 @@ impl JobView {
         if working.is_empty() {
             self.fail(rank, node, reason, None, now, out);
         } else {
+            self.finishing.push(rank);
             tracing::info!(
                 "{reason}, with no signature of its own; rank(s) {working:?} are still at work outside any collective (a last save or evaluation): left to finish"
             );
@@ -1113,6 +1120,30 @@ mod tests {
         assert_eq!(w.step_over(s(9), quiet), Some(vec![(1, "n0".to_string())]));
         w.on_report(exited(1), s(10));
         assert_eq!(w.step_over(s(10), quiet), Some(Vec::new()));
+    }
+
+    #[test]
+    fn a_rank_stalled_after_the_others_finished_is_finishing_its_run() {
+        let t = Instant::now();
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 60, RankState::Running), t);
+        }
+        // Rank 1 completed; rank 0 writes its final save without a word
+        // and stalls at its step limit: carried on, never torn down.
+        let mut done = report(1, 60, RankState::Exited);
+        done.exit = Some(ExitInfo::default());
+        v.on_report(done, t + Duration::from_secs(1));
+        let mut saving = report(0, 60, RankState::Stalled);
+        saving.waiting_on_peer = Some(true);
+        let e = v.on_report(saving, t + Duration::from_secs(21));
+        assert_eq!(kinds(&e), vec!["stall_reported", "hang"], "{e:?}");
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "finishing", "{hang:?}");
+        assert!(v
+            .commands_for(0, 0, 0)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
     }
 
     #[test]
