@@ -48,7 +48,15 @@ pub fn init(verbose: u8) {
     let _ = FILTER.set(wanted);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| {
+            // A line of resilio's never continues a trainer's unended one
+            // (a tqdm frame): `grep '^resilio:'` finds them all.
+            let mut e = std::io::stderr();
+            if crate::progress::output::take_stderr_mid_line() {
+                let _ = std::io::Write::write_all(&mut e, b"\n");
+            }
+            e
+        })
         .event_format(Plain)
         .try_init();
 }

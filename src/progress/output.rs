@@ -325,12 +325,12 @@ impl Parser {
     ///
     /// A log dict's epoch after the last step comes last, as activity.
     pub fn scan(&self, text: &[u8]) -> Vec<Mark> {
-        let (step, phase, seen, epoch) = match &self.prefilter {
+        let (step, phase, seen, epoch, done) = match &self.prefilter {
             None => {
                 let step = self.last_step(text);
                 let seen = figures_from(text, step.map(|(at, _)| at));
                 let epoch = self.last_epoch(&text[step.map_or(0, |(at, _)| at)..]);
-                (step, self.last_phase(text), seen, epoch)
+                (step, self.last_phase(text), seen, epoch, self.done_in(text))
             }
             Some(pf) => self.scan_candidates(pf, text),
         };
@@ -360,14 +360,7 @@ impl Parser {
             (None, Some((_, p))) => marks.push(Mark::Phase(p)),
             (None, None) => {}
         }
-        if let Some((at, saved)) = self.done.as_ref().and_then(|re| {
-            let c = re.captures_iter(text).last()?;
-            let n = std::str::from_utf8(c.get(1)?.as_bytes())
-                .ok()?
-                .parse::<u64>()
-                .ok()?;
-            Some((c.get(0)?.start(), n))
-        }) {
+        if let Some((at, saved)) = done {
             // In the order printed: a save that completed before the last
             // step's line goes before that step (training waited for it).
             let last = marks
@@ -399,9 +392,11 @@ impl Parser {
         Option<(usize, &'static str)>,
         Figures,
         Option<u64>,
+        Option<(usize, u64)>,
     ) {
         const WINDOW: usize = 4096;
         let mut phase: Option<(usize, &'static str)> = None;
+        let mut done: Option<(usize, u64)> = None;
         let mut epoch: Option<u64> = None;
         let mut seen = Figures::new();
         let mut looked = 0;
@@ -427,6 +422,9 @@ impl Parser {
                 if phase.is_none() {
                     phase = self.last_phase(line).map(|(at, p)| (ls + at, p));
                 }
+                if done.is_none() {
+                    done = self.done_in(line).map(|(at, n)| (ls + at, n));
+                }
                 let step = self.last_step(line);
                 if epoch.is_none() && step.is_none() {
                     epoch = self.last_epoch(line);
@@ -446,7 +444,13 @@ impl Parser {
                             .phase_before(&text[start..ls])
                             .map(|(at, p)| (start + at, p));
                     }
-                    return (Some((ls, s)), phase, seen, epoch);
+                    // So is a save confirmed shortly before it.
+                    if done.is_none() {
+                        done = self
+                            .done_in(&text[start..ls])
+                            .map(|(at, n)| (start + at, n));
+                    }
+                    return (Some((ls, s)), phase, seen, epoch, done);
                 }
             }
             if start == 0 {
@@ -454,7 +458,17 @@ impl Parser {
             }
             end = start;
         }
-        (None, phase, seen, epoch)
+        (None, phase, seen, epoch, done)
+    }
+
+    /// The last save completion line in `text`: its offset and step.
+    fn done_in(&self, text: &[u8]) -> Option<(usize, u64)> {
+        let c = self.done.as_ref()?.captures_iter(text).last()?;
+        let n = std::str::from_utf8(c.get(1)?.as_bytes())
+            .ok()?
+            .parse()
+            .ok()?;
+        Some((c.get(0)?.start(), n))
     }
 
     /// The step a line still being written already names, if its digits are
@@ -1014,6 +1028,25 @@ fn named(f: Figures) -> Vec<(String, f64)> {
     f.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
 }
 
+/// The trainer's stderr, as passed through, ended inside a line (a tqdm
+/// frame has no line end): resilio's own next line on stderr starts a new
+/// one, so that it is not glued to the frame.
+static STDERR_MID_LINE: AtomicBool = AtomicBool::new(false);
+
+fn note_line_end(dst_fd: RawFd, bytes: &[u8]) {
+    if dst_fd == 2 {
+        if let Some(&last) = bytes.last() {
+            STDERR_MID_LINE.store(last != b'\n', Ordering::Relaxed);
+        }
+    }
+}
+
+/// Whether resilio's stderr was left inside a line by the trainer's output;
+/// taking it says a line end is being written.
+pub fn take_stderr_mid_line() -> bool {
+    STDERR_MID_LINE.swap(false, Ordering::Relaxed)
+}
+
 /// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
 /// keep the tail, report marks on `tx`. The thread ends at end of stream.
 /// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
@@ -1077,9 +1110,12 @@ pub fn spawn_pump(
             // into each other; a partial line waits at most 100 ms.
             let mut carry: Vec<u8> = Vec::new();
             let mut at_start = true;
-            let mut put = |bytes: &[u8]| match &label {
-                Some(l) => write_all_fd(dst, &labelled(l, bytes, &mut at_start)),
-                None => write_all_fd(dst, bytes),
+            let mut put = |bytes: &[u8]| {
+                note_line_end(dst_fd, bytes);
+                match &label {
+                    Some(l) => write_all_fd(dst, &labelled(l, bytes, &mut at_start)),
+                    None => write_all_fd(dst, bytes),
+                }
             };
             if let Some(zc) = (!line_atomic)
                 .then(|| ZeroCopy::new(pipe.as_fd(), dst))
@@ -1091,6 +1127,7 @@ pub fn spawn_pump(
                         send(marks);
                     }
                     tail.push(bytes);
+                    note_line_end(dst_fd, bytes);
                 };
                 // Until the end of the stream, an error, or our output gone:
                 // then the plain loop below takes over.
@@ -1149,7 +1186,11 @@ pub fn spawn_pump(
                     out_ok = false;
                 }
                 tail.push(chunk);
+                if !line_atomic {
+                    note_line_end(dst_fd, chunk);
+                }
             }
+            // (Line-atomic mode notes what `put` writes.)
             if out_ok && !carry.is_empty() {
                 let _ = put(&carry);
             }

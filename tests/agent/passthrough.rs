@@ -225,3 +225,37 @@ fn an_interactive_trainer_gets_the_terminal() {
     assert!(out.contains("got hello-from-tty"), "{out}");
     assert!(out.contains("rc=0"), "{out}");
 }
+
+/// resilio's own lines never continue a trainer's unended one (a tqdm frame
+/// ends with no newline): each starts a line, so `grep '^resilio:'` finds
+/// them all. The trainer's bytes are all there, unchanged.
+#[test]
+fn resilio_lines_start_a_line_after_an_unended_bar_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("bar.py");
+    std::fs::write(
+        &script,
+        "import sys, time\nfor i in range(1, 30):\n    sys.stderr.write(f\"\\r 40%|####      | {i}/60 [00:01<00:02, 14.54it/s]\")\n    sys.stderr.flush()\n    time.sleep(0.1)\n    if i == 10:\n        time.sleep(6)\n",
+    )
+    .unwrap();
+    let mut c = resilio_run(dir.path(), "glue");
+    c.args([
+        "--stall-floor",
+        "2s",
+        "--max-restarts",
+        "0",
+        "--",
+        "python3",
+    ])
+    .arg(&script);
+    let (o, _) = output_within(&mut c, Duration::from_secs(40));
+    let err = stderr_of(&o);
+    let ours = err.matches("resilio:").count();
+    assert!(ours >= 1, "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("resilio:")).count(),
+        ours,
+        "{err:?}"
+    );
+    assert!(err.contains(" 10/60 [00:01<00:02, 14.54it/s]"), "{err:?}");
+}
