@@ -154,9 +154,16 @@ impl Cell {
             .into_iter()
             .filter(|r| r.attempt == last)
             .collect();
+        // (Or the launcher judged it finished: every rank aborted at
+        // interpreter exit, its last words torch's.)
+        let judged_finished = self
+            .kinds("job_end")
+            .iter()
+            .any(|r| r.str("reason").is_some_and(|x| x.starts_with("completed")));
         let finished = exits.len() == 2 && exits.iter().all(|r| r.str("class") == Some("clean"))
             || exits.iter().any(|r| r.u64("exit_code") == Some(0))
-                && self.kinds("judgment").iter().all(|j| j.attempt != last);
+                && self.kinds("judgment").iter().all(|j| j.attempt != last)
+            || judged_finished;
         assert!(
             code == Some(0) || code == Some(134) && finished,
             "the run did not complete:\n{}",

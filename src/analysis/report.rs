@@ -93,7 +93,12 @@ pub struct Report {
     pub lost_s: BTreeMap<String, f64>,
     pub failures: Vec<Failure>,
     /// Each failed attempt's judgment: who was blamed, what was decided.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub judgments: Vec<Judged>,
+    /// No step number was read at all: no time could be told productive
+    /// (the ETTR of 0 says nothing).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub ettr_unknown: bool,
     /// Observe mode: what resilio would have done (nothing was done).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub observed: Vec<Observed>,
@@ -499,6 +504,7 @@ pub fn build(
         lost_s: lost,
         failures,
         judgments,
+        ettr_unknown: false,
         observed: observed_of(&events),
         stalls: attempts.iter().map(|a| a.stalls).sum(),
         last_step: attempts.iter().filter_map(|a| a.last_step).max(),
@@ -531,6 +537,8 @@ pub fn build(
             report.checkpoints.mean_interval_s,
         );
     }
+    report.ettr_unknown =
+        report.last_step.is_none() && report.ettr == 0.0 && !report.attempts.is_empty();
     report
 }
 
@@ -757,7 +765,7 @@ pub fn summary_line(r: &Report) -> String {
         n => format!(" after {n} failures"),
     };
     // No step number read at all: the time could not be told productive.
-    let ettr = if r.last_step.is_none() && r.ettr == 0.0 {
+    let ettr = if r.ettr_unknown {
         "ETTR unknown (no step number was read)".to_string()
     } else {
         format!("ETTR {:.1}%", 100.0 * r.ettr)
@@ -965,7 +973,7 @@ pub fn render_text(r: &Report) -> String {
         r.last_step.map_or("-".into(), |v| v.to_string()),
         r.exit_code.map_or("-".into(), |v| v.to_string()),
     );
-    if r.last_step.is_none() && r.ettr == 0.0 && !r.attempts.is_empty() {
+    if r.ettr_unknown {
         let _ = writeln!(s, "note: {NO_STEPS_HINT}");
     }
     let _ = writeln!(s, "\ntime accounting:");

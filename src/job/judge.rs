@@ -176,6 +176,23 @@ fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]
         .iter()
         .find(|f| f.verdict.class == Class::Clean && f.verdict.reason == failure::EXITED_0)
         .map(|f| f.rank);
+    // Every rank that failed ended with torch's teardown abort: all past
+    // their last collective, together.
+    let teardown = |f: &RankFailure| f.verdict.reason == failure::EXIT_TIME_ABORT;
+    if failures.iter().any(teardown)
+        && failures
+            .iter()
+            .all(|f| teardown(f) || f.verdict.class == Class::Clean)
+    {
+        for f in failures.iter_mut().filter(|f| teardown(f)) {
+            f.verdict = Verdict {
+                class: Class::Clean,
+                reason: "finished: every rank ended past its last collective, aborting at interpreter exit (torch's threads)".into(),
+                evidence: f.verdict.evidence.clone(),
+            };
+        }
+        return;
+    }
     if reported.is_none() && completed.is_none() {
         return;
     }

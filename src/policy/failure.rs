@@ -296,6 +296,19 @@ pub const FINISHED_THEN_CRASHED: &str =
 /// The reason of a rank that exited 0.
 pub const EXITED_0: &str = "exited 0";
 
+/// The reason of a rank whose last words were torch's at interpreter exit
+/// (`terminate called without an active exception`: a joinable thread of
+/// its process group destroyed at teardown) and that aborted (134).
+pub const EXIT_TIME_ABORT: &str =
+    "aborted at interpreter exit (terminate called without an active exception: torch's threads at teardown)";
+
+/// Whether the tail's last words are torch's at interpreter exit.
+fn aborted_at_teardown(end: &RankEnd) -> Option<&str> {
+    let last = end.tail.iter().rev().find(|l| !l.trim().is_empty())?;
+    (end.exit_code == 134 && last.contains("terminate called without an active exception"))
+        .then_some(last.as_str())
+}
+
 /// An abort or a segfault with no signature of its own: torch's threads at
 /// interpreter exit (`terminate called without an active exception`) once
 /// training is done, or a crash like any other.
@@ -312,6 +325,16 @@ pub fn attempt_finished(exits: &[(Option<i32>, Option<Class>, Option<&str>)]) ->
     if exits
         .iter()
         .any(|(_, _, why)| *why == Some(FINISHED_THEN_CRASHED))
+    {
+        return true;
+    }
+    // Every rank ended with torch's teardown abort (or exit 0): they all
+    // got past their last collective, together.
+    let teardown = |why: &Option<&str>| *why == Some(EXIT_TIME_ABORT);
+    if exits.iter().any(|(_, _, why)| teardown(why))
+        && exits.iter().all(|(code, class, why)| {
+            teardown(why) || (*code == Some(0) && matches!(class, None | Some(Class::Clean)))
+        })
     {
         return true;
     }
@@ -388,6 +411,9 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
                 last.chars().take(200).collect::<String>()
             )),
         };
+    }
+    if let Some(line) = aborted_at_teardown(end) {
+        return v(Class::Unknown, EXIT_TIME_ABORT, Some(line));
     }
     let strongest = p.strongest(&end.tail);
     match strongest {
@@ -616,6 +642,39 @@ mod tests {
             tail: tail.iter().map(|s| s.to_string()).collect(),
             ..RankEnd::default()
         }
+    }
+
+    #[test]
+    fn every_rank_aborting_with_torchs_last_words_finished() {
+        let mut e = end(
+            134,
+            &[
+                "[rank0]: step 60",
+                "terminate called without an active exception",
+            ],
+        );
+        e.signal = Some(6);
+        let v = classify(&e, &Patterns::defaults());
+        assert_eq!(v.reason, EXIT_TIME_ABORT, "{v:?}");
+        let u = Some(Class::Unknown);
+        let t = Some(EXIT_TIME_ABORT);
+        assert!(attempt_finished(&[(Some(134), u, t), (Some(134), u, t)]));
+        assert!(attempt_finished(&[
+            (Some(134), u, t),
+            (Some(0), Some(Class::Clean), None)
+        ]));
+        // Another rank failed otherwise: not finished.
+        assert!(!attempt_finished(&[(Some(134), u, t), (Some(1), u, None)]));
+        // The words followed by more output are not last words.
+        let mut e = end(
+            134,
+            &[
+                "terminate called without an active exception",
+                "Traceback (most recent call last):",
+            ],
+        );
+        e.signal = Some(6);
+        assert_ne!(classify(&e, &Patterns::defaults()).reason, EXIT_TIME_ABORT);
     }
 
     #[test]
