@@ -421,21 +421,66 @@ start_slurmctld() {
   wait_for slurmctld "$D/log/slurmctld.log" scontrol ping
 }
 
-start_slurmd() {
-  local n=$1 pid
-  spawn "slurmd-$n" unshare --uts sh -c "hostname $n && exec slurmd -D -f '$CONF' -N $n"
-  pid=$(cat "$(pidfile "slurmd-$n")")
-  # Record the node's UTS namespace: `down` kills everything left in it (slurmstepd, job tasks).
-  local tries=0 ns="" self
+# slurmd_pids NODE: the slurmd processes started for NODE (by their command line)
+slurmd_pids() {
+  local p cmd
+  for p in /proc/[0-9]*; do
+    [ "$(cat "$p/comm" 2>/dev/null)" = slurmd ] || continue
+    cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+    [[ " $cmd" == *" -N $1 "* ]] && echo "${p#/proc/}"
+  done
+  return 0
+}
+
+# describe_pid PID: what the process is now (for a failure message)
+describe_pid() {
+  if [ -e "/proc/$1/stat" ]; then
+    echo "pid $1: comm $(cat "/proc/$1/comm" 2>/dev/null), state $(awk '{print $3}' "/proc/$1/stat" 2>/dev/null), uts $(uts_of "$1" || echo '?')"
+  else
+    echo "pid $1: gone"
+  fi
+}
+
+# slurmd_ns PID: wait for PID to be in a UTS namespace other than ours; print it
+slurmd_ns() {
+  local pid=$1 tries=0 ns self
   self=$(uts_of self)
   while [ $tries -lt 400 ]; do
     ns=$(uts_of "$pid" || true)
-    [ -n "$ns" ] && [ "$ns" != "$self" ] && break
-    ns=""
+    if [ -n "$ns" ] && [ "$ns" != "$self" ]; then
+      echo "$ns"
+      return 0
+    fi
+    running "$pid" || return 1
     tries=$((tries + 1))
     sleep 0.05
   done
-  [ -n "$ns" ] || { show_log "$D/log/slurmd-$n.out"; die "slurmd for $n did not start"; }
+  return 1
+}
+
+start_slurmd() {
+  local n=$1 pid ns="" attempt other
+  # Twice: a slurmd that died during its start (seen once in CI, its log
+  # ending at "slurmd started") is started again rather than failing the run.
+  for attempt in 1 2; do
+    spawn "slurmd-$n" unshare --uts sh -c "hostname $n && exec slurmd -D -f '$CONF' -N $n"
+    pid=$(cat "$(pidfile "slurmd-$n")")
+    # Record the node's UTS namespace: `down` kills everything left in it (slurmstepd, job tasks).
+    ns=$(slurmd_ns "$pid") && break
+    # The recorded process is not the daemon (or no longer): find the node's
+    # slurmd by its command line before starting another.
+    for other in $(slurmd_pids "$n"); do
+      if ns=$(slurmd_ns "$other"); then
+        echo "$other" >"$(pidfile "slurmd-$n")"
+        log "slurmd for $n runs as pid $other, not the recorded $pid"
+        break 2
+      fi
+    done
+    log "slurmd for $n did not start (attempt $attempt): $(describe_pid "$pid")"
+    show_log "$D/log/slurmd-$n.out"
+    ns=""
+  done
+  [ -n "$ns" ] || die "slurmd for $n did not start"
   echo "$ns" >"$D/run/slurmd-$n.uts"
 }
 
