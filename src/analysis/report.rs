@@ -573,14 +573,18 @@ fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
 /// The failures, as listed in the report (a verdict written later counts
 /// for the attempt it is about).
 fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
-    let decision = |attempt: u32| {
-        events.iter().find_map(|(r, e)| match e {
-            Event::Decision(d) if d.about_attempt.unwrap_or(r.attempt) == attempt => {
-                d.decision.as_ref()?.action.clone()
+    // Each attempt's first decision, in one pass.
+    let mut decisions: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    for (r, e) in events {
+        if let Event::Decision(d) = e {
+            if let Some(action) = d.decision.as_ref().and_then(|x| x.action.clone()) {
+                decisions
+                    .entry(d.about_attempt.unwrap_or(r.attempt))
+                    .or_insert(action);
             }
-            _ => None,
-        })
-    };
+        }
+    }
+    let decision = |attempt: u32| decisions.get(&attempt).cloned();
     events
         .iter()
         .filter_map(|(r, e)| match e {

@@ -191,8 +191,6 @@ struct Attempt {
     /// A rank aborted or segfaulted (torch's threads at interpreter exit,
     /// once training is done): the others may finish until then.
     exit_crash_until: Option<Instant>,
-    /// The ranks that aborted or segfaulted so.
-    exit_crashed: Vec<u32>,
 }
 
 impl Attempt {
@@ -350,7 +348,6 @@ impl Local {
             kill_at: None,
             teardown_sent: false,
             exit_crash_until: None,
-            exit_crashed: Vec::new(),
         };
         if let Some(e) = spawn_error {
             tracing::warn!("{e}");
@@ -417,7 +414,6 @@ impl Local {
                                 Instant::now() + crate::coordinator::state::EXIT_CRASH_GRACE,
                             );
                         }
-                        a.exit_crashed.push(r.rank);
                         a.failure_note
                             .get_or_insert_with(|| format!("rank {} exited {c}", r.rank));
                     } else if c != 0 && a.failed_at.is_none() && run.stopped_from_outside.is_none()
@@ -567,9 +563,11 @@ impl Local {
         Some(code)
     }
 
-    /// Whether a rank that crashed at exit had finished: its agent journaled
-    /// its end clean (the trainer reported the end of training), or another
-    /// rank of the attempt completed with exit 0.
+    /// Whether a rank that crashed at exit had finished: another rank of the
+    /// attempt completed with exit 0, or the exits journaled so far make a
+    /// finished attempt ([`crate::policy::failure::attempt_finished`]: a
+    /// trainer reported the end of training, or every rank aborted at
+    /// interpreter exit).
     fn finished_at_exit(&self, run: &Run, a: &Attempt) -> bool {
         if a.ranks.iter().any(|r| r.exit == Some(0)) {
             return true;
@@ -577,13 +575,15 @@ impl Local {
         let records = journal::read_job(&self.job_dir)
             .map(|j| crate::runs::of_key(j.records, run.log.run()))
             .unwrap_or_default();
-        let finished = journal::events(&records).any(|(r, e)| {
-            r.attempt == run.attempt
-                && r.rank.is_some_and(|k| a.exit_crashed.contains(&k))
-                && matches!(e, crate::event::Event::RankExit(x)
-                    if x.class == Some(crate::event::Class::Clean))
-        });
-        finished
+        let exits: Vec<(&journal::Record, crate::event::RankExit)> = journal::events(&records)
+            .filter(|(r, _)| r.attempt == run.attempt)
+            .filter_map(|(r, e)| match e {
+                crate::event::Event::RankExit(x) => Some((r, x)),
+                _ => None,
+            })
+            .collect();
+        let exits: Vec<_> = exits.iter().map(|(r, x)| (*r, x)).collect();
+        crate::policy::failure::attempt_finished(&crate::analysis::accounting::exit_facts(&exits))
     }
 
     /// Judge and decide from the ranks' journals, as the Slurm supervisor

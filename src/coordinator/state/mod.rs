@@ -121,6 +121,18 @@ struct Failing {
     judged: bool,
 }
 
+/// A rank that aborted with no signature of its own (torch's threads at
+/// interpreter exit, once training is done): the others get until `until`
+/// to finish, then are probed, their answers awaited until `probed_until`.
+#[derive(Clone)]
+struct ExitCrash {
+    rank: u32,
+    node: String,
+    reason: String,
+    until: Instant,
+    probed_until: Option<Instant>,
+}
+
 /// The coordinator's state for one job.
 pub struct JobView {
     pub job: String,
@@ -150,12 +162,9 @@ pub struct JobView {
     failed_at: Option<Instant>,
     /// When a rank was first found busy and silent while others stalled.
     busy_since: Option<Instant>,
-    /// A rank that aborted with no signature: (rank, node, reason, when
-    /// the step is torn down unless the others have finished by then).
-    exit_crash: Option<(u32, String, String, Instant)>,
-    /// The others were probed when the moment ran out: their answers are
-    /// awaited until then.
-    exit_probe: Option<Instant>,
+    /// A rank that aborted with no signature, given a moment before the
+    /// step is torn down unless the others have finished.
+    exit_crash: Option<ExitCrash>,
     /// Ranks that crashed at exit while the others were found still at
     /// work: finished, not failed (a later stall of the others is judged
     /// as finishing the run).
@@ -212,7 +221,6 @@ impl JobView {
             failed_at: None,
             busy_since: None,
             exit_crash: None,
-            exit_probe: None,
             finishing: Vec::new(),
             relaunch_measured: true,
             excluding: None,
@@ -271,7 +279,6 @@ impl JobView {
         self.pending = None;
         self.excluding = None;
         self.exit_crash = None;
-        self.exit_probe = None;
         self.finishing.clear();
         self.restarts += 1;
         self.relaunch_measured = false;
@@ -388,7 +395,13 @@ impl JobView {
                 let at_exit =
                     matches!(e.code, 134 | 139) && e.class == crate::event::Class::Unknown;
                 if at_exit && self.exit_crash.is_none() {
-                    self.exit_crash = Some((rank, node.clone(), reason, now + EXIT_CRASH_GRACE));
+                    self.exit_crash = Some(ExitCrash {
+                        rank,
+                        node: node.clone(),
+                        reason,
+                        until: now + EXIT_CRASH_GRACE,
+                        probed_until: None,
+                    });
                 } else if !at_exit {
                     self.exit_crash = None;
                     self.fail(rank, &node, reason, None, now, &mut out);
@@ -442,37 +455,38 @@ impl JobView {
     /// save, an evaluation): the ranks are left to finish, crash, or stall
     /// on their own (their stall limits still hold). Ranks all waiting on a
     /// peer (the one that died), or that show nothing, are torn down.
-    fn exit_crash_over(
-        &mut self,
-        rank: u32,
-        node: &str,
-        reason: String,
-        now: Instant,
-        out: &mut Vec<Effect>,
-    ) {
-        let Some(until) = self.exit_probe else {
+    fn exit_crash_over(&mut self, crash: ExitCrash, now: Instant, out: &mut Vec<Effect>) {
+        let Some(until) = crash.probed_until else {
             let others: Vec<u32> = self.live().map(|(r, _)| *r).collect();
             self.push(
                 others,
                 CommandKind::Diagnose {
-                    reason: format!("rank {rank} crashed at exit: is the rest finishing?"),
+                    reason: format!(
+                        "rank {} crashed at exit: is the rest finishing?",
+                        crash.rank
+                    ),
                 },
             );
-            self.exit_probe = Some(now + self.cfg.hang_wait);
+            self.exit_crash = Some(ExitCrash {
+                probed_until: Some(now + self.cfg.hang_wait),
+                ..crash
+            });
             return;
         };
         if !self.probes_complete() && now < until {
             return;
         }
         self.exit_crash = None;
-        self.exit_probe = None;
+        let ExitCrash {
+            rank, node, reason, ..
+        } = crash;
         let working: Vec<u32> = self
             .live()
             .filter(|(_, e)| e.report.busy || e.report.not_waiting_shown)
             .map(|(r, _)| *r)
             .collect();
         if working.is_empty() {
-            self.fail(rank, node, reason, None, now, out);
+            self.fail(rank, &node, reason, None, now, out);
         } else {
             self.finishing.push(rank);
             tracing::info!(
@@ -582,12 +596,11 @@ impl JobView {
         {
             self.judge_hang(now, &mut out);
         }
-        if let Some((rank, node, reason, by)) = self.exit_crash.clone() {
+        if let Some(crash) = self.exit_crash.clone() {
             if self.failing.is_some() || self.live().next().is_none() {
                 self.exit_crash = None;
-                self.exit_probe = None;
-            } else if now >= by {
-                self.exit_crash_over(rank, &node, reason, now, &mut out);
+            } else if now >= crash.until {
+                self.exit_crash_over(crash, now, &mut out);
             }
         }
         if self.pending.as_ref().is_some_and(|p| now >= p.deadline) {
