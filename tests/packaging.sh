@@ -288,7 +288,7 @@ def consts(name):
 versions = [v[0] for v in consts("version") if v and v[0] not in ("main", "develop", "master")]
 assert versions, "no numbered version()"
 assert versions[0] == want, "newest version() %s, Cargo.toml %s" % (versions[0], want)
-assert ["rust@1.82:"] in consts("depends_on"), "no depends_on('rust@1.82:')"
+assert ["rust@1.88:"] in consts("depends_on"), "no depends_on('rust@1.88:')"
 deps_when = [ast.unparse(k.value) for c in calls.get("depends_on", []) for k in c.keywords if k.arg == "when"]
 assert any(c[:1] == ["slurm"] for c in consts("depends_on")) and "'+spank'" in deps_when, "no slurm when +spank"
 assert any(v[:1] == ["spank"] for v in consts("variant")), "no spank variant"
@@ -296,7 +296,7 @@ assigns = {t.id for n in cls.body if isinstance(n, ast.Assign) for t in n.target
 assert {"git", "homepage"} <= assigns, assigns
 methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
 assert {"install_plugin", "install_man_pages_and_completions"} <= methods, methods
-print("class Resilio(CargoPackage), version %s, rust@1.82:, +spank -> slurm" % versions[0])
+print("class Resilio(CargoPackage), version %s, rust@1.88:, +spank -> slurm" % versions[0])
 EOF
 )
 if [ $? -eq 0 ]; then pass spack_recipe "$out"; else fail spack_recipe "$(tail -n 1 <<<"$out")"; fi

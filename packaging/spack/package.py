@@ -35,7 +35,7 @@ class Resilio(CargoPackage):
         description="Build the SPANK plugin (srun --resilio) against Slurm's spank.h",
     )
 
-    depends_on("rust@1.82:", type="build")
+    depends_on("rust@1.88:", type="build")
     depends_on("c", type="build", when="+spank")
     depends_on("gmake", type="build", when="+spank")
     depends_on("slurm", when="+spank")

@@ -56,7 +56,8 @@ pub struct DiagnosticsConfig {
     pub dump_signal: Option<nix::sys::signal::Signal>,
     /// How long to let the trainer write its dump before it is terminated.
     pub dump_wait: Duration,
-    /// Run `py-spy dump --pid` on each Python process of the rank when py-spy is on PATH.
+    /// Read the Python stacks of each Python process of the rank: in-process
+    /// (the py-spy crate), else with a `py-spy` on PATH.
     pub py_spy: bool,
     /// Timeout for each py-spy invocation.
     pub py_spy_timeout: Duration,

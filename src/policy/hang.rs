@@ -22,8 +22,8 @@
 //!    unknown, ranks shown not waiting (a stack in their own code, asleep,
 //!    stopped): a rank proven not waiting is blamed over ranks nobody could
 //!    read, never a rank shown waiting. The agents' probes say which:
-//!    `py-spy dump` stacks (inside a `torch.distributed` collective or not)
-//!    when py-spy is installed, else the system call each process is blocked
+//!    Python stacks (inside a `torch.distributed` collective or not)
+//!    read by the built-in py-spy, else the system call each process is blocked
 //!    in (`/proc/PID/task/*/syscall`: a socket read or poll is a peer), and
 //!    the rank's recent output (NCCL watchdog, gloo and c10d timeouts, a lost
 //!    peer). On GPUs, where NCCL spins instead of blocking, the stacks and
@@ -292,7 +292,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
     }
     let evidence = if !unknown.is_empty() {
         format!(
-            "the probes could not tell what rank(s) {} were doing (for stacks: py-spy on PATH and ptrace allowed, kernel.yama.ptrace_scope)",
+            "the probes could not tell what rank(s) {} were doing (stacks need ptrace allowed: kernel.yama.ptrace_scope, the same user, a dumpable process)",
             list(&unknown)
         )
     } else if waiting == 0 {
@@ -514,7 +514,7 @@ mod tests {
         let v = judge(&[view(0, Some(11), 50.0, None), unknown], 0.5, 0);
         assert_eq!(v.rule, "undetermined");
         assert!(
-            v.reason.contains("py-spy on PATH and ptrace allowed"),
+            v.reason.contains("stacks need ptrace allowed"),
             "{}",
             v.reason
         );

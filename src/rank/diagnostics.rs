@@ -1,10 +1,12 @@
 //! What is gathered on a stall before the rank is stopped: the last lines of
-//! output, `py-spy dump` of each Python process of the rank (when py-spy is
-//! on PATH), and optionally a dump signal for trainers that registered
-//! `faulthandler` (its output lands in the trainer's stderr, so in the tail).
+//! output, the Python stacks of each Python process of the rank (read
+//! in-process, [`super::stacks`]; a `py-spy` on PATH when that fails), and
+//! optionally a dump signal for trainers that registered `faulthandler`
+//! (its output lands in the trainer's stderr, so in the tail).
 //!
-//! py-spy runs as a child of resilio; its pid is registered in [`Helpers`]
-//! while it runs, so that the agent's orphan reaper leaves it alone.
+//! An external py-spy runs as a child of resilio; its pid is registered in
+//! [`Helpers`] while it runs, so that the agent's orphan reaper leaves it
+//! alone.
 
 use crate::config::DiagnosticsConfig;
 use crate::process;
@@ -358,12 +360,17 @@ fn tracer_of(pid: i32) -> Option<i32> {
 }
 
 /// Classify one process by its state, else by its system call. A process
-/// held in a tracing stop by one of resilio's own helpers (the py-spy of a
-/// stall's diagnostics, while another probe runs) is paused by us for a
-/// moment, not by a debugger: its system call says what it waits on.
+/// held in a tracing stop by resilio itself (its stack reader) or one of its
+/// helpers (an external py-spy), for a stall's diagnostics while another
+/// probe runs, is paused by us for a moment, not by a debugger: its system
+/// call says what it waits on.
 fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> Found {
     match by_state(p.state) {
-        Some(_) if p.state == 't' && tracer_of(p.pid).is_some_and(|t| helpers.contains(&t)) => {
+        Some(_)
+            if p.state == 't'
+                && tracer_of(p.pid)
+                    .is_some_and(|t| helpers.contains(&t) || t == std::process::id() as i32) =>
+        {
             let Found(w, what, shown) = probe_process(p.pid);
             Found(w, format!("{what} (paused by resilio's own py-spy)"), shown)
         }
@@ -462,7 +469,8 @@ pub fn classify_dumps(dumps: &[PySpyDump]) -> Option<(bool, Vec<String>)> {
     verdict.map(|v| (v, evidence))
 }
 
-/// py-spy dumps of every Python process of the rank, or why there are none.
+/// The stacks of every Python process of the rank, or why there are none:
+/// read in-process ([`super::stacks`]), else by a `py-spy` on PATH.
 pub fn dump_stacks(
     cfg: &DiagnosticsConfig,
     helpers: &Helpers,
@@ -471,20 +479,45 @@ pub fn dump_stacks(
     if !cfg.py_spy {
         return (Vec::new(), Some("disabled in config".into()));
     }
-    let Some(py_spy) = which("py-spy") else {
-        return (Vec::new(), Some("py-spy not on PATH".into()));
-    };
     let skip = helpers.with(|h| h.clone());
     let pids = python_processes(&skip);
     if pids.is_empty() {
         return (Vec::new(), Some("no Python process in the rank".into()));
     }
     let _ = crate::journal::create_private_dir_all(scratch);
-    let dumps = pids
+    let external = which("py-spy");
+    let dumps: Vec<PySpyDump> = pids
         .into_iter()
-        .map(|pid| run_py_spy(&py_spy, pid, cfg.py_spy_timeout, helpers, scratch))
+        .map(|pid| match super::stacks::dump(pid, cfg.py_spy_timeout) {
+            Ok(output) => PySpyDump {
+                pid,
+                ok: true,
+                output,
+            },
+            Err(why) => match &external {
+                Some(py_spy) => {
+                    let mut d = run_py_spy(py_spy, pid, cfg.py_spy_timeout, helpers, scratch);
+                    if !d.ok {
+                        d.output = format!("built-in reader: {why}\npy-spy: {}", d.output);
+                    }
+                    d
+                }
+                None => PySpyDump {
+                    pid,
+                    ok: false,
+                    output: format!("built-in reader: {why}; no py-spy on PATH to try"),
+                },
+            },
+        })
         .collect();
-    (dumps, None)
+    let skipped = dumps.iter().all(|d| !d.ok).then(|| {
+        dumps
+            .iter()
+            .map(|d| d.output.lines().next().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    });
+    (dumps, skipped)
 }
 
 /// Lines a rank prints while it waits on a peer in a collective: NCCL's
@@ -656,8 +689,9 @@ mod probe_tests {
         let info = process::read_stat(pid).unwrap();
         let me = std::process::id() as i32;
         let tracer = tracer_of(pid);
-        let ours = probe_one(&info, &[me]);
-        let someone_elses = probe_one(&info, &[me + 1]);
+        // This process itself is the tracer (the built-in stack reader),
+        // helpers or not.
+        let ours = probe_one(&info, &[]);
         unsafe {
             libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0);
         }
@@ -670,12 +704,51 @@ mod probe_tests {
             "{}",
             ours.1
         );
-        assert_eq!(someone_elses.0, Some(false), "{}", someone_elses.1);
-        assert!(
-            someone_elses.1.starts_with("stopped by a tracer"),
-            "{}",
-            someone_elses.1
-        );
+    }
+
+    /// A process held by a tracer that is neither this process nor one of
+    /// its helpers (a debugger) waits on nobody, whatever its system call.
+    #[test]
+    fn a_process_held_by_someone_elses_tracer_is_stopped() {
+        let Some(python) = which("python3") else {
+            eprintln!("skipped: no python3");
+            return;
+        };
+        let waiter = socket_reader();
+        let pid = waiter.id() as i32;
+        assert!(until(|| probe_process(pid).0 == Some(true)));
+        let script = "import ctypes, os, sys, time\n\
+            libc = ctypes.CDLL(None, use_errno=True)\n\
+            pid = int(sys.argv[1])\n\
+            ok = libc.ptrace(0x4206, pid, 0, 0) == 0 and libc.ptrace(0x4207, pid, 0, 0) == 0\n\
+            ok and os.waitpid(pid, 0x40000000)\n\
+            print('held' if ok else 'refused', flush=True)\n\
+            time.sleep(60)\n";
+        let mut debugger = Kid(std::process::Command::new(python)
+            .args(["-c", script, &pid.to_string()])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap());
+        let mut said = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(debugger.0.stdout.take().unwrap()),
+            &mut said,
+        )
+        .unwrap();
+        if said.trim() != "held" {
+            eprintln!("skipped: ptrace of a non-child refused here");
+            return;
+        }
+        let info = process::read_stat(pid).unwrap();
+        let tracer = tracer_of(pid);
+        let theirs = probe_one(&info, &[]);
+        let debugger_pid = debugger.id() as i32;
+        drop(debugger);
+        drop(waiter);
+        assert_eq!(info.state, 't');
+        assert_eq!(tracer, Some(debugger_pid));
+        assert_eq!(theirs.0, Some(false), "{}", theirs.1);
+        assert!(theirs.1.starts_with("stopped by a tracer"), "{}", theirs.1);
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub mod diagnostics;
 mod ending;
 mod events;
 mod finish;
+pub mod stacks;
 pub(crate) use finish::allocation;
 pub mod health;
 pub mod lifecycle;

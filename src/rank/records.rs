@@ -100,14 +100,14 @@ pub(crate) fn write_diag_file(
     for p in &d.py_spy {
         let _ = writeln!(
             text,
-            "\n== py-spy dump --pid {} ({}) ==\n{}",
+            "\n== Python stacks of pid {} ({}) ==\n{}",
             p.pid,
             if p.ok { "ok" } else { "failed" },
             p.output
         );
     }
     if let Some(why) = &d.py_spy_skipped {
-        let _ = writeln!(text, "\n== py-spy not run: {why} ==");
+        let _ = writeln!(text, "\n== no stacks: {why} ==");
     }
     crate::journal::create_private_dir_all(dir).ok()?;
     let name = format!(

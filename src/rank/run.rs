@@ -228,6 +228,12 @@ impl<'a> Agent<'a> {
                 plan.wake
             };
             let wake = self.no_step_warning.map_or(wake, |t| wake.min(t));
+            // A reap put off while the stack reader ran is tried again soon.
+            let wake = if self.reap_due {
+                wake.min(Instant::now() + Duration::from_millis(50))
+            } else {
+                wake
+            };
             let woke = tokio::select! {
                 // Signals first: a SIGCONT after a suspension must restart the
                 // stall clock before the timer that expired meanwhile is judged.
@@ -542,6 +548,7 @@ impl<'a> Agent<'a> {
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
+                self.reap_due = true;
                 self.r.journal.write(
                     ev::Probe {
                         reason: Some(reason.to_string()),
@@ -702,6 +709,11 @@ impl<'a> Agent<'a> {
     }
 
     fn reap(&mut self) {
+        // Not while our own stack reader holds a process: its tracing stop
+        // would be reported here, not to the reader (a moment later).
+        if super::stacks::tracing_now() {
+            return;
+        }
         self.reap_due = false;
         let (pid, skip) = (self.r.pid, self.skip());
         if !self.lc.main_exited() {

@@ -235,38 +235,23 @@ fn diagnostics_before_the_kill_with_py_spy_and_faulthandler() {
     assert_eq!(order, ["stall", "diagnostics", "stop", "rank_exit"]);
 }
 
-fn fake_py_spy(dir: &std::path::Path, body: &str) -> String {
-    // TEST DOUBLE: a fake py-spy on PATH.
-    let bin_dir = dir.join("bin");
-    std::fs::create_dir_all(&bin_dir).unwrap();
-    let fake = bin_dir.join("py-spy");
-    std::fs::write(
-        &fake,
-        format!("#!/bin/sh\n# fake py-spy (test double)\n{body}\n"),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
-    format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
-
 #[test]
 fn a_trainer_that_ends_on_its_own_during_diagnostics_keeps_its_status() {
     let dir = tempfile::tempdir().unwrap();
-    // py-spy takes 3 s; the trainer's silence lasts 2 s, then it finishes.
-    let path = fake_py_spy(dir.path(), "sleep 3; echo 'Thread 0x1 (idle)'");
+    // The diagnostics last 3 s (the dump signal, then its wait); the
+    // trainer's silence lasts 2 s, then it finishes.
+    let cfg = dir.path().join("resilio.toml");
+    std::fs::write(&cfg, "[diagnostics]\ndump_wait = \"3s\"\n").unwrap();
     let mut c = resilio_run(dir.path(), "late");
-    c.env("PATH", path).args([
+    c.arg("--config").arg(&cfg).args([
         "--stall-timeout",
         "1s",
+        "--dump-signal",
+        "SIGUSR2",
         "--",
         "python3",
         "-c",
-        "import time\nfor i in range(5):\n    print(f'step {i}', flush=True); time.sleep(0.1)\ntime.sleep(2)\nprint('saved')",
+        "import faulthandler, signal, time\nfaulthandler.register(signal.SIGUSR2)\nfor i in range(5):\n    print(f'step {i}', flush=True); time.sleep(0.1)\ntime.sleep(2)\nprint('saved')",
     ]);
     let (o, _) = output_within(&mut c, Duration::from_secs(30));
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
