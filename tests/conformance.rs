@@ -304,24 +304,48 @@ fn healthy(script: &str, args: &[&str]) {
 /// on rank 1, within the limit and the margin, the run restarts once and
 /// completes, and no node is held responsible.
 fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
+    hang_of_rank_1(script, args, py_spy, false)
+}
+
+/// As [`rank_1_hangs`]; with `ptrace_refused` (py-spy on PATH, but neither
+/// it, resilio's own reader nor /proc/PID/syscall may look), the probes
+/// cannot tell who waits, so the verdict is a hang with nobody blamed, said
+/// as such, within the same limit.
+fn hang_of_rank_1(script: &str, args: &[&str], py_spy: bool, ptrace_refused: bool) -> Option<Cell> {
     let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec!["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
     all.extend_from_slice(args);
-    let cell = run_cell(&env, script, &["--max-restarts", "1"], &all, py_spy);
+    let cell = run_cell_as(
+        &env,
+        script,
+        &["--max-restarts", "1"],
+        &all,
+        py_spy,
+        ptrace_refused,
+    );
     let why = cell.explain();
     cell.completed();
     let hang = cell.kinds("hang");
     assert_eq!(hang.len(), 1, "one job-wide hang judgment:\n{why}");
     let verdict = hang[0].get("verdict").cloned().unwrap_or_default();
-    assert_eq!(
-        verdict["blamed_ranks"],
-        serde_json::json!([1]),
-        "the hung rank, never the one waiting for it:\n{why}"
-    );
     let judgment = cell.kinds("judgment");
     assert_eq!(judgment.len(), 1, "{why}");
-    assert_eq!(judgment[0].u64("primary_rank"), Some(1), "{why}");
+    if ptrace_refused {
+        assert_eq!(
+            verdict["blamed_ranks"].as_array().map_or(0, Vec::len),
+            0,
+            "nobody blamed without evidence:\n{why}"
+        );
+        assert_eq!(judgment[0].u64("primary_rank"), None, "{why}");
+    } else {
+        assert_eq!(
+            verdict["blamed_ranks"],
+            serde_json::json!([1]),
+            "the hung rank, never the one waiting for it:\n{why}"
+        );
+        assert_eq!(judgment[0].u64("primary_rank"), Some(1), "{why}");
+    }
     // Detection: the first stall within its limit (plus the margin), and
     // the verdict right after.
     let stall = cell.kinds("stall")[0];
@@ -345,61 +369,17 @@ fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
         "a software hang scored a node:\n{why}"
     );
     eprintln!(
-        "{script} hang of rank 1 (py-spy {py_spy}): limit {limit:.1}s, stall after {idle:.1}s, judged {judged:.2}s later, rule {}, run {:?}",
-        verdict["rule"], cell.took
+        "{script} hang of rank 1 (py-spy on PATH {py_spy}, ptrace refused {ptrace_refused}): limit {limit:.1}s, stall after {idle:.1}s, judged {judged:.2}s later, rule {}, blamed {}, run {:?}",
+        verdict["rule"], verdict["blamed_ranks"], cell.took
     );
     Some(cell)
 }
 
-/// Rank 1 asleep at update 25 while ptrace is refused (py-spy on PATH, but
-/// neither it nor /proc/PID/syscall may look): the probes cannot tell who
-/// waits, so the verdict is a hang with nobody blamed, said as such, within
-/// the same limit; the run restarts and completes, and no node is held
-/// responsible.
+/// Rank 1 asleep at update 25 while ptrace is refused: a hang nobody is
+/// blamed for, the run restarted and completed, no node held responsible.
 #[test]
 fn hf_trainer_rank_1_asleep_with_ptrace_refused_is_a_hang_nobody_is_blamed_for() {
-    let Some(env) = env() else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let args = ["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
-    let cell = run_cell_as(
-        &env,
-        "hf_trainer.py",
-        &["--max-restarts", "1"],
-        &args,
-        true,
-        true,
-    );
-    let why = cell.explain();
-    cell.completed();
-    let hang = cell.kinds("hang");
-    assert_eq!(hang.len(), 1, "one job-wide hang judgment:\n{why}");
-    let verdict = hang[0].get("verdict").cloned().unwrap_or_default();
-    assert_eq!(
-        verdict["blamed_ranks"].as_array().map_or(0, Vec::len),
-        0,
-        "nobody blamed without evidence:\n{why}"
-    );
-    let judgment = cell.kinds("judgment");
-    assert_eq!(judgment.len(), 1, "{why}");
-    assert_eq!(judgment[0].u64("primary_rank"), None, "{why}");
-    let stall = cell.kinds("stall")[0];
-    let (idle, limit) = (
-        stall.f64("idle_s").unwrap(),
-        stall.f64("timeout_s").unwrap(),
-    );
-    assert!(
-        idle <= limit + MARGIN_S,
-        "stall after {idle}s, limit {limit}s:\n{why}"
-    );
-    assert_eq!(cell.kinds("restart").len(), 1, "{why}");
-    assert!(
-        cell.nodes_scored().is_empty(),
-        "a hang nobody was blamed for scored a node:\n{why}"
-    );
-    eprintln!(
-        "hf_trainer.py hang of rank 1 (ptrace refused): limit {limit:.1}s, stall after {idle:.1}s, rule {}, run {:?}",
-        verdict["rule"], cell.took
-    );
+    hang_of_rank_1("hf_trainer.py", &[], true, true);
 }
 
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
@@ -523,6 +503,101 @@ fn last_step_named(cell: &Cell) {
 #[test]
 fn hf_trainer_rank_1_raising_is_the_failure() {
     rank_1_crashes("hf_trainer.py", &[]);
+}
+
+#[test]
+fn hf_trainer_with_a_slow_first_step_is_never_stopped() {
+    // 12 s of silent work before the first step (4x the floor): the
+    // startup limit applies, not the stall floor.
+    healthy("hf_trainer.py", &["--first-step-compute", "12"]);
+}
+
+#[test]
+fn hf_trainer_with_a_slow_announced_save_is_never_stopped() {
+    // HF says "Saving model checkpoint to ..." (log level info), then the
+    // save takes 12 s without a word: the checkpoint limit applies.
+    healthy(
+        "hf_trainer.py",
+        &[
+            "--save-steps",
+            "25",
+            "--save-compute",
+            "12",
+            "--log-level",
+            "info",
+        ],
+    );
+}
+
+/// Rank 1 killed (SIGKILL, as the OOM killer does) at update 20: rank 1 is
+/// the failure, the run restarts once and completes, no stall is declared.
+#[test]
+fn hf_trainer_rank_1_killed_is_the_failure_and_the_run_restarts() {
+    let Some(env) = env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "--fault",
+        "sigkill",
+        "--fault-step",
+        "20",
+        "--fault-rank",
+        "1",
+    ];
+    let cell = run_cell(
+        &env,
+        "hf_trainer.py",
+        &["--max-restarts", "1"],
+        &args,
+        false,
+    );
+    let why = cell.explain();
+    cell.completed();
+    let judgment = cell.kinds("judgment");
+    assert_eq!(judgment.len(), 1, "{why}");
+    assert_eq!(judgment[0].u64("primary_rank"), Some(1), "{why}");
+    assert_eq!(cell.kinds("restart").len(), 1, "{why}");
+    assert!(cell.kinds("stall").is_empty(), "a kill is no stall:\n{why}");
+}
+
+/// The loss gone to NaN on every rank from update 20, HF's defaults (its
+/// logged `loss` filters NaN; its `grad_norm` does not): the run is stopped
+/// as a numerical failure, never restarted (it would diverge again), and no
+/// node is held responsible.
+#[test]
+fn hf_trainer_loss_gone_to_nan_is_stopped_and_not_restarted() {
+    let Some(env) = env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "--fault",
+        "nan",
+        "--fault-step",
+        "20",
+        "--fault-rank",
+        "-1",
+        "--logging-steps",
+        "2",
+    ];
+    let cell = run_cell(
+        &env,
+        "hf_trainer.py",
+        &["--max-restarts", "1"],
+        &args,
+        false,
+    );
+    let why = cell.explain();
+    assert_eq!(cell.out.status.code(), Some(65), "{why}");
+    let n = cell.kinds("numerical");
+    assert!(!n.is_empty(), "{why}");
+    assert_eq!(n[0].str("finding"), Some("nan"), "{why}");
+    let judgment = cell.kinds("judgment");
+    assert_eq!(judgment.len(), 1, "{why}");
+    assert_eq!(judgment[0].str("class"), Some("numerical"), "{why}");
+    assert!(cell.kinds("restart").is_empty(), "{why}");
+    assert!(cell.kinds("stall").is_empty(), "{why}");
+    assert!(
+        cell.nodes_scored().is_empty(),
+        "a numerical failure scored a node:\n{why}"
+    );
 }
 
 // Lightning 2.6 with its tqdm bar (rich absent from the path).

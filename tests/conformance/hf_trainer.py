@@ -34,6 +34,13 @@ fault-exit-code), each also settable as TRAINER_<NAME>. HF-only knobs:
                                  products): a silent evaluation that works
   --eval-compute-rank R          only rank R computes so (-1: every rank): an
                                  uneven evaluation, the others wait for it
+  --first-step-compute S         the first training step computes S seconds
+                                 more without a word, on every rank (as a
+                                 torch.compile or a cold cache does)
+  --save-compute S               each checkpoint save computes S seconds more
+                                 without a word, on every rank (a slow
+                                 filesystem), after HF's "Saving model
+                                 checkpoint to" line (at --log-level info)
 
 Faults fire in a TrainerCallback.on_step_end (hang: asleep in that callback)
 after optimizer step K; nan multiplies the loss by NaN in compute_loss.
@@ -53,6 +60,8 @@ import _knobs  # noqa: E402
 EXTRA = [
     ("eval-compute", float, 0.0),
     ("eval-compute-rank", int, -1),
+    ("first-step-compute", float, 0.0),
+    ("save-compute", float, 0.0),
     ("log-level", str, "passive"),
     ("nan-filter", int, 1),
     ("batch-size", int, 4),
@@ -102,25 +111,40 @@ class Knobs(TrainerCallback):
             # A silent evaluation that really works: matrix products for
             # --eval-compute seconds at its first batch, no output meanwhile.
             self.computed = True
-            m = torch.randn(256, 256)
-            t = time.time()
-            while time.time() - t < a.eval_compute:
-                m = torch.tanh(m @ m)
+            compute(a.eval_compute)
 
     def on_step_end(self, args, state, control, **kw):
         _knobs.after_step(a, state.global_step, rank)
+
+
+def compute(seconds):
+    """Matrix products for `seconds`: work, not sleep, and no output."""
+    m = torch.randn(256, 256)
+    t = time.time()
+    while time.time() - t < seconds:
+        m = torch.tanh(m @ m)
 
 
 class KnobTrainer(Trainer):
     def compute_loss(self, model, inputs, *args, **kwargs):
         if a.step_sleep > 0 and model.training:
             time.sleep(a.step_sleep)
+        if a.first_step_compute > 0 and model.training and self.state.global_step == 0 \
+                and not getattr(self, "first_done", False):
+            self.first_done = True
+            compute(a.first_step_compute)
         out = super().compute_loss(model, inputs, *args, **kwargs)
         if model.training and _knobs.nan_now(a, self.state.global_step + 1, rank):
             if isinstance(out, tuple):
                 out = (out[0] * float("nan"),) + tuple(out[1:])
             else:
                 out = out * float("nan")
+        return out
+
+    def _save_checkpoint(self, model, trial, *args, **kwargs):
+        out = super()._save_checkpoint(model, trial, *args, **kwargs)
+        if a.save_compute > 0:
+            compute(a.save_compute)
         return out
 
 
