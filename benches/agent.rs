@@ -38,7 +38,7 @@ fn make_log(path: &Path, mb: u64) {
     let mut i = 0u64;
     while (text.len() as u64) < mb * 1_000_000 {
         i += 1;
-        let line = if i % 10 == 0 {
+        let line = if i.is_multiple_of(10) {
             format!(" iteration {:>8}/  500000 | consumed samples: {:>10} | elapsed time per iteration (ms): 412.3 | lm loss: 2.345678E+00 |\n", i / 10, i * 32)
         } else {
             format!("[rank{}]: data loader worker {} prefetched batch {} in 0.{:03} s, queue depth {}\n", i % 8, i % 4, i, i % 1000, i % 16)

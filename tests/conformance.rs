@@ -276,8 +276,8 @@ fn wait(mut child: std::process::Child, limit: Duration) -> Output {
 }
 
 /// A healthy run: completes with 0, never stopped, never restarted.
-fn healthy(script: &str, args: &[&str]) {
-    let Some(env) = env() else { return };
+fn healthy(script: &str, args: &[&str]) -> Option<Cell> {
+    let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let cell = run_cell(&env, script, &["--max-restarts", "1"], args, false);
     cell.completed();
@@ -298,6 +298,7 @@ fn healthy(script: &str, args: &[&str]) {
     );
     assert!(cell.kinds("restart").is_empty(), "{}", cell.explain());
     assert!(cell.nodes_scored().is_empty(), "{}", cell.explain());
+    Some(cell)
 }
 
 /// Rank 1 faults once at update 25 (`--fault KIND`): the hang is judged
@@ -513,10 +514,11 @@ fn hf_trainer_with_a_slow_first_step_is_never_stopped() {
 }
 
 #[test]
-fn hf_trainer_with_a_slow_announced_save_is_never_stopped() {
-    // HF says "Saving model checkpoint to ..." (log level info), then the
-    // save takes 12 s without a word: the checkpoint limit applies.
-    healthy(
+fn hf_trainer_with_a_slow_announced_save_is_never_stopped_and_its_saves_are_confirmed() {
+    // HF says "Saving model checkpoint to out/checkpoint-25" (log level
+    // info), then the save takes 12 s without a word: the checkpoint limit
+    // applies. Its saves are synchronous: the next step confirms each one.
+    let Some(cell) = healthy(
         "hf_trainer.py",
         &[
             "--save-steps",
@@ -526,7 +528,20 @@ fn hf_trainer_with_a_slow_announced_save_is_never_stopped() {
             "--log-level",
             "info",
         ],
-    );
+    ) else {
+        return;
+    };
+    let why = cell.explain();
+    let done: Vec<Option<u64>> = cell
+        .kinds("checkpoint_done")
+        .iter()
+        .filter(|r| r.rank == Some(0))
+        .map(|r| r.u64("step"))
+        .collect();
+    assert_eq!(done, [Some(25), Some(50)], "{why}");
+    let d = cell.kinds("checkpoint_done")[0];
+    assert!(d.f64("duration_s").unwrap() >= 12.0, "{d:?}\n{why}");
+    assert_eq!(d.get("blocked_training"), Some(&true.into()), "{why}");
 }
 
 /// Rank 1 killed (SIGKILL, as the OOM killer does) at update 20: rank 1 is

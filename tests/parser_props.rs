@@ -105,9 +105,9 @@ proptest! {
             let marks = scanner.feed(&p, chunk);
             let steps: Vec<u64> = marks.iter().filter_map(|m| match m {
                 Mark::Step(s) | Mark::Bar { count: s, .. } => Some(*s),
-                Mark::Phase(_) | Mark::Figures(_) | Mark::Activity(_) | Mark::Epoch(_) | Mark::CheckpointDone(_) => None,
+                Mark::Phase(_) | Mark::SyncSave(_) | Mark::Figures(_) | Mark::Activity(_) | Mark::Epoch(_) | Mark::CheckpointDone(_) => None,
             }).collect();
-            let phases = marks.iter().filter(|m| matches!(m, Mark::Phase(_))).count();
+            let phases = marks.iter().filter(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_))).count();
             prop_assert!(phases <= 1 && steps.len() <= 1 + phases, "{:?}", marks);
             last = steps.last().copied().or(last);
             rest = tail;

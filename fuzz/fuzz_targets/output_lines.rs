@@ -39,7 +39,10 @@ fn parsers() -> &'static (Parser, Parser) {
 
 fn check(marks: &[Mark]) {
     // Figures come first, at most once, and hold names of the table only.
-    let figures = marks.iter().filter(|m| matches!(m, Mark::Figures(_))).count();
+    let figures = marks
+        .iter()
+        .filter(|m| matches!(m, Mark::Figures(_)))
+        .count();
     assert!(figures <= 1, "{marks:?}");
     if figures == 1 {
         assert!(matches!(marks[0], Mark::Figures(_)), "{marks:?}");
@@ -60,17 +63,29 @@ fn check(marks: &[Mark]) {
     // At most one phase marker, with at most one step on each side of it
     // (the stall policy says whether the later one ends the phase).
     let is_step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
-    let phase = marks.iter().position(|m| matches!(m, Mark::Phase(_)));
+    let phase = marks
+        .iter()
+        .position(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
     assert!(
-        marks.iter().filter(|m| matches!(m, Mark::Phase(_))).count() <= 1,
+        marks
+            .iter()
+            .filter(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)))
+            .count()
+            <= 1,
         "{marks:?}"
     );
     let (before, after) = match phase {
         Some(p) => (&marks[..p], &marks[p + 1..]),
         None => (marks, &marks[..0]),
     };
-    assert!(before.iter().filter(|m| is_step(m)).count() <= 1, "{marks:?}");
-    assert!(after.iter().filter(|m| is_step(m)).count() <= 1, "{marks:?}");
+    assert!(
+        before.iter().filter(|m| is_step(m)).count() <= 1,
+        "{marks:?}"
+    );
+    assert!(
+        after.iter().filter(|m| is_step(m)).count() <= 1,
+        "{marks:?}"
+    );
     for m in marks {
         if let Mark::Step(s) | Mark::Bar { count: s, .. } = m {
             assert!(*s <= MAX_STEP, "{marks:?}");

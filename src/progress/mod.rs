@@ -77,6 +77,10 @@ pub enum Kind {
     Phase { name: String, step: Option<u64> },
     /// The trainer finished a checkpoint (at a step, when it said which).
     CheckpointDone { step: Option<u64> },
+    /// Follows the `checkpoint` phase of a synchronous save that named its
+    /// step (HF's `Saving model checkpoint to out/checkpoint-25`): a later
+    /// step completes it.
+    SyncSave { step: u64 },
     /// What the watched checkpoint directory holds for the checkpoint whose
     /// `CheckpointDone` follows (its size, and names a save in progress
     /// leaves behind).

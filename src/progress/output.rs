@@ -62,6 +62,9 @@ pub struct Parser {
     looked: Arc<AtomicU64>,
     /// Completion lines of checkpoint saves (with the default regexes).
     done: Option<Regex>,
+    /// A synchronous save's banner that names its step (with the default
+    /// regexes): HF's `Saving model checkpoint to out/checkpoint-25`.
+    sync_save: Option<Regex>,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -95,6 +98,11 @@ pub enum Mark {
     /// iteration     100 to /ckpt`, asynchronous saves included (printed
     /// when the save is finalised).
     CheckpointDone(u64),
+    /// The checkpoint marker of a synchronous save that names its step
+    /// (HF's `Saving model checkpoint to out/checkpoint-25`): the
+    /// checkpoint phase, and the save of step 25 is complete once a later
+    /// step is printed (the Trainer trains on only after `save` returned).
+    SyncSave(u64),
 }
 
 /// Figures read from output ([`crate::progress::figures`]), compared bit
@@ -168,6 +176,11 @@ const ANNOUNCEMENT_WITHIN: u64 = 16 << 20;
 /// A save's completion line; group 1 is the checkpoint's step.
 const CHECKPOINT_DONE_REGEX: &str = r"successfully saved checkpoint from iteration\s+(\d{1,15})";
 
+/// The Hugging Face Trainer's save banner (at log level info), whose
+/// directory names the step; its saves are synchronous. Group 1: the step.
+const SYNC_SAVE_REGEX: &str =
+    r"Saving model checkpoint to (?:[^\r\n]*/)?checkpoint-(\d{1,15})(?:/|\s|$)";
+
 /// A step as the step regex found it: the number, and the total when it
 /// came from an unlabelled bar.
 type Count = (u64, Option<u64>);
@@ -225,6 +238,7 @@ impl Parser {
             looked: Arc::new(AtomicU64::new(0)),
             done: defaults
                 .then(|| Regex::new(CHECKPOINT_DONE_REGEX).expect("checkpoint done regex")),
+            sync_save: defaults.then(|| Regex::new(SYNC_SAVE_REGEX).expect("sync save regex")),
         }
     }
 
@@ -338,10 +352,11 @@ impl Parser {
         if !seen.is_empty() {
             marks.push(Mark::Figures(Seen(seen)));
         }
+        let phase_mark = |p_at: usize, p: &'static str| self.phase_mark(text, p_at, p);
         match (step, phase) {
             (Some((s_line, s)), Some((p_at, p))) if p_at >= s_line => {
                 marks.push(mark_of(s));
-                marks.push(Mark::Phase(p));
+                marks.push(phase_mark(p_at, p));
             }
             (Some((_, s)), Some((p_at, p))) => {
                 // The marker came before the last step's line. Whether that
@@ -353,11 +368,11 @@ impl Parser {
                 if let Some(before) = self.count_in(&text[..line_start(text, p_at)]) {
                     marks.push(mark_of(before));
                 }
-                marks.push(Mark::Phase(p));
+                marks.push(phase_mark(p_at, p));
                 marks.push(mark_of(s));
             }
             (Some((_, s)), None) => marks.push(mark_of(s)),
-            (None, Some((_, p))) => marks.push(Mark::Phase(p)),
+            (None, Some((p_at, p))) => marks.push(phase_mark(p_at, p)),
             (None, None) => {}
         }
         if let Some((at, saved)) = done {
@@ -459,6 +474,25 @@ impl Parser {
             end = start;
         }
         (None, phase, seen, epoch, done)
+    }
+
+    /// The mark of the phase marker at `at` in `text`: a synchronous save
+    /// that names its step ([`Mark::SyncSave`]) when its line is one, else
+    /// the phase. (Only the marker's own line is searched.)
+    fn phase_mark(&self, text: &[u8], at: usize, phase: &'static str) -> Mark {
+        if phase == "checkpoint" {
+            if let Some(re) = &self.sync_save {
+                let ls = line_start(text, at);
+                let le = memchr_eol(&text[at..]).map_or(text.len(), |p| at + p);
+                if let Some(n) = re
+                    .captures(&text[ls..le])
+                    .and_then(|c| std::str::from_utf8(c.get(1)?.as_bytes()).ok()?.parse().ok())
+                {
+                    return Mark::SyncSave(n);
+                }
+            }
+        }
+        Mark::Phase(phase)
     }
 
     /// The last save completion line in `text`: its offset and step.
@@ -744,7 +778,9 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
         .iter()
         .rfind(|m| matches!(m, Mark::Activity(_) | Mark::Epoch(_)))
         .cloned();
-    let last_phase = marks.iter().rposition(|m| matches!(m, Mark::Phase(_)));
+    let last_phase = marks
+        .iter()
+        .rposition(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
     let figures = (!seen.is_empty()).then_some(Mark::Figures(Seen(seen)));
     // The steps, the marker and a completed save, in the order printed (a
     // save that completed before the last step: training waited for it).
@@ -1094,6 +1130,17 @@ pub fn spawn_pump(
                             name: p.to_string(),
                             step: None,
                         },
+                        Mark::SyncSave(step) => {
+                            tx.send(Event {
+                                at,
+                                source,
+                                kind: Kind::Phase {
+                                    name: "checkpoint".into(),
+                                    step: None,
+                                },
+                            });
+                            Kind::SyncSave { step }
+                        }
                     };
                     tx.send(Event { at, source, kind });
                 }
@@ -1488,6 +1535,29 @@ mod tests {
         ))
         .iter()
         .all(|m| !matches!(m, Mark::CheckpointDone(_))));
+    }
+
+    #[test]
+    fn hf_trainers_save_banner_is_a_synchronous_save_of_its_step() {
+        // transformers' Trainer at log level info (`logger.info(f"Saving
+        // model checkpoint to {output_dir}")`), its bar on the same stream.
+        let p = parser();
+        let mut s = LineScanner::default();
+        let text = "\r 42%|####      | 25/60 [00:05<00:07,  4.9it/s]Saving model checkpoint to out/checkpoint-25\nConfiguration saved in out/checkpoint-25/config.json\n";
+        let marks = no_figures(s.feed(&p, text.as_bytes()));
+        assert_eq!(marks, vec![Mark::Step(25), Mark::SyncSave(25)], "{marks:?}");
+        // The bar, then the banner, in one read: in order.
+        let text = "\r 70%|#######   | 42/60 [00:09<00:03,  4.9it/s]\nSaving model checkpoint to /scratch/run 1/checkpoint-42\n";
+        let marks = no_figures(s.feed(&p, text.as_bytes()));
+        assert_eq!(marks, vec![Mark::Step(42), Mark::SyncSave(42)], "{marks:?}");
+        // Other save banners stay phases.
+        for other in [
+            &b"Saving model checkpoint to /x\n"[..],
+            b"Saving model checkpoint to out/checkpoint-25.tmp\n",
+        ] {
+            let marks = no_figures(s.feed(&p, other));
+            assert_eq!(marks, vec![Mark::Phase("checkpoint")]);
+        }
     }
 
     #[test]

@@ -64,6 +64,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
         ),
         Kind::Phase { name, step } => on_phase(k, at, source, name, step),
         Kind::CheckpointDone { step } => on_checkpoint_done(k, at, source, step),
+        Kind::SyncSave { step } => k.plog.sync_save = Some(step),
         Kind::CheckpointFiles(f) => k.plog.checkpoint_files = Some(f),
         Kind::Figures(f) => {
             if let Some(w) = k.numerical.as_deref_mut() {
@@ -116,6 +117,15 @@ fn on_step(
     if role.is_none() {
         if let Some(w) = k.numerical.as_deref_mut() {
             k.findings.extend(w.observe(step, &metrics));
+        }
+    }
+    // A synchronous save (HF's) returned once a later step is printed.
+    if role.is_none() && with_phase.is_none() {
+        if let (Some(saved), Some(s)) = (k.plog.sync_save, step) {
+            if s > saved {
+                k.plog.sync_save = None;
+                on_checkpoint_done(k, at, source, Some(saved));
+            }
         }
     }
     let (policy, plog, journal, clock) = (&mut *k.policy, &mut *k.plog, &mut *k.journal, k.clock);

@@ -47,6 +47,11 @@ pub(crate) struct ProgressLog {
     /// When it began, and the step it is about: training went on meanwhile
     /// (an asynchronous save) only if the step's number moved past it.
     pub checkpoint_began: Option<(Instant, Option<u64>)>,
+    /// A synchronous save of this step began ([`Kind::SyncSave`]): a later
+    /// step completes it.
+    ///
+    /// [`Kind::SyncSave`]: crate::progress::Kind::SyncSave
+    pub sync_save: Option<u64>,
     /// Liveness and the step's name (`progress::tracker`).
     pub tracker: Tracker,
     /// Phase names not declared anywhere, each warned about once, up to
@@ -159,6 +164,7 @@ impl ProgressLog {
             last_at: None,
             last_named_at: None,
             checkpoint_began: None,
+            sync_save: None,
             figures: Vec::new(),
             checkpoint_files: None,
             sums: Vec::new(),
