@@ -187,25 +187,41 @@ impl Cell {
 
 /// `resilio run --ntasks 2 OPTS -- python TRAINER ARGS`, within `limit`.
 fn run_cell(env: &Env, script: &str, opts: &[&str], args: &[&str], py_spy: bool) -> Cell {
-    run_cell_as(env, script, opts, args, py_spy, false)
+    run_cell_as(
+        env,
+        script,
+        opts,
+        args,
+        How {
+            py_spy,
+            ..How::default()
+        },
+    )
+}
+
+/// How a cell runs: py-spy on PATH, ptrace refused, more environment for
+/// the trainer.
+#[derive(Clone, Copy, Default)]
+struct How<'a> {
+    py_spy: bool,
+    ptrace_refused: bool,
+    env: &'a [(&'a str, &'a str)],
 }
 
 /// A cell; with `ptrace_refused`, resilio runs without CAP_SYS_PTRACE
 /// (root: `setpriv --bounding-set -sys_ptrace`; any other user lacks it)
 /// and the trainer is not dumpable (`_no_ptrace.py`): neither py-spy nor
 /// `/proc/PID/syscall` can look at it, as under `kernel.yama.ptrace_scope=2`.
-fn run_cell_as(
-    env: &Env,
-    script: &str,
-    opts: &[&str],
-    args: &[&str],
-    py_spy: bool,
-    ptrace_refused: bool,
-) -> Cell {
+fn run_cell_as(env: &Env, script: &str, opts: &[&str], args: &[&str], how: How<'_>) -> Cell {
     let state = tempfile::tempdir().unwrap();
     let job = "cell".to_string();
     let once = state.path().join("fault-once");
     let root = nix::unistd::geteuid().is_root();
+    let How {
+        py_spy,
+        ptrace_refused,
+        env: more,
+    } = how;
     let mut c = if ptrace_refused && root {
         let mut c = Command::new("setpriv");
         c.args(["--bounding-set", "-sys_ptrace", "--"])
@@ -226,6 +242,7 @@ fn run_cell_as(
     c.env("PATH", path(env, py_spy))
         .env("PYTHONPATH", &env.frameworks)
         .env("HF_HUB_OFFLINE", "1")
+        .envs(more.iter().copied())
         .current_dir(state.path())
         .args(["run", "--job-id", &job, "--ntasks", "2", "--state-dir"])
         .arg(state.path())
@@ -305,26 +322,31 @@ fn healthy(script: &str, args: &[&str]) -> Option<Cell> {
 /// on rank 1, within the limit and the margin, the run restarts once and
 /// completes, and no node is held responsible.
 fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
-    hang_of_rank_1(script, args, py_spy, false)
+    hang_of_rank_1(
+        script,
+        args,
+        How {
+            py_spy,
+            ..How::default()
+        },
+    )
 }
 
 /// As [`rank_1_hangs`]; with `ptrace_refused` (py-spy on PATH, but neither
 /// it, resilio's own reader nor /proc/PID/syscall may look), the probes
 /// cannot tell who waits, so the verdict is a hang with nobody blamed, said
 /// as such, within the same limit.
-fn hang_of_rank_1(script: &str, args: &[&str], py_spy: bool, ptrace_refused: bool) -> Option<Cell> {
+fn hang_of_rank_1(script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
     let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec!["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
     all.extend_from_slice(args);
-    let cell = run_cell_as(
-        &env,
-        script,
-        &["--max-restarts", "1"],
-        &all,
+    let cell = run_cell_as(&env, script, &["--max-restarts", "1"], &all, how);
+    let How {
         py_spy,
         ptrace_refused,
-    );
+        ..
+    } = how;
     let why = cell.explain();
     cell.completed();
     let hang = cell.kinds("hang");
@@ -380,7 +402,15 @@ fn hang_of_rank_1(script: &str, args: &[&str], py_spy: bool, ptrace_refused: boo
 /// blamed for, the run restarted and completed, no node held responsible.
 #[test]
 fn hf_trainer_rank_1_asleep_with_ptrace_refused_is_a_hang_nobody_is_blamed_for() {
-    hang_of_rank_1("hf_trainer.py", &[], true, true);
+    hang_of_rank_1(
+        "hf_trainer.py",
+        &[],
+        How {
+            py_spy: true,
+            ptrace_refused: true,
+            ..How::default()
+        },
+    );
 }
 
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
@@ -620,6 +650,40 @@ fn hf_trainer_loss_gone_to_nan_is_stopped_and_not_restarted() {
 #[test]
 fn lightning_rank_1_asleep_is_blamed() {
     rank_1_hangs("lightning_trainer.py", &["--bar", "tqdm"], false);
+}
+
+// Lightning 2.6 with rich installed: its default bar is then the Rich one,
+// which draws nothing to a pipe unless told it may (`TTY_COMPATIBLE=1`, as
+// resilio's no-step warning says): then its frames name the steps.
+
+#[test]
+fn lightning_rich_bar_with_tty_compatible_rank_1_asleep_is_blamed() {
+    let Some(env) = env() else { return };
+    // tests/conformance/frameworks-venv.sh puts rich on the path.
+    assert!(
+        env.frameworks
+            .split(':')
+            .any(|d| Path::new(d).join("rich/__init__.py").is_file()),
+        "no rich on {}",
+        env.frameworks
+    );
+    let Some(cell) = hang_of_rank_1(
+        "lightning_trainer.py",
+        &["--bar", "default"],
+        How {
+            env: &[("TTY_COMPATIBLE", "1")],
+            ..How::default()
+        },
+    ) else {
+        return;
+    };
+    let stall = cell.kinds("stall")[0];
+    let last = stall.u64("last_step");
+    assert!(
+        matches!(last, Some(20..=25)),
+        "last step {last:?}:\n{}",
+        cell.explain()
+    );
 }
 
 // accelerate 1.15, a plain loop with a tqdm bar on the main process.

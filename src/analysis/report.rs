@@ -782,7 +782,7 @@ pub fn summary_line(r: &Report) -> String {
 }
 
 /// Why a report may have no step numbers, and what gives them.
-const NO_STEPS_HINT: &str = "no step number was read from the trainer, so no time counts as productive: Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (use TQDMProgressBar, or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
+const NO_STEPS_HINT: &str = "no step number was read from the trainer, so no time counts as productive: Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (export TTY_COMPATIBLE=1 so Rich draws it and resilio reads it, or use TQDMProgressBar or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
 
 /// Render the report for humans.
 /// The checkpoint that can be restored, checkpoints found incomplete, and

@@ -144,6 +144,8 @@ pub const DEFAULT_LITERALS: &[&str] = &[
     "num_updates",
     "batch=",
     "%|",
+    // Lightning's Rich bar (`Epoch 0/9 ━━╸━━ 5/12 0:00:00`).
+    "Epoch ",
     "aving",
     "AVING",
     "save_checkpoint",
@@ -1535,6 +1537,39 @@ mod tests {
         ))
         .iter()
         .all(|m| !matches!(m, Mark::CheckpointDone(_))));
+    }
+
+    /// Lightning 2.6's Rich bar as it draws itself where Rich sees a
+    /// terminal (`TTY_COMPATIBLE=1`, a pipe): colour codes inside the bar,
+    /// each frame after cursor moves. Recorded from the conformance
+    /// trainer (tests/fixtures/progress/lightning_rich_tty.txt).
+    #[test]
+    fn lightnings_rich_bar_drawn_for_a_terminal_names_its_steps() {
+        let text = include_bytes!("../../tests/fixtures/progress/lightning_rich_tty.txt");
+        let p = parser();
+        for cut in [64, 1000, text.len()] {
+            let mut s = LineScanner::default();
+            let mut steps = Vec::new();
+            for chunk in text.chunks(cut) {
+                for m in s.feed(&p, chunk) {
+                    if let Mark::Step(n) = m {
+                        steps.push(n);
+                    }
+                }
+            }
+            assert_eq!(steps.last(), Some(&12), "cut {cut}: {steps:?}");
+            assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
+            if cut == 64 {
+                assert!(steps.len() >= 10, "each frame read: {steps:?}");
+            }
+        }
+        // A later epoch counts on: epoch 2 of 32 batches, batch 5.
+        let mut s = LineScanner::default();
+        let frame = "\r\x1b[2K\x1b[1A\x1b[2KEpoch 2/9 \x1b[35m\u{2501}\u{2501}\x1b[0m\x1b[90m\u{257a}\u{2501}\x1b[0m 5/32 \x1b[2m0:00:00 \u{2022} 0:00:01\x1b[0m \x1b[2;4m18.73it/s\x1b[0m\n";
+        assert_eq!(
+            no_figures(s.feed(&p, frame.as_bytes())),
+            vec![Mark::Step(69)]
+        );
     }
 
     #[test]

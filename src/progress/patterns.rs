@@ -17,7 +17,9 @@ use serde::Deserialize;
 /// `num_updates=120`, Composer `[batch=120/1000]`, the unlabelled tqdm bar
 /// of the HF Trainer (`  5%|▌   | 120/2400 [`), and PyTorch Lightning's
 /// training bar (`Epoch 2:  14%|█▍  | 100/704 [`, read as epoch × batches per
-/// epoch + batch, so it keeps growing across epochs; Lightning 1.x counts
+/// epoch + batch, so it keeps growing across epochs; its Rich bar, drawn
+/// only where Rich sees a terminal, e.g. with `TTY_COMPATIBLE=1`: `Epoch
+/// 0/9 ━━━━╸━━━━ 5/12 0:00:00 • 0:00:01 18.73it/s`; Lightning 1.x counts
 /// validation batches in that bar only in validation epochs, so the count
 /// may step back after one: `resilio_client.lightning` reports exact steps,
 /// and socket steps take precedence). Words glued to other
@@ -34,7 +36,7 @@ pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
     r#"|num_updates["']?[=\s:"']+(\d+)"#,
     r#"|\[batch=(\d+)/\d+\]"#,
     r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/(?P<bar_total>\d+)\s*\["#,
-    r#"|^epoch\s+(?P<epoch>\d+):\s+\d+%\|[^|\n]*\|\s*(?P<batch>\d+)/(?P<per_epoch>\d+)\s*\["#,
+    r#"|^(?:\x1b\[[0-9;]*[a-z])*epoch +(?P<epoch>\d+)(?::\s+\d+%\|[^|\n]*\||/-?\d+\s+(?:\x1b\[[0-9;]*m|\xE2\x94\x81|\xE2\x95[\xB8\xBA])+)\s*(?P<batch>\d+)/(?P<per_epoch>\d+)(?:\s*\[|\s+(?:\x1b\[[0-9;]*m)?\d+:\d\d)"#,
 );
 
 /// Default regex marking the start of a checkpoint save in plain output.

@@ -309,7 +309,7 @@ impl<'a> Agent<'a> {
         let waited = crate::duration::format(now.saturating_duration_since(self.r.launched));
         let limit = crate::duration::format(self.r.cfg.stall.startup_timeout);
         let warning = format!(
-            "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: use TQDMProgressBar, or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
+            "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: export TTY_COMPATIBLE=1 (Rich then draws it, and resilio reads it), or use TQDMProgressBar or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
         );
         tracing::warn!("{warning}");
         self.r.journal.write(
