@@ -105,6 +105,7 @@ proptest! {
             let marks = scanner.feed(&p, chunk);
             let steps: Vec<u64> = marks.iter().filter_map(|m| match m {
                 Mark::Step(s) | Mark::Bar { count: s, .. } => Some(*s),
+                Mark::EpochBar { epoch, count, total } => Some(epoch * total + count),
                 Mark::Phase(_) | Mark::SyncSave(_) | Mark::Figures(_) | Mark::Activity(_) | Mark::Epoch(_) | Mark::CheckpointDone(_) => None,
             }).collect();
             let phases = marks.iter().filter(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_))).count();

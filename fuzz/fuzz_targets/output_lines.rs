@@ -62,7 +62,7 @@ fn check(marks: &[Mark]) {
     }
     // At most one phase marker, with at most one step on each side of it
     // (the stall policy says whether the later one ends the phase).
-    let is_step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
+    let is_step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. });
     let phase = marks
         .iter()
         .position(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
@@ -89,6 +89,14 @@ fn check(marks: &[Mark]) {
     for m in marks {
         if let Mark::Step(s) | Mark::Bar { count: s, .. } = m {
             assert!(*s <= MAX_STEP, "{marks:?}");
+        }
+        if let Mark::EpochBar {
+            epoch,
+            count,
+            total,
+        } = m
+        {
+            assert!(epoch * total + count <= MAX_STEP, "{marks:?}");
         }
     }
 }

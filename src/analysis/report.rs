@@ -24,6 +24,14 @@ pub struct Judged {
     pub evidence: Option<String>,
     /// `restart_in_place`, `requeue`, `stop`, ... when a decision followed.
     pub decision: Option<String>,
+    /// What the blamed rank's probe found (the coordinator's `hang`
+    /// record: its state, its innermost Python frame).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blamed_probe: Option<String>,
+    /// The blamed rank's diagnostics file of that attempt (its stacks in
+    /// full): a probe's, else a stall's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub blamed_stacks: Option<String>,
 }
 
 /// One failure, as listed in the report.
@@ -585,6 +593,34 @@ fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
         }
     }
     let decision = |attempt: u32| decisions.get(&attempt).cloned();
+    // The blamed rank's probe, from each attempt's hang record, and its
+    // diagnostics files (probes' first, then stalls').
+    let mut probes: std::collections::HashMap<(u32, u32), String> = Default::default();
+    let mut files: std::collections::HashMap<(u32, u32), String> = Default::default();
+    for (r, e) in events {
+        match e {
+            Event::Hang(h) => {
+                for k in h.ranks.iter().flatten() {
+                    if let Some(p) = &k.probe {
+                        probes
+                            .entry((r.attempt, k.rank))
+                            .or_insert_with(|| p.clone());
+                    }
+                }
+            }
+            Event::Probe(p) => {
+                if let (Some(rank), Some(f)) = (r.rank, &p.file) {
+                    files.insert((r.attempt, rank), f.clone());
+                }
+            }
+            Event::Diagnostics(d) => {
+                if let (Some(rank), Some(f)) = (r.rank, &d.file) {
+                    files.entry((r.attempt, rank)).or_insert_with(|| f.clone());
+                }
+            }
+            _ => {}
+        }
+    }
     events
         .iter()
         .filter_map(|(r, e)| match e {
@@ -596,6 +632,12 @@ fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
                 node: j.primary_node.clone(),
                 evidence: j.evidence.clone().or_else(|| j.reason.clone()),
                 decision: decision(r.attempt),
+                blamed_probe: j
+                    .primary_rank
+                    .and_then(|k| probes.get(&(r.attempt, k)).cloned()),
+                blamed_stacks: j
+                    .primary_rank
+                    .and_then(|k| files.get(&(r.attempt, k)).cloned()),
             }),
             _ => None,
         })
@@ -1131,6 +1173,16 @@ pub fn render_text(r: &Report) -> String {
                     e.chars().take(200).collect::<String>()
                 ))
             );
+            if let (Some(k), Some(p)) = (j.rank, &j.blamed_probe) {
+                let _ = writeln!(
+                    s,
+                    "    rank {k}'s probe: {}",
+                    p.chars().take(300).collect::<String>()
+                );
+            }
+            if let Some(f) = &j.blamed_stacks {
+                let _ = writeln!(s, "    its stacks: {f}");
+            }
         }
     }
     if !r.observed.is_empty() {

@@ -287,6 +287,9 @@ events! {
         reason: String,
         probe: Value,
         py_spy: Vec<Value>,
+        /// The probe's diagnostics file (its stacks in full), when stacks
+        /// were read.
+        file: String,
     }
 
     /// What was gathered on a stall.

@@ -83,6 +83,14 @@ pub enum Mark {
         count: u64,
         total: u64,
     },
+    /// A frame of a per-epoch bar (Lightning's `Epoch 2:  25%|... | 5/20 [`):
+    /// the line scanner makes it the step the epochs so far and this count
+    /// make (the last epoch's bar is shorter: it ends at `max_steps`).
+    EpochBar {
+        epoch: u64,
+        count: u64,
+        total: u64,
+    },
     /// Life that names no step: another bar's count, or the `epoch` of a log
     /// dict (`{'loss': '4.7', ..., 'epoch': '0.3125'}`, HF with
     /// `disable_tqdm`) in millionths. A new value is progress; it names
@@ -146,6 +154,8 @@ pub const DEFAULT_LITERALS: &[&str] = &[
     "%|",
     // Lightning's Rich bar (`Epoch 0/9 ━━╸━━ 5/12 0:00:00`).
     "Epoch ",
+    // Lightning's bar after a resume (`Training: |   | 26/? [`).
+    "Training: ",
     "aving",
     "AVING",
     "save_checkpoint",
@@ -183,14 +193,21 @@ const CHECKPOINT_DONE_REGEX: &str = r"successfully saved checkpoint from iterati
 const SYNC_SAVE_REGEX: &str =
     r"Saving model checkpoint to (?:[^\r\n]*/)?checkpoint-(\d{1,15})(?:/|\s|$)";
 
-/// A step as the step regex found it: the number, and the total when it
-/// came from an unlabelled bar.
-type Count = (u64, Option<u64>);
+/// A step as the step regex found it: the number, the total when it came
+/// from an unlabelled bar (0: a bar that shows no total, `26/?`), and, for
+/// a per-epoch counter (Lightning's `Epoch 2: ... 5/20 [`), the epoch and
+/// the bar's total (the number is then epoch × total + count).
+type Count = (u64, Option<u64>, Option<(u64, u64)>);
 
-fn mark_of((n, total): Count) -> Mark {
-    match total {
-        Some(total) => Mark::Bar { count: n, total },
-        None => Mark::Step(n),
+fn mark_of((n, total, epoch): Count) -> Mark {
+    match (total, epoch) {
+        (_, Some((epoch, per_epoch))) => Mark::EpochBar {
+            epoch,
+            count: n - epoch * per_epoch,
+            total: per_epoch,
+        },
+        (Some(total), None) => Mark::Bar { count: n, total },
+        (None, None) => Mark::Step(n),
     }
 }
 
@@ -270,7 +287,7 @@ impl Parser {
     /// group `step`, else the first group that took part in the match, else
     /// the first run of digits in the whole match. Returns the step, the
     /// offset of its digits and, for a bar, its total.
-    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize, Option<u64>)> {
+    fn step_of(&self, caps: &regex::bytes::Captures<'_>) -> Option<(u64, usize, Count)> {
         if let (Some(e), Some(b), Some(t)) = (
             caps.name("epoch"),
             caps.name("batch"),
@@ -279,8 +296,13 @@ impl Parser {
             let num = |m: regex::bytes::Match<'_>| -> Option<u64> {
                 std::str::from_utf8(m.as_bytes()).ok()?.trim().parse().ok()
             };
-            let step = num(e)?.checked_mul(num(t)?)?.checked_add(num(b)?)?;
-            return (step <= super::MAX_STEP).then_some((step, e.start(), None));
+            let (epoch, per_epoch) = (num(e)?, num(t)?);
+            let step = epoch.checked_mul(per_epoch)?.checked_add(num(b)?)?;
+            return (step <= super::MAX_STEP).then_some((
+                step,
+                e.start(),
+                (step, None, Some((epoch, per_epoch))),
+            ));
         }
         let m = caps
             .name("step")
@@ -293,10 +315,11 @@ impl Parser {
             .position(|b| !b.is_ascii_digit())
             .map_or(bytes.len(), |e| start + e);
         let step: u64 = std::str::from_utf8(&bytes[start..end]).ok()?.parse().ok()?;
-        let total = caps
-            .name("bar_total")
-            .and_then(|t| std::str::from_utf8(t.as_bytes()).ok()?.parse().ok());
-        (step <= super::MAX_STEP).then_some((step, m.start() + start, total))
+        let total = match caps.name("bar_total") {
+            Some(t) => std::str::from_utf8(t.as_bytes()).ok()?.parse().ok(),
+            None => caps.name("open_count").map(|_| 0),
+        };
+        (step <= super::MAX_STEP).then_some((step, m.start() + start, (step, total, None)))
     }
 
     /// The last step in `text` with the start of the line it is on. Lines
@@ -306,7 +329,7 @@ impl Parser {
     fn last_step(&self, text: &[u8]) -> Option<(usize, Count)> {
         let mut last = None;
         for caps in self.step.captures_iter(text) {
-            if let Some((step, at, total)) = self.step_of(&caps) {
+            if let Some((_, at, count)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
                 if line.starts_with(b"srun: ")
@@ -315,7 +338,7 @@ impl Parser {
                 {
                     continue;
                 }
-                last = Some((ls, (step, total)));
+                last = Some((ls, count));
             }
         }
         last
@@ -380,9 +403,9 @@ impl Parser {
         if let Some((at, saved)) = done {
             // In the order printed: a save that completed before the last
             // step's line goes before that step (training waited for it).
-            let last = marks
-                .iter()
-                .rposition(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. }));
+            let last = marks.iter().rposition(|m| {
+                matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. })
+            });
             match (last, step) {
                 (Some(i), Some((s_line, _))) if at < s_line => {
                     marks.insert(i, Mark::CheckpointDone(saved))
@@ -522,7 +545,7 @@ impl Parser {
         }
         let mut last = None;
         for caps in self.step.captures_iter(partial) {
-            let Some((step, at, total)) = self.step_of(&caps) else {
+            let Some((_, at, count)) = self.step_of(&caps) else {
                 continue;
             };
             let digits = partial[at..]
@@ -536,7 +559,7 @@ impl Parser {
             if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
                 continue;
             }
-            last = Some(mark_of((step, total)));
+            last = Some(mark_of(count));
         }
         last
     }
@@ -561,7 +584,7 @@ impl Parser {
 
     /// The step in one line, if any (used by tests and the progress file).
     pub fn step_in(&self, line: &[u8]) -> Option<u64> {
-        self.count_in(line).map(|(n, _)| n)
+        self.count_in(line).map(|(n, _, _)| n)
     }
 
     fn count_in(&self, text: &[u8]) -> Option<Count> {
@@ -622,6 +645,49 @@ pub struct LineScanner {
     bar_total: Option<u64>,
     /// The step regex or a bar named a step: a log dict's epoch never does.
     steps_named: bool,
+    /// A per-epoch bar's epochs: the one shown last, the steps of the
+    /// epochs before it, and its longest total so far.
+    epochs: Option<Epochs>,
+}
+
+/// Steps counted across a per-epoch bar's epochs ([`Mark::EpochBar`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Epochs {
+    epoch: u64,
+    before: u64,
+    longest: u64,
+}
+
+impl Epochs {
+    /// The step of `count` in `epoch` of a bar of `total`: the epochs seen
+    /// before it count their longest total (the last one is shorter when
+    /// training ends at `max_steps` inside it); epochs never seen (the
+    /// first one shown after a resume, one skipped) count this one's.
+    fn step(this: &mut Option<Epochs>, epoch: u64, count: u64, total: u64) -> u64 {
+        let e = match *this {
+            Some(mut e) if epoch > e.epoch => {
+                e.before = e
+                    .before
+                    .saturating_add(e.longest)
+                    .saturating_add((epoch - e.epoch - 1).saturating_mul(total));
+                e.epoch = epoch;
+                e.longest = total;
+                e
+            }
+            Some(mut e) if epoch == e.epoch => {
+                e.longest = e.longest.max(total);
+                e
+            }
+            // The first epoch shown, or one before it (another run).
+            _ => Epochs {
+                epoch,
+                before: epoch.saturating_mul(total),
+                longest: total,
+            },
+        };
+        *this = Some(e);
+        e.before.saturating_add(count).min(super::MAX_STEP)
+    }
 }
 
 impl LineScanner {
@@ -663,7 +729,7 @@ impl LineScanner {
         // life, as without the announcement.
         self.steps_named |= marks
             .iter()
-            .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. }));
+            .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. }));
         if self.steps_named || marks.iter().any(|m| matches!(m, Mark::Epoch(_))) {
             parser.settled.store(true, Ordering::Relaxed);
         }
@@ -680,7 +746,22 @@ impl LineScanner {
                 };
                 continue;
             }
+            if let Mark::EpochBar {
+                epoch,
+                count,
+                total,
+            } = *m
+            {
+                *m = Mark::Step(Epochs::step(&mut self.epochs, epoch, count, total));
+                continue;
+            }
             if let Mark::Bar { count, total } = *m {
+                // A bar that shows no total (`26/?`: Lightning's after a
+                // resume) is life, never the step's name.
+                if total == 0 {
+                    *m = Mark::Activity(count);
+                    continue;
+                }
                 let training = *self.bar_total.get_or_insert(total);
                 // A bar at 0 has done no step yet (and after a resume the
                 // HF Trainer draws 0 before it jumps to where it resumed).
@@ -790,7 +871,7 @@ fn compact(marks: Vec<Mark>) -> Vec<Mark> {
         marks[from..to].iter().rposition(f).map(|i| from + i)
     };
     let split = last_phase.unwrap_or(marks.len());
-    let step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. });
+    let step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. });
     let mut kept: Vec<usize> = [
         last_of(0, split, &step),
         last_phase,
@@ -1121,6 +1202,15 @@ pub fn spawn_pump(
                             figures = Some(f);
                             continue;
                         }
+                        Mark::EpochBar {
+                            epoch,
+                            count,
+                            total,
+                        } => Kind::Step {
+                            step: Some(epoch.saturating_mul(total).saturating_add(count)),
+                            metrics: named(figures.take().unwrap_or_default()),
+                            with_phase: None,
+                        },
                         Mark::Step(s) | Mark::Bar { count: s, .. } => Kind::Step {
                             step: Some(s),
                             metrics: named(figures.take().unwrap_or_default()),
@@ -1537,6 +1627,48 @@ mod tests {
         ))
         .iter()
         .all(|m| !matches!(m, Mark::CheckpointDone(_))));
+    }
+
+    /// Lightning's bar counts batches per epoch, and the last epoch's bar
+    /// ends at `max_steps` (50 batches an epoch, max_steps 120: `Epoch 2:
+    /// ... 20/20`): step 120, not 2 × 20 + 20. Seen by a trial of a real
+    /// Lightning 2.6 fit.
+    #[test]
+    fn lightnings_last_epoch_bar_is_shorter_and_the_steps_count_on() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        let frame = |e: u64, b: u64, t: u64| {
+            format!("\rEpoch {e}:  50%|#####     | {b}/{t} [00:01<00:00, 10.86it/s, v_num=0]")
+        };
+        let mut steps = Vec::new();
+        for (e, t) in [(0, 50), (1, 50), (2, 20)] {
+            for b in [1, t / 2, t] {
+                for m in s.feed(&p, frame(e, b, t).as_bytes()) {
+                    if let Mark::Step(n) = m {
+                        steps.push(n);
+                    }
+                }
+            }
+        }
+        assert_eq!(steps, [1, 25, 50, 51, 75, 100, 101, 110, 120]);
+        // A process that first shows epoch 2 (a restart) counts epochs of
+        // the length it shows.
+        let mut s = LineScanner::default();
+        let marks = no_figures(s.feed(&p, format!("{}\n", frame(2, 5, 50)).as_bytes()));
+        assert_eq!(marks, vec![Mark::Step(105)]);
+    }
+
+    /// After a resume inside an epoch, Lightning 2 draws its bar with no
+    /// epoch and no total: life, that names no step.
+    #[test]
+    fn lightnings_bar_without_a_total_after_a_resume_is_activity() {
+        let p = parser();
+        let mut s = LineScanner::default();
+        let marks = no_figures(s.feed(
+            &p,
+            "\rTraining: |          | 26/? [00:02<00:00, 10.63it/s, v_num=1]\n".as_bytes(),
+        ));
+        assert_eq!(marks, vec![Mark::Activity(26)]);
     }
 
     /// Lightning 2.6's Rich bar as it draws itself where Rich sees a

@@ -21,7 +21,9 @@ use serde::Deserialize;
 /// only where Rich sees a terminal, e.g. with `TTY_COMPATIBLE=1`: `Epoch
 /// 0/9 ━━━━╸━━━━ 5/12 0:00:00 • 0:00:01 18.73it/s`; Lightning 1.x counts
 /// validation batches in that bar only in validation epochs, so the count
-/// may step back after one: `resilio_client.lightning` reports exact steps,
+/// may step back after one; after a resume inside an epoch Lightning 2
+/// draws `Training: |   | 26/? [` with no epoch and no total: life, that
+/// names no step: `resilio_client.lightning` reports exact steps,
 /// and socket steps take precedence). Words glued to other
 /// identifiers (`warmup_steps=`, `max_steps:`, `micro_step=`), plurals in
 /// prose and totals (`Total optimization steps = 1000`), and labelled bars
@@ -36,6 +38,7 @@ pub const DEFAULT_PROGRESS_REGEX: &str = concat!(
     r#"|num_updates["']?[=\s:"']+(\d+)"#,
     r#"|\[batch=(\d+)/\d+\]"#,
     r#"|^\s*\d+%\|[^|\n]*\|\s*(\d+)/(?P<bar_total>\d+)\s*\["#,
+    r#"|^training: +\|[^|\n]*\|\s*(?P<open_count>\d+)/\?\s*\["#,
     r#"|^(?:\x1b\[[0-9;]*[a-z])*epoch +(?P<epoch>\d+)(?::\s+\d+%\|[^|\n]*\||/-?\d+\s+(?:\x1b\[[0-9;]*m|\xE2\x94\x81|\xE2\x95[\xB8\xBA])+)\s*(?P<batch>\d+)/(?P<per_epoch>\d+)(?:\s*\[|\s+(?:\x1b\[[0-9;]*m)?\d+:\d\d)"#,
 );
 

@@ -80,8 +80,12 @@ pub(crate) fn truncate_lines(lines: &[String], max_total: usize) -> Vec<String> 
     out
 }
 
+/// The diagnostics file of a stall (`why` "stall") or of a probe the
+/// coordinator asked for (`why` "probe": a rank that did not stall itself,
+/// perhaps the one blamed), in `dir`: `WHY-aN-rN-TIME.txt`.
 pub(crate) fn write_diag_file(
     dir: &std::path::Path,
+    why: &str,
     id: &Identity,
     tail: &[String],
     d: &diagnostics::Diagnostics,
@@ -90,7 +94,7 @@ pub(crate) fn write_diag_file(
     let mut text = String::new();
     let _ = writeln!(
         text,
-        "resilio stall diagnostics: job {} attempt {} rank {} node {}",
+        "resilio {why} diagnostics: job {} attempt {} rank {} node {}",
         id.job, id.attempt, id.rank, id.node
     );
     let _ = writeln!(text, "\n== last {} lines of output ==", tail.len());
@@ -111,7 +115,7 @@ pub(crate) fn write_diag_file(
     }
     crate::journal::create_private_dir_all(dir).ok()?;
     let name = format!(
-        "stall-a{}-r{}-{}.txt",
+        "{why}-a{}-r{}-{}.txt",
         id.attempt,
         id.rank,
         Utc::now().format("%Y%m%dT%H%M%S%.3fZ")

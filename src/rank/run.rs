@@ -549,11 +549,24 @@ impl<'a> Agent<'a> {
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
                 self.reap_due = true;
+                // The whole stacks in a file of their own, as a stall's: the
+                // rank probed may be the one the coordinator blames.
+                let file = (!dumps.is_empty())
+                    .then(|| {
+                        let tail = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+                        let d = Diagnostics {
+                            py_spy: dumps.clone(),
+                            ..Default::default()
+                        };
+                        write_diag_file(&self.scratch, "probe", &self.r.id, &tail, &d)
+                    })
+                    .flatten();
                 self.r.journal.write(
                     ev::Probe {
                         reason: Some(reason.to_string()),
                         probe: serde_json::to_value(&p).ok(),
                         py_spy: Some(dumps.iter().map(dump_record).collect()),
+                        file: file.map(|f| f.to_string_lossy().into_owned()),
                     },
                     false,
                 );
@@ -624,12 +637,13 @@ impl<'a> Agent<'a> {
                     reason: Some("stall".into()),
                     probe: serde_json::to_value(&p).ok(),
                     py_spy: None,
+                    file: None,
                 },
                 false,
             );
             self.report_probe(&p);
         }
-        let file = write_diag_file(&self.scratch, &self.r.id, &tail_lines, d);
+        let file = write_diag_file(&self.scratch, "stall", &self.r.id, &tail_lines, d);
         self.r.journal.write(
             ev::Diagnostics {
                 tail: Some(truncate_lines(&tail_lines, 3000)),
