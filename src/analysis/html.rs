@@ -2,7 +2,8 @@
 //! SVG and CSS; no script, no network). The ETTR summary on top, the job's
 //! time accounting as one bar, then a row per rank (per node for jobs of
 //! more than [`MAX_RANK_ROWS`] ranks) with time on the x axis: startup,
-//! progressing, checkpointing, stalled, down, queued; failure markers and
+//! silent, progressing, checkpointing, stalled, down, queued; failure
+//! markers (the judged cause on the blamed rank's row, others grey) and
 //! the supervisor's actions, each with a tooltip giving cause and evidence;
 //! under them the charts of [`crate::analysis::charts`] (step rate, loss, MFU).
 
@@ -27,6 +28,7 @@ fn colour(state: &str) -> &'static str {
     match state {
         "productive" | "progressing" => "#2e9d4f",
         "startup" => "#8fa9c9",
+        "silent" => "#b9d9c2",
         "checkpoint" | "checkpointing" => "#2f6fd6",
         "rework" => "#e0a526",
         "stalled" => "#e8741c",
@@ -101,7 +103,10 @@ fn row_of(r: &Record, by_node: bool) -> Option<String> {
 }
 
 /// The spans of one rank in one attempt, from its own records.
-fn rank_spans(recs: &[&Record], attempt: u32) -> Vec<Span> {
+/// A rank's states in one attempt. `others_from`: when another rank of the
+/// attempt first made progress; a rank that never printed a step after it
+/// (it prints nothing: rank 0 alone logs) is drawn `silent`, not `startup`.
+fn rank_spans(recs: &[&Record], attempt: u32, others_from: Option<DateTime<Utc>>) -> Vec<Span> {
     let mut out = Vec::new();
     let Some(start) = recs
         .iter()
@@ -150,15 +155,14 @@ fn rank_spans(recs: &[&Record], attempt: u32) -> Vec<Span> {
                 span(last.max(first), end, "progressing");
             }
         }
-        _ => span(
-            start,
-            end,
-            if stall.is_some() {
-                "stalled"
-            } else {
-                "startup"
-            },
-        ),
+        _ if stall.is_some() => span(start, end, "stalled"),
+        _ => match others_from {
+            Some(from) if from < end => {
+                span(start, from.max(start), "startup");
+                span(from.max(start), end, "silent");
+            }
+            _ => span(start, end, "startup"),
+        },
     }
     for c in recs.iter() {
         let Some(Event::CheckpointDone(done)) = c.event() else {
@@ -241,12 +245,19 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
             per.entry((row, r.rank, r.attempt)).or_default().push(r);
         }
     }
+    // When each attempt first made progress (any rank).
+    let mut progressed: BTreeMap<u32, DateTime<Utc>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.kind == "progress") {
+        let e = progressed.entry(r.attempt).or_insert(r.ts);
+        *e = (*e).min(r.ts);
+    }
     let mut spans: BTreeMap<String, Vec<Span>> = BTreeMap::new();
     for ((row, _, attempt), recs) in &per {
-        spans
-            .entry(row.clone())
-            .or_default()
-            .extend(rank_spans(recs, *attempt));
+        spans.entry(row.clone()).or_default().extend(rank_spans(
+            recs,
+            *attempt,
+            progressed.get(attempt).copied(),
+        ));
     }
     // Down: a row between the end of its last span in one attempt and its
     // first in the next (or the job's end, when it never came back).
@@ -278,7 +289,16 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
         .filter(|s| s.bucket == "queue_wait")
         .collect();
 
-    // Marks: failures on their rows; the supervisor's actions on every row.
+    // Marks: failures on their rows; the supervisor's actions on every row;
+    // the judged cause on the blamed rank's row. A failure of another rank
+    // than the one judged the cause is its echo (grey).
+    let judged: BTreeMap<u32, (Option<u32>, Option<String>)> = records
+        .iter()
+        .filter_map(|r| match r.event() {
+            Some(Event::Judgment(j)) => Some((r.attempt, (j.primary_rank, j.primary_node))),
+            _ => None,
+        })
+        .collect();
     let mut marks: Vec<Mark> = Vec::new();
     for r in records {
         let Some(event) = r.event() else { continue };
@@ -286,6 +306,12 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
         let (kind, row) = match &event {
             Event::Failure(f) => {
                 class = f.class;
+                let about = f.about_attempt.unwrap_or(r.attempt);
+                if let Some((Some(primary), _)) = judged.get(&about) {
+                    if r.rank.is_some_and(|k| k != *primary) {
+                        class = Some(Class::Secondary);
+                    }
+                }
                 let row = if by_node {
                     f.blamed_node.clone().or(r.node.clone())
                 } else {
@@ -304,6 +330,20 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
             }
             Event::Judgment(j) => {
                 class = j.class;
+                let blamed = if by_node {
+                    j.primary_node.clone()
+                } else {
+                    j.primary_rank.map(|n| format!("rank {n}"))
+                };
+                if let Some(row) = blamed.filter(|row| rows.contains(row)) {
+                    marks.push(Mark {
+                        at: r.ts,
+                        row: Some(row),
+                        kind: "failure",
+                        title: format!("judged the cause: {}", tooltip_of(r)),
+                        echo: false,
+                    });
+                }
                 ("action", None)
             }
             Event::Decision(_)
@@ -414,6 +454,7 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
     let mut lx = LABEL_W;
     for s in [
         "startup",
+        "silent",
         "progressing",
         "checkpointing",
         "stalled",
@@ -499,7 +540,7 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
         // Lower states first; checkpointing and stalled paint over them.
         for layer in [
             &["down"][..],
-            &["startup", "progressing"],
+            &["startup", "silent", "progressing"],
             &["checkpointing", "stalled"],
         ] {
             for s in list.iter().filter(|s| layer.contains(&s.state)) {
@@ -605,6 +646,70 @@ fn nice_step(raw: f64) -> f64 {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Rank 1 prints nothing (rank 0 alone logs) and hangs; rank 0 stalls
+    /// waiting for it; the judgment blames rank 1: rank 1's row is silent,
+    /// not starting, and bears the judged cause; rank 0's stall is its echo.
+    #[test]
+    fn the_blamed_silent_rank_bears_the_cause_and_the_waiting_rank_its_echo() {
+        let mut r = vec![
+            rec(0.0, "rank_start", 0, Some(0), json!({})),
+            rec(0.0, "rank_start", 0, Some(1), json!({})),
+            rec(1.0, "progress", 0, Some(0), json!({ "step": 1 })),
+            rec(5.0, "progress", 0, Some(0), json!({ "step": 5 })),
+            rec(9.0, "stall", 0, Some(0), json!({ "last_step": 5 })),
+            rec(
+                9.5,
+                "failure",
+                0,
+                Some(0),
+                json!({ "cause": "stalled", "class": "hang" }),
+            ),
+            rec(
+                9.6,
+                "judgment",
+                0,
+                None,
+                json!({ "class": "hang", "primary_rank": 1, "primary_node": "n2" }),
+            ),
+        ];
+        for rank in 0..2 {
+            r.push(rec(
+                10.0,
+                "rank_exit",
+                0,
+                Some(rank),
+                json!({ "exit_code": 124 }),
+            ));
+        }
+        let report = crate::analysis::report::build("8", &r, 0, None);
+        let h = render("8", &r, &report);
+        assert!(h.contains("rank 1, attempt 0: silent"), "{h}");
+        let cause = h.find("judged the cause").expect("the judged cause marked");
+        // Drawn on rank 1's row (its y), in the cause's colour.
+        let row1 = h.find(">rank 1</text>").unwrap();
+        // The mark: `<path d="M x y ..." fill="..."><title>judged ...`.
+        let path = &h[h[..cause].rfind("<path").unwrap()..cause];
+        let mark_y: f64 = path["<path d=\"M".len()..]
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(!path.contains("#8a8a8a"), "not grey: {path}");
+        let label = &h[h[..row1].rfind("<text").unwrap()..row1];
+        let y = label.find(" y=\"").unwrap() + 4;
+        let row_y: f64 = label[y..y + label[y..].find('"').unwrap()].parse().unwrap();
+        assert!(
+            (mark_y - row_y).abs() < ROW_H,
+            "mark at {mark_y}, row at {row_y}"
+        );
+        assert_eq!(
+            h.matches("judged the cause").count(),
+            1,
+            "one cause, on the blamed row"
+        );
+    }
 
     fn rec(t: f64, kind: &str, attempt: u32, rank: Option<u32>, data: Value) -> Record {
         let base: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();

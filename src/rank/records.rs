@@ -14,14 +14,17 @@ use nix::unistd::Pid;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The stall, journaled (fsynced), and one line on stderr. `linked`: the
+/// rank has a coordinator, and whether its trainer was found waiting on a
+/// peer (the coordinator then judges which rank hung before any is stopped).
 pub(crate) fn on_stall(
     s: &Stall,
     policy: &StallPolicy,
     plog: &mut ProgressLog,
     journal: &mut Writer,
-    clock: &Clock,
-    id: &Identity,
+    (clock, id): (&Clock, &Identity),
     now: Instant,
+    linked: Option<Option<bool>>,
 ) {
     plog.flush(journal, clock);
     let idle = now.duration_since(s.since);
@@ -43,14 +46,22 @@ pub(crate) fn on_stall(
         Some(step) => format!("no progress since step {step}"),
         None => "no first step".to_string(),
     };
+    // A rank found waiting on a peer is likely not the one that hung.
+    let next = match linked {
+        None => format!("gathering diagnostics, then stopping it; {}", s.kind.avoid()),
+        Some(Some(true)) => "it waits on a peer (in a collective): gathering diagnostics while the coordinator looks for the rank that hung".to_string(),
+        Some(_) => format!(
+            "gathering diagnostics while the coordinator judges which rank hung; {}",
+            s.kind.avoid()
+        ),
+    };
     tracing::warn!(
-        "rank {} on {} stalled: {what} for {} (limit {}, {}); gathering diagnostics, then stopping it; {}",
+        "rank {} on {} stalled: {what} for {} (limit {}, {}); {next}",
         id.rank,
         id.node,
         crate::duration::format(idle),
         crate::duration::format(s.timeout),
         s.kind.name(),
-        s.kind.avoid()
     );
 }
 

@@ -914,20 +914,23 @@ impl<'a> Agent<'a> {
     /// diagnostics on a thread of their own.
     fn stalled(&mut self, s: &crate::policy::stall::Stall, now: Instant) {
         let r = &mut *self.r;
+        // What the trainer is blocked on, before anything disturbs it.
+        // (Its verdict goes to the coordinator with the stacks the
+        // diagnostics take next.)
+        let probe = r
+            .link
+            .is_some()
+            .then(|| diagnostics::probe(&self.helpers.with(|h| h.clone())));
         on_stall(
             s,
             &self.lc.policy,
             &mut self.plog,
             &mut r.journal,
-            &r.clock,
-            &r.id,
+            (&r.clock, &r.id),
             now,
+            probe.as_ref().map(|p| p.waiting_on_peer),
         );
-        if r.link.is_some() {
-            // What the trainer is blocked on, before anything disturbs it.
-            // (Its verdict goes to the coordinator with the stacks
-            // the diagnostics take next.)
-            let p = diagnostics::probe(&self.helpers.with(|h| h.clone()));
+        if let Some(p) = probe {
             r.outbox.update(|r| {
                 r.state = RankState::Stalled;
                 r.probe = Some(p.evidence.join("; "));
