@@ -156,7 +156,12 @@ pub fn scan(dir: &Path, re: &Regex) -> Vec<(String, Option<u64>)> {
                 format!("{rel}/{name}")
             };
             if let Some(c) = re.captures(&r) {
-                let step = c.get(1).and_then(|m| m.as_str().parse().ok());
+                let step = c
+                    .iter()
+                    .skip(1)
+                    .flatten()
+                    .next()
+                    .and_then(|m| m.as_str().parse().ok());
                 out.push((r.clone(), step));
             }
             if depth < 2 && e.file_type().is_ok_and(|t| t.is_dir()) {
@@ -309,6 +314,10 @@ mod tests {
             "step_200.tmp/.metadata",
             "global_step300/COMPLETE",
             "checkpoint-400/optimizer.pt",
+            "version_0/checkpoints/epoch=2-step=150.ckpt",
+            "ckpt/epoch=2-step=150-v1.ckpt",
+            "ckpt/last.ckpt",
+            "ckpt/.epoch=3-step=200.ckpt.tmp",
         ] {
             let f = d.path().join(p);
             std::fs::create_dir_all(f.parent().unwrap()).unwrap();
@@ -320,7 +329,12 @@ mod tests {
             got,
             vec![
                 ("checkpoint-100/trainer_state.json".to_string(), Some(100)),
+                ("ckpt/epoch=2-step=150-v1.ckpt".to_string(), Some(150)),
                 ("global_step300/COMPLETE".to_string(), Some(300)),
+                (
+                    "version_0/checkpoints/epoch=2-step=150.ckpt".to_string(),
+                    Some(150)
+                ),
             ]
         );
     }

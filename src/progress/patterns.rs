@@ -49,10 +49,13 @@ pub const DEFAULT_CHECKPOINT_REGEX: &str =
 pub const DEFAULT_EVAL_REGEX: &str = r"(?i-u)running evaluation|\bevaluating\b|validation dataloader|validation sanity check|\brunning validation\b";
 
 /// Default regex over paths in the watched checkpoint directory that mark a
-/// complete checkpoint (group 1: the step): the file a save writes last
-/// (`COMPLETE`/`DONE` markers, HF's `trainer_state.json`, torch DCP's
-/// `.metadata`) inside `checkpoint-N`, `iter_N`, `step_N`, `global_stepN`.
-pub const DEFAULT_CHECKPOINT_WATCH_REGEX: &str = r"^(?:.*/)?(?:checkpoint[-_]?|iter_|step[-_]?|global_step)0*(\d+)/(?:COMPLETE|\.complete|DONE|\.done|trainer_state\.json|\.metadata)$";
+/// complete checkpoint (the first group that took part: the step): the
+/// file a save writes last (`COMPLETE`/`DONE` markers, HF's
+/// `trainer_state.json`, torch DCP's `.metadata`) inside `checkpoint-N`,
+/// `iter_N`, `step_N`, `global_stepN`; or Lightning's checkpoint file
+/// (`epoch=2-step=150.ckpt`, `-v1` for a second one of a name), which its
+/// `ModelCheckpoint` writes whole under a temporary name, then renames.
+pub const DEFAULT_CHECKPOINT_WATCH_REGEX: &str = r"^(?:.*/)?(?:(?:checkpoint[-_]?|iter_|step[-_]?|global_step)0*(\d+)/(?:COMPLETE|\.complete|DONE|\.done|trainer_state\.json|\.metadata)|[^/]*\bstep=0*(\d+)(?:-v\d+)?\.ckpt)$";
 
 /// How the progress file is watched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
