@@ -199,6 +199,20 @@ fn run_cell(env: &Env, script: &str, opts: &[&str], args: &[&str], py_spy: bool)
     )
 }
 
+/// One cell at a time (`--max-restarts 1`, py-spy not on PATH), or `None`
+/// where the real frameworks are missing (outside `tests/run.sh`).
+fn one_cell(script: &str, args: &[&str]) -> Option<Cell> {
+    let env = env()?;
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    Some(run_cell(
+        &env,
+        script,
+        &["--max-restarts", "1"],
+        args,
+        false,
+    ))
+}
+
 /// How a cell runs: py-spy on PATH, ptrace refused, more environment for
 /// the trainer.
 #[derive(Clone, Copy, Default)]
@@ -416,8 +430,6 @@ fn hf_trainer_rank_1_asleep_with_ptrace_refused_is_a_hang_nobody_is_blamed_for()
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
 /// (which then loses its connection), and no node is held responsible.
 fn rank_1_crashes(script: &str, args: &[&str]) {
-    let Some(env) = env() else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let mut all = vec![
         "--fault",
         "crash",
@@ -427,7 +439,9 @@ fn rank_1_crashes(script: &str, args: &[&str]) {
         "1",
     ];
     all.extend_from_slice(args);
-    let cell = run_cell(&env, script, &["--max-restarts", "1"], &all, false);
+    let Some(cell) = one_cell(script, &all) else {
+        return;
+    };
     let why = cell.explain();
     let judgment = cell.kinds("judgment");
     assert!(!judgment.is_empty(), "{why}");
@@ -578,8 +592,6 @@ fn hf_trainer_with_a_slow_announced_save_is_never_stopped_and_its_saves_are_conf
 /// the failure, the run restarts once and completes, no stall is declared.
 #[test]
 fn hf_trainer_rank_1_killed_is_the_failure_and_the_run_restarts() {
-    let Some(env) = env() else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let args = [
         "--fault",
         "sigkill",
@@ -588,13 +600,9 @@ fn hf_trainer_rank_1_killed_is_the_failure_and_the_run_restarts() {
         "--fault-rank",
         "1",
     ];
-    let cell = run_cell(
-        &env,
-        "hf_trainer.py",
-        &["--max-restarts", "1"],
-        &args,
-        false,
-    );
+    let Some(cell) = one_cell("hf_trainer.py", &args) else {
+        return;
+    };
     let why = cell.explain();
     cell.completed();
     let judgment = cell.kinds("judgment");
@@ -610,8 +618,6 @@ fn hf_trainer_rank_1_killed_is_the_failure_and_the_run_restarts() {
 /// node is held responsible.
 #[test]
 fn hf_trainer_loss_gone_to_nan_is_stopped_and_not_restarted() {
-    let Some(env) = env() else { return };
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let args = [
         "--fault",
         "nan",
@@ -622,13 +628,9 @@ fn hf_trainer_loss_gone_to_nan_is_stopped_and_not_restarted() {
         "--logging-steps",
         "2",
     ];
-    let cell = run_cell(
-        &env,
-        "hf_trainer.py",
-        &["--max-restarts", "1"],
-        &args,
-        false,
-    );
+    let Some(cell) = one_cell("hf_trainer.py", &args) else {
+        return;
+    };
     let why = cell.explain();
     assert_eq!(cell.out.status.code(), Some(65), "{why}");
     let n = cell.kinds("numerical");
