@@ -617,10 +617,27 @@ fn figures_from(text: &[u8], step_line: Option<usize>) -> Figures {
 
 /// Whether the number at `at` is part of a file name (`epoch=3-step=200.ckpt`,
 /// `global_step200.pt`): digits followed by `.` and a letter. A path a
-/// trainer prints (resuming from a checkpoint) is no step.
+/// trainer prints (resuming from a checkpoint) is no step. Nor is a format
+/// spec (`{step:05d}`, `{step:>6}`: a traceback quoting the trainer's code).
 fn in_a_name(text: &[u8], at: usize) -> bool {
     let end = at + text[at..].iter().take_while(|b| b.is_ascii_digit()).count();
-    text.get(end) == Some(&b'.') && text.get(end + 1).is_some_and(u8::is_ascii_alphabetic)
+    let file =
+        text.get(end) == Some(&b'.') && text.get(end + 1).is_some_and(u8::is_ascii_alphabetic);
+    // `{name:` right before the digits, a `}` (after a type letter) after.
+    let opened = at >= 2 && text[at - 1] == b':' && {
+        let name = text[..at - 1]
+            .iter()
+            .rev()
+            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
+            .count();
+        name > 0 && at - 1 > name && text[at - 2 - name] == b'{'
+    };
+    let closed = match text.get(end) {
+        Some(b'}') => true,
+        Some(b'd' | b'f' | b'x' | b's' | b'e' | b'g') => text.get(end + 1) == Some(&b'}'),
+        _ => false,
+    };
+    file || (opened && closed)
 }
 
 /// Start of the line containing offset `at`.
@@ -1375,6 +1392,21 @@ mod tests {
         assert_eq!(p.step_in(b"loading global_step200.pt"), None);
         assert_eq!(p.step_in(b"step=200. loss 2.1"), Some(200));
         assert_eq!(p.step_in(b"step 200.5% done"), Some(200));
+    }
+
+    #[test]
+    fn a_format_spec_in_a_quoted_source_line_is_no_step() {
+        // A traceback quotes the line that raised (trial: "last step 5").
+        let p = parser();
+        assert_eq!(
+            p.step_in(b"    print(f\"step {step:05d} loss {loss:.3f}\")"),
+            None
+        );
+        assert_eq!(p.step_in(b"    log(f'step={step:6}')"), None);
+        assert_eq!(p.step_in(b"step 5"), Some(5));
+        assert_eq!(p.step_in(b"{'step': 12}"), Some(12));
+        assert_eq!(p.step_in(b"{\"step\":12}"), Some(12));
+        assert_eq!(p.step_in(b"{step:12}"), None);
     }
 
     #[test]
