@@ -1181,7 +1181,7 @@ pub fn render_text(r: &Report) -> String {
                 );
             }
             if let Some(f) = &j.blamed_stacks {
-                let _ = writeln!(s, "    its stacks: {f}");
+                let _ = writeln!(s, "    its diagnostics: {f}");
             }
         }
     }
