@@ -115,7 +115,14 @@ pub(crate) struct Agent<'a> {
     /// Rank 0: when to say that its trainer has printed no step number yet
     /// (its hangs are then caught by the startup limit only).
     pub(super) no_step_warning: Option<Instant>,
+    /// Probe diagnostics files written (at most [`PROBE_FILES`] a run).
+    pub(super) probe_files: u32,
 }
+
+/// Probe diagnostics files one agent writes at most: a long evaluation
+/// probed again and again, on thousands of ranks, must not fill the state
+/// dir. The stacks stay in each `probe` record (cut to 1,500 characters).
+pub const PROBE_FILES: u32 = 8;
 
 /// How long rank 0 may print no step number before resilio says so (or
 /// half the startup limit, when that is shorter).
@@ -195,6 +202,7 @@ impl<'a> Agent<'a> {
             step_start_missed: None,
             requeued_by_slurm: false,
             no_step_warning: None,
+            probe_files: 0,
         };
         let mut agent = agent;
         if !agent.r.batch_level && agent.r.id.rank == 0 {
@@ -550,9 +558,14 @@ impl<'a> Agent<'a> {
             Woke::Probe((reason, p, dumps)) => {
                 self.reap_due = true;
                 // The whole stacks in a file of their own, as a stall's: the
-                // rank probed may be the one the coordinator blames.
-                let file = (!dumps.is_empty())
+                // rank probed may be the one the coordinator blames. Not for a
+                // rank found waiting on a peer (a victim), nor past a few.
+                let worth = !dumps.is_empty()
+                    && p.waiting_on_peer != Some(true)
+                    && self.probe_files < PROBE_FILES;
+                let file = worth
                     .then(|| {
+                        self.probe_files += 1;
                         let tail = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
                         let d = Diagnostics {
                             py_spy: dumps.clone(),
