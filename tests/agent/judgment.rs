@@ -204,21 +204,26 @@ for i in range(1, 41):
 "#;
 
 fn silent_after_20(how: &str) -> (std::process::Output, Vec<resilio::journal::Record>) {
+    run_script(SILENT_AFTER_20, &["--stall-floor", "2s"], how)
+}
+
+/// One rank running `script` (python3, its argument `how`, also the job's
+/// name) with `flags`, no restart and a 2 s kill grace: its output and
+/// journal.
+fn run_script(
+    script: &str,
+    flags: &[&str],
+    how: &str,
+) -> (std::process::Output, Vec<resilio::journal::Record>) {
     let tmp = tempfile::tempdir().unwrap();
-    let script = tmp.path().join("t.py");
-    std::fs::write(&script, SILENT_AFTER_20).unwrap();
+    let path = tmp.path().join("t.py");
+    std::fs::write(&path, script).unwrap();
     let mut c = resilio_run(tmp.path(), how);
-    c.args([
-        "--stall-floor",
-        "2s",
-        "--max-restarts",
-        "0",
-        "--kill-grace",
-        "2s",
-    ])
-    .args(["--", "python3"])
-    .arg(&script)
-    .arg(how);
+    c.args(flags)
+        .args(["--max-restarts", "0", "--kill-grace", "2s"])
+        .args(["--", "python3"])
+        .arg(&path)
+        .arg(how);
     let (out, _) = output_within(&mut c, Duration::from_secs(60));
     let recs = records(tmp.path(), how);
     (out, recs)
@@ -498,23 +503,7 @@ while time.time() - t < 8:
 #[test]
 fn a_trainer_working_past_its_startup_limit_without_a_step_is_busy_not_hung() {
     for how in ["busy", "asleep"] {
-        let tmp = tempfile::tempdir().unwrap();
-        let script = tmp.path().join("t.py");
-        std::fs::write(&script, NO_STEPS_WORKING).unwrap();
-        let mut c = resilio_run(tmp.path(), how);
-        c.args([
-            "--startup-timeout",
-            "3s",
-            "--max-restarts",
-            "0",
-            "--kill-grace",
-            "2s",
-        ])
-        .args(["--", "python3"])
-        .arg(&script)
-        .arg(how);
-        let (out, _) = output_within(&mut c, Duration::from_secs(60));
-        let recs = records(tmp.path(), how);
+        let (out, recs) = run_script(NO_STEPS_WORKING, &["--startup-timeout", "3s"], how);
         if how == "busy" {
             assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
             assert!(kinds(&recs, "stall").is_empty(), "never stopped");
