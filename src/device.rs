@@ -63,9 +63,42 @@ pub fn gpu_name() -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
+/// This node has accelerators (`/dev/nvidia0`..., AMD's `/dev/kfd`,
+/// `/dev/accel*`): a rank waiting in a collective there may spin on a CPU
+/// (NCCL, RCCL) rather than block, so CPU time alone tells nothing of who
+/// works. Looked at once.
+pub fn accelerators_here() -> bool {
+    static HERE: OnceLock<bool> = OnceLock::new();
+    *HERE.get_or_init(|| {
+        std::fs::read_dir("/dev").is_ok_and(|d| {
+            d.flatten()
+                .any(|e| is_accelerator(&e.file_name().to_string_lossy()))
+        })
+    })
+}
+
+/// A device node's name is an accelerator's.
+fn is_accelerator(name: &str) -> bool {
+    let numbered = |prefix: &str| {
+        name.strip_prefix(prefix)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    };
+    numbered("nvidia") || numbered("accel") || name == "kfd"
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn accelerators_by_their_device_nodes() {
+        for yes in ["nvidia0", "nvidia7", "kfd", "accel0"] {
+            assert!(is_accelerator(yes), "{yes}");
+        }
+        for no in ["nvidiactl", "nvidia-uvm", "nvidia", "null", "accel", "kfd0"] {
+            assert!(!is_accelerator(no), "{no}");
+        }
+    }
 
     #[test]
     fn names_as_nvidia_smi_prints_them() {

@@ -1,6 +1,6 @@
 //! The conformance suite of real frameworks (issue 23): the real Hugging
-//! Face Trainer (transformers), Lightning and accelerate, from PyPI, each
-//! running a tiny random model on two CPU ranks under `resilio run
+//! Face Trainer (transformers), Lightning and accelerate, from PyPI, and a
+//! plain torch DDP loop printing as nanoGPT does, each running a tiny random model on two CPU ranks under `resilio run
 //! --ntasks 2`, exactly as they print, with no code change. Healthy cells
 //! must never be stopped; fault cells must blame the faulty rank (never the
 //! rank waiting for it), detect within the limit plus a small margin, and
@@ -308,9 +308,14 @@ fn wait(mut child: std::process::Child, limit: Duration) -> Output {
 
 /// A healthy run: completes with 0, never stopped, never restarted.
 fn healthy(script: &str, args: &[&str]) -> Option<Cell> {
+    healthy_as(script, args, How::default())
+}
+
+/// As [`healthy`], run as `how` says (ptrace refused, say).
+fn healthy_as(script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
     let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let cell = run_cell(&env, script, &["--max-restarts", "1"], args, false);
+    let cell = run_cell_as(&env, script, &["--max-restarts", "1"], args, how);
     cell.completed();
     // Never stopped: a stall is only allowed where it was withdrawn (a
     // peer found busy and silent), never acted on.
@@ -351,9 +356,19 @@ fn rank_1_hangs(script: &str, args: &[&str], py_spy: bool) -> Option<Cell> {
 /// cannot tell who waits, so the verdict is a hang with nobody blamed, said
 /// as such, within the same limit.
 fn hang_of_rank_1(script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
+    stop_of_rank_1("hang", script, args, how)
+}
+
+/// Rank 1 stops at update 25 by `fault` (`hang`: asleep in its own code;
+/// `collective`: waiting forever in a receive from its peer, which then
+/// waits for it in the next all_reduce): judged within the limit, never
+/// on rank 0, restarted once, no node held responsible. A rank asleep in
+/// its own code is blamed; where every rank waits on a peer (or ptrace is
+/// refused) nobody is.
+fn stop_of_rank_1(fault: &str, script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
     let env = env()?;
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let mut all = vec!["--fault", "hang", "--fault-step", "25", "--fault-rank", "1"];
+    let mut all = vec!["--fault", fault, "--fault-step", "25", "--fault-rank", "1"];
     all.extend_from_slice(args);
     let cell = run_cell_as(&env, script, &["--max-restarts", "1"], &all, how);
     let How {
@@ -368,11 +383,11 @@ fn hang_of_rank_1(script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
     let verdict = hang[0].get("verdict").cloned().unwrap_or_default();
     let judgment = cell.kinds("judgment");
     assert_eq!(judgment.len(), 1, "{why}");
-    if ptrace_refused {
+    if ptrace_refused || fault == "collective" {
         assert_eq!(
             verdict["blamed_ranks"].as_array().map_or(0, Vec::len),
             0,
-            "nobody blamed without evidence:\n{why}"
+            "nobody blamed without evidence (or where every rank waits):\n{why}"
         );
         assert_eq!(judgment[0].u64("primary_rank"), None, "{why}");
     } else {
@@ -406,7 +421,7 @@ fn hang_of_rank_1(script: &str, args: &[&str], how: How<'_>) -> Option<Cell> {
         "a software hang scored a node:\n{why}"
     );
     eprintln!(
-        "{script} hang of rank 1 (py-spy on PATH {py_spy}, ptrace refused {ptrace_refused}): limit {limit:.1}s, stall after {idle:.1}s, judged {judged:.2}s later, rule {}, blamed {}, run {:?}",
+        "{script} {fault} of rank 1 (py-spy on PATH {py_spy}, ptrace refused {ptrace_refused}): limit {limit:.1}s, stall after {idle:.1}s, judged {judged:.2}s later, rule {}, blamed {}, run {:?}",
         verdict["rule"], verdict["blamed_ranks"], cell.took
     );
     Some(cell)
@@ -430,6 +445,10 @@ fn hf_trainer_rank_1_asleep_with_ptrace_refused_is_a_hang_nobody_is_blamed_for()
 /// Rank 1 raises once at update 20: rank 1 is the failure, not its peer
 /// (which then loses its connection), and no node is held responsible.
 fn rank_1_crashes(script: &str, args: &[&str]) {
+    rank_1_crashes_as(script, args, How::default());
+}
+
+fn rank_1_crashes_as(script: &str, args: &[&str], how: How<'_>) {
     let mut all = vec![
         "--fault",
         "crash",
@@ -439,9 +458,9 @@ fn rank_1_crashes(script: &str, args: &[&str]) {
         "1",
     ];
     all.extend_from_slice(args);
-    let Some(cell) = one_cell(script, &all) else {
-        return;
-    };
+    let Some(env) = env() else { return };
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cell = run_cell_as(&env, script, &["--max-restarts", "1"], &all, how);
     let why = cell.explain();
     let judgment = cell.kinds("judgment");
     assert!(!judgment.is_empty(), "{why}");
@@ -693,4 +712,81 @@ fn lightning_rich_bar_with_tty_compatible_rank_1_asleep_is_blamed() {
 #[test]
 fn accelerate_rank_1_asleep_is_blamed() {
     rank_1_hangs("accelerate_trainer.py", &[], false);
+}
+
+/// Rank 1 raises with ptrace refused: the failure needs no stacks.
+#[test]
+fn hf_trainer_rank_1_raising_with_ptrace_refused_is_the_failure() {
+    rank_1_crashes_as(
+        "hf_trainer.py",
+        &[],
+        How {
+            ptrace_refused: true,
+            ..How::default()
+        },
+    );
+}
+
+/// Rank 1 waits forever in a receive its peer never sends, and rank 0
+/// waits for rank 1 in the next step's all_reduce: every rank waits on a
+/// peer, so nobody is blamed (never rank 0), the run restarts, and no
+/// node is held responsible.
+#[test]
+fn hf_trainer_rank_1_stuck_in_communication_blames_nobody_else() {
+    stop_of_rank_1("collective", "hf_trainer.py", &[], How::default());
+}
+
+// Plain torch DDP, printing as nanoGPT does (master only, `iter N: loss`).
+
+#[test]
+fn plain_ddp_with_a_silent_evaluation_that_works_is_never_stopped() {
+    healthy(
+        "ddp_trainer.py",
+        &["--eval-steps", "25", "--eval-compute", "10"],
+    );
+}
+
+/// Rank 1 computes 12 s of evaluation alone while rank 0 waits for it, and
+/// nobody may read a stack or a system call: its CPU time still shows it
+/// works.
+#[test]
+fn plain_ddp_with_one_rank_evaluating_longer_and_ptrace_refused_is_never_stopped() {
+    healthy_as(
+        "ddp_trainer.py",
+        &[
+            "--eval-steps",
+            "25",
+            "--eval-compute",
+            "12",
+            "--eval-compute-rank",
+            "1",
+        ],
+        How {
+            ptrace_refused: true,
+            ..How::default()
+        },
+    );
+}
+
+#[test]
+fn plain_ddp_rank_1_asleep_is_blamed() {
+    rank_1_hangs("ddp_trainer.py", &[], false);
+}
+
+#[test]
+fn plain_ddp_rank_1_stuck_in_communication_blames_nobody_else() {
+    stop_of_rank_1("collective", "ddp_trainer.py", &[], How::default());
+}
+
+#[test]
+fn plain_ddp_rank_1_stuck_in_communication_with_ptrace_refused_blames_nobody_else() {
+    stop_of_rank_1(
+        "collective",
+        "ddp_trainer.py",
+        &[],
+        How {
+            ptrace_refused: true,
+            ..How::default()
+        },
+    );
 }

@@ -88,6 +88,12 @@ pub struct Report {
     /// Its trainer's CPU time moved while it was probed (it works).
     #[serde(default)]
     pub busy: bool,
+    /// Stalled, and its trainer's CPU time stood still over the look at its
+    /// limit, on a node without accelerators (where a rank waiting in a
+    /// collective blocks rather than spins): waiting or asleep, not
+    /// working. Said only where the probe could not tell whether it waits.
+    #[serde(default)]
+    pub idle: bool,
     pub probe: Option<String>,
     /// A probe was taken in this attempt and its result is in this report
     /// (even when it could not tell: `waiting_on_peer` is then `None`).

@@ -34,8 +34,11 @@
 //! Before all of them, *busy*: a rank not stalled, waiting on no peer, whose
 //! trainer's CPU time moved over its probe works without a word (an
 //! evaluation nobody announced) while others are shown waiting on a peer:
-//! nobody is hung, the others wait for it. (Where nobody is shown waiting,
-//! as on GPUs where NCCL spins and every rank burns CPU, it does not apply.)
+//! nobody is hung, the others wait for it. Where the probes cannot tell who
+//! waits (ptrace refused), a stalled rank whose CPU time stood still on a
+//! node without accelerators (a collective's wait blocks there) stands for
+//! one shown waiting. (Where nobody is shown waiting or idle, as on GPUs
+//! where NCCL spins and every rank burns CPU, it does not apply.)
 
 use serde::Serialize;
 
@@ -63,6 +66,10 @@ pub struct RankView {
     /// Its trainer's CPU time moved over its probe, waiting on no peer:
     /// it works (an evaluation nobody announced), the others wait for it.
     pub busy: bool,
+    /// Stalled with its CPU time still, where a collective's wait blocks
+    /// (no accelerator) and the probe could not tell whether it waits:
+    /// waiting or asleep, not working.
+    pub idle: bool,
 }
 
 /// The judgment.
@@ -90,7 +97,11 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         .collect();
     let (rule, blamed, reason) = if ranks.is_empty() {
         ("undetermined", vec![], "no ranks reported".to_string())
-    } else if !working.is_empty() && ranks.iter().any(|r| r.waiting_on_peer == Some(true)) {
+    } else if !working.is_empty()
+        && ranks.iter().any(|r| {
+            r.waiting_on_peer == Some(true) || r.stalled && r.idle && r.waiting_on_peer.is_none()
+        })
+    {
         // Evidence before a kill: a rank that works without a word while
         // the others wait is busy and silent, not hung.
         let reason = format!(
@@ -336,6 +347,7 @@ mod tests {
             not_waiting_shown: waiting == Some(false),
             silent: false,
             busy: false,
+            idle: false,
         }
     }
 
@@ -440,6 +452,31 @@ mod tests {
         working.busy = false;
         let v = judge(&[view(0, Some(30), 10.0, Some(true)), working], 0.5, 0);
         assert_eq!((v.rule, v.blamed_ranks), ("not_waiting", vec![1]));
+    }
+
+    #[test]
+    fn with_ptrace_refused_a_working_rank_while_a_stalled_one_idles_is_busy_not_hung() {
+        // Nobody may read a stack or a system call. Rank 1 (silent) computes
+        // an evaluation alone; rank 0 stalled with its CPU time still, on a
+        // node without accelerators: it waits (or sleeps), it does not work.
+        let mut working = view(1, None, 0.0, None);
+        (working.silent, working.stalled, working.busy) = (true, false, true);
+        let mut idle = view(0, Some(30), 10.0, None);
+        idle.idle = true;
+        let v = judge(&[idle.clone(), working.clone()], 0.5, 0);
+        assert_eq!(v.rule, "busy", "{}", v.reason);
+        assert!(v.blamed_ranks.is_empty());
+        // Its CPU time not known still (an accelerator's node, where NCCL
+        // spins): the evidence is missing, nobody blamed, nothing held.
+        idle.idle = false;
+        let v = judge(&[idle.clone(), working.clone()], 0.5, 0);
+        assert_eq!(v.rule, "undetermined", "{}", v.reason);
+        // Idle but shown not waiting (a stack in its own code): the stack
+        // wins over the CPU time; nobody shown waiting, no busy verdict.
+        idle.idle = true;
+        idle.waiting_on_peer = Some(false);
+        let v = judge(&[idle, working], 0.5, 0);
+        assert_ne!(v.rule, "busy", "{}", v.reason);
     }
 
     #[test]

@@ -89,6 +89,9 @@ pub(crate) struct Agent<'a> {
     pub(super) stall_probe: Option<Probe>,
     /// A look at whether the trainer is working, under way at its limit.
     pub(super) busy_look: Option<BusyLook>,
+    /// The last look found it not working: its CPU time (seconds worked,
+    /// seconds watched), for the stall's probe.
+    pub(super) idle_look: Option<(f64, f64)>,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -191,6 +194,7 @@ impl<'a> Agent<'a> {
             probe_tx,
             stall_probe: None,
             busy_look: None,
+            idle_look: None,
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -365,12 +369,14 @@ impl<'a> Agent<'a> {
                 // computing does, with little CPU time.
                 let io = process::tree_io_bytes(self.r.pid.as_raw()).saturating_sub(b.io0);
                 if cpu_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
+                    self.idle_look = Some((cpu_s, window_s));
                     return Vec::new();
                 }
                 self.lc
                     .busy_silent(now, cpu_s, window_s, p.evidence.join("; "))
             }
             _ => {
+                self.idle_look = None;
                 self.busy_look = Some(BusyLook {
                     anchor,
                     t0: now,
@@ -634,6 +640,11 @@ impl<'a> Agent<'a> {
             r.waiting_on_peer = p.waiting_on_peer;
             r.not_waiting_shown = p.not_waiting_shown;
             r.busy = p.busy(BUSY_SHARE) && p.waiting_on_peer != Some(true);
+            r.idle = r.state == RankState::Stalled
+                && p.waiting_on_peer.is_none()
+                && p.cpu.is_some()
+                && !p.busy(BUSY_SHARE)
+                && !crate::device::accelerators_here();
             r.probe = Some(p.evidence.join("; "));
             r.probed = true;
         });
@@ -930,10 +941,13 @@ impl<'a> Agent<'a> {
         // What the trainer is blocked on, before anything disturbs it.
         // (Its verdict goes to the coordinator with the stacks the
         // diagnostics take next.)
-        let probe = r
-            .link
-            .is_some()
-            .then(|| diagnostics::probe(&self.helpers.with(|h| h.clone())));
+        // The look at its limit found it not working: its CPU time goes with
+        // the probe.
+        let idle = self.idle_look.take();
+        let probe = r.link.is_some().then(|| Probe {
+            cpu: idle,
+            ..diagnostics::probe(&self.helpers.with(|h| h.clone()))
+        });
         on_stall(
             s,
             &self.lc.policy,

@@ -26,10 +26,17 @@ Common knobs (all trainers):
                         of a hang fail sooner
 
 Fault knobs:
-  --fault KIND          none | hang | crash | sigkill | nan | exit   (none)
+  --fault KIND          none | hang | collective | crash | sigkill | nan | exit
+                        (none)
                           hang:    the rank sleeps forever in its own code
                                    (time.sleep in a loop, in a callback /
                                    right after the optimizer step)
+                          collective: the rank waits forever in a
+                                   torch.distributed receive from the next
+                                   rank, which never sends (stuck in
+                                   communication, as a rank in a collective
+                                   that never completes; its peers then
+                                   wait for it in the next step's all_reduce)
                           crash:   raise RuntimeError
                           sigkill: os.kill(os.getpid(), SIGKILL)
                           exit:    os._exit(--fault-exit-code)
@@ -81,7 +88,7 @@ COMMON = [
     ("fault-exit-code", int, 3),
 ]
 
-FAULTS = ("none", "hang", "crash", "sigkill", "nan", "exit")
+FAULTS = ("none", "hang", "collective", "crash", "sigkill", "nan", "exit")
 
 
 def env_name(name):
@@ -140,7 +147,7 @@ def _announce(a, step, rank):
 
 def after_step(a, step, rank):
     """Call right after optimizer step `step` (1-based) completed. Fires the
-    hang / crash / sigkill / exit faults."""
+    hang / collective / crash / sigkill / exit faults."""
     if step != a.fault_step or a.fault in ("none", "nan") or not fault_applies(a, rank):
         return
     _announce(a, step, rank)
@@ -148,6 +155,11 @@ def after_step(a, step, rank):
     if a.fault == "hang":
         while True:  # asleep in our own code, forever
             time.sleep(3600)
+    if a.fault == "collective":
+        import torch
+        import torch.distributed as dist
+        peer = (rank + 1) % dist.get_world_size()
+        dist.recv(torch.zeros(1), src=peer)  # nobody sends: waits forever
     if a.fault == "crash":
         raise RuntimeError("conformance: injected crash at step %d on rank %d" % (step, rank))
     if a.fault == "sigkill":
@@ -170,3 +182,12 @@ def nan_now(a, step, rank):
         _announce(a, step, rank)
         _nan_announced = True
     return True
+
+
+def compute(seconds):
+    """Matrix products for `seconds`: work, not sleep, and no output."""
+    import torch
+    m = torch.randn(256, 256)
+    t = time.time()
+    while time.time() - t < seconds:
+        m = torch.tanh(m @ m)

@@ -33,6 +33,7 @@ impl JobView {
                 not_waiting_shown: e.report.not_waiting_shown,
                 silent: e.report.silent,
                 busy: e.report.busy,
+                idle: e.report.idle,
             })
             .collect();
         let intervals: Vec<f64> = self
