@@ -168,7 +168,11 @@ pub fn leave_rollback(
 
 /// The rollback left for `attempt`, if any.
 pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback> {
-    let text = std::fs::read(job_dir.join(ROLLBACK_FILE)).ok()?;
+    let text = crate::util::files::read_regular(
+        &job_dir.join(ROLLBACK_FILE),
+        crate::util::files::SMALL_CAP,
+    )
+    .ok()?;
     serde_json::from_slice::<Rollback>(&text)
         .ok()
         .filter(|r| r.for_attempt == attempt)

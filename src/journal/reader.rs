@@ -100,7 +100,10 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
             file: path.clone(),
             ..SkippedLines::default()
         };
-        match std::fs::read(path) {
+        // Not followed, not waited on, not read past its cap: a shared
+        // state dir's journals are anyone's to plant (a FIFO would hang the
+        // reader, `/dev/zero` behind a name would fill its memory).
+        match crate::util::files::read_regular(path, crate::util::files::JOURNAL_CAP) {
             Ok(text) => read_lines(&text, &mut out.records, &mut skip),
             Err(e) => skip.error = Some(e.to_string()),
         }
@@ -158,7 +161,8 @@ pub fn list_jobs(state_dir: &Path) -> Vec<(String, std::time::SystemTime)> {
     };
     let mut jobs: Vec<(String, std::time::SystemTime)> = entries
         .filter_map(|e| e.ok())
-        .filter(|e| e.path().is_dir())
+        // A directory, not a symlink to one.
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
             let newest = std::fs::read_dir(e.path())

@@ -4,11 +4,14 @@
 //!   carried on the monotonic clock: a step of the wall clock moves nothing).
 //! - [`cmd`]: running an external command with a timeout, and spawning in a
 //!   process group of its own that dies with resilio.
+//! - [`files`]: reading a file someone else may have planted (no symlink,
+//!   no FIFO or device, a size cap).
 //! - [`runtime_dir`]: the private directory of the progress sockets, checked
 //!   before use (a squatted one is replaced), and stale sockets removed.
 
 pub mod clock;
 pub mod cmd;
+pub mod files;
 pub mod runtime_dir;
 
 /// The current-thread runtime every resilio command runs its loop on.

@@ -167,3 +167,59 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
 }
+
+/// Anyone can plant files in a shared state dir. A FIFO, a symlink to
+/// `/dev/zero` and a symlinked job directory among the jobs must neither
+/// hang nor exhaust `resilio report` (which reads every job for its
+/// failure-rate figure) and `resilio nodes`: they are skipped, and named.
+#[test]
+fn planted_fifos_devices_and_links_among_the_journals_never_hang_a_reader() {
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path();
+    let o = Command::new(bin())
+        .args(["run", "--job-id", "mine", "--state-dir"])
+        .arg(state)
+        .args(["--", "sh", "-c", "echo step 1; echo step 2"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let jobs = resilio::journal::job_dir(state, "mine")
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    for j in ["fifo", "zero", "linked"] {
+        std::fs::create_dir_all(jobs.join(j)).unwrap();
+    }
+    nix::unistd::mkfifo(
+        &jobs.join("fifo/rank-0.jsonl"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", jobs.join("zero/rank-0.jsonl")).unwrap();
+    std::fs::remove_dir(jobs.join("linked")).unwrap();
+    std::os::unix::fs::symlink("/etc", jobs.join("linked")).unwrap();
+    let s = state.to_str().unwrap();
+    for args in [
+        vec!["report", "mine", "--state-dir", s],
+        vec!["report", "fifo", "--state-dir", s],
+        vec!["nodes", "--no-sacct", "--state-dir", s],
+        vec!["timeline", "zero", "--state-dir", s],
+    ] {
+        let (o, took) = output_within(Command::new(bin()).args(&args), Duration::from_secs(30));
+        assert!(
+            took < Duration::from_secs(20),
+            "{args:?} took {took:?}: {}",
+            stderr_of(&o)
+        );
+        assert!(o.status.code().is_some(), "{args:?} was killed");
+        if args[1] == "mine" || args[0] == "nodes" {
+            assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr_of(&o));
+        }
+    }
+    let (o, _) = output_within(
+        Command::new(bin()).args(["report", "fifo", "--state-dir", s]),
+        Duration::from_secs(30),
+    );
+    let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr_of(&o));
+    assert!(all.contains("a FIFO, not read"), "{all}");
+}

@@ -1,0 +1,100 @@
+//! Reading a file someone else may have planted: a journal in a shared
+//! state dir, a job's `coordinator.json`. The last component is opened
+//! without following a symlink and without blocking (a FIFO), checked to be
+//! a regular file, and read up to a cap (`/dev/zero` behind a name, a file
+//! that keeps growing): never a hang, never unbounded memory.
+
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+/// A journal file is read whole up to this (a long run's largest rank file
+/// stays far below).
+pub const JOURNAL_CAP: u64 = 1 << 30;
+
+/// A small control or discovery file (`coordinator.json`, a token).
+pub const SMALL_CAP: u64 = 1 << 20;
+
+/// The bytes of the regular file at `path`, at most `cap` of them; an error
+/// (with a plain reason) for a symlink, a FIFO, a device, a directory, or a
+/// file larger than `cap`.
+pub fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::ELOOP) {
+                refused("a symbolic link, not followed")
+            } else {
+                e
+            }
+        })?;
+    let meta = f.metadata()?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        use std::os::unix::fs::FileTypeExt;
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "a device"
+        } else if ft.is_dir() {
+            "a directory"
+        } else if ft.is_socket() {
+            "a socket"
+        } else {
+            "not a regular file"
+        };
+        return Err(refused(&format!("{what}, not read")));
+    }
+    if meta.len() > cap {
+        return Err(refused(&format!(
+            "{} bytes, more than the {cap} read",
+            meta.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(meta.len() as usize);
+    f.take(cap + 1).read_to_end(&mut out)?;
+    if out.len() as u64 > cap {
+        return Err(refused(&format!("grew past the {cap} bytes read")));
+    }
+    Ok(out)
+}
+
+fn refused(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, why.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_regular_file_within_its_cap_is_read() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("rank-0.jsonl");
+        std::fs::write(&file, b"{}\n").unwrap();
+        assert_eq!(read_regular(&file, 10).unwrap(), b"{}\n");
+        // Too large.
+        let e = read_regular(&file, 2).unwrap_err().to_string();
+        assert!(e.contains("more than the 2"), "{e}");
+        // A symlink, even to a good file.
+        let link = d.path().join("link.jsonl");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = read_regular(&link, 10).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        // A FIFO nobody writes to: refused at once, not waited on.
+        let fifo = d.path().join("fifo.jsonl");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        let e = read_regular(&fifo, 10).unwrap_err().to_string();
+        assert!(e.contains("FIFO"), "{e}");
+        // A device.
+        let e = read_regular(Path::new("/dev/zero"), 10)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("device"), "{e}");
+        // A directory.
+        let e = read_regular(d.path(), 10).unwrap_err().to_string();
+        assert!(e.contains("directory"), "{e}");
+    }
+}
