@@ -2,7 +2,15 @@
 //! loss spikes, from the figures the trainer prints or sends.
 //!
 //! A pure policy over the values as they come, one observation per step (a
-//! figure seen twice for the same step counts once). fp16 training skips a
+//! figure seen twice for the same step counts once, and a figure printed
+//! without a step belongs to the last step printed). A progress bar's
+//! postfix (`loss=nan` after tqdm's `150/300 [...]`) is often set every few
+//! steps and redrawn unchanged in between: where the trainer's values were
+//! seen to repeat so (the median run of identical consecutive values, at
+//! most [`MAX_REPEAT`]), a value repeated unchanged counts once per such run,
+//! so that one NaN left on the bar by a skipped step is one observation,
+//! while a loss that stays NaN through several refreshes is not missed.
+//! fp16 training skips a
 //! step now and then on an overflow (`grad norm: nan`, DeepSpeed's
 //! `OVERFLOW! Skipping step`), so a non-finite value must persist for
 //! `nan_steps` observations in a row; a spike is the loss above
@@ -127,11 +135,27 @@ impl Finding {
     }
 }
 
+/// The longest run of unchanged values taken for a bar's refresh interval.
+pub const MAX_REPEAT: u32 = 20;
+
+/// How many completed runs of unchanged values the refresh interval is
+/// learnt from.
+const RUNS_KEPT: usize = 15;
+
 /// The watch over one rank's figures.
 #[derive(Clone, Debug)]
 pub struct Watch {
     cfg: NumericalConfig,
+    /// The last step printed (with figures or without).
+    seen_step: Option<u64>,
+    /// The step of the last observation counted.
     last_step: Option<u64>,
+    /// The last observation's values, bit for bit, and how many times in a
+    /// row they came unchanged.
+    last_bits: Option<(u64, u64)>,
+    repeats: u32,
+    /// Lengths of the last runs of unchanged finite values.
+    runs: VecDeque<u32>,
     bad_run: u32,
     bad_since: Option<u64>,
     spike_run: u32,
@@ -145,7 +169,11 @@ impl Watch {
     pub fn new(cfg: NumericalConfig) -> Self {
         Watch {
             cfg,
+            seen_step: None,
             last_step: None,
+            last_bits: None,
+            repeats: 0,
+            runs: VecDeque::new(),
             bad_run: 0,
             bad_since: None,
             spike_run: 0,
@@ -160,14 +188,23 @@ impl Watch {
     pub fn observe(&mut self, step: Option<u64>, metrics: &[(String, f64)]) -> Option<Finding> {
         let get = |name: &str| metrics.iter().find(|(n, _)| n == name).map(|(_, v)| *v);
         let (loss, grad) = (get("loss"), get("grad_norm"));
+        self.seen_step = step.or(self.seen_step);
         if loss.is_none() && grad.is_none() {
             return None;
         }
-        // The same step seen again (its line, then the socket): once.
+        // Figures on their own belong to the last step printed.
+        let step = step.or(self.seen_step);
+        // The same step seen again (its line, then the bar, then the
+        // socket): once.
         if step.is_some() && step == self.last_step {
             return None;
         }
         self.last_step = step.or(self.last_step);
+        // Unchanged since the last observation (a bar's postfix redrawn):
+        // a new observation only once per run the trainer's values showed.
+        if !self.fresh(loss, grad) {
+            return None;
+        }
         let bad = [("loss", loss), ("grad_norm", grad)]
             .into_iter()
             .find_map(|(n, v)| v.filter(|v| !v.is_finite()).map(|v| (n, v)));
@@ -202,6 +239,34 @@ impl Watch {
             self.losses.pop_front();
         }
         found
+    }
+
+    /// Whether this observation's values count: changed since the last
+    /// one, or unchanged for as many times as values usually stay so.
+    fn fresh(&mut self, loss: Option<f64>, grad: Option<f64>) -> bool {
+        let bits = (
+            loss.map_or(u64::MAX, f64::to_bits),
+            grad.map_or(u64::MAX, f64::to_bits),
+        );
+        if self.last_bits == Some(bits) {
+            self.repeats += 1;
+        } else {
+            let finite = |b: u64| b == u64::MAX || f64::from_bits(b).is_finite();
+            if let Some((l, g)) = self.last_bits {
+                if finite(l) && finite(g) {
+                    self.runs.push_back(self.repeats.min(MAX_REPEAT));
+                    while self.runs.len() > RUNS_KEPT {
+                        self.runs.pop_front();
+                    }
+                }
+            }
+            self.last_bits = Some(bits);
+            self.repeats = 1;
+        }
+        let mut runs: Vec<u32> = self.runs.iter().copied().collect();
+        runs.sort_unstable();
+        let every = runs.get(runs.len() / 2).copied().unwrap_or(1).max(1);
+        (self.repeats - 1) % every == 0
     }
 
     fn spike(&mut self, loss: f64, step: Option<u64>) -> Option<Finding> {
@@ -263,6 +328,55 @@ mod tests {
         );
         assert_eq!(f.describe(), "loss nan since step 4 (3 steps in a row)");
         assert_eq!(w.observe(Some(7), &m(f64::NAN)), None);
+    }
+
+    #[test]
+    fn a_bar_redrawing_one_nan_is_one_observation() {
+        // tqdm's postfix set every 10 steps, frames every 2: the values
+        // repeat five times. The trainer skipped one NaN step (its log line
+        // and the bar say nan), and the bar kept showing it.
+        let mut w = Watch::new(NumericalConfig::default());
+        let mut step = 0;
+        for refresh in 0..6 {
+            for _ in 0..5 {
+                step += 2;
+                assert_eq!(w.observe(Some(step), &m(2.0 - refresh as f64 * 0.1)), None);
+            }
+        }
+        // The log line of step 62, its frame redrawn, then stale frames.
+        assert_eq!(w.observe(Some(62), &m(f64::NAN)), None);
+        assert_eq!(w.observe(None, &m(f64::NAN)), None);
+        for s in [64, 66, 68, 70] {
+            assert_eq!(w.observe(Some(s), &m(f64::NAN)), None, "step {s}");
+        }
+        // Refreshed: finite again.
+        assert_eq!(w.observe(Some(72), &m(1.4)), None);
+        // A loss that stays NaN through refreshes is found: the third run.
+        let mut found = None;
+        for s in (74..120).step_by(2) {
+            if let Some(f) = w.observe(Some(s), &m(f64::NAN)) {
+                found = Some((s, f));
+                break;
+            }
+        }
+        let (at, f) = found.expect("a NaN that persists");
+        assert_eq!((f.kind, f.consecutive, f.since_step), ("nan", 3, Some(74)));
+        assert_eq!(at, 94, "once per run of five: 74, 84, 94");
+    }
+
+    #[test]
+    fn figures_without_a_step_belong_to_the_last_step_printed() {
+        let mut w = Watch::new(NumericalConfig::default());
+        // A bar names the step, the loss comes in a line of its own.
+        for s in 1..=2 {
+            assert_eq!(w.observe(Some(s), &[]), None);
+            assert_eq!(w.observe(None, &m(f64::NAN)), None, "step {s}");
+            // Said again for the same step: not counted.
+            assert_eq!(w.observe(None, &m(f64::NAN)), None);
+        }
+        assert_eq!(w.observe(Some(3), &[]), None);
+        let f = w.observe(None, &m(f64::NAN)).unwrap();
+        assert_eq!((f.consecutive, f.since_step, f.step), (3, Some(1), Some(3)));
     }
 
     #[test]
