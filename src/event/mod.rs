@@ -264,6 +264,7 @@ events! {
     /// evaluation limit, not stopped as hung.
     BusySilent = "busy_silent" {
         cpu_s: f64,
+        io_bytes: u64,
         window_s: f64,
         limit_s: f64,
         probe: String,

@@ -303,7 +303,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
     }
     let evidence = if !unknown.is_empty() {
         format!(
-            "the probes could not tell what rank(s) {} were doing (stacks need ptrace allowed: kernel.yama.ptrace_scope, the same user, a dumpable process)",
+            "the probes could not tell what rank(s) {} were doing (stacks need ptrace allowed: kernel.yama.ptrace_scope, the same user, a dumpable process or CAP_SYS_PTRACE)",
             list(&unknown)
         )
     } else if waiting == 0 {

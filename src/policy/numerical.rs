@@ -266,7 +266,7 @@ impl Watch {
         let mut runs: Vec<u32> = self.runs.iter().copied().collect();
         runs.sort_unstable();
         let every = runs.get(runs.len() / 2).copied().unwrap_or(1).max(1);
-        (self.repeats - 1) % every == 0
+        (self.repeats - 1).is_multiple_of(every)
     }
 
     fn spike(&mut self, loss: f64, step: Option<u64>) -> Option<Finding> {

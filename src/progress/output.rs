@@ -335,6 +335,7 @@ impl Parser {
                 if line.starts_with(b"srun: ")
                     || line.starts_with(b"slurmstepd")
                     || in_a_name(text, at)
+                    || an_error_line(line)
                 {
                     continue;
                 }
@@ -638,6 +639,34 @@ fn in_a_name(text: &[u8], at: usize) -> bool {
         _ => false,
     };
     file || (opened && closed)
+}
+
+/// Whether a line is an error's, not progress: a traceback's lines
+/// (`Traceback (most recent call last):`, `  File "train.py", line 9`) or
+/// an exception's message (`RuntimeError: data pipeline failed at step
+/// 120`, `torch.distributed.DistBackendError: ...`, `UserWarning: ...`),
+/// after torchrun's `[rank1]: ` prefix. The step such a line names is where
+/// something went wrong, never a step done.
+fn an_error_line(line: &[u8]) -> bool {
+    let mut l = line;
+    if l.starts_with(b"[rank") {
+        if let Some(p) = l.iter().position(|&b| b == b']') {
+            l = l[p + 1..].strip_prefix(b":").unwrap_or(&l[p + 1..]);
+        }
+    }
+    let l = l.trim_ascii_start();
+    if l.starts_with(b"Traceback (") || l.starts_with(b"File \"") {
+        return true;
+    }
+    let name = l
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'.')
+        .count();
+    let id = &l[..name];
+    l.get(name) == Some(&b':')
+        && [&b"Error"[..], b"Exception", b"Warning", b"Interrupt"]
+            .iter()
+            .any(|s| id.ends_with(s))
 }
 
 /// Start of the line containing offset `at`.
@@ -1392,6 +1421,25 @@ mod tests {
         assert_eq!(p.step_in(b"loading global_step200.pt"), None);
         assert_eq!(p.step_in(b"step=200. loss 2.1"), Some(200));
         assert_eq!(p.step_in(b"step 200.5% done"), Some(200));
+    }
+
+    #[test]
+    fn an_error_message_naming_a_step_is_no_step() {
+        let p = parser();
+        for line in [
+            &b"RuntimeError: injected failure in data pipeline at step 120"[..],
+            b"[rank1]: RuntimeError: injected failure at step 120",
+            b"torch.distributed.DistBackendError: step 7 lost its peer",
+            b"UserWarning: step 3 took longer than expected",
+            b"  File \"train.py\", line 40, in step 12",
+            b"Traceback (most recent call last): step 9",
+        ] {
+            assert_eq!(p.step_in(line), None, "{}", String::from_utf8_lossy(line));
+        }
+        // Progress lines that merely mention an error are still progress.
+        assert_eq!(p.step_in(b"step 120/300 | loss 0.25 | errors 0"), Some(120));
+        assert_eq!(p.step_in(b"[rank0]: step 12 loss 2.0"), Some(12));
+        assert_eq!(p.step_in(b"INFO: step 14 loss 2.0"), Some(14));
     }
 
     #[test]

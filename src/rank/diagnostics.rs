@@ -96,7 +96,12 @@ fn run_py_spy(
         cmd::Status::Finished(s) => PySpyDump {
             pid,
             ok: s.success(),
-            output,
+            // py-spy's errors end with its own Rust backtrace: not ours to
+            // show.
+            output: match output.find("\n\nStack backtrace:") {
+                Some(cut) if !s.success() => output[..cut].to_string(),
+                _ => output,
+            },
         },
         cmd::Status::TimedOut | cmd::Status::Lost => {
             fail(format!("py-spy timed out after {:?}\n{output}", timeout))
@@ -269,7 +274,7 @@ fn probe_process(pid: i32) -> Found {
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Found(
                 None,
-                "syscall unreadable: ptrace refused (kernel.yama.ptrace_scope, or another user's process)".into(),
+                "syscall unreadable: ptrace refused (kernel.yama.ptrace_scope, another user's process, or one that is not dumpable while resilio lacks CAP_SYS_PTRACE)".into(),
                 false,
             )
         }

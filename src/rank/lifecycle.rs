@@ -198,6 +198,9 @@ pub enum Action {
     /// Found working without a word at its step limit: busy and silent.
     BusySilent {
         cpu_s: f64,
+        /// Bytes it read and wrote meanwhile (a save to a slow file system
+        /// works with little CPU).
+        io_bytes: u64,
         window_s: f64,
         limit_s: f64,
         probe: String,
@@ -709,7 +712,7 @@ impl Lifecycle {
     pub fn busy_silent(
         &mut self,
         now: Instant,
-        cpu_s: f64,
+        (cpu_s, io_bytes): (f64, u64),
         window_s: f64,
         probe: String,
     ) -> Vec<Action> {
@@ -718,6 +721,7 @@ impl Lifecycle {
         }
         vec![Action::BusySilent {
             cpu_s,
+            io_bytes,
             window_s,
             limit_s: self.policy.current_limit().0.as_secs_f64(),
             probe,

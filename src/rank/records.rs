@@ -24,7 +24,7 @@ pub(crate) fn on_stall(
     journal: &mut Writer,
     (clock, id): (&Clock, &Identity),
     now: Instant,
-    linked: Option<Option<bool>>,
+    (linked, idle_look): (Option<Option<bool>>, Option<(f64, f64)>),
 ) {
     plog.flush(journal, clock);
     let idle = now.duration_since(s.since);
@@ -46,13 +46,20 @@ pub(crate) fn on_stall(
         Some(step) => format!("no progress since step {step}"),
         None => "no first step".to_string(),
     };
-    // A rank found waiting on a peer is likely not the one that hung.
+    // A rank found waiting on a peer is likely not the one that hung; one
+    // found not working (no CPU time, no I/O, on a node where that means
+    // something) needs no advice about evaluations.
+    let avoid = match idle_look {
+        Some((cpu, over)) => {
+            format!("its trainer was not working ({cpu:.1}s of CPU in {over:.1}s, no I/O)")
+        }
+        None => s.kind.avoid(),
+    };
     let next = match linked {
-        None => format!("gathering diagnostics, then stopping it; {}", s.kind.avoid()),
+        None => format!("gathering diagnostics, then stopping it; {avoid}"),
         Some(Some(true)) => "it waits on a peer (in a collective): gathering diagnostics while the coordinator looks for the rank that hung".to_string(),
         Some(_) => format!(
-            "gathering diagnostics while the coordinator judges which rank hung; {}",
-            s.kind.avoid()
+            "gathering diagnostics while the coordinator judges which rank hung; {avoid}"
         ),
     };
     tracing::warn!(
@@ -281,12 +288,14 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
         ),
         Action::BusySilent {
             cpu_s,
+            io_bytes,
             window_s,
             limit_s,
             probe,
         } => (
             ev::BusySilent {
                 cpu_s: Some(*cpu_s),
+                io_bytes: Some(*io_bytes),
                 window_s: Some(*window_s),
                 limit_s: Some(*limit_s),
                 probe: Some(probe.clone()),

@@ -373,7 +373,7 @@ impl<'a> Agent<'a> {
                     return Vec::new();
                 }
                 self.lc
-                    .busy_silent(now, cpu_s, window_s, p.evidence.join("; "))
+                    .busy_silent(now, (cpu_s, io), window_s, p.evidence.join("; "))
             }
             _ => {
                 self.idle_look = None;
@@ -854,9 +854,22 @@ impl<'a> Agent<'a> {
                 self.r.outbox.update(|r| r.state = RankState::Running);
                 self.r.outbox.urgent.notify_one();
             }
-            Action::BusySilent { .. } => {
+            Action::BusySilent {
+                cpu_s,
+                io_bytes,
+                window_s,
+                ..
+            } => {
+                let how = if cpu_s >= BUSY_SHARE * window_s {
+                    format!("{cpu_s:.1}s of CPU in {window_s:.1}s")
+                } else {
+                    format!(
+                        "{:.1} MB read and written in {window_s:.1}s",
+                        io_bytes as f64 / 1e6
+                    )
+                };
                 tracing::warn!(
-                    "rank {} on {}: no progress for the step limit, but working (its CPU time moves, it waits on no peer): busy and silent, judged by the evaluation limit ({}) from now",
+                    "rank {} on {}: no progress for the step limit, but working ({how}, waiting on no peer): busy and silent, judged by the evaluation limit ({}) from now",
                     self.r.id.rank,
                     self.r.id.node,
                     crate::duration::format(self.lc.policy.current_limit().0)
@@ -955,7 +968,10 @@ impl<'a> Agent<'a> {
             &mut r.journal,
             (&r.clock, &r.id),
             now,
-            probe.as_ref().map(|p| p.waiting_on_peer),
+            (
+                probe.as_ref().map(|p| p.waiting_on_peer),
+                idle.filter(|_| !crate::device::accelerators_here()),
+            ),
         );
         if let Some(p) = probe {
             r.outbox.update(|r| {

@@ -66,8 +66,10 @@ fn read(pid: i32) -> Result<String, String> {
         collect_thread_names: true,
         ..py_spy::Config::default()
     };
-    let mut spy = py_spy::PythonSpy::new(pid, &cfg).map_err(|e| e.to_string())?;
-    let traces = spy.get_stack_traces().map_err(|e| e.to_string())?;
+    // `{:#}`: the message and its causes on one line ("... : Permission
+    // denied (os error 13)"), never a backtrace.
+    let mut spy = py_spy::PythonSpy::new(pid, &cfg).map_err(|e| format!("{e:#}"))?;
+    let traces = spy.get_stack_traces().map_err(|e| format!("{e:#}"))?;
     let mut out = format!(
         "Process {pid}: {}\nPython v{} (resilio's built-in py-spy)\n",
         spy.process

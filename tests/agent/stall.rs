@@ -57,6 +57,10 @@ fn fixed_stall_timeout() {
     assert_eq!(s.f64("timeout_s"), Some(1.0));
     assert_eq!(s.u64("last_step"), Some(5));
     assert_prompt(s);
+    // Found asleep at its limit: no advice about silent evaluations.
+    let err = stderr_of(&o);
+    assert!(err.contains("its trainer was not working ("), "{err}");
+    assert!(!err.contains("announce it"), "{err}");
 }
 
 #[test]
