@@ -21,8 +21,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <slurm/slurm.h>
@@ -59,7 +62,10 @@ static int opt_cb(int val, const char *optarg, int remote)
 {
 	(void) val;
 	(void) remote;
-	if (optarg == NULL || optarg[0] == '\0') {
+	/* A bare `#SBATCH --resilio` reaches the script's srun through
+	 * SLURM_SPANK__SLURM_SPANK_OPTION_resilio_resilio, whose value Slurm
+	 * writes as the literal "(null)": the bare option, not a value. */
+	if (optarg == NULL || optarg[0] == '\0' || strcmp(optarg, "(null)") == 0) {
 		wanted = 1;
 		opts[0] = '\0';
 		return ESPANK_SUCCESS;
@@ -173,15 +179,51 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* Write STATE/jobs/JOB/task-exit/NAME as the job's user: called in a child
+ * that dropped root for the job's uid, gid and groups, so that whatever the
+ * user's path holds (symlinks to /etc, a FIFO, someone else's directory),
+ * nothing happens that the user could not have done. Returns the exit code
+ * of the child. */
+static int write_as_user(const char *dir, const char *path, int status)
+{
+	if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+		return 2;
+	/* O_NONBLOCK: a FIFO planted there must not hold the step. */
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+		      0644);
+	if (fd < 0)
+		return 3;
+	struct stat st;
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		close(fd);
+		return 4;
+	}
+	char line[64];
+	int n = snprintf(line, sizeof(line), "raw_status=%d\n", status);
+	int ok = write(fd, line, (size_t) n) == n;
+	close(fd);
+	return ok ? 0 : 5;
+}
+
 /* Each task's raw wait status, for when its agent died with it (or with
  * its node): STATE_DIR/jobs/JOB/task-exit/STEP.TASK, one line
  * `raw_status=N`. The state dir is the task's RESILIO_STATE_DIR, else the
- * plugstack's. */
+ * plugstack's.
+ *
+ * slurmstepd runs this as root, and the path is the user's to choose: the
+ * file work runs in a child that first becomes the job's user (its groups,
+ * gid, then uid, all of them real, effective and saved), never as root. The
+ * step waits for it at most TASK_EXIT_WAIT_MS (a hung file system). */
+#define TASK_EXIT_WAIT_MS 5000
 int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 {
 	(void) ac;
 	(void) av;
-	uint32_t job = 0, step = 0, task = 0, uid = 0, gid = 0;
+	uint32_t job = 0, step = 0, task = 0;
+	uid_t uid = 0;
+	gid_t gid = 0;
+	gid_t *gids = NULL;
+	int ngids = 0;
 	int status = 0;
 	char dir[PATH_MAX], path[PATH_MAX + 64], sd[PATH_MAX];
 
@@ -190,36 +232,56 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 	if (spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS)
+	    spank_get_item(sp, S_TASK_GLOBAL_ID, &task) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
 		return 0;
-	spank_get_item(sp, S_JOB_UID, &uid);
-	spank_get_item(sp, S_JOB_GID, &gid);
+	if (spank_get_item(sp, S_JOB_SUPPLEMENTARY_GIDS, &gids, &ngids) != ESPANK_SUCCESS)
+		ngids = 0;
 	if (spank_getenv(sp, "RESILIO_STATE_DIR", sd, sizeof(sd)) != ESPANK_SUCCESS)
 		snprintf(sd, sizeof(sd), "%s", state_dir);
 	if (sd[0] != '/')
 		return 0;
 	if (snprintf(dir, sizeof(dir), "%s/jobs/%u/task-exit", sd, job) >= (int) sizeof(dir))
 		return 0;
-	/* The job's directory belongs to its user: create only the last part. */
-	if (mkdir(dir, 0755) == 0) {
-		if (chown(dir, uid, gid) != 0)
-			slurm_debug("resilio: chown %s: %s", dir, strerror(errno));
-	}
 	if (step == SLURM_BATCH_SCRIPT)
 		snprintf(path, sizeof(path), "%s/batch.%u", dir, task);
 	else
 		snprintf(path, sizeof(path), "%s/%u.%u", dir, step, task);
-	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-	if (fd < 0) {
-		slurm_debug("resilio: %s: %s", path, strerror(errno));
+
+	pid_t pid = fork();
+	if (pid < 0) {
+		slurm_debug("resilio: fork for %s: %s", path, strerror(errno));
 		return 0;
 	}
-	char line[64];
-	int n = snprintf(line, sizeof(line), "raw_status=%d\n", status);
-	if (write(fd, line, (size_t) n) != n)
-		slurm_debug("resilio: %s: short write", path);
-	if (fchown(fd, uid, gid) != 0)
-		slurm_debug("resilio: chown %s: %s", path, strerror(errno));
-	close(fd);
+	if (pid == 0) {
+		/* The job's user, for good, before touching the path. */
+		if (setgroups(ngids > 0 ? (size_t) ngids : 0, ngids > 0 ? gids : NULL) != 0 ||
+		    setresgid(gid, gid, gid) != 0 || setresuid(uid, uid, uid) != 0)
+			_exit(1);
+		if (uid != 0 && (geteuid() == 0 || setuid(0) == 0))
+			_exit(1);
+		umask(022);
+		_exit(write_as_user(dir, path, status));
+	}
+	int st = 0;
+	for (int waited = 0;; waited += 10) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+		if (r == pid)
+			break;
+		if (r < 0 && errno != EINTR)
+			return 0;
+		if (waited >= TASK_EXIT_WAIT_MS) {
+			kill(pid, SIGKILL);
+			slurm_debug("resilio: %s: not written within %d ms", path, TASK_EXIT_WAIT_MS);
+			/* Reaped if it ever returns; the step goes on. */
+			waitpid(pid, &st, WNOHANG);
+			return 0;
+		}
+		usleep(10000);
+	}
+	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+		slurm_debug("resilio: %s: not written as uid %u (step %d)", path, (unsigned) uid,
+			    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	return 0;
 }

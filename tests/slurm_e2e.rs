@@ -280,6 +280,17 @@ fn agent_and_trainer(dir: &Path, trainer_args: &str) -> String {
 /// Submit a batch script of `nodes` nodes, one task each, requeueable,
 /// its output and state dir in `dir`, ending with `body`.
 fn sbatch_in(dir: tempfile::TempDir, nodes: u32, sbatch_opts: &str, body: &str) -> Job {
+    sbatch_in_with(dir, nodes, sbatch_opts, body, &[])
+}
+
+/// [`sbatch_in`] with more options on sbatch's command line.
+fn sbatch_in_with(
+    dir: tempfile::TempDir,
+    nodes: u32,
+    sbatch_opts: &str,
+    body: &str,
+    cli: &[&str],
+) -> Job {
     let d = dir.path().display();
     let script = format!(
         "#!/bin/bash\n\
@@ -289,7 +300,10 @@ fn sbatch_in(dir: tempfile::TempDir, nodes: u32, sbatch_opts: &str, body: &str) 
     );
     let path = dir.path().join("job.sbatch");
     std::fs::write(&path, script).unwrap();
-    let out = run("sbatch", &["--parsable", path.to_str().unwrap()]);
+    let mut args = vec!["--parsable"];
+    args.extend_from_slice(cli);
+    args.push(path.to_str().unwrap());
+    let out = run("sbatch", &args);
     let id = out.trim().split(';').next().unwrap().to_string();
     Job { id, dir }
 }
@@ -2085,6 +2099,199 @@ fn sbatch_resilio_puts_a_plain_srun_under_the_job_level_through_a_crash_and_a_ha
         );
         assert!(job.output().contains("step 20/20"), "{fault}");
     }
+}
+
+/// The bare `--resilio`, in the script (`#SBATCH --resilio`) and on
+/// sbatch's command line: the script runs under the job level and its
+/// plain `srun` under rank agents. (Slurm hands the option on to the
+/// script's srun as the literal value "(null)", which the plugin used to
+/// refuse: every srun failed.)
+#[test]
+fn a_bare_sbatch_resilio_puts_a_plain_srun_under_agents_in_the_script_and_on_the_command_line() {
+    let _g = lock();
+    plugin();
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    for in_script in [true, false] {
+        let dir = job_dir();
+        let body = format!(
+            "srun python3 {} --ckpt-dir {}/ckpt --total 10 --step-time 0.2",
+            trainer.display(),
+            dir.path().display()
+        );
+        let export = format!(
+            "--export=ALL,RESILIO_STATE_DIR={}/state",
+            dir.path().display()
+        );
+        let (opts, cli) = if in_script {
+            (
+                format!("-t 10\n#SBATCH --resilio\n#SBATCH {export}"),
+                vec![],
+            )
+        } else {
+            (format!("-t 10\n#SBATCH {export}"), vec!["--resilio"])
+        };
+        let job = sbatch_in_with(dir, 3, &opts, &body, &cli);
+        let recs = job.completed(Duration::from_secs(180));
+        let out = job.output();
+        assert!(!out.contains("(null)"), "in script {in_script}: {out}");
+        assert!(
+            recs.iter().any(|r| r.kind == "job_start"
+                && r.rank.is_none()
+                && r.str("mode") == Some("batch")),
+            "in script {in_script}: the job level ran: {recs:#?}"
+        );
+        assert_eq!(
+            rank_nodes(&recs, 0).len(),
+            3,
+            "in script {in_script}: every task under an agent:\n{out}"
+        );
+        assert!(out.contains("step 10/10"), "in script {in_script}: {out}");
+        assert!(recs.iter().all(|r| r.kind != "judgment"), "{recs:#?}");
+    }
+}
+
+/// An unprivileged user for the tests that need one (made once, kept).
+fn test_user() -> (String, u32) {
+    const NAME: &str = "resilio-e2e";
+    let id = |name: &str| {
+        Command::new("id")
+            .args(["-u", name])
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .trim()
+                    .parse::<u32>()
+                    .ok()
+            })
+    };
+    if id(NAME).is_none() {
+        let o = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--shell", "/bin/sh", NAME])
+            .output()
+            .expect("useradd");
+        assert!(
+            o.status.success() || id(NAME).is_some(),
+            "useradd: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    (NAME.to_string(), id(NAME).expect("the test user's uid"))
+}
+
+/// `runuser -u USER -- ARGS` in `dir`; its output, asserted successful.
+fn as_user(user: &str, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> String {
+    let o = Command::new("runuser")
+        .args(["-u", user, "--"])
+        .args(args)
+        .envs(env.iter().copied())
+        .current_dir(dir)
+        .output()
+        .expect("runuser");
+    assert!(
+        o.status.success(),
+        "{args:?} as {user}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The plugin's task_exit runs as root in slurmstepd, on a state dir the
+/// user chooses. An unprivileged user who plants symlinks for the next
+/// job ids (`jobs/ID -> a root directory`) must not make root create (or
+/// chown) anything there; the user's own task-exit files are written, and
+/// are the user's.
+#[test]
+fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_symlink() {
+    let _g = lock();
+    plugin();
+    let (user, uid) = test_user();
+    let dir = job_dir();
+    let home = dir.path();
+    std::os::unix::fs::chown(home, Some(uid), None).unwrap();
+    // Root's directory, which the user's symlinks point at.
+    let target = job_dir();
+    let wrap = |sd: &Path| {
+        let sd = sd.display().to_string();
+        let out = as_user(
+            &user,
+            home,
+            &[("RESILIO_STATE_DIR", &sd)],
+            &[
+                "sbatch",
+                "--parsable",
+                "-N",
+                "1",
+                "-t",
+                "5",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "srun --resilio true",
+            ],
+        );
+        out.trim().split(';').next().unwrap().to_string()
+    };
+    let wait = |id: &str| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let info = resilio::slurm::commands::parse_show_job(&run(
+                "scontrol",
+                &["-o", "show", "job", id],
+            ))
+            .unwrap();
+            if ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"].contains(&info.state.as_str()) {
+                return info.state;
+            }
+            assert!(Instant::now() < deadline, "job {id}: {}", info.state);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    };
+    // The user's own state dir: the files are written, and the user's.
+    let own = home.join("own");
+    as_user(&user, home, &[], &["mkdir", own.to_str().unwrap()]);
+    let id = wrap(&own);
+    assert_eq!(wait(&id), "COMPLETED");
+    let file = own.join(format!("jobs/{id}/task-exit/0.0"));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid);
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "raw_status=0\n");
+    // The next job ids, planted as links to root's directory.
+    let sd = home.join("planted");
+    as_user(
+        &user,
+        home,
+        &[],
+        &["mkdir", "-p", sd.join("jobs").to_str().unwrap()],
+    );
+    let next: u64 = id.parse::<u64>().unwrap() + 1;
+    for j in next..next + 20 {
+        let link = sd.join(format!("jobs/{j}"));
+        as_user(
+            &user,
+            home,
+            &[],
+            &[
+                "ln",
+                "-s",
+                target.path().to_str().unwrap(),
+                link.to_str().unwrap(),
+            ],
+        );
+    }
+    let id = wrap(&sd);
+    assert!(id.parse::<u64>().unwrap() < next + 20, "job {id}");
+    assert_eq!(wait(&id), "COMPLETED");
+    let planted: Vec<_> = std::fs::read_dir(target.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    assert!(
+        planted.is_empty(),
+        "root wrote through the user's symlink: {planted:?}"
+    );
 }
 
 /// A loss that goes to NaN and stays there, under the job level on the
