@@ -902,6 +902,17 @@ fn render_loss(s: &mut String, r: &Report) {
                 num(l.last),
                 num(l.min)
             );
+        } else if l.findings.is_empty() {
+            // NaN or Inf printed, but never for long enough to be a
+            // finding (a skipped fp16 step, a NaN batch the trainer dropped).
+            let _ = writeln!(
+                s,
+                "loss: {} record(s) with a NaN or Inf loss printed, not for long enough to be a finding: the run went on; first {}, last finite {}, lowest {}",
+                l.nonfinite_records,
+                num(l.first),
+                num(l.last),
+                num(l.min)
+            );
         } else {
             let _ = writeln!(
                 s,

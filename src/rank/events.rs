@@ -70,6 +70,7 @@ fn handle_event(ev: Event, k: &mut Sinks<'_>) {
             if let Some(w) = k.numerical.as_deref_mut() {
                 k.findings.extend(w.observe(None, &f));
             }
+            k.plog.note_nonfinite(&f);
             crate::progress::figures::merge_named(&mut k.plog.figures, f)
         }
         Kind::Malformed { fault, sample } => {
@@ -161,6 +162,7 @@ fn on_step(
         plog.tracker.on_compute_metric();
     }
     if !o.alive && !sent_compute {
+        plog.note_nonfinite(&metrics);
         return;
     }
     let prev = plog.last_named_at;

@@ -105,6 +105,20 @@ impl ProgressLog {
         journal.write_at(clock.wall(p.at), event, false);
     }
 
+    /// A NaN or Inf loss (or grad norm) printed without a new step (the
+    /// same step's bar redrawn, a line of figures alone): the next record's
+    /// mean is not finite either, as if it had come with a step.
+    pub fn note_nonfinite(&mut self, metrics: &[(String, f64)]) {
+        let bad: Vec<(String, f64)> = metrics
+            .iter()
+            .filter(|(k, v)| (k == "loss" || k == "grad_norm") && !v.is_finite())
+            .cloned()
+            .collect();
+        if !bad.is_empty() {
+            self.accumulate(&bad);
+        }
+    }
+
     /// Add one observation's metrics to the sums of the next record.
     fn accumulate(&mut self, metrics: &[(String, f64)]) {
         for (k, v) in metrics {

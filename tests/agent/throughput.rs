@@ -591,3 +591,43 @@ fn a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_data_skipped(
         && r.kind == "rank_exit"
         && r.get("exit_code").and_then(|v| v.as_i64()) == Some(0)));
 }
+
+/// One NaN step the trainer skipped, shown by its log line and then by its
+/// progress bar redrawn three times with the stale `loss=nan` (tqdm's
+/// postfix, set every few steps): one observation, not three in a row, so
+/// the run goes on; and the report says a NaN was printed (trial 4: the
+/// run was stopped, exit 65, and the report said "0 record(s)").
+#[test]
+fn a_nan_step_redrawn_on_a_bar_is_not_a_nan_run_and_is_reported() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = r#"
+import sys, time
+def frame(n, loss):
+    sys.stderr.write("\rtrain: %d/40 [00:01<00:01, 20.0it/s, loss=%s]" % (n, loss))
+    sys.stderr.flush()
+loss = "2.0"
+for n in range(1, 41):
+    time.sleep(0.02)
+    if n % 4 == 0:
+        loss = "nan" if n == 20 else "%.3f" % (2.0 - n / 40)
+        print("step %d/40 | loss %s" % (n, loss), flush=True)
+    for _ in range(3 if n == 20 else 1):
+        frame(n, loss)
+"#;
+    let mut c = resilio_run(tmp.path(), "skip");
+    c.args(["--", "python3", "-c", script]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "skip");
+    assert!(kinds(&recs, "numerical").is_empty(), "{recs:#?}");
+    let o = std::process::Command::new(bin())
+        .args(["report", "skip", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("NaN or Inf loss printed, not for long enough to be a finding"),
+        "{text}"
+    );
+}
