@@ -657,7 +657,7 @@ fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
         let (_, p) = primary.iter().find(|(a, _)| *a == attempt)?;
         Some(if rank == Some(*p) { "primary" } else { "echo" })
     };
-    events
+    let out: Vec<Failure> = events
         .iter()
         .filter_map(|(r, e)| match e {
             Event::Failure(f) => Some(Failure {
@@ -674,7 +674,8 @@ fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
             }),
             _ => None,
         })
-        .collect()
+        .collect();
+    out
 }
 
 /// Trips back to the queue: resilio's requeues, and Slurm's own seen in
@@ -890,6 +891,35 @@ fn render_checkpoint_health(s: &mut String, r: &Report) {
     }
 }
 
+/// The rank judged the cause, where it left no failure of its own (a
+/// hung rank the coordinator stopped: only its waiting peers
+/// stalled): listed from its judgment, so that the list centres on
+/// it (not counted among the failure records).
+fn judged_without_failure(r: &Report) -> Vec<Failure> {
+    r.judgments
+        .iter()
+        .filter_map(|j| {
+            let rank = j.rank?;
+            let listed = r
+                .failures
+                .iter()
+                .any(|f| f.attempt == j.attempt && f.rank == Some(rank));
+            (!listed).then(|| Failure {
+                ts: j.ts,
+                attempt: j.attempt,
+                kind: "judgment".into(),
+                class: j.class.clone(),
+                node: j.node.clone(),
+                rank: Some(rank),
+                cause: "judged the cause".into(),
+                exit_code: None,
+                detail: j.evidence.clone(),
+                role: Some("primary"),
+            })
+        })
+        .collect()
+}
+
 /// Whether the loss stayed healthy, when one was seen.
 fn render_loss(s: &mut String, r: &Report) {
     if let Some(l) = &r.loss {
@@ -1056,6 +1086,13 @@ pub fn render_text(r: &Report) -> String {
     }
     let _ = writeln!(s, "\nattempts:");
     for a in &r.attempts {
+        // The rank the attempt's judgment blamed, marked: its own exit may
+        // look like a bystander's (stopped by the coordinator).
+        let blamed = r
+            .judgments
+            .iter()
+            .find(|j| j.attempt == a.attempt)
+            .and_then(|j| j.rank);
         let exits: Vec<String> = a
             .exits
             .iter()
@@ -1067,6 +1104,11 @@ pub fn render_text(r: &Report) -> String {
                 ) + &e
                     .exit_code
                     .map_or(String::new(), |c| format!(" (exit {c})"))
+                    + if e.rank.is_some() && e.rank == blamed {
+                        ", judged the cause"
+                    } else {
+                        ""
+                    }
             })
             .collect();
         let _ = writeln!(
@@ -1126,11 +1168,16 @@ pub fn render_text(r: &Report) -> String {
             }
         );
     }
+    let judged = judged_without_failure(r);
     if !r.failures.is_empty() {
         let _ = writeln!(
             s,
             "\nfailures:{}",
-            if r.failures.iter().any(|f| f.role == Some("primary")) {
+            if r.failures
+                .iter()
+                .chain(&judged)
+                .any(|f| f.role == Some("primary"))
+            {
                 " (* the rank judged the cause; the others are its echoes)"
             } else if r.failures.iter().any(|f| f.role.is_some()) {
                 " (echoes of the rank judged the cause: see judgments)"
@@ -1138,7 +1185,9 @@ pub fn render_text(r: &Report) -> String {
                 ""
             }
         );
-        for f in &r.failures {
+        let mut all: Vec<&Failure> = r.failures.iter().chain(&judged).collect();
+        all.sort_by_key(|f| f.ts);
+        for f in all {
             let _ = writeln!(
                 s,
                 "  {}{} attempt {} rank {} node {}: {} {} ({}){}",
@@ -1372,6 +1421,15 @@ mod tests {
         let r = build("j", &recs, 0, None);
         assert_eq!(r.judgments.len(), 1);
         assert_eq!(r.judgments[0].rank, Some(1));
+        // The failures centre on it too: listed from the judgment (not
+        // counted as a failure record).
+        assert_eq!(r.failures.len(), 1);
+        let text = render_text(&r);
+        assert!(!text.contains("judged the cause, judged"), "{text}");
+        assert!(
+            text.contains("* 00:00:11.000 attempt 0 rank 1 node n2: hang judgment (judged the cause): rank(s) 1 were not waiting"),
+            "{text}"
+        );
         let text = render_text(&r);
         assert!(
             text.contains(

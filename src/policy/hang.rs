@@ -312,15 +312,19 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
         "every rank was waiting on a peer".to_string()
     };
     let silent = ranks.iter().filter(|r| r.silent).count();
-    let reason = format!(
-        "all {} ranks stopped{} and {evidence}: nobody blamed",
-        ranks.len(),
-        if silent > 0 {
-            format!(" ({silent} of them report no steps)")
-        } else {
-            format!(" at the same step within {tolerance_s:.1}s")
-        },
-    );
+    // (A silent rank reports no steps of its own: it is not said to have
+    // stopped.)
+    let reason = if silent > 0 {
+        format!(
+            "none of the {} ranks progressed ({silent} of them report no steps) and {evidence}: nobody blamed",
+            ranks.len()
+        )
+    } else {
+        format!(
+            "all {} ranks stopped at the same step within {tolerance_s:.1}s and {evidence}: nobody blamed",
+            ranks.len()
+        )
+    };
     ("undetermined", vec![], reason)
 }
 
