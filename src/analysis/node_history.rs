@@ -868,7 +868,7 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
             if h.score >= threshold { "*" } else { " " },
             classes.join(" "),
             h.last_seen.format("%Y-%m-%d %H:%M"),
-            last.chars().take(100).collect::<String>()
+            crate::util::clip(&last, 100)
         );
     }
     let _ = writeln!(

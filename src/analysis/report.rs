@@ -1230,15 +1230,11 @@ pub fn render_text(r: &Report) -> String {
                     .map_or(String::new(), |d| format!(" -> {}", d.replace('_', " "))),
                 j.evidence.as_ref().map_or(String::new(), |e| format!(
                     ": {}",
-                    e.chars().take(200).collect::<String>()
+                    crate::util::clip(e, 400)
                 ))
             );
             if let (Some(k), Some(p)) = (j.rank, &j.blamed_probe) {
-                let _ = writeln!(
-                    s,
-                    "    rank {k}'s probe: {}",
-                    p.chars().take(300).collect::<String>()
-                );
+                let _ = writeln!(s, "    rank {k}'s probe: {}", crate::util::clip(p, 300));
             }
             if let Some(f) = &j.blamed_stacks {
                 let _ = writeln!(s, "    its diagnostics: {f}");

@@ -14,6 +14,20 @@ pub mod cmd;
 pub mod files;
 pub mod runtime_dir;
 
+/// `text` cut to at most `max` characters for a one-line summary: at a
+/// word's end where one is near, and marked (`...`) when anything was cut.
+pub fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let head: String = text.chars().take(max.saturating_sub(3)).collect();
+    let cut = match head.rfind(char::is_whitespace) {
+        Some(i) if head.len() - i < 40 => head[..i].trim_end(),
+        _ => head.as_str(),
+    };
+    format!("{cut}...")
+}
+
 /// The current-thread runtime every resilio command runs its loop on.
 pub fn runtime() -> crate::error::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -54,4 +68,17 @@ pub fn own_binary() -> std::process::Command {
         cmd.arg0(a0);
     }
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clip_cuts_at_a_word_and_says_so() {
+        assert_eq!(super::clip("short", 10), "short");
+        let c = super::clip("the probes could not tell what rank 1 was doing", 30);
+        assert_eq!(c, "the probes could not tell...");
+        assert!(c.chars().count() <= 30);
+        // No space near the end: cut where it must.
+        assert_eq!(super::clip("abcdefghijklmnop", 8), "abcde...");
+    }
 }
