@@ -11,6 +11,11 @@
 //! of the few kinds those runs did not write, shaped as that build wrote
 //! them, and one kind from a later build.
 //!
+//! Two kinds of timeline line were reworded on purpose later, and their
+//! expected lines rewritten then (nothing else in those files changed):
+//! `progress_source` (was its bare name) and the launcher's second
+//! `teardown` (was the reason again).
+//!
 //! Slurm's own records and the node history are left out (they depend on
 //! the cluster and the date): this is the journal's part of each output.
 //! Sections later builds added (the loss health, the last restorable

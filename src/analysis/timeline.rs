@@ -164,7 +164,28 @@ fn describe_event(event: &Event) -> Option<String> {
                 }
             )
         }
-        Event::Teardown(x) => format!("teardown: {}", text(&x.reason)),
+        // The order (with its reason), then the launcher's stop of the ranks
+        // left: the reason said once.
+        Event::Teardown(x) => match x.ranks_left {
+            Some(n) if x.first_rank.is_none() && x.about_node.is_none() => {
+                format!("teardown: stopping the {n} rank(s) left")
+            }
+            _ => format!("teardown: {}", text(&x.reason)),
+        },
+        Event::BusySilent(x) => format!(
+            "busy and silent at its step limit ({:.1}s of CPU, {:.1} MB of I/O in {:.1}s): judged by the evaluation limit ({:.0}s) from now",
+            x.cpu_s.unwrap_or(0.0),
+            x.io_bytes.unwrap_or(0) as f64 / 1e6,
+            x.window_s.unwrap_or(0.0),
+            x.limit_s.unwrap_or(0.0)
+        ),
+        Event::ProgressSource(x) => format!(
+            "steps now named by the {}{}",
+            text(&x.steps_from),
+            x.before
+                .as_ref()
+                .map_or(String::new(), |b| format!(" (before: the {b})"))
+        ),
         Event::StallReported(x) => {
             format!("coordinator: rank {} reported a stall", num(x.about_rank))
         }
