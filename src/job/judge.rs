@@ -230,12 +230,12 @@ fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]
 /// The coordinator's job-wide judgment of a hang names the rank that hung
 /// first: it is the cause, the ranks that stalled waiting for it are echoes.
 fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
-    let Some(h) = records
+    let Some((judged_at, h)) = records
         .iter()
         .rev()
         .filter(|r| r.kind == "hang" && r.attempt == attempt)
         .find_map(|r| match r.event() {
-            Some(Event::Hang(h)) => Some(h),
+            Some(Event::Hang(h)) => Some((secs(r), h)),
             _ => None,
         })
     else {
@@ -276,6 +276,15 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
             f.verdict = Verdict {
                 class: Class::Secondary,
                 reason: "stalled waiting for the rank that hung first".into(),
+                evidence: Some(why.clone()),
+            };
+        } else if f.at > judged_at && f.verdict.class != Class::Infrastructure {
+            // Failed after the verdict tore the attempt down: a peer that
+            // lost the hung rank's connection (`Connection closed by
+            // peer`, exit 1) before its own stop reached it.
+            f.verdict = Verdict {
+                class: Class::Secondary,
+                reason: "failed after the coordinator judged the rank that hung first".into(),
                 evidence: Some(why.clone()),
             };
         }
@@ -627,6 +636,48 @@ mod tests {
             failures[j.primary].verdict.evidence.as_deref(),
             Some("the probes could not tell: nobody blamed")
         );
+    }
+
+    #[test]
+    fn a_peer_failing_after_the_hang_verdict_is_its_echo() {
+        // The coordinator blamed rank 1 at 9; rank 0's trainer lost its
+        // peer when rank 1 was stopped and exited 1 at 10, before rank 1's
+        // own exit at 11: rank 1 is the cause, rank 0 its echo.
+        let mut crashed = exit(0, "n1", 10, "unknown");
+        crashed.data.insert("exit_code".into(), json!(1));
+        let records = [
+            crashed,
+            exit(1, "n2", 11, "hang"),
+            rec(
+                "hang",
+                None,
+                "",
+                9,
+                json!({ "verdict": { "rule": "not_waiting", "blamed_ranks": [1], "reason": "rank(s) 1 were not waiting on a peer" } }),
+            ),
+        ];
+        let v = own();
+        let (failures, j) = judge_attempt(&records, 0, &step(&v, &[], 1));
+        let j = j.unwrap();
+        assert_eq!(j.class, Class::Hang, "{}", j.why);
+        assert_eq!(failures[j.primary].rank, 1, "{}", j.why);
+        assert_eq!(failures[0].verdict.class, Class::Secondary);
+        // A crash before the verdict is judged as before.
+        let mut early = exit(0, "n1", 8, "unknown");
+        early.data.insert("exit_code".into(), json!(1));
+        let records = [
+            early,
+            exit(1, "n2", 11, "hang"),
+            rec(
+                "hang",
+                None,
+                "",
+                9,
+                json!({ "verdict": { "rule": "not_waiting", "blamed_ranks": [1], "reason": "x" } }),
+            ),
+        ];
+        let (failures, _) = judge_attempt(&records, 0, &step(&v, &[], 1));
+        assert_ne!(failures[0].verdict.class, Class::Secondary);
     }
 
     #[test]
