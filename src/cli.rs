@@ -550,7 +550,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                 .map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
             for n in shown.notes() {
-                eprintln!("resilio: {}", n.trim_start());
+                eprintln!("resilio: {}", crate::util::terminal_safe(n.trim_start()));
             }
         } else {
             // Only the allocations that agree with the journal (as the report).
@@ -561,12 +561,12 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                     });
             print!(
                 "{}",
-                crate::analysis::timeline::render_with_notes(
+                crate::util::terminal_safe(&crate::analysis::timeline::render_with_notes(
                     job,
                     &shown.records,
                     slurm.as_ref(),
                     &shown.notes()
-                )
+                ))
             );
         }
     } else {
@@ -587,7 +587,7 @@ fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
             let out = serde_json::to_string_pretty(&r).map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
         } else {
-            print!("{}", report::render_text(&r));
+            print!("{}", crate::util::terminal_safe(&report::render_text(&r)));
         }
     }
     Ok(0)
@@ -652,7 +652,10 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
         return Ok(0);
     }
     if !a.drain {
-        print!("{}", node_history::render(&history, a.threshold));
+        print!(
+            "{}",
+            crate::util::terminal_safe(&node_history::render(&history, a.threshold))
+        );
         println!(
             "sources: {} job journal(s); {}",
             sources.journals,

@@ -178,7 +178,7 @@ pub fn status_cmd(state_dir: &Path, job: Option<&str>, json: bool) -> Result<i32
     if json {
         println!("{}", serde_json::to_string_pretty(&s).unwrap_or(text));
     } else {
-        print!("{}", render_status(&s));
+        print!("{}", crate::util::terminal_safe(&render_status(&s)));
     }
     Ok(0)
 }

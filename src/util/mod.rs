@@ -14,6 +14,32 @@ pub mod cmd;
 pub mod files;
 pub mod runtime_dir;
 
+/// `text` made safe to print on a terminal: control characters (C0 but
+/// newline and tab, carriage return, DEL, C1) written as `\x1b` or
+/// `\u{9b}`, so that what a trainer, a host or a planted journal put in a
+/// record cannot clear an admin's screen, move the cursor or write the
+/// clipboard (OSC 52) when `resilio report`, `timeline`, `nodes` or
+/// `status` prints it.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| (c.is_control() && c != '\n' && c != '\t') || c == '\u{7f}';
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if bad(c) {
+            if (c as u32) < 0x80 {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            } else {
+                out.push_str(&format!("\\u{{{:x}}}", c as u32));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `text` cut to at most `max` characters for a one-line summary: at a
 /// word's end where one is near, and marked (`...`) when anything was cut.
 pub fn clip(text: &str, max: usize) -> String {
@@ -72,6 +98,15 @@ pub fn own_binary() -> std::process::Command {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn control_characters_never_reach_the_terminal() {
+        assert_eq!(super::terminal_safe("step 1\tok\n"), "step 1\tok\n");
+        assert_eq!(
+            super::terminal_safe("a\x1b[2Jb\x1b]52;c;aGk=\x07\r\u{9b}c"),
+            "a\\x1b[2Jb\\x1b]52;c;aGk=\\x07\\x0d\\u{9b}c"
+        );
+    }
+
     #[test]
     fn clip_cuts_at_a_word_and_says_so() {
         assert_eq!(super::clip("short", 10), "short");

@@ -741,3 +741,39 @@ fn local_mode_keeps_restarts_in_one_run_and_a_second_launch_apart() {
         .collect();
     assert_eq!(keys.len(), 2, "{keys:?}");
 }
+
+/// What a trainer prints reaches the journal as it was, but never the
+/// terminal raw: `report`, `timeline` and `nodes` escape control
+/// characters (a screen clear, an OSC 52 clipboard write), as the HTML
+/// page already escapes markup.
+#[test]
+fn control_characters_from_a_trainer_are_escaped_in_every_text_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = resilio_run(dir.path(), "esc");
+    c.args([
+        "--max-restarts",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        "echo step 1; printf 'RuntimeError: CUDA error: uncorrectable ECC error encountered \\033[2J\\033]52;c;aGk=\\007\\n' >&2; exit 1",
+    ]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr_of(&o));
+    for args in [
+        vec!["report", "esc"],
+        vec!["timeline", "esc"],
+        vec!["nodes", "--no-sacct"],
+    ] {
+        let o = cmd(dir.path(), &args);
+        assert!(o.status.success(), "{args:?}: {}", stderr_of(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(
+            !o.stdout.iter().any(|&b| b == 0x1b || b == 0x07),
+            "{args:?} printed a raw control character:\n{out}"
+        );
+        if args[0] != "report" {
+            assert!(out.contains("\\x1b[2J"), "{args:?}: {out}");
+        }
+    }
+}
