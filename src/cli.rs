@@ -47,6 +47,9 @@ enum Command {
     Config(ConfigArgs),
     /// A shell completion script, on stdout
     Completions(CompletionsArgs),
+    /// Site administration: set up a state dir shared by every user
+    #[command(subcommand)]
+    Admin(AdminCommand),
     /// Man pages, one per subcommand (resilio.1, resilio-run.1, ...)
     Man(ManArgs),
     /// A standalone coordinator for a job (tests and benchmarks; internal)
@@ -159,6 +162,16 @@ enum ConfigAction {
     Show {
         /// A user configuration file, applied over the system one
         file: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum AdminCommand {
+    /// Make DIR a state dir shared by every user (1777, like /tmp) with its
+    /// users/ directory owned by you (root, or DIR's owner); or check one
+    InitStateDir {
+        /// The directory (made if missing)
+        dir: PathBuf,
     },
 }
 
@@ -798,6 +811,11 @@ fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Man(a) => man_cmd(a),
+        Command::Admin(AdminCommand::InitStateDir { dir }) => {
+            let done = crate::state_dir::init_shared(&dir).map_err(usage)?;
+            println!("{done}");
+            Ok(0)
+        }
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
         Command::Coordinator(a) => coordinator_cmd(a),
     }

@@ -83,19 +83,13 @@ pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
         return Ok(root.to_path_buf());
     }
     let users = root.join(USERS);
-    if !users.is_dir() {
-        // 1777 like the root: every user makes their own directory in it.
-        // The mode is set at creation (umask cleared for the call) so that
-        // another user's first run finds it writable at once; chmod too,
-        // for filesystems that drop the sticky bit on mkdir.
-        // SAFETY: umask is process-wide; this runs before any thread is
-        // started (the command line, before the runtime).
-        let old = unsafe { libc::umask(0) };
-        let made = std::fs::DirBuilder::new().mode(0o1777).create(&users);
-        unsafe { libc::umask(old) };
-        if made.is_ok() {
-            let _ = std::fs::set_permissions(&users, std::fs::Permissions::from_mode(0o1777));
-        }
+    match trusted_users_dir(root) {
+        Ok(()) => {}
+        // Missing: only the state dir's admin (root, or its owner) makes
+        // it; anyone else would own everyone's journals (rename them away,
+        // put forged ones in their place).
+        Err(Untrusted::Missing) if is_admin_of(root) => init_users_dir(&users)?,
+        Err(why) => return Err(why.explain(root)),
     }
     let mine = user_dir(root);
     match std::fs::DirBuilder::new().mode(0o700).create(&mine) {
@@ -120,6 +114,141 @@ pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
     Ok(mine)
 }
 
+/// Why a shared state dir's `users/` is not to be trusted.
+#[derive(Debug, PartialEq)]
+pub enum Untrusted {
+    /// No `users/` yet: the admin has not set the state dir up.
+    Missing,
+    /// Something else: what, in words.
+    Bad(String),
+}
+
+impl Untrusted {
+    /// One line naming the fix.
+    pub fn explain(&self, root: &Path) -> String {
+        let fix = format!(
+            "the state dir's admin runs `resilio admin init-state-dir {}` (as root, or as its owner)",
+            root.display()
+        );
+        match self {
+            Untrusted::Missing => format!(
+                "the shared state dir {} is not set up ({}/ is missing): {fix}",
+                root.display(),
+                root.join(USERS).display()
+            ),
+            Untrusted::Bad(why) => format!(
+                "the shared state dir's {}/ cannot be trusted ({why}): whoever owns it controls every user's journals; {fix}",
+                root.join(USERS).display()
+            ),
+        }
+    }
+}
+
+/// The owner of a shared state dir, and root, are its admins.
+fn admin_uids(root: &Path) -> [u32; 2] {
+    [0, std::fs::metadata(root).map_or(0, |m| m.uid())]
+}
+
+/// This process may set `root` up.
+fn is_admin_of(root: &Path) -> bool {
+    admin_uids(root).contains(&nix::unistd::geteuid().as_raw())
+}
+
+/// `root/users/` is a directory (not a symlink) owned by an admin of
+/// `root`, sticky (nobody renames another's directory) and writable by
+/// all (every user makes their own).
+pub fn trusted_users_dir(root: &Path) -> std::result::Result<(), Untrusted> {
+    let users = root.join(USERS);
+    let meta = match std::fs::symlink_metadata(&users) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Untrusted::Missing),
+        Err(e) => return Err(Untrusted::Bad(e.to_string())),
+    };
+    if !meta.file_type().is_dir() {
+        return Err(Untrusted::Bad("not a directory, or a symbolic link".into()));
+    }
+    if !admin_uids(root).contains(&meta.uid()) {
+        return Err(Untrusted::Bad(format!(
+            "owned by uid {}, not by root or the state dir's owner",
+            meta.uid()
+        )));
+    }
+    if meta.permissions().mode() & 0o1777 != 0o1777 {
+        return Err(Untrusted::Bad(format!(
+            "mode {:o}, not 1777",
+            meta.permissions().mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Make `users/` (1777, sticky like `/tmp`): every user makes their own
+/// directory in it, and nobody can rename another's.
+fn init_users_dir(users: &Path) -> std::result::Result<(), String> {
+    // The mode is set at creation (umask cleared for the call) so that
+    // another user's first run finds it writable at once; chmod too, for
+    // filesystems that drop the sticky bit on mkdir.
+    // SAFETY: umask is process-wide; this runs before any thread is
+    // started (the command line, before the runtime).
+    let old = unsafe { libc::umask(0) };
+    let made = std::fs::DirBuilder::new().mode(0o1777).create(users);
+    unsafe { libc::umask(old) };
+    match made {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(format!("{}: {e}", users.display())),
+    }
+    std::fs::set_permissions(users, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| format!("{}: {e}", users.display()))
+}
+
+/// `resilio admin init-state-dir DIR`: make `DIR` (1777) if missing and its
+/// `users/` (1777, owned by the caller), or check them. Run as root or as
+/// `DIR`'s owner. What it did, in a line.
+pub fn init_shared(root: &Path) -> std::result::Result<String, String> {
+    match std::fs::symlink_metadata(root) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(format!(
+                "{}: a symbolic link: give the directory itself",
+                root.display()
+            ))
+        }
+        Ok(m) if !m.is_dir() => return Err(format!("{}: not a directory", root.display())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .create(root)
+                .map_err(|e| format!("{}: {e}", root.display()))?;
+        }
+        Err(e) => return Err(format!("{}: {e}", root.display())),
+    }
+    if !is_admin_of(root) {
+        return Err(format!(
+            "{}: only root or its owner may set it up",
+            root.display()
+        ));
+    }
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    let users = root.join(USERS);
+    match trusted_users_dir(root) {
+        Ok(()) => return Ok(format!("{}: set up already (users/ 1777)", root.display())),
+        Err(Untrusted::Missing) => init_users_dir(&users)?,
+        Err(Untrusted::Bad(why)) => {
+            return Err(format!(
+                "{}: {why}; move it aside (its users' journals are in it) and run this again",
+                users.display()
+            ))
+        }
+    }
+    Ok(format!(
+        "{}: a shared state dir (1777), every user's journals under {}/USER/",
+        root.display(),
+        users.display()
+    ))
+}
+
 /// Every state dir a reader looks in under `root`, own first: `root`
 /// itself when it is not shared; else this user's directory, the journals
 /// written directly under `root` before, and every other user's directory
@@ -129,16 +258,44 @@ pub fn readable_roots(root: &Path) -> Vec<PathBuf> {
         return vec![root.to_path_buf()];
     }
     let mine = user_dir(root);
-    let mut out = vec![mine.clone(), root.to_path_buf()];
+    let mut out = vec![mine.clone()];
+    // Journals written directly under `root` before: only where the admin
+    // owns `jobs/` (anyone can make it in a 1777 directory and plant jobs).
+    let legacy = root.join("jobs");
+    if std::fs::symlink_metadata(&legacy)
+        .is_ok_and(|m| m.file_type().is_dir() && admin_uids(root).contains(&m.uid()))
+    {
+        out.push(root.to_path_buf());
+    }
     if let Ok(entries) = std::fs::read_dir(root.join(USERS)) {
+        // Each user's directory only where it is that user's: another
+        // user could make `users/bob` and fill it with forged journals.
         let mut others: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| *p != mine && p.is_dir())
+            .filter_map(|e| e.ok())
+            .filter(|e| e.path() != mine && e.file_type().is_ok_and(|t| t.is_dir()))
+            .filter(|e| {
+                let owner = e.metadata().map(|m| m.uid()).ok();
+                let named = uid_named(&e.file_name().to_string_lossy());
+                owner.is_some() && owner == named
+            })
+            .map(|e| e.path())
             .collect();
         others.sort();
         out.extend(others);
     }
     out
+}
+
+/// The uid a `users/` directory's name stands for: a user's, or `uid-N`'s
+/// (a user without a passwd entry, as [`user_name`] names them).
+fn uid_named(name: &str) -> Option<u32> {
+    if let Some(n) = name.strip_prefix("uid-") {
+        return n.parse().ok();
+    }
+    nix::unistd::User::from_name(name)
+        .ok()
+        .flatten()
+        .map(|u| u.uid.as_raw())
 }
 
 /// The state dir holding `job` under `root` (own directory first), or for
@@ -148,8 +305,10 @@ pub fn readable_roots(root: &Path) -> Vec<PathBuf> {
 pub fn locate(root: &Path, job: Option<&str>) -> Result<(PathBuf, String)> {
     let roots = readable_roots(root);
     let Some(job) = job else {
+        // The latest of the caller's own jobs only: another user's job
+        // written later (or planted with a later time) is never picked.
         let mut best: Option<(std::time::SystemTime, PathBuf, String)> = None;
-        for r in &roots {
+        for r in roots.iter().take(1) {
             if let Some((j, t)) = journal::list_jobs(r).pop() {
                 if best.as_ref().is_none_or(|(bt, _, _)| t > *bt) {
                     best = Some((t, r.clone(), j));
@@ -255,16 +414,28 @@ mod tests {
         // The per-user dir is not shared itself: writing there again stays there.
         assert_eq!(for_writer(&mine).unwrap(), mine);
 
-        // Readers: own first, then the old layout, then the others.
-        let other = root.join("users").join("zz-someone-else");
+        // Readers: own first, then the old layout (the admin's `jobs/`),
+        // then the others: each only where its owner is the user it names.
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        std::fs::create_dir_all(root.join("jobs")).unwrap();
+        let other = root.join("users").join("uid-4242");
         std::fs::create_dir_all(journal::job_dir(&other, "j2")).unwrap();
         std::fs::write(journal::job_dir(&other, "j2").join("rank-0.jsonl"), "").unwrap();
+        // Made by someone else (root here) in uid 4242's name: forged, left out.
+        assert_eq!(readable_roots(&root), [mine.clone(), root.clone()]);
+        std::os::unix::fs::chown(&other, Some(4242), None).unwrap();
         assert_eq!(
             readable_roots(&root),
             [mine.clone(), root.clone(), other.clone()]
         );
         assert_eq!(locate(&root, Some("j2")).unwrap().0, other);
-        assert_eq!(locate(&root, None).unwrap(), (other.clone(), "j2".into()));
+        // Without a job id: the caller's own latest job, never another's.
+        assert!(locate(&root, None).is_err());
+        std::fs::create_dir_all(journal::job_dir(&mine, "j1")).unwrap();
+        std::fs::write(journal::job_dir(&mine, "j1").join("rank-0.jsonl"), "").unwrap();
+        assert_eq!(locate(&root, None).unwrap(), (mine.clone(), "j1".into()));
         // Unknown job: the own directory (the error then names it).
         assert_eq!(locate(&root, Some("nope")).unwrap().0, mine);
         // The same id in two users' directories: own first; else ambiguous.
@@ -277,15 +448,51 @@ mod tests {
 
         // Someone else made this user's directory first (as root, the test
         // can play them): refused, the journals would not be private.
-        if nix::unistd::geteuid().is_root() {
-            let t = tempfile::tempdir().unwrap();
-            let root = t.path().join("shared");
-            std::fs::create_dir_all(root.join("users").join(user_name())).unwrap();
-            std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o1777)).unwrap();
-            std::os::unix::fs::chown(root.join("users").join(user_name()), Some(65534), None)
-                .unwrap();
-            let err = for_writer(&root).unwrap_err();
-            assert!(err.contains("not your directory"), "{err}");
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("shared");
+        init_shared(&root).unwrap();
+        std::fs::create_dir_all(root.join("users").join(user_name())).unwrap();
+        std::os::unix::fs::chown(root.join("users").join(user_name()), Some(65534), None).unwrap();
+        let err = for_writer(&root).unwrap_err();
+        assert!(err.contains("not your directory"), "{err}");
+    }
+
+    #[test]
+    fn only_an_admin_sets_a_shared_dir_up_and_users_must_be_theirs() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("SKIPPED: needs root to play another user (chown)");
+            return;
         }
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("shared");
+        // Set up by the admin (root here), idempotent.
+        let done = init_shared(&root).unwrap();
+        assert!(done.contains("a shared state dir"), "{done}");
+        assert!(init_shared(&root).unwrap().contains("set up already"));
+        assert!(is_shared(&root));
+        assert_eq!(trusted_users_dir(&root), Ok(()));
+        // A users/ some user made first (the old first-comer layout): not
+        // trusted, and the message names the fix.
+        std::os::unix::fs::chown(root.join("users"), Some(4242), None).unwrap();
+        let e = for_writer(&root).unwrap_err();
+        assert!(
+            e.contains("owned by uid 4242") && e.contains("resilio admin init-state-dir"),
+            "{e}"
+        );
+        assert!(init_shared(&root).unwrap_err().contains("move it aside"));
+        // Not sticky: anyone could rename another user's directory away.
+        std::os::unix::fs::chown(root.join("users"), Some(0), None).unwrap();
+        std::fs::set_permissions(root.join("users"), std::fs::Permissions::from_mode(0o777))
+            .unwrap();
+        let e = for_writer(&root).unwrap_err();
+        assert!(e.contains("mode 777, not 1777"), "{e}");
+        // A symlink in its place.
+        std::fs::remove_dir(root.join("users")).unwrap();
+        std::os::unix::fs::symlink(t.path(), root.join("users")).unwrap();
+        assert!(matches!(trusted_users_dir(&root), Err(Untrusted::Bad(_))));
+        // Missing: what to do, said.
+        std::fs::remove_file(root.join("users")).unwrap();
+        assert_eq!(trusted_users_dir(&root), Err(Untrusted::Missing));
+        assert!(Untrusted::Missing.explain(&root).contains("is not set up"));
     }
 }

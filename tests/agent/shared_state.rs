@@ -1,5 +1,5 @@
-//! A site-wide state dir (`mkdir -m 1777 /shared/resilio`, `state_dir =
-//! "/shared/resilio"`) used by two real users: both get journals and node
+//! A site-wide state dir (`resilio admin init-state-dir /shared/resilio`,
+//! `state_dir = "/shared/resilio"`) used by two real users: both get journals and node
 //! history, neither reads the other's, and root's `resilio nodes` and
 //! `resilio report` see every user's jobs. Needs root (useradd, runuser);
 //! skipped with a message otherwise.
@@ -77,6 +77,25 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
     let (a, b) = (format!("rsl{id}a"), format!("rsl{id}b"));
     let _users = Users::create(&[a.clone(), b.clone()]);
 
+    // Not set up by its admin: no user makes users/ (the first would own
+    // everyone's journals); the run is refused with the fix named.
+    let o = as_user(
+        &a,
+        &["run", "--state-dir", s, "--job-id", "early", "--", "true"],
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr_of(&o));
+    assert!(
+        stderr_of(&o).contains("resilio admin init-state-dir"),
+        "{}",
+        stderr_of(&o)
+    );
+    assert!(!shared.join("users").exists());
+    let o = Command::new(bin())
+        .args(["admin", "init-state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+
     // Each user runs a job whose GPU fails (an infrastructure failure,
     // blamed on this node), one attempt each.
     for (user, job) in [(&a, "job-a"), (&b, "job-b")] {
@@ -141,6 +160,37 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
         "{}",
         String::from_utf8_lossy(&o.stdout)
     );
+
+    // Nobody can hide another user's journals (users/ is root's and
+    // sticky) or forge them: a directory made in b's name by a, or under a
+    // name that is not a's, is not read.
+    let o = Command::new("runuser")
+        .args(["-u", &a, "--", "mv"])
+        .arg(users.join(&b))
+        .arg(users.join("hidden"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "a renamed b's journals away");
+    let forged = users.join("nobody");
+    let o = Command::new("runuser")
+        .args(["-u", &a, "--", "cp", "-r"])
+        .arg(users.join(&a))
+        .arg(&forged)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let o = Command::new("runuser")
+        .args(["-u", &a, "--", "mv"])
+        .arg(forged.join("jobs/job-a"))
+        .arg(forged.join("jobs/forged"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let o = Command::new(bin())
+        .args(["report", "forged", "--state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "a forged journal was read");
 
     // Root (an admin) sees every user's jobs: the node history across
     // users, and anyone's report.
