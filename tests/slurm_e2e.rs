@@ -821,8 +821,12 @@ fn a_crash_loop_stops_requeueing() {
     );
 }
 
+/// Rank 1 hangs asleep in the trainer's own code: detected, diagnosed,
+/// judged software (its probe), so no node is left out (any node would
+/// hang the same way) and the step runs again inside the allocation on
+/// the same nodes, with no trip back to the queue.
 #[test]
-fn a_hang_is_detected_diagnosed_and_requeued() {
+fn a_hang_in_the_trainers_own_code_is_diagnosed_and_run_again_leaving_no_node_out() {
     let _g = lock();
     let job = submit(
         "",
@@ -849,8 +853,18 @@ fn a_hang_is_detected_diagnosed_and_requeued() {
     }
     let judgment = job.kinds("judgment");
     assert_eq!(judgment[0].str("class"), Some("hang"), "{judgment:?}");
-    assert_eq!(job.kinds("requeue").len(), 1);
-    assert_eq!(job.show().restarts, 1);
+    assert_eq!(judgment[0].u64("primary_rank"), Some(1), "{judgment:?}");
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    assert!(job.kinds("node_excluded").is_empty(), "{recs:#?}");
+    assert!(job.kinds("requeue").is_empty(), "{recs:#?}");
+    assert_eq!(job.show().restarts, 0);
+    assert!(job.show().excluded.is_empty());
+    assert_eq!(rank_nodes(&recs, 1), rank_nodes(&recs, 0));
 }
 
 #[test]

@@ -233,6 +233,29 @@ fn seen_in(probe: &str) -> (Seen, &str) {
     (Seen::Nothing, "")
 }
 
+/// Whether the hang judged in `attempt` on `node` (its primary rank
+/// `rank`) was, by the probes, in the trainer's own code or a stopped
+/// process: software, not the node. The job level then excludes no node
+/// for it (another node would hang the same way), as the node history
+/// holds nothing against it.
+pub fn hang_is_software(records: &[Record], attempt: u32, rank: u32, node: &str) -> bool {
+    let recs: Vec<&Record> = records.iter().filter(|r| r.attempt == attempt).collect();
+    let views = attempt_views(&recs);
+    let view = views
+        .into_values()
+        .max_by_key(|v| v.hang.as_ref().map(|(t, _)| *t));
+    let j = Judgment {
+        class: Some(Class::Hang),
+        primary_rank: Some(rank),
+        primary_node: Some(node.to_string()),
+        ..Default::default()
+    };
+    matches!(
+        hang_blame(&j, node, view.as_ref()),
+        Some((HANG_USER_CODE | HANG_STOPPED, _))
+    )
+}
+
 /// How a hang judgment's blame of `node` is held: its class, and why.
 /// `None`: the judgment blamed no rank.
 fn hang_blame(
@@ -1101,6 +1124,38 @@ mod tests {
             json!({"class": "hang", "primary_rank": rank, "primary_node": node,
                    "blamed_nodes": [node], "evidence": format!("rank {rank} hung")}),
         )
+    }
+
+    #[test]
+    fn a_hang_in_the_trainers_own_code_or_a_stopped_process_is_software() {
+        let at = "2026-11-10T00:00:00Z";
+        let own = [hang(
+            at,
+            "not_waiting",
+            (
+                1,
+                "n2",
+                Some("7 python: sleeping; stack: not waiting in step (train.py:9)"),
+            ),
+        )];
+        assert!(hang_is_software(&own, 0, 1, "n2"));
+        let stopped = [hang(
+            at,
+            "behind",
+            (1, "n2", Some("7 python: stopped (SIGSTOP or the like)")),
+        )];
+        assert!(hang_is_software(&stopped, 0, 1, "n2"));
+        // A wait in the kernel, or nothing the probe could tell: the node
+        // may be at fault.
+        let kernel = [hang(
+            at,
+            "not_waiting",
+            (1, "n2", Some("7 python: uninterruptible sleep (D)")),
+        )];
+        assert!(!hang_is_software(&kernel, 0, 1, "n2"));
+        let unknown = [hang(at, "behind", (1, "n2", None))];
+        assert!(!hang_is_software(&unknown, 0, 1, "n2"));
+        assert!(!hang_is_software(&[], 0, 1, "n2"));
     }
 
     fn history(jobs: &[(&str, Vec<Record>)], now: &str) -> Vec<NodeHistory> {

@@ -201,13 +201,15 @@ fn decide_with(
         .evidence
         .clone()
         .unwrap_or_else(|| primary.verdict.reason.clone());
-    let outcome = AttemptOutcome::new(
-        attempt,
-        j.class,
-        &evidence,
-        last_step,
-        j.blamed_nodes.clone(),
-    );
+    // A hang the probes found in the trainer's own code (or a stopped
+    // process) leaves no node out: any node would hang the same way.
+    let mut exclude = j.blamed_nodes.clone();
+    if j.class == Class::Hang {
+        exclude.retain(|n| {
+            !crate::analysis::node_history::hang_is_software(records, attempt, primary.rank, n)
+        });
+    }
+    let outcome = AttemptOutcome::new(attempt, j.class, &evidence, last_step, exclude);
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
