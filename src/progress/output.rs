@@ -332,11 +332,7 @@ impl Parser {
             if let Some((_, at, count)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
-                if line.starts_with(b"srun: ")
-                    || line.starts_with(b"slurmstepd")
-                    || in_a_name(text, at)
-                    || an_error_line(line)
-                {
+                if slurms_own(&text[ls..at]) || in_a_name(text, at) || an_error_line(line) {
                     continue;
                 }
                 last = Some((ls, count));
@@ -556,8 +552,7 @@ impl Parser {
             if at + digits >= partial.len() || in_a_name(partial, at) {
                 continue;
             }
-            let line = &partial[line_start(partial, at)..];
-            if line.starts_with(b"srun: ") || line.starts_with(b"slurmstepd") {
+            if slurms_own(&partial[line_start(partial, at)..at]) {
                 continue;
             }
             last = Some(mark_of(count));
@@ -639,6 +634,18 @@ fn in_a_name(text: &[u8], at: usize) -> bool {
         _ => false,
     };
     file || (opened && closed)
+}
+
+/// Whether the text of a line before a number is Slurm's own message
+/// (`srun: launch/slurm: _step_signal: Terminating StepId=15.0`,
+/// `slurmstepd: error: ...`), at the line's start or glued after a
+/// progress bar's frame that had no line end: its numbers are job and
+/// step ids, never a training step.
+fn slurms_own(before: &[u8]) -> bool {
+    before.starts_with(b"srun: ")
+        || before.starts_with(b"slurmstepd")
+        || before.windows(6).any(|w| w == b"srun: ")
+        || before.windows(11).any(|w| w == b"slurmstepd:")
 }
 
 /// Whether a line is an error's, not progress: a traceback's lines
@@ -1421,6 +1428,26 @@ mod tests {
         assert_eq!(p.step_in(b"loading global_step200.pt"), None);
         assert_eq!(p.step_in(b"step=200. loss 2.1"), Some(200));
         assert_eq!(p.step_in(b"step 200.5% done"), Some(200));
+    }
+
+    #[test]
+    fn slurms_own_messages_are_no_step_even_glued_to_a_frame() {
+        let p = parser();
+        assert_eq!(
+            p.step_in(b"srun: launch/slurm: _step_signal: Terminating StepId=15.0"),
+            None
+        );
+        assert_eq!(
+            p.step_in(b" 70/150 [00:10<00:10, 7.0it/s]srun: launch/slurm: _step_signal: Terminating StepId=15.0"),
+            None
+        );
+        assert_eq!(
+            p.step_in(
+                b"slurmstepd: error: *** STEP 15.0 ON n1 CANCELLED AT 2026-11-26T18:52:54 ***"
+            ),
+            None
+        );
+        assert_eq!(p.step_in(b"step 12 loss 2.0 (srun_steps 3)"), Some(12));
     }
 
     #[test]
