@@ -74,7 +74,19 @@ fn private_tmp(dir: &Path) -> std::result::Result<(), String> {
 /// this user's own directory, made (0700) if needed. An error when that
 /// directory exists but is someone else's (it would expose the journals),
 /// and when the state dir of last resort under `/tmp` is not this user's.
+/// A state dir that is a symbolic link someone else made is not followed
+/// (root given `/tmp/sd -> /etc` by a user would write `/etc/jobs`).
 pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
+    if let Ok(m) = std::fs::symlink_metadata(root) {
+        let me = nix::unistd::geteuid().as_raw();
+        if m.file_type().is_symlink() && m.uid() != me {
+            return Err(format!(
+                "the state dir {} is a symbolic link made by uid {}, not by you: not followed; give the directory itself",
+                root.display(),
+                m.uid()
+            ));
+        }
+    }
     if root == tmp_fallback() {
         private_tmp(root)?;
         return Ok(root.to_path_buf());
@@ -455,6 +467,26 @@ mod tests {
         std::os::unix::fs::chown(root.join("users").join(user_name()), Some(65534), None).unwrap();
         let err = for_writer(&root).unwrap_err();
         assert!(err.contains("not your directory"), "{err}");
+    }
+
+    #[test]
+    fn a_state_dir_linked_by_someone_else_is_not_followed() {
+        let t = tempfile::tempdir().unwrap();
+        let target = t.path().join("target");
+        std::fs::create_dir(&target).unwrap();
+        let link = t.path().join("sd");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        // One's own link: followed (a home directory's link to scratch).
+        assert_eq!(for_writer(&link).unwrap(), link);
+        if nix::unistd::geteuid().is_root() {
+            // A link another user made (root plays them): refused.
+            std::os::unix::fs::lchown(&link, Some(4242), None).unwrap();
+            let e = for_writer(&link).unwrap_err();
+            assert!(
+                e.contains("made by uid 4242") && e.contains("not followed"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
