@@ -678,10 +678,13 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
                 (None, None) => "sacct not asked".into(),
             }
         );
+        for (why, n) in &sources.dropped {
+            println!("left out: {n} event(s): {why}");
+        }
         return Ok(0);
     }
     let mut failed = 0;
-    for h in history.iter().filter(|h| h.score >= a.threshold) {
+    for h in history.iter().filter(|h| h.listed(a.threshold)) {
         let reason: String = format!("resilio: score {:.2}: {}", h.score, h.last_evidence())
             .chars()
             .take(200)

@@ -2355,3 +2355,200 @@ fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
     let shown = run("scontrol", &["-o", "show", "job", &job.id]);
     assert!(shown.contains(" ExitCode=65:0 "), "{shown}");
 }
+
+/// Anyone can write a journal that blames a node. On the real cluster,
+/// root's `resilio nodes` believes another user's journal only where
+/// Slurm's accounting agrees (the job is that user's, and ran on the
+/// blamed node then), says how many events it left out and why, and one
+/// user's jobs alone never list a node.
+#[test]
+fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
+    let _g = lock();
+    testbed();
+    let (user, uid) = test_user();
+    let dir = job_dir();
+    let home = dir.path();
+    std::os::unix::fs::chown(home, Some(uid), None).unwrap();
+    // A real job of the user's on n2, and one of root's on n3.
+    let user_job = as_user(
+        &user,
+        home,
+        &[],
+        &[
+            "sbatch",
+            "--parsable",
+            "--wait",
+            "-N1",
+            "-w",
+            "n2",
+            "-t",
+            "5",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ],
+    );
+    let user_job = user_job.trim().split(';').next().unwrap().to_string();
+    let root_job = run(
+        "sbatch",
+        &[
+            "--parsable",
+            "--wait",
+            "-N1",
+            "-w",
+            "n3",
+            "-t",
+            "5",
+            "-o",
+            "/dev/null",
+            "--wrap",
+            "true",
+        ],
+    );
+    let root_job = root_job.trim().split(';').next().unwrap().to_string();
+    // slurmdbd records a job a moment after it ends.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while run(
+        "sacct",
+        &[
+            "-a",
+            "-X",
+            "-n",
+            "-o",
+            "JobIDRaw",
+            "-j",
+            &format!("{user_job},{root_job}"),
+        ],
+    )
+    .split_whitespace()
+    .count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "sacct never listed the jobs");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // A shared state dir, as the admin sets it up.
+    let shared = home.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let bin = env!("CARGO_BIN_EXE_resilio");
+    let o = Command::new(bin)
+        .args(["admin", "init-state-dir"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // The user's journals (written here, then given to the user): each
+    // blames a node with a GPU failure.
+    let mine = shared.join("users").join(&user);
+    for (job, node) in [
+        (user_job.as_str(), "n2"), // Slurm agrees
+        (root_job.as_str(), "n3"), // root's job, not the user's
+        ("999999", "n4"),          // no such job
+        ("local-made-up", "n1"),   // a run outside Slurm
+    ] {
+        let mut w = journal::Writer::open(
+            &journal::job_dir(&mine, job),
+            "rank-0.jsonl",
+            0,
+            Some(0),
+            Some(node.into()),
+        );
+        w.record(
+            "failure",
+            serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }),
+            true,
+        );
+    }
+    // And one more of the user's real job, but on a node it never had.
+    let mut w = journal::Writer::open(
+        &journal::job_dir(&mine, &user_job),
+        "rank-1.jsonl",
+        0,
+        Some(1),
+        Some("n4".into()),
+    );
+    w.record(
+        "failure",
+        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid 79" }),
+        true,
+    );
+    drop(w);
+    let o = Command::new("chown")
+        .args(["-R", &format!("{uid}")])
+        .arg(&mine)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+
+    let o = Command::new(bin)
+        .args(["nodes", "--json", "--state-dir"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let journal_events: Vec<(String, String, String, bool)> = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|n| {
+            let node = n["node"].as_str().unwrap().to_string();
+            n["events"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|e| e["source"] == "journal")
+                .map(move |e| {
+                    (
+                        node.clone(),
+                        e["job"].as_str().unwrap().to_string(),
+                        e["owner"].as_str().unwrap().to_string(),
+                        e["trusted"].as_bool().unwrap(),
+                    )
+                })
+        })
+        .collect();
+    assert_eq!(
+        journal_events,
+        [("n2".to_string(), user_job.clone(), user.clone(), false)],
+        "{history:#}\n{}",
+        String::from_utf8_lossy(
+            &Command::new(bin)
+                .args(["nodes", "--state-dir"])
+                .arg(&shared)
+                .output()
+                .unwrap()
+                .stdout
+        )
+    );
+    // The user's word alone does not list n2 (Slurm's own NODE_FAIL
+    // records of earlier tests might).
+    let n2 = history
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "n2")
+        .unwrap();
+    let from_slurm = n2["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["source"] == "sacct");
+    assert_eq!(n2["listable"].as_bool(), Some(from_slurm), "{n2:#}");
+    let o = Command::new(bin)
+        .args(["nodes", "--state-dir"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "left out: 1 event(s): a journal whose owner is not the job's user in Slurm's accounting",
+        "left out: 1 event(s): an event on a node or at a time outside the job's allocations",
+        // Job 999999 and the run outside Slurm.
+        "left out: 2 event(s): another user's journal of a job Slurm's accounting does not know",
+    ] {
+        assert!(text.contains(want), "{want:?} missing:\n{text}");
+    }
+}

@@ -53,6 +53,12 @@ pub struct NodeEvent {
     pub counts: bool,
     /// Why it counts or not, in words.
     pub reason: String,
+    /// Whose journal said so (a user name, `uid N`), or `slurm`.
+    pub owner: String,
+    /// Said by Slurm, the admin (root) or the user asking: enough alone
+    /// to list the node. Any other user's word lists a node only with
+    /// another user's (see [`NodeHistory::listable`]).
+    pub trusted: bool,
 }
 
 /// A node's history.
@@ -67,9 +73,19 @@ pub struct NodeHistory {
     pub jobs: Vec<String>,
     pub last_seen: DateTime<Utc>,
     pub events: Vec<NodeEvent>,
+    /// Its score may list it (`--exclude-list`, `--drain`, exclusion at a
+    /// job's start): what is held against it comes from Slurm, the admin,
+    /// the user asking, or at least two users. One user's jobs alone never
+    /// list a node: anyone can write a journal that blames one.
+    pub listable: bool,
 }
 
 impl NodeHistory {
+    /// Listed at `threshold`: scored at or above it, and [`Self::listable`].
+    pub fn listed(&self, threshold: f64) -> bool {
+        self.score >= threshold && self.listable
+    }
+
     /// The evidence of the latest event held against the node that has
     /// any (a straggler has none); "" when none has.
     pub fn last_evidence(&self) -> &str {
@@ -366,6 +382,9 @@ pub fn events_of<'a>(
                     source: "journal",
                     counts: class_counts(class),
                     reason,
+                    // Whose: set by [`vouch`] for journals read from disk.
+                    owner: String::new(),
+                    trusted: true,
                 },
             ));
         }
@@ -496,6 +515,8 @@ pub fn events_from_sacct(
                     } else {
                         "Slurm ended the job in NODE_FAIL".to_string()
                     },
+                    owner: "slurm".into(),
+                    trusted: true,
                 },
             ));
         }
@@ -514,7 +535,9 @@ pub struct FleetRate {
 }
 
 /// [`FleetRate`] from every job but `except` whose journal was written
-/// within `window` of `now`.
+/// within `window` of `now`, of the user asking (or root): another user's
+/// journals, anyone's to write, never change a user's own figures or the
+/// checkpoint interval advised to their jobs.
 pub fn fleet_rate(
     state_dir: &Path,
     except: &str,
@@ -525,8 +548,16 @@ pub fn fleet_rate(
     let since = std::time::SystemTime::now()
         .checked_sub(window)
         .unwrap_or(std::time::UNIX_EPOCH);
+    let caller = nix::unistd::geteuid().as_raw();
     for (root, job, modified) in all_jobs(state_dir) {
         if job == except || modified < since {
+            continue;
+        }
+        let owner = {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::symlink_metadata(journal::job_dir(&root, &job)).map(|m| m.uid())
+        };
+        if !owner.is_ok_and(|u| u == caller || u == 0) {
             continue;
         }
         let Ok(j) = journal::read_job(&journal::job_dir(&root, &job)) else {
@@ -606,29 +637,176 @@ pub struct Sources {
     /// NODE_FAIL allocations from sacct (`None`: sacct not asked or not available).
     pub sacct_node_failures: Option<usize>,
     pub sacct_error: Option<String>,
+    /// Events read from journals but left out, by why (see [`vouch`]).
+    pub dropped: BTreeMap<String, usize>,
 }
 
-/// Build every node's history from all journals under `state_dir` (and
-/// Slurm's NODE_FAIL records since a window of eight half-lives, when
-/// `slurm` is given), scores decayed to `now` with `half_life`.
+/// One job's journal as read for the history: whose it is, what it says.
+pub struct Journaled {
+    pub job: String,
+    /// The owner of the job's directory (each file in it is its, see
+    /// [`journal::read_job`]).
+    pub uid: u32,
+    pub events: Vec<(String, NodeEvent)>,
+}
+
+/// Slack around an allocation's start and end within which its journal's
+/// events are believed (clocks, a judgment written as the job ends).
+const ALLOCATION_SLACK_SECS: i64 = 600;
+
+/// Which journals' events to believe, and why the others were left out.
+///
+/// A journal is anyone's to write under a shared state dir, and its owner
+/// can say anything in it, so:
+/// - a job Slurm's accounting knows (`acct`) is believed only where the
+///   accounting agrees: the journal's owner is the job's user, and each event
+///   is on a node of one of the job's allocations, within that allocation's
+///   time;
+/// - a job the accounting does not know (a run outside Slurm, sacct not
+///   available or not asked) is believed only from the user asking
+///   (`caller`) or root: another user's is left out.
+///
+/// Believed events get their owner's name, and `trusted` when Slurm, root or
+/// the caller said so (see [`NodeHistory::listable`]). Returns the events
+/// kept and, by reason, how many were left out.
+pub fn vouch(
+    journals: Vec<Journaled>,
+    acct: std::result::Result<&[crate::slurm::AcctRecord], &str>,
+    caller: u32,
+    now: DateTime<Utc>,
+) -> (Vec<(String, NodeEvent)>, BTreeMap<String, usize>) {
+    use crate::analysis::accounting::slurm_time;
+    let mut kept = Vec::new();
+    let mut dropped: BTreeMap<String, usize> = BTreeMap::new();
+    let slack = chrono::Duration::seconds(ALLOCATION_SLACK_SECS);
+    for j in journals {
+        let rows: Vec<&crate::slurm::AcctRecord> = match acct {
+            Ok(rows) => rows.iter().filter(|r| r.job_id == j.job).collect(),
+            Err(_) => Vec::new(),
+        };
+        let own = j.uid == caller || j.uid == 0;
+        let owner = user_name(j.uid);
+        let mut drop = |why: String, n: usize| {
+            if n > 0 {
+                *dropped.entry(why).or_default() += n;
+            }
+        };
+        if rows.is_empty() {
+            if own {
+                kept.extend(j.events.into_iter().map(|(node, mut e)| {
+                    e.owner = owner.clone();
+                    e.trusted = true;
+                    (node, e)
+                }));
+            } else {
+                drop(
+                    match acct {
+                        Err(e) => format!(
+                            "another user's journal Slurm's accounting could not confirm ({e})"
+                        ),
+                        Ok(_) => "another user's journal of a job Slurm's accounting does not know"
+                            .into(),
+                    },
+                    j.events.len(),
+                );
+            }
+            continue;
+        }
+        if rows.iter().any(|r| r.uid.is_some()) && !rows.iter().any(|r| r.uid == Some(j.uid)) {
+            drop(
+                "a journal whose owner is not the job's user in Slurm's accounting".into(),
+                j.events.len(),
+            );
+            continue;
+        }
+        for (node, mut e) in j.events {
+            let ran_there = rows.iter().any(|r| {
+                let (Some(start), end) = (slurm_time(&r.start), slurm_time(&r.end)) else {
+                    return false;
+                };
+                r.nodes.contains(&node)
+                    && e.ts >= start - slack
+                    && e.ts <= end.unwrap_or(now) + slack
+            });
+            if ran_there {
+                e.owner = owner.clone();
+                e.trusted = own;
+                kept.push((node, e));
+            } else {
+                drop(
+                    "an event on a node or at a time outside the job's allocations in Slurm's accounting"
+                        .into(),
+                    1,
+                );
+            }
+        }
+    }
+    (kept, dropped)
+}
+
+/// A user's name, else `uid N`.
+fn user_name(uid: u32) -> String {
+    nix::unistd::User::from_uid(uid.into())
+        .ok()
+        .flatten()
+        .map_or_else(|| format!("uid {uid}"), |u| u.name)
+}
+
+/// Build every node's history from all journals under `state_dir` that
+/// [`vouch`] believes (and Slurm's NODE_FAIL records since a window of
+/// eight half-lives, when `slurm` is given), scores decayed to `now` with
+/// `half_life`.
 pub fn build(
     state_dir: &Path,
     now: DateTime<Utc>,
     half_life: std::time::Duration,
     slurm: Option<&dyn crate::slurm::Slurm>,
 ) -> (Vec<NodeHistory>, Sources) {
+    use std::os::unix::fs::MetadataExt;
     let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
     let mut sources = Sources::default();
-    let mut known = Vec::new();
+    let mut journals = Vec::new();
     for (root, job, _) in all_jobs(state_dir) {
-        let Ok(j) = journal::read_job(&journal::job_dir(&root, &job)) else {
+        let dir = journal::job_dir(&root, &job);
+        let Ok(uid) = std::fs::symlink_metadata(&dir).map(|m| m.uid()) else {
+            continue;
+        };
+        let Ok(j) = journal::read_job(&dir) else {
             continue;
         };
         sources.journals += 1;
-        for (node, ev) in events_of(&job, &j.records) {
-            by_node.entry(node).or_default().push(ev);
-        }
-        known.push(job);
+        journals.push(Journaled {
+            events: events_of(&job, &j.records),
+            job,
+            uid,
+        });
+    }
+    // Slurm's word on the journals' jobs (Slurm's ids only: a run outside
+    // Slurm has nothing to ask about).
+    let ids: Vec<String> = journals
+        .iter()
+        .filter(|j| !j.events.is_empty() && crate::slurm::validate_job_id(&j.job).is_ok())
+        .map(|j| j.job.clone())
+        .collect();
+    let acct: std::result::Result<Vec<crate::slurm::AcctRecord>, String> = match slurm {
+        None => Err("sacct not asked".into()),
+        Some(_) if ids.is_empty() => Ok(Vec::new()),
+        Some(s) => s.jobs_accounting(&ids).map_err(|e| e.to_string()),
+    };
+    let caller = nix::unistd::geteuid().as_raw();
+    let (kept, dropped) = vouch(
+        journals,
+        acct.as_deref().map_err(String::as_str),
+        caller,
+        now,
+    );
+    sources.dropped = dropped;
+    // Jobs whose journal is believed are counted from it, not from sacct.
+    let mut known: Vec<String> = kept.iter().map(|(_, e)| e.job.clone()).collect();
+    known.sort_unstable();
+    known.dedup();
+    for (node, ev) in kept {
+        by_node.entry(node).or_default().push(ev);
     }
     if let Some(s) = slurm {
         let window =
@@ -699,12 +877,21 @@ pub fn from_events(
                     jobs.push(e.job.clone());
                 }
             }
+            let mut owners: Vec<&str> = events
+                .iter()
+                .filter(|e| e.counts)
+                .map(|e| e.owner.as_str())
+                .collect();
+            owners.sort_unstable();
+            owners.dedup();
+            let listable = owners.len() >= 2 || events.iter().any(|e| e.counts && e.trusted);
             NodeHistory {
                 node,
                 score,
                 failures_by_class,
                 jobs,
                 last_seen: events.last().map(|e| e.ts).unwrap_or(now),
+                listable,
                 events,
             }
         })
@@ -749,7 +936,7 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
             .map(|h| {
                 (
                     format!("{{{},threshold=\"{threshold}\"}}", node(h)),
-                    u8::from(h.score >= threshold).to_string(),
+                    u8::from(h.listed(threshold)).to_string(),
                 )
             })
             .collect(),
@@ -824,7 +1011,7 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
             String::new(),
             history
                 .iter()
-                .filter(|h| h.score >= threshold)
+                .filter(|h| h.listed(threshold))
                 .count()
                 .to_string(),
         )],
@@ -842,7 +1029,7 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
 pub fn exclude_list(history: &[NodeHistory], threshold: f64) -> String {
     let bad: Vec<&str> = history
         .iter()
-        .filter(|h| h.score >= threshold)
+        .filter(|h| h.listed(threshold))
         .map(|h| h.node.as_str())
         .collect();
     crate::slurm::hostlist::compress(&bad)
@@ -888,7 +1075,13 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
             "{:<16} {:>6.2}{} {:<40} {:<20} {}",
             h.node,
             h.score,
-            if h.score >= threshold { "*" } else { " " },
+            if h.listed(threshold) {
+                "*"
+            } else if h.score >= threshold {
+                "!"
+            } else {
+                " "
+            },
             classes.join(" "),
             h.last_seen.format("%Y-%m-%d %H:%M"),
             crate::util::clip(&last, 100)
@@ -898,6 +1091,12 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
         s,
         "(* score >= {threshold}: in `resilio nodes --exclude-list`)"
     );
+    if history.iter().any(|h| !h.listable && h.score >= threshold) {
+        let _ = writeln!(
+            s,
+            "(! score >= {threshold}, not listed: one user's jobs alone implicate it)"
+        );
+    }
     if shown_apart {
         let _ = writeln!(
             s,
@@ -933,6 +1132,7 @@ mod tests {
             jobs: vec!["1".into(), "2".into()],
             last_seen: Utc::now(),
             events: Vec::new(),
+            listable: true,
         };
         let h = vec![
             node("gpu01", 1.5, &[("infrastructure", 2)]),
@@ -1524,5 +1724,184 @@ mod sacct_tests {
             Some(&f),
         );
         assert!(h.is_empty() && src.sacct_error.is_some());
+    }
+
+    fn blame(job: &str, node: &str, ts: &str) -> (String, NodeEvent) {
+        (
+            node.to_string(),
+            NodeEvent {
+                ts: ts.parse().unwrap(),
+                job: job.into(),
+                class: "infrastructure".into(),
+                evidence: "Xid 79".into(),
+                share: 1.0,
+                source: "journal",
+                counts: true,
+                reason: String::new(),
+                owner: String::new(),
+                trusted: true,
+            },
+        )
+    }
+
+    fn acct(job: &str, uid: u32, nodes: &[&str], start: &str, end: &str) -> AcctRecord {
+        AcctRecord {
+            job_id: job.into(),
+            state: "COMPLETED".into(),
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            start: start.into(),
+            end: end.into(),
+            uid: Some(uid),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn another_users_journal_is_believed_only_where_slurm_agrees_and_alone_lists_no_node() {
+        // Slurm prints local time; the events are UTC.
+        let local = |t: &str| {
+            t.parse::<DateTime<Utc>>()
+                .unwrap()
+                .with_timezone(&chrono::Local)
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string()
+        };
+        let (t0, t1) = (local("2026-11-20T10:00:00Z"), local("2026-11-20T12:00:00Z"));
+        let (alice, bob, admin) = (1001, 1002, 5000);
+        let rows = vec![
+            acct("200", alice, &["n1"], &t0, &t1),
+            acct("201", alice, &["n1"], &t0, &t1),
+            acct("202", bob, &["n1"], &t0, &t1),
+            acct("203", alice, &["n1"], &t0, &t1),
+            acct("204", bob, &["n1", "n9"], &t0, "Unknown"),
+        ];
+        let j = |job: &str, uid: u32, ev: Vec<(String, NodeEvent)>| Journaled {
+            job: job.into(),
+            uid,
+            events: ev,
+        };
+        let now: DateTime<Utc> = "2026-11-20T13:00:00Z".parse().unwrap();
+        let journals = || {
+            vec![
+                // Slurm agrees: alice's job, on n1, in its time.
+                j(
+                    "200",
+                    alice,
+                    vec![blame("200", "n1", "2026-11-20T11:00:00Z")],
+                ),
+                // A node the job never had.
+                j(
+                    "201",
+                    alice,
+                    vec![blame("201", "n7", "2026-11-20T11:00:00Z")],
+                ),
+                // Bob's job, in a journal alice owns.
+                j(
+                    "202",
+                    alice,
+                    vec![blame("202", "n1", "2026-11-20T11:00:00Z")],
+                ),
+                // Years after the job ended.
+                j(
+                    "203",
+                    alice,
+                    vec![blame("203", "n1", "2030-01-01T00:00:00Z")],
+                ),
+                // Bob's running job (no end yet), on n9.
+                j("204", bob, vec![blame("204", "n9", "2026-11-20T12:30:00Z")]),
+                // Runs outside Slurm: another user's, and the caller's own.
+                j(
+                    "local-1",
+                    alice,
+                    vec![blame("local-1", "n5", "2026-11-20T11:00:00Z")],
+                ),
+                j(
+                    "local-2",
+                    admin,
+                    vec![blame("local-2", "n6", "2026-11-20T11:00:00Z")],
+                ),
+            ]
+        };
+        let (kept, dropped) = vouch(journals(), Ok(&rows), admin, now);
+        let on: Vec<(&str, &str, bool)> = kept
+            .iter()
+            .map(|(n, e)| (n.as_str(), e.job.as_str(), e.trusted))
+            .collect();
+        assert_eq!(
+            on,
+            [
+                ("n1", "200", false),
+                ("n9", "204", false),
+                ("n6", "local-2", true)
+            ]
+        );
+        let reasons: Vec<(&str, usize)> = dropped.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+        assert_eq!(
+            reasons,
+            [
+                ("a journal whose owner is not the job's user in Slurm's accounting", 1),
+                ("an event on a node or at a time outside the job's allocations in Slurm's accounting", 2),
+                ("another user's journal of a job Slurm's accounting does not know", 1),
+            ]
+        );
+        // Without sacct: only the caller's (and root's) own.
+        let (kept, dropped) = vouch(journals(), Err("sacct: command not found"), admin, now);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(dropped.values().sum::<usize>(), 6);
+        assert!(dropped
+            .keys()
+            .all(|k| k.contains("sacct: command not found")));
+
+        // One user's verified blame alone never lists a node; two users' do.
+        let hl = std::time::Duration::from_secs(7 * 86400);
+        let scored = |evs: Vec<(String, NodeEvent)>| {
+            let mut by: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
+            for (n, e) in evs {
+                by.entry(n).or_default().push(e);
+            }
+            from_events(by, now, hl)
+        };
+        let alice_only = vouch(
+            vec![
+                j(
+                    "200",
+                    alice,
+                    vec![blame("200", "n1", "2026-11-20T11:00:00Z")],
+                ),
+                j(
+                    "201",
+                    alice,
+                    vec![blame("201", "n1", "2026-11-20T11:30:00Z")],
+                ),
+            ],
+            Ok(&rows),
+            admin,
+            now,
+        )
+        .0;
+        let h = scored(alice_only.clone());
+        assert!(h[0].score >= 1.0 && !h[0].listable && !h[0].listed(1.0));
+        assert_eq!(exclude_list(&h, 1.0), "");
+        assert!(render(&h, 1.0).contains("not listed: one user's jobs alone"));
+        let mut both = alice_only;
+        both.extend(
+            vouch(
+                vec![j(
+                    "204",
+                    bob,
+                    vec![blame("204", "n1", "2026-11-20T12:30:00Z")],
+                )],
+                Ok(&rows),
+                admin,
+                now,
+            )
+            .0,
+        );
+        let h = scored(both);
+        assert!(h[0].listed(1.0));
+        assert_eq!(exclude_list(&h, 1.0), "n1");
+        // The admin's (or Slurm's) word alone lists it.
+        let h = scored(vec![blame("local-2", "n6", "2026-11-20T11:00:00Z")]);
+        assert!(h[0].listed(0.5));
     }
 }

@@ -525,6 +525,7 @@ mod tests {
             jobs: vec!["70".into()],
             last_seen: chrono::Utc::now(),
             events: Vec::new(),
+            listable: true,
         }];
         let nodes: Vec<String> = vec!["n1".into(), "n2".into()];
         let argv: Vec<std::ffi::OsString> = vec!["python".into(), "train.py".into()];

@@ -287,7 +287,7 @@ pub fn plan_at_start(
     records: &[Record],
     requeueable: impl FnOnce() -> bool,
 ) -> StartPlan {
-    let listed: Vec<&NodeHistory> = history.iter().filter(|h| h.score >= threshold).collect();
+    let listed: Vec<&NodeHistory> = history.iter().filter(|h| h.listed(threshold)).collect();
     let here: Vec<Listed> = listed
         .iter()
         .filter(|h| alloc_nodes.contains(&h.node))
@@ -885,7 +885,10 @@ mod tests {
                 source: "journal",
                 counts: true,
                 reason: "the rank's infrastructure failure, with evidence from its output".into(),
+                owner: "alice".into(),
+                trusted: true,
             }],
+            listable: true,
         }
     }
 

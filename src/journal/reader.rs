@@ -89,7 +89,11 @@ impl SkippedLines {
 /// be read is skipped and named. Fails only when the directory cannot be
 /// listed.
 pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
+    use std::os::unix::fs::MetadataExt;
     let mut out = JobJournal::default();
+    // Each file speaks for the directory's owner (or root's plugin): one
+    // another user slipped in is not read.
+    let owner = std::fs::symlink_metadata(dir)?.uid();
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
@@ -103,7 +107,7 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
         // Not followed, not waited on, not read past its cap: a shared
         // state dir's journals are anyone's to plant (a FIFO would hang the
         // reader, `/dev/zero` behind a name would fill its memory).
-        match crate::util::files::read_regular(path, crate::util::files::JOURNAL_CAP) {
+        match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
             Ok(text) => read_lines(&text, &mut out.records, &mut skip),
             Err(e) => skip.error = Some(e.to_string()),
         }

@@ -169,6 +169,17 @@ impl Slurm for FakeSlurm {
         Ok(self.node_fail_rows.lock().unwrap().clone())
     }
 
+    fn jobs_accounting(&self, jobs: &[String]) -> Result<Vec<AcctRecord>, SlurmError> {
+        self.call("jobs_accounting", jobs.join(","))?;
+        let acct = self.acct.lock().unwrap();
+        Ok(jobs
+            .iter()
+            .filter_map(|j| acct.get(j))
+            .flatten()
+            .cloned()
+            .collect())
+    }
+
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         self.call("accounting", job.into())?;
         Ok(self

@@ -44,6 +44,8 @@ pub struct AcctRecord {
     pub submit: String,
     pub start: String,
     pub end: String,
+    /// The job's owner (`UID`), when sacct said.
+    pub uid: Option<u32>,
 }
 
 /// A node as `sinfo -N` shows it.
@@ -128,6 +130,9 @@ pub trait Slurm {
         &self,
         since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<AcctRecord>, SlurmError>;
+    /// Every attempt of each of `jobs`, of any user (`sacct -a -D -X -j
+    /// J1,J2,...`): where and when they ran, and whose they are.
+    fn jobs_accounting(&self, jobs: &[String]) -> Result<Vec<AcctRecord>, SlurmError>;
 
     /// The job's batch script (`scontrol write batch_script JOB -`).
     fn batch_script(&self, job: &str) -> Result<String, SlurmError> {

@@ -19,6 +19,18 @@ pub const SMALL_CAP: u64 = 1 << 20;
 /// (with a plain reason) for a symlink, a FIFO, a device, a directory, or a
 /// file larger than `cap`.
 pub fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
+    read_checked(path, cap, None)
+}
+
+/// [`read_regular`], and the file must be owned by `uid` or root (checked
+/// on the open file): a file another user put in a directory of `uid`'s
+/// (one left writable) is not theirs to speak for.
+pub fn read_owned(path: &Path, cap: u64, uid: u32) -> std::io::Result<Vec<u8>> {
+    read_checked(path, cap, Some(uid))
+}
+
+fn read_checked(path: &Path, cap: u64, owner: Option<u32>) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
     let f = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
@@ -46,6 +58,12 @@ pub fn read_regular(path: &Path, cap: u64) -> std::io::Result<Vec<u8>> {
             "not a regular file"
         };
         return Err(refused(&format!("{what}, not read")));
+    }
+    if let Some(uid) = owner.filter(|&u| meta.uid() != u && meta.uid() != 0) {
+        return Err(refused(&format!(
+            "owned by uid {}, not by uid {uid} whose directory it is in; not read",
+            meta.uid()
+        )));
     }
     if meta.len() > cap {
         return Err(refused(&format!(
@@ -96,5 +114,26 @@ mod tests {
         // A directory.
         let e = read_regular(d.path(), 10).unwrap_err().to_string();
         assert!(e.contains("directory"), "{e}");
+    }
+
+    #[test]
+    fn a_file_speaks_for_its_owner_or_root_only() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("rank-0.jsonl");
+        std::fs::write(&file, b"{}\n").unwrap();
+        let me = nix::unistd::geteuid().as_raw();
+        assert!(read_owned(&file, 10, me).is_ok());
+        if me != 0 {
+            // Someone else's file is refused; root's would be read.
+            let e = read_owned(&file, 10, me + 1).unwrap_err().to_string();
+            assert!(e.contains(&format!("owned by uid {me}")), "{e}");
+            return;
+        }
+        // Root's file speaks for anyone (the plugin writes as root).
+        assert!(read_owned(&file, 10, 4242).is_ok());
+        std::os::unix::fs::chown(&file, Some(4343), None).unwrap();
+        assert!(read_owned(&file, 10, 4343).is_ok());
+        let e = read_owned(&file, 10, 4242).unwrap_err().to_string();
+        assert!(e.contains("owned by uid 4343, not by uid 4242"), "{e}");
     }
 }

@@ -192,25 +192,40 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
         .unwrap();
     assert_eq!(o.status.code(), Some(3), "a forged journal was read");
 
-    // Root (an admin) sees every user's jobs: the node history across
-    // users, and anyone's report.
+    // Root (an admin) reads every user's journals, but believes another
+    // user's only where Slurm's accounting agrees (these runs were outside
+    // Slurm, and sacct is not asked): left out, and said so. Each user's
+    // own history holds their own jobs.
     let o = Command::new(bin())
         .args(["nodes", "--json", "--no-sacct", "--state-dir", s])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
     let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let jobs: Vec<String> = history
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|n| n["jobs"].as_array().cloned().unwrap_or_default())
-        .filter_map(|j| j.as_str().map(String::from))
-        .collect();
+    let jobs_of = |history: &serde_json::Value| -> Vec<String> {
+        history
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|n| n["jobs"].as_array().cloned().unwrap_or_default())
+            .filter_map(|j| j.as_str().map(String::from))
+            .collect()
+    };
+    assert!(jobs_of(&history).is_empty(), "{history:#}");
+    let o = Command::new(bin())
+        .args(["nodes", "--no-sacct", "--state-dir", s])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        jobs.contains(&"job-a".to_string()) && jobs.contains(&"job-b".to_string()),
-        "{history:#}"
+        text.contains("sources: 2 job journal(s)")
+            && text.contains("left out: ")
+            && text.contains("another user's journal Slurm's accounting could not confirm"),
+        "{text}"
     );
+    let o = as_user(&b, &["nodes", "--json", "--no-sacct", "--state-dir", s]);
+    let history: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(jobs_of(&history), ["job-b"], "{history:#}");
     let o = Command::new(bin())
         .args(["report", "job-b", "--state-dir", s])
         .output()
