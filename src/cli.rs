@@ -503,6 +503,8 @@ struct Shown {
     records: Vec<journal::Record>,
     bad_lines: usize,
     skipped: Vec<journal::SkippedLines>,
+    /// Attempts left out of the figures, with why.
+    left_out: Vec<String>,
     run: crate::runs::RunInfo,
     runs: Vec<crate::runs::RunInfo>,
 }
@@ -516,12 +518,18 @@ impl Shown {
             Some(w) => crate::runs::select(&infos, w).map_err(Error::Usage)?,
             None => infos.len() - 1,
         };
-        let run = runs.swap_remove(pick);
+        let mut run = runs.swap_remove(pick);
+        // Attempts dated out of their order are a journal's lie (or a
+        // clock's): left out of the figures, and said so.
+        let reversed = crate::runs::reversed_attempts(&run.records);
+        run.records
+            .retain(|r| !reversed.iter().any(|(a, _)| *a == r.attempt));
         Ok(Shown {
             job,
             records: run.records,
             bad_lines: j.bad_lines,
             skipped: j.skipped,
+            left_out: reversed.into_iter().map(|(_, why)| why).collect(),
             run: run.info,
             runs: infos,
         })
@@ -534,7 +542,7 @@ impl Shown {
                 .into_iter()
                 .collect();
         v.extend(
-            report::skipped_notes(&self.skipped, self.bad_lines)
+            report::skipped_notes(&self.skipped, self.bad_lines, &self.left_out)
                 .into_iter()
                 .filter(|l| !l.is_empty()),
         );
@@ -544,6 +552,7 @@ impl Shown {
     fn report(&self, slurm: Option<&crate::analysis::accounting::SlurmTimes>) -> report::Report {
         let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
         r.skipped_lines = self.skipped.clone();
+        r.left_out = self.left_out.clone();
         // The site's (or the default) share of the interval a save may take;
         // a configuration that does not load costs only this warning's tuning.
         r.checkpoints.warn_share =

@@ -326,6 +326,39 @@ pub fn select(runs: &[RunInfo], which: &str) -> Result<usize, String> {
     })
 }
 
+/// Attempts of one run dated out of their order: an attempt whose first
+/// record is dated more than a minute before an earlier attempt's first
+/// (attempts follow one another; a journal whose times were reversed or
+/// edited does not). By attempt, with why, in words; the reports leave them
+/// out of their figures and say so.
+pub fn reversed_attempts(records: &[Record]) -> Vec<(u32, String)> {
+    let mut first: std::collections::BTreeMap<u32, chrono::DateTime<chrono::Utc>> =
+        Default::default();
+    for r in records {
+        first
+            .entry(r.attempt)
+            .and_modify(|t| *t = (*t).min(r.ts))
+            .or_insert(r.ts);
+    }
+    let slack = chrono::Duration::seconds(60);
+    let mut out = Vec::new();
+    let mut latest: Option<(u32, chrono::DateTime<chrono::Utc>)> = None;
+    for (attempt, start) in first {
+        match latest {
+            Some((before, t)) if start + slack < t => out.push((
+                attempt,
+                format!(
+                    "attempt {attempt} is dated {} before attempt {before} began ({}): left out of the figures",
+                    start.format("%Y-%m-%d %H:%M:%S"),
+                    t.format("%Y-%m-%d %H:%M:%S")
+                ),
+            )),
+            _ => latest = Some((attempt, start)),
+        }
+    }
+    out
+}
+
 /// The note reports print when a job was run more than once:
 /// `job X was run 2 times; showing run 2 (started ...); earlier runs: 1 (...); pick one with --run N`.
 pub fn note(job: &str, runs: &[RunInfo], shown: usize) -> Option<String> {

@@ -419,9 +419,13 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
         .as_ref()
         .and_then(|r| crate::runs::note(&report.job, &report.runs, r.index.saturating_sub(1)));
     for note in run_note.into_iter().chain(
-        crate::analysis::report::skipped_notes(&report.skipped_lines, report.bad_journal_lines)
-            .into_iter()
-            .filter(|l| !l.is_empty()),
+        crate::analysis::report::skipped_notes(
+            &report.skipped_lines,
+            report.bad_journal_lines,
+            &report.left_out,
+        )
+        .into_iter()
+        .filter(|l| !l.is_empty()),
     ) {
         let _ = writeln!(h, "<p class=\"meta\">{}</p>", esc(note.trim_start()));
     }

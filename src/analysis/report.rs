@@ -123,6 +123,10 @@ pub struct Report {
     /// Per journal file: lines skipped (the rest is accounted), files that
     /// hold no readable record or could not be read.
     pub skipped_lines: Vec<crate::journal::SkippedLines>,
+    /// What the journal says that the figures leave out, and why (attempts
+    /// dated out of their order, see [`crate::runs::reversed_attempts`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<String>,
     /// The run shown, when the job id was used for more than one run
     /// (`runs` lists them all; `--run` picks one).
     pub run: Option<crate::runs::RunInfo>,
@@ -527,6 +531,7 @@ pub fn build(
         loss: crate::analysis::loss::health(records),
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
+        left_out: Vec::new(),
         run: None,
         runs: Vec::new(),
     };
@@ -1307,29 +1312,43 @@ pub fn render_text(r: &Report) -> String {
             );
         }
     }
-    for line in skipped_notes(&r.skipped_lines, r.bad_journal_lines) {
+    for line in skipped_notes(&r.skipped_lines, r.bad_journal_lines, &r.left_out) {
         let _ = writeln!(s, "{line}");
     }
     s
 }
 
-/// What the reports say about journal lines they skipped: a blank line,
-/// a heading, and one line per file.
-pub fn skipped_notes(skipped: &[crate::journal::SkippedLines], bad_lines: usize) -> Vec<String> {
-    if skipped.is_empty() && bad_lines == 0 {
+/// What the reports say about journal lines they skipped and records they
+/// left out: a blank line, a heading, and one line per file or reason.
+pub fn skipped_notes(
+    skipped: &[crate::journal::SkippedLines],
+    bad_lines: usize,
+    left_out: &[String],
+) -> Vec<String> {
+    if skipped.is_empty() && bad_lines == 0 && left_out.is_empty() {
         return Vec::new();
+    }
+    let records_out: usize = skipped.iter().map(|f| f.duplicates + f.future).sum();
+    let mut parts = Vec::new();
+    if bad_lines > 0 || records_out == 0 {
+        parts.push(format!("{bad_lines} unreadable line(s) skipped"));
+    }
+    if records_out > 0 {
+        parts.push(format!("{records_out} record(s) left out"));
+    }
+    if !left_out.is_empty() {
+        parts.push(format!("{} attempt(s) left out", left_out.len()));
+    }
+    match skipped.iter().filter(|f| f.records == 0).count() {
+        0 => {}
+        n => parts.push(format!("{n} file(s) with no readable record")),
     }
     let mut out = vec![
         String::new(),
-        format!(
-            "journal: {bad_lines} unreadable line(s) skipped{}, the rest accounted:",
-            match skipped.iter().filter(|f| f.records == 0).count() {
-                0 => String::new(),
-                n => format!(", {n} file(s) with no readable record"),
-            }
-        ),
+        format!("journal: {}, the rest accounted:", parts.join(", ")),
     ];
     out.extend(skipped.iter().map(|f| format!("  {}", f.describe())));
+    out.extend(left_out.iter().map(|l| format!("  {l}")));
     out
 }
 

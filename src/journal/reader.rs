@@ -36,7 +36,24 @@ pub struct SkippedLines {
     /// The file could not be read at all (permission denied, a directory, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Records left out because another file (read first, by name) has the
+    /// very same line: a copied journal file counts once.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub duplicates: usize,
+    /// Records left out because they are dated more than
+    /// [`FUTURE_SLACK_S`] after the journal was read: a clock or a journal
+    /// that lies (one record in year 9999 made a wall time of 8,000 years).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub future: usize,
 }
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+/// How far past the time of reading a record may be dated (clocks of other
+/// nodes running ahead) before it is left out as a lie.
+pub const FUTURE_SLACK_S: i64 = 86_400;
 
 /// How many line numbers [`SkippedLines`] keeps per file.
 pub const MAX_LINE_NUMBERS: usize = 20;
@@ -48,6 +65,27 @@ impl SkippedLines {
         let name = self.file.display();
         if let Some(e) = &self.error {
             return format!("{name}: unreadable ({e})");
+        }
+        let mut left_out = Vec::new();
+        if self.duplicates > 0 {
+            left_out.push(format!(
+                "{} record(s) repeating another file's, left out",
+                self.duplicates
+            ));
+        }
+        if self.future > 0 {
+            left_out.push(format!(
+                "{} record(s) dated more than a day ahead, left out",
+                self.future
+            ));
+        }
+        if !left_out.is_empty() {
+            let skipped = if self.lines > 0 {
+                format!("; {} unreadable line(s) skipped", self.lines)
+            } else {
+                String::new()
+            };
+            return format!("{name}: {}{skipped}", left_out.join("; "));
         }
         if self.lines == 0 {
             return format!("{name}: no readable record (empty)");
@@ -89,7 +127,19 @@ impl SkippedLines {
 /// be read is skipped and named. Fails only when the directory cannot be
 /// listed.
 pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
+    read_job_at(dir, chrono::Utc::now())
+}
+
+/// [`read_job`] as of `now`: records dated more than [`FUTURE_SLACK_S`]
+/// after it, and lines another file already had, are left out and counted.
+pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::Result<JobJournal> {
+    use std::hash::BuildHasher;
     use std::os::unix::fs::MetadataExt;
+    let latest = now + chrono::Duration::seconds(FUTURE_SLACK_S);
+    // Lines of the files read so far (by hash; a collision would leave a
+    // record out, one in 2^64).
+    let hasher = std::collections::hash_map::RandomState::new();
+    let mut seen_before: std::collections::HashSet<u64> = Default::default();
     let mut out = JobJournal::default();
     // Each file speaks for the directory's owner (or root's plugin): one
     // another user slipped in is not read.
@@ -108,11 +158,33 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
         // state dir's journals are anyone's to plant (a FIFO would hang the
         // reader, `/dev/zero` behind a name would fill its memory).
         match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
-            Ok(text) => read_lines(&text, &mut out.records, &mut skip),
+            Ok(text) => {
+                let mut records = Vec::new();
+                let mut lines = Vec::new();
+                read_lines_with(&text, &mut records, &mut skip, |line| lines.push(line));
+                let mut this_file = Vec::with_capacity(lines.len());
+                for (r, line) in records.into_iter().zip(lines) {
+                    let h = hasher.hash_one(line);
+                    this_file.push(h);
+                    if seen_before.contains(&h) {
+                        skip.duplicates += 1;
+                    } else if r.ts > latest {
+                        skip.future += 1;
+                    } else {
+                        out.records.push(r);
+                    }
+                }
+                seen_before.extend(this_file);
+            }
             Err(e) => skip.error = Some(e.to_string()),
         }
         out.bad_lines += skip.lines;
-        if skip.lines > 0 || skip.error.is_some() || skip.records == 0 {
+        if skip.lines > 0
+            || skip.error.is_some()
+            || skip.records == 0
+            || skip.duplicates > 0
+            || skip.future > 0
+        {
             out.skipped.push(skip);
         }
     }
@@ -133,6 +205,16 @@ pub fn parse_file(text: &[u8]) -> (Vec<Record>, SkippedLines) {
 
 /// Parse one file's lines into `records`, noting what was skipped.
 fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
+    read_lines_with(text, records, skip, |_| {});
+}
+
+/// [`read_lines`], giving `line` the bytes of each record read, in order.
+fn read_lines_with<'t>(
+    text: &'t [u8],
+    records: &mut Vec<Record>,
+    skip: &mut SkippedLines,
+    mut line_of: impl FnMut(&'t [u8]),
+) {
     let ends_whole = text.last().is_none_or(|&b| b == b'\n');
     let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
     let last = lines.len().saturating_sub(1);
@@ -143,6 +225,7 @@ fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
         match serde_json::from_slice::<Record>(line) {
             Ok(r) => {
                 records.push(r);
+                line_of(line);
                 skip.records += 1;
             }
             Err(_) => {

@@ -777,3 +777,118 @@ fn control_characters_from_a_trainer_are_escaped_in_every_text_output() {
         }
     }
 }
+
+/// A journal that lies about time: a record dated in year 9999, a copied
+/// file, and an attempt dated before the one it followed. Each is named in
+/// the report and left out of its figures, which stay those of the truth.
+#[test]
+fn journals_that_lie_about_time_are_named_and_left_out_of_the_figures() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = std::process::Command::new(bin());
+    c.args([
+        "run",
+        "--job-id",
+        "lies",
+        "--state-dir",
+        dir.path().to_str().unwrap(),
+        "--max-restarts",
+        "1",
+        "--",
+        "sh",
+        "-c",
+        "echo step 1; sleep 0.3; echo step 2; [ \"$RESILIO_ATTEMPT\" = 1 ] || exit 3",
+    ]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let report = || {
+        let o = cmd(dir.path(), &["report", "lies", "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let text =
+            String::from_utf8_lossy(&cmd(dir.path(), &["report", "lies"]).stdout).into_owned();
+        (r, text)
+    };
+    let (truth, _) = report();
+    let figures = |r: &serde_json::Value| {
+        (
+            r["attempts"].as_array().map(Vec::len),
+            r["failures"].as_array().map(Vec::len),
+            r["wall_s"].as_f64().unwrap(),
+        )
+    };
+    let (attempts, failures, wall) = figures(&truth);
+    assert_eq!((attempts, failures), (Some(2), Some(1)), "{truth:#}");
+    let job = resilio::journal::job_dir(dir.path(), "lies");
+    let files: Vec<std::path::PathBuf> = std::fs::read_dir(&job)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
+        .collect();
+    let rank0 = files
+        .iter()
+        .find(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("rank-0")
+        })
+        .unwrap()
+        .clone();
+    let original = std::fs::read_to_string(&rank0).unwrap();
+
+    // A record in year 9999.
+    let last = original.lines().last().unwrap();
+    let ts = serde_json::from_str::<serde_json::Value>(last).unwrap()["ts"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let far = last.replacen(&ts, "9999-12-31T23:59:59.000Z", 1);
+    std::fs::write(&rank0, format!("{original}{far}\n")).unwrap();
+    let (r, text) = report();
+    let (a, f, w) = figures(&r);
+    assert_eq!((a, f), (attempts, failures));
+    assert!((w - wall).abs() < 1.0, "wall {w} against {wall}");
+    assert!(
+        text.contains("1 record(s) dated more than a day ahead, left out"),
+        "{text}"
+    );
+    std::fs::write(&rank0, &original).unwrap();
+
+    // A copied journal file counts once.
+    let copy = job.join("rank-0-copy.jsonl");
+    std::fs::copy(&rank0, &copy).unwrap();
+    let (r, text) = report();
+    assert_eq!(figures(&r).0, attempts, "{r:#}");
+    assert_eq!(figures(&r).1, failures, "{r:#}");
+    assert!(
+        text.contains("repeating another file's, left out"),
+        "{text}"
+    );
+    std::fs::remove_file(&copy).unwrap();
+
+    // Attempt 1 dated an hour before attempt 0 began.
+    for p in &files {
+        let text = std::fs::read_to_string(p).unwrap();
+        let moved: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+                if v["attempt"] == 1 {
+                    let t: chrono::DateTime<chrono::Utc> =
+                        v["ts"].as_str().unwrap().parse().unwrap();
+                    v["ts"] = serde_json::json!((t - chrono::Duration::hours(1)).to_rfc3339());
+                }
+                v.to_string()
+            })
+            .collect();
+        std::fs::write(p, moved.join("\n") + "\n").unwrap();
+    }
+    let (r, text) = report();
+    assert_eq!(figures(&r).0, Some(1), "{r:#}");
+    assert!(
+        text.contains("attempt 1 is dated") && text.contains("before attempt 0 began"),
+        "{text}"
+    );
+    assert_eq!(r["left_out"].as_array().map(Vec::len), Some(1), "{r:#}");
+}
