@@ -6,7 +6,7 @@
 //! would otherwise do: load the same JSON lines with a Python one-liner
 //! (parsing only, no analysis). Goal: each report under one second.
 //!
-//! `cargo bench --bench report`
+//! `cargo bench --bench report` (`BENCH_KEEP=DIR` leaves the journal in DIR)
 
 use resilio::journal::Writer;
 use serde_json::json;
@@ -35,7 +35,11 @@ fn main() {
     let ranks = env_num("BENCH_RANKS", 1000) as u32;
     let runs = env_num("BENCH_RUNS", 5);
     let tmp = tempfile::tempdir().unwrap();
-    let state = tmp.path().join("state");
+    // BENCH_KEEP=DIR: generate the journal there and leave it, for paired
+    // timings of two builds (farm-bench).
+    let state = std::env::var_os("BENCH_KEEP")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| tmp.path().join("state"));
     let job = "900001";
     let dir = resilio::journal::job_dir(&state, job);
     let nodes_per = 8;

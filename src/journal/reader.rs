@@ -131,15 +131,11 @@ pub fn read_job(dir: &Path) -> std::io::Result<JobJournal> {
 }
 
 /// [`read_job`] as of `now`: records dated more than [`FUTURE_SLACK_S`]
-/// after it, and lines another file already had, are left out and counted.
+/// after it, and files with the very bytes of a file read before (a copied
+/// journal), are left out and counted.
 pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::Result<JobJournal> {
-    use std::hash::BuildHasher;
     use std::os::unix::fs::MetadataExt;
     let latest = now + chrono::Duration::seconds(FUTURE_SLACK_S);
-    // Lines of the files read so far (by hash; a collision would leave a
-    // record out, one in 2^64).
-    let hasher = std::collections::hash_map::RandomState::new();
-    let mut seen_before: std::collections::HashSet<u64> = Default::default();
     let mut out = JobJournal::default();
     // Each file speaks for the directory's owner (or root's plugin): one
     // another user slipped in is not read.
@@ -149,7 +145,9 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .collect();
     files.sort();
-    for path in &files {
+    // Files read so far by length and ends: a copy is then compared whole.
+    let mut by_shape: std::collections::HashMap<FileShape, usize> = Default::default();
+    for (index, path) in files.iter().enumerate() {
         let mut skip = SkippedLines {
             file: path.clone(),
             ..SkippedLines::default()
@@ -159,22 +157,30 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
         // reader, `/dev/zero` behind a name would fill its memory).
         match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
             Ok(text) => {
-                let mut records = Vec::new();
-                let mut lines = Vec::new();
-                read_lines_with(&text, &mut records, &mut skip, |line| lines.push(line));
-                let mut this_file = Vec::with_capacity(lines.len());
-                for (r, line) in records.into_iter().zip(lines) {
-                    let h = hasher.hash_one(line);
-                    this_file.push(h);
-                    if seen_before.contains(&h) {
-                        skip.duplicates += 1;
-                    } else if r.ts > latest {
-                        skip.future += 1;
-                    } else {
-                        out.records.push(r);
-                    }
+                let start = out.records.len();
+                read_lines(&text, &mut out.records, &mut skip);
+                let shape = FileShape::of(&text);
+                let copy = by_shape.get(&shape).is_some_and(|&e| {
+                    crate::util::files::read_owned(
+                        &files[e],
+                        crate::util::files::JOURNAL_CAP,
+                        owner,
+                    )
+                    .is_ok_and(|t| t == text)
+                });
+                if copy && out.records.len() > start {
+                    skip.duplicates = out.records.len() - start;
+                    out.records.truncate(start);
+                } else {
+                    by_shape.entry(shape).or_insert(index);
                 }
-                seen_before.extend(this_file);
+                if out.records[start..].iter().any(|r| r.ts > latest) {
+                    let mut kept = out.records.split_off(start);
+                    let before = kept.len();
+                    kept.retain(|r| r.ts <= latest);
+                    skip.future = before - kept.len();
+                    out.records.append(&mut kept);
+                }
             }
             Err(e) => skip.error = Some(e.to_string()),
         }
@@ -193,6 +199,24 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
     Ok(out)
 }
 
+/// A journal file's length and a digest of its first and last bytes
+/// (FNV-1a): files of one shape are compared whole to find a copy.
+#[derive(PartialEq, Eq, Hash)]
+struct FileShape(usize, u64);
+
+impl FileShape {
+    fn of(text: &[u8]) -> FileShape {
+        let n = text.len().min(64);
+        let digest = text[..n]
+            .iter()
+            .chain(&text[text.len() - n..])
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, &b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+            });
+        FileShape(text.len(), digest)
+    }
+}
+
 /// Parse the text of one journal file as [`read_job`] does each file: its
 /// whole records, in file order, and what was skipped (`file` left empty).
 /// For tests and fuzzing; never fails, whatever the bytes.
@@ -205,16 +229,6 @@ pub fn parse_file(text: &[u8]) -> (Vec<Record>, SkippedLines) {
 
 /// Parse one file's lines into `records`, noting what was skipped.
 fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
-    read_lines_with(text, records, skip, |_| {});
-}
-
-/// [`read_lines`], giving `line` the bytes of each record read, in order.
-fn read_lines_with<'t>(
-    text: &'t [u8],
-    records: &mut Vec<Record>,
-    skip: &mut SkippedLines,
-    mut line_of: impl FnMut(&'t [u8]),
-) {
     let ends_whole = text.last().is_none_or(|&b| b == b'\n');
     let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
     let last = lines.len().saturating_sub(1);
@@ -225,7 +239,6 @@ fn read_lines_with<'t>(
         match serde_json::from_slice::<Record>(line) {
             Ok(r) => {
                 records.push(r);
-                line_of(line);
                 skip.records += 1;
             }
             Err(_) => {
