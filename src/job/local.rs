@@ -99,6 +99,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         ints: 0,
         remembered: Vec::new(),
         orphans: Orphans::default(),
+        journal: journal::Follow::new(&local.job_dir),
     };
     let final_code = loop {
         let mut a = local.start_attempt(&mut run);
@@ -178,6 +179,10 @@ struct Run {
     remembered: Vec<AttemptOutcome>,
     /// What dead agents left behind, being stopped.
     orphans: Orphans,
+    /// The job's journal, read as it grows (each line once; of attempts
+    /// decided, only their decisions and checkpoints kept): the cost of a
+    /// restart stays flat however many came before.
+    journal: journal::Follow,
 }
 
 /// One attempt while it is supervised.
@@ -568,13 +573,11 @@ impl Local {
     /// finished attempt ([`crate::policy::failure::attempt_finished`]: a
     /// trainer reported the end of training, or every rank aborted at
     /// interpreter exit).
-    fn finished_at_exit(&self, run: &Run, a: &Attempt) -> bool {
+    fn finished_at_exit(&self, run: &mut Run, a: &Attempt) -> bool {
         if a.ranks.iter().any(|r| r.exit == Some(0)) {
             return true;
         }
-        let records = journal::read_job(&self.job_dir)
-            .map(|j| crate::runs::of_key(j.records, run.log.run()))
-            .unwrap_or_default();
+        let records = crate::runs::of_key(run.journal.refresh().to_vec(), run.log.run());
         let exits: Vec<(&journal::Record, crate::event::RankExit)> = journal::events(&records)
             .filter(|(r, _)| r.attempt == run.attempt)
             .filter_map(|(r, e)| match e {
@@ -595,9 +598,7 @@ impl Local {
         worst: i32,
         teardown_s: Option<f64>,
     ) -> Option<(i32, String)> {
-        let records = journal::read_job(&self.job_dir)
-            .map(|j| crate::runs::of_key(j.records, run.log.run()))
-            .unwrap_or_default();
+        let records = crate::runs::of_key(run.journal.refresh().to_vec(), run.log.run());
         let fallback = fallback_verdict(worst, a.failure_note.as_deref());
         let agents: Vec<AgentEnd> = a.ranks.iter().filter_map(|r| r.end.clone()).collect();
         let step = StepEnd {
@@ -621,6 +622,11 @@ impl Local {
         if let Some(d) = &decided {
             run.remembered.push(d.outcome.clone());
         }
+        // Of this attempt and those before, later decisions read only their
+        // outcomes (every one of this run was decided here: `remembered`)
+        // and the confirmed checkpoints (a rollback's).
+        run.journal
+            .prune(run.attempt + 1, |r| r.kind == "checkpoint_done");
         let code = exit_code(decided.as_ref(), &a.ranks, worst);
         let class = decided.as_ref().map(|d| d.outcome.class);
         match decided.map(|d| d.action) {

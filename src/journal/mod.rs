@@ -27,9 +27,11 @@ use std::path::{Path, PathBuf};
 use crate::event::Event;
 pub use crate::event::SCHEMA_VERSION;
 
+mod follow;
 mod reader;
 mod writer;
 
+pub use follow::Follow;
 pub use reader::{list_jobs, parse_file, read_job, JobJournal, SkippedLines};
 pub use writer::{create_private_dir_all, write_private, Writer};
 
