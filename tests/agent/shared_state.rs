@@ -288,3 +288,203 @@ fn planted_fifos_devices_and_links_among_the_journals_never_hang_a_reader() {
     let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr_of(&o));
     assert!(all.contains("a FIFO, not read"), "{all}");
 }
+
+/// `runuser -u USER -- PROGRAM ARGS` (not resilio): the attacker's hands.
+fn sh_as(user: &str, args: &[&str]) -> Output {
+    Command::new("runuser")
+        .args(["-u", user, "--"])
+        .args(args)
+        .output()
+        .expect("runuser")
+}
+
+/// Every path component a run writes under a shared state dir, planted
+/// first by another user: a directory of theirs, a symlink to one, a FIFO,
+/// a device, as `users/VICTIM` (for a user and for root); the victim's
+/// private socket directory under `/tmp`; a legacy top-level `jobs/` with a
+/// forged journal. No victim ever writes into the attacker's files or
+/// follows their link, each refusal names the fix, the socket directory is
+/// replaced by a private one and the run goes on, and the admin's readers
+/// ignore what was planted.
+#[test]
+fn paths_planted_by_another_user_are_refused_or_replaced_never_followed() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "SKIPPED paths_planted_by_another_user_...: needs root to create users (useradd) and run as them (runuser)"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let shared = tmp.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let s = shared.to_str().unwrap();
+    let o = Command::new(bin())
+        .args(["admin", "init-state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let id = std::process::id();
+    let (eve, bob) = (format!("rsl{id}e"), format!("rsl{id}v"));
+    let _users = Users::create(&[eve.clone(), bob.clone()]);
+    let users = shared.join("users");
+    // Eve's own directory, where a victim's journal must never land.
+    let trap = tmp.path().join("trap");
+    std::fs::create_dir(&trap).unwrap();
+    std::os::unix::fs::chown(&trap, Some(uid_of(&eve)), None).unwrap();
+    std::fs::set_permissions(&trap, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let victim_run = |who: &str| -> Output {
+        let args = [
+            "run",
+            "--state-dir",
+            s,
+            "--job-id",
+            "victim",
+            "--",
+            "sh",
+            "-c",
+            "echo step 1",
+        ];
+        if who == "root" {
+            let mut c = Command::new(bin());
+            c.args(args).env("RESILIO_SYSTEM_CONFIG", "");
+            output_within(&mut c, Duration::from_secs(60)).0
+        } else {
+            as_user(who, &args)
+        }
+    };
+    let clear = |p: &Path| {
+        let _ = std::fs::remove_file(p);
+        let _ = std::fs::remove_dir_all(p);
+    };
+    for victim in [bob.as_str(), "root"] {
+        let spot = users.join(victim);
+        let plants: [(&str, Vec<&str>); 4] = [
+            (
+                "a directory of the attacker's",
+                vec!["mkdir", spot.to_str().unwrap()],
+            ),
+            (
+                "a symlink to the attacker's directory",
+                vec!["ln", "-s", trap.to_str().unwrap(), spot.to_str().unwrap()],
+            ),
+            ("a FIFO", vec!["mkfifo", spot.to_str().unwrap()]),
+            (
+                "a symlink to a device",
+                vec!["ln", "-s", "/dev/null", spot.to_str().unwrap()],
+            ),
+        ];
+        for (what, cmd) in plants {
+            clear(&spot);
+            let o = sh_as(&eve, &cmd);
+            assert!(o.status.success(), "{what}: {}", stderr_of(&o));
+            let o = victim_run(victim);
+            let err = stderr_of(&o);
+            assert_eq!(o.status.code(), Some(2), "{victim}, {what}: {err}");
+            assert!(
+                err.contains("not your directory") && err.contains(&spot.display().to_string()),
+                "{victim}, {what}: {err}"
+            );
+            assert!(
+                std::fs::read_dir(&trap).unwrap().next().is_none(),
+                "{victim}, {what}: something was written into the attacker's directory"
+            );
+        }
+        clear(&spot);
+        // Unplanted, the same run works.
+        let o = victim_run(victim);
+        assert_eq!(o.status.code(), Some(0), "{victim}: {}", stderr_of(&o));
+    }
+    // Bob's directory is his alone: eve cannot plant inside it.
+    let o = sh_as(
+        &eve,
+        &[
+            "ln",
+            "-s",
+            "/etc",
+            users.join(&bob).join("jobs/evil").to_str().unwrap(),
+        ],
+    );
+    assert!(!o.status.success(), "eve planted inside bob's directory");
+
+    // The socket directory bob's agents want, taken by eve first (a link to
+    // her directory): bob's run goes on in a private directory of its own.
+    let sockets = Path::new("/tmp").join(format!("resilio-{}", uid_of(&bob)));
+    clear(&sockets);
+    let o = sh_as(
+        &eve,
+        &[
+            "ln",
+            "-s",
+            trap.to_str().unwrap(),
+            sockets.to_str().unwrap(),
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let o = as_user(
+        &bob,
+        &[
+            "run",
+            "--state-dir",
+            s,
+            "--job-id",
+            "sockets",
+            "--",
+            "sh",
+            "-c",
+            "echo step 1; echo step 2",
+        ],
+    );
+    clear(&sockets);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(
+        std::fs::read_dir(&trap).unwrap().next().is_none(),
+        "bob's agent used eve's socket directory"
+    );
+    let recs = records(&users.join(&bob), "sockets");
+    assert!(!kinds(&recs, "rank_exit").is_empty());
+
+    // A legacy top-level jobs/ made by eve, with a journal blaming a node:
+    // root's node history does not read it.
+    let forged = shared.join("jobs/777");
+    let o = sh_as(&eve, &["mkdir", "-p", forged.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let mut w = resilio::journal::Writer::open(
+        &forged,
+        "rank-0.jsonl",
+        0,
+        Some(0),
+        Some("gpu-node-07".into()),
+    );
+    w.record(
+        "failure",
+        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid 79" }),
+        true,
+    );
+    drop(w);
+    let file = forged.join("rank-0.jsonl");
+    std::os::unix::fs::chown(&file, Some(uid_of(&eve)), None).unwrap();
+    let o = Command::new(bin())
+        .args(["nodes", "--json", "--no-sacct", "--state-dir", s])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("gpu-node-07"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // The same journal, the admin's own, is read: the test can see it.
+    for p in [shared.join("jobs"), forged.clone(), file.clone()] {
+        std::os::unix::fs::chown(&p, Some(0), Some(0)).unwrap();
+    }
+    let o = Command::new(bin())
+        .args(["nodes", "--json", "--no-sacct", "--state-dir", s])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("gpu-node-07"),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+}
