@@ -557,20 +557,21 @@ pub fn discover(job_dir: &Path) -> Option<(String, String)> {
 /// (the next run of the job writes its own over them).
 pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
     let info: serde_json::Value =
-        serde_json::from_slice(&read_small(&job_dir.join(INFO_FILE)).ok()?).ok()?;
+        serde_json::from_slice(&read_small(job_dir, INFO_FILE).ok()?).ok()?;
     if stale(&info) {
         return None;
     }
     let url = info.get("url")?.as_str()?.to_string();
-    let token = String::from_utf8(read_small(&job_dir.join(TOKEN_FILE)).ok()?).ok()?;
+    let token = String::from_utf8(read_small(job_dir, TOKEN_FILE).ok()?).ok()?;
     let token = token.trim().to_string();
     (!token.is_empty()).then_some((url, token))
 }
 
 /// A job's discovery file, anyone's to plant in a shared state dir: no
-/// symlink followed, no FIFO waited on, at most [`crate::util::files::SMALL_CAP`].
-fn read_small(path: &Path) -> std::io::Result<Vec<u8>> {
-    crate::util::files::read_regular(path, crate::util::files::SMALL_CAP)
+/// symlink followed, no FIFO waited on, at most [`crate::util::files::SMALL_CAP`],
+/// and owned by the job directory's owner (or root).
+fn read_small(job_dir: &Path, name: &str) -> std::io::Result<Vec<u8>> {
+    crate::util::files::read_in_dir(job_dir, name, crate::util::files::SMALL_CAP)
 }
 
 /// What a coordinator coming back in place of a dead one takes over.
@@ -588,7 +589,7 @@ pub struct Successor {
 pub fn successor_of(job_dir: &Path) -> Result<Successor, String> {
     use std::os::unix::fs::MetadataExt;
     let info_path = job_dir.join(INFO_FILE);
-    let info: serde_json::Value = read_small(&info_path)
+    let info: serde_json::Value = read_small(job_dir, INFO_FILE)
         .map_err(|e| format!("{}: {e}", info_path.display()))
         .and_then(|b| {
             serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", info_path.display()))
@@ -622,7 +623,8 @@ pub fn successor_of(job_dir: &Path) -> Result<Successor, String> {
             token_path.display()
         ));
     }
-    let token = read_small(&token_path).map_err(|e| format!("{}: {e}", token_path.display()))?;
+    let token =
+        read_small(job_dir, TOKEN_FILE).map_err(|e| format!("{}: {e}", token_path.display()))?;
     let token = String::from_utf8_lossy(&token).trim().to_string();
     if token.len() < 32 || !token.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!("{}: not a token", token_path.display()));

@@ -168,11 +168,9 @@ pub fn leave_rollback(
 
 /// The rollback left for `attempt`, if any.
 pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback> {
-    let text = crate::util::files::read_regular(
-        &job_dir.join(ROLLBACK_FILE),
-        crate::util::files::SMALL_CAP,
-    )
-    .ok()?;
+    let text =
+        crate::util::files::read_in_dir(job_dir, ROLLBACK_FILE, crate::util::files::SMALL_CAP)
+            .ok()?;
     serde_json::from_slice::<Rollback>(&text)
         .ok()
         .filter(|r| r.for_attempt == attempt)

@@ -29,6 +29,14 @@ pub fn read_owned(path: &Path, cap: u64, uid: u32) -> std::io::Result<Vec<u8>> {
     read_checked(path, cap, Some(uid))
 }
 
+/// [`read_owned`] of a file in a job's directory: owned by the directory's
+/// owner (or root), the only ones who should write there.
+pub fn read_in_dir(dir: &Path, name: &str, cap: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::MetadataExt;
+    let owner = std::fs::symlink_metadata(dir)?.uid();
+    read_owned(&dir.join(name), cap, owner)
+}
+
 fn read_checked(path: &Path, cap: u64, owner: Option<u32>) -> std::io::Result<Vec<u8>> {
     use std::os::unix::fs::MetadataExt;
     let f = std::fs::OpenOptions::new()
@@ -133,6 +141,11 @@ mod tests {
         assert!(read_owned(&file, 10, 4242).is_ok());
         std::os::unix::fs::chown(&file, Some(4343), None).unwrap();
         assert!(read_owned(&file, 10, 4343).is_ok());
+        // In a job's directory: the directory's owner's (or root's) only.
+        assert!(read_in_dir(d.path(), "rank-0.jsonl", 10).is_err());
+        std::os::unix::fs::chown(d.path(), Some(4343), None).unwrap();
+        assert!(read_in_dir(d.path(), "rank-0.jsonl", 10).is_ok());
+        std::os::unix::fs::chown(d.path(), Some(0), None).unwrap();
         let e = read_owned(&file, 10, 4242).unwrap_err().to_string();
         assert!(e.contains("owned by uid 4343, not by uid 4242"), "{e}");
     }
