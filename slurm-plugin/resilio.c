@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -179,13 +180,31 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-/* Write STATE/jobs/JOB/task-exit/NAME as the job's user: called in a child
+/* Write STATE/jobs/JOB/task-exit/NAME (under a site-wide state dir
+ * STATE/users/USER/jobs/...) as the job's user: called in a child
  * that dropped root for the job's uid, gid and groups, so that whatever the
  * user's path holds (symlinks to /etc, a FIFO, someone else's directory),
  * nothing happens that the user could not have done. Returns the exit code
  * of the child. */
-static int write_as_user(const char *dir, const char *path, int status)
+static int write_as_user(const char *sd, uint32_t job, const char *name, int status)
 {
+	char dir[PATH_MAX], path[PATH_MAX + 64];
+	struct stat sst;
+	/* A site-wide state dir (a sticky, world-writable directory): the
+	 * user's own part of it, STATE/users/NAME, as resilio writes it. */
+	if (stat(sd, &sst) == 0 && S_ISDIR(sst.st_mode) &&
+	    (sst.st_mode & (S_ISVTX | S_IWOTH)) == (S_ISVTX | S_IWOTH)) {
+		struct passwd *pw = getpwuid(getuid());
+		if (pw == NULL || pw->pw_name == NULL)
+			return 6;
+		if (snprintf(dir, sizeof(dir), "%s/users/%s/jobs/%u/task-exit", sd, pw->pw_name,
+			     job) >= (int) sizeof(dir))
+			return 7;
+	} else if (snprintf(dir, sizeof(dir), "%s/jobs/%u/task-exit", sd, job) >=
+		   (int) sizeof(dir)) {
+		return 7;
+	}
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
 	if (mkdir(dir, 0755) != 0 && errno != EEXIST)
 		return 2;
 	/* O_NONBLOCK: a FIFO planted there must not hold the step. */
@@ -225,7 +244,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 	gid_t *gids = NULL;
 	int ngids = 0;
 	int status = 0;
-	char dir[PATH_MAX], path[PATH_MAX + 64], sd[PATH_MAX];
+	char name[64], sd[PATH_MAX];
 
 	if (!spank_remote(sp) || !enabled())
 		return 0;
@@ -242,16 +261,14 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 		snprintf(sd, sizeof(sd), "%s", state_dir);
 	if (sd[0] != '/')
 		return 0;
-	if (snprintf(dir, sizeof(dir), "%s/jobs/%u/task-exit", sd, job) >= (int) sizeof(dir))
-		return 0;
 	if (step == SLURM_BATCH_SCRIPT)
-		snprintf(path, sizeof(path), "%s/batch.%u", dir, task);
+		snprintf(name, sizeof(name), "batch.%u", task);
 	else
-		snprintf(path, sizeof(path), "%s/%u.%u", dir, step, task);
+		snprintf(name, sizeof(name), "%u.%u", step, task);
 
 	pid_t pid = fork();
 	if (pid < 0) {
-		slurm_debug("resilio: fork for %s: %s", path, strerror(errno));
+		slurm_debug("resilio: fork for task-exit %s: %s", name, strerror(errno));
 		return 0;
 	}
 	if (pid == 0) {
@@ -262,7 +279,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 		if (uid != 0 && (geteuid() == 0 || setuid(0) == 0))
 			_exit(1);
 		umask(022);
-		_exit(write_as_user(dir, path, status));
+		_exit(write_as_user(sd, job, name, status));
 	}
 	int st = 0;
 	for (int waited = 0;; waited += 10) {
@@ -273,7 +290,8 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 			return 0;
 		if (waited >= TASK_EXIT_WAIT_MS) {
 			kill(pid, SIGKILL);
-			slurm_debug("resilio: %s: not written within %d ms", path, TASK_EXIT_WAIT_MS);
+			slurm_debug("resilio: task-exit %s: not written within %d ms", name,
+				    TASK_EXIT_WAIT_MS);
 			/* Reaped if it ever returns; the step goes on. */
 			waitpid(pid, &st, WNOHANG);
 			return 0;
@@ -281,7 +299,7 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 		usleep(10000);
 	}
 	if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-		slurm_debug("resilio: %s: not written as uid %u (step %d)", path, (unsigned) uid,
+		slurm_debug("resilio: task-exit %s: not written as uid %u (step %d)", name, (unsigned) uid,
 			    WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 	return 0;
 }

@@ -2271,6 +2271,21 @@ fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_sym
     let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid);
     assert_eq!(std::fs::read_to_string(&file).unwrap(), "raw_status=0\n");
+    // A site-wide state dir: the user's own part of it, next to the journals.
+    let shared = home.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_resilio"))
+        .args(["admin", "init-state-dir"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let id = wrap(&shared);
+    assert_eq!(wait(&id), "COMPLETED");
+    let file = shared.join(format!("users/{user}/jobs/{id}/task-exit/0.0"));
+    let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid);
+    assert!(!shared.join("jobs").exists());
     // The next job ids, planted as links to root's directory.
     let sd = home.join("planted");
     as_user(
