@@ -322,10 +322,19 @@ pub fn schedulable_exclusion(
             ev::ExclusionLimited {
                 wanted: Some(exclude.clone()),
                 kept: Some(kept.clone()),
-                reason: Some(format!(
-                    "the job needs {} node(s); excluding more would leave it unschedulable",
-                    info.num_nodes
-                )),
+                reason: Some(
+                    if exclude.iter().any(|n| info.required.contains(n)) {
+                        format!(
+                            "the job requires {} (-w): excluding a required node would leave it pending forever",
+                            crate::slurm::hostlist::compress(&info.required)
+                        )
+                    } else {
+                        format!(
+                            "the job needs {} node(s); excluding more would leave it unschedulable",
+                            info.num_nodes
+                        )
+                    },
+                ),
             },
             true,
         );

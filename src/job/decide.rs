@@ -233,6 +233,14 @@ fn decide_with(
 /// (`info.num_nodes`), dropping the last wanted nodes first. Unknown sizes
 /// keep the exclusion whole.
 pub fn limit_exclusion(info: &JobInfo, all: &[NodeInfo], exclude: &[String]) -> Vec<String> {
+    // A node the job requires (`-w`) is never excluded: Slurm would keep
+    // the job pending forever (BadConstraints).
+    let exclude: Vec<String> = exclude
+        .iter()
+        .filter(|n| !info.required.contains(n))
+        .cloned()
+        .collect();
+    let exclude = exclude.as_slice();
     if exclude.is_empty() || info.num_nodes == 0 || all.is_empty() {
         return exclude.to_vec();
     }
@@ -867,6 +875,12 @@ mod tests {
         assert_eq!(limit_exclusion(&info, &all, &want), ["n1"]);
         let unknown = JobInfo::default();
         assert_eq!(limit_exclusion(&unknown, &all, &want), want);
+        // A node the job requires (`sbatch -w n1,n2`) is never excluded.
+        let pinned = JobInfo {
+            required: want.clone(),
+            ..JobInfo::default()
+        };
+        assert!(limit_exclusion(&pinned, &all, &want).is_empty());
     }
 
     fn listed(node: &str, score: f64) -> NodeHistory {

@@ -112,6 +112,7 @@ pub fn parse_show_job(text: &str) -> Result<JobInfo, SlurmError> {
         state: get("JobState"),
         nodes: hosts(kv.get("NodeList")),
         excluded: hosts(kv.get("ExcNodeList")),
+        required: hosts(kv.get("ReqNodeList")),
         restarts: get("Restarts").parse().unwrap_or(0),
         requeue: get("Requeue") == "1",
         reason: get("Reason"),

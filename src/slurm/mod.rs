@@ -21,6 +21,8 @@ pub struct JobInfo {
     pub nodes: Vec<String>,
     /// Nodes the job must not run on (expanded `ExcNodeList`).
     pub excluded: Vec<String>,
+    /// Nodes the job must run on (expanded `ReqNodeList`, `sbatch -w`).
+    pub required: Vec<String>,
     /// `Restarts=`: how often it was requeued.
     pub restarts: u32,
     /// `Requeue=1`: the job may be requeued.
