@@ -46,6 +46,8 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
                 class_reason: Some(primary.verdict.reason.clone()),
                 evidence: primary.verdict.evidence.clone(),
                 detail: primary.verdict.evidence.clone(),
+                // The dead agent's node (this record is written elsewhere).
+                blamed_node: Some(primary.node.clone()),
                 ..Default::default()
             },
             true,

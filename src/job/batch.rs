@@ -1052,5 +1052,20 @@ mod tests {
             failure.str("evidence"),
             Some("the agent of rank 1 died and left no record; srun: error: n2: task 1: Killed")
         );
+        // Its node is the dead agent's, not the writer's (trial 6: the
+        // report said n1; the node history had nothing for n2).
+        assert_eq!(failure.str("blamed_node"), Some("n2"));
+        let report = crate::analysis::report::build("77", &recs, 0, None);
+        assert_eq!(
+            report.failures[0].node.as_deref(),
+            Some("n2"),
+            "{:?}",
+            report.failures
+        );
+        let events = crate::analysis::node_history::events_of("77", &recs);
+        assert!(
+            events.iter().any(|(n, e)| n == "n2" && e.counts),
+            "{events:?}"
+        );
     }
 }
