@@ -274,7 +274,22 @@ pub fn carry_out(
             return Next::Relaunch(next);
         }
         Action::Requeue { exclude, reason } => {
+            let wanted = exclude.clone();
             let exclude = schedulable_exclusion(slurm, job, exclude, journal);
+            // The decision's words name what it wanted left out: say what
+            // was kept after all, so that the line matches what was done.
+            let kept_in: Vec<String> = wanted
+                .into_iter()
+                .filter(|n| !exclude.contains(n))
+                .collect();
+            let reason = if kept_in.is_empty() {
+                reason
+            } else {
+                format!(
+                    "{reason}; {} not excluded after all: the job could not run without it",
+                    crate::slurm::hostlist::compress(&kept_in)
+                )
+            };
             for node in exclude.iter().filter(|n| !before.contains(n)) {
                 journal.write(
                     ev::NodeExcluded {
