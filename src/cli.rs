@@ -688,7 +688,12 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
             }
         );
         for (why, n) in &sources.dropped {
-            println!("left out: {n} event(s): {why}");
+            let unit = if why.starts_with("journal files") || why.starts_with("records") {
+                ""
+            } else {
+                " event(s):"
+            };
+            println!("left out: {n}{unit} {why}");
         }
         return Ok(0);
     }

@@ -775,6 +775,20 @@ pub fn build(
             continue;
         };
         sources.journals += 1;
+        // What the reader left out, said here too (a report names each file).
+        for f in &j.skipped {
+            let mut note = |why: &str, n: usize| {
+                if n > 0 {
+                    *sources.dropped.entry(why.to_string()).or_default() += n;
+                }
+            };
+            note(
+                "journal files not read (a symbolic link, FIFO or device, another owner's, not a journal)",
+                usize::from(f.error.is_some()),
+            );
+            note("records dated more than a day ahead", f.future);
+            note("records of a copied journal file", f.duplicates);
+        }
         journals.push(Journaled {
             events: events_of(&job, &j.records),
             job,
@@ -800,7 +814,9 @@ pub fn build(
         caller,
         now,
     );
-    sources.dropped = dropped;
+    for (why, n) in dropped {
+        *sources.dropped.entry(why).or_default() += n;
+    }
     // Jobs whose journal is believed are counted from it, not from sacct.
     let mut known: Vec<String> = kept.iter().map(|(_, e)| e.job.clone()).collect();
     known.sort_unstable();

@@ -287,6 +287,13 @@ fn planted_fifos_devices_and_links_among_the_journals_never_hang_a_reader() {
     );
     let all = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr_of(&o));
     assert!(all.contains("a FIFO, not read"), "{all}");
+    // The node history says so too (the FIFO and the link to /dev/zero).
+    let (o, _) = output_within(
+        Command::new(bin()).args(["nodes", "--no-sacct", "--state-dir", s]),
+        Duration::from_secs(30),
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("left out: 2 journal files not read"), "{out}");
 }
 
 /// `runuser -u USER -- PROGRAM ARGS` (not resilio): the attacker's hands.
