@@ -114,10 +114,16 @@ pub fn for_writer(root: &Path) -> std::result::Result<PathBuf, String> {
     let meta = std::fs::symlink_metadata(&mine).map_err(|e| format!("{}: {e}", mine.display()))?;
     let uid = nix::unistd::geteuid().as_raw();
     if !meta.is_dir() || meta.uid() != uid {
+        let what = if meta.file_type().is_symlink() {
+            format!("a symbolic link made by uid {}", meta.uid())
+        } else if !meta.is_dir() {
+            format!("not a directory (owner uid {})", meta.uid())
+        } else {
+            format!("owner uid {}", meta.uid())
+        };
         return Err(format!(
-            "the shared state dir's {} is not your directory (owner uid {}): journals written there could be read by others; ask an admin to remove it",
+            "the shared state dir's {} is not your directory ({what}): journals written there could be read by others; ask an admin to remove it",
             mine.display(),
-            meta.uid()
         ));
     }
     if meta.permissions().mode() & 0o077 != 0 {

@@ -392,6 +392,9 @@ fn paths_planted_by_another_user_are_refused_or_replaced_never_followed() {
                 err.contains("not your directory") && err.contains(&spot.display().to_string()),
                 "{victim}, {what}: {err}"
             );
+            if what.contains("symlink") {
+                assert!(err.contains("a symbolic link made by uid"), "{err}");
+            }
             assert!(
                 std::fs::read_dir(&trap).unwrap().next().is_none(),
                 "{victim}, {what}: something was written into the attacker's directory"
