@@ -386,6 +386,22 @@ fn resolve_run_config(a: &RunArgs) -> Result<Config> {
     }
     // A site-wide state dir (mode 1777): this user's own directory in it.
     cfg.state_dir = crate::state_dir::for_writer(&cfg.state_dir).map_err(usage)?;
+    // Under a job level (a batch script's `resilio run`, or `#SBATCH
+    // --resilio`), a rank journals where the job level reads: a state dir
+    // exported inside the script after it started would split the journal,
+    // and the job level would judge blind (trial 6).
+    if let Some(above) = crate::job::step_level::job_level_state_dir() {
+        if std::path::absolute(&cfg.state_dir).ok().as_ref() != Some(&above) {
+            if std::env::var("SLURM_PROCID").as_deref().unwrap_or("0") == "0" {
+                tracing::warn!(
+                    "the state dir {} differs from the job level's {} (RESILIO_STATE_DIR changed inside the batch script?): journaling to the job level's, which judges this job",
+                    cfg.state_dir.display(),
+                    above.display()
+                );
+            }
+            cfg.state_dir = crate::state_dir::for_writer(&above).map_err(usage)?;
+        }
+    }
     if let Some(t) = &a.stall_timeout {
         cfg.stall.fixed_timeout = if t.trim() == "adaptive" {
             None

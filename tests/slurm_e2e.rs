@@ -2115,6 +2115,50 @@ fn sbatch_resilio_puts_a_plain_srun_under_the_job_level_through_a_crash_and_a_ha
     }
 }
 
+/// `#SBATCH --resilio` with RESILIO_STATE_DIR exported inside the script,
+/// after the job level started with another: the ranks journal where the
+/// job level reads, and its judgment sees their evidence (trial 6: the
+/// journal was split, a GPU failure judged "unknown" and the script rerun
+/// on the same node).
+#[test]
+fn a_state_dir_exported_inside_the_script_keeps_the_ranks_with_the_job_level() {
+    let _g = lock();
+    plugin();
+    let trainer = root().join("tests/fixtures/lockstep_trainer.py");
+    let dir = job_dir();
+    let elsewhere = dir.path().join("elsewhere");
+    let body = format!(
+        "export RESILIO_STATE_DIR={}\nsrun python3 {} --ckpt-dir {}/ckpt \
+         --total 20 --step-time 0.2 --fault traceback --fault-rank 1 --fault-step 8 --fault-attempts all",
+        elsewhere.display(),
+        trainer.display(),
+        dir.path().display()
+    );
+    let opts = format!(
+        "-t 10\n#SBATCH --resilio\n#SBATCH --export=ALL,RESILIO_STATE_DIR={}/state",
+        dir.path().display()
+    );
+    let job = sbatch_in(dir, 2, &opts, &body);
+    let state = job.wait_final(Duration::from_secs(240));
+    assert_eq!(state, "FAILED", "{}", job.output());
+    let recs = job.records();
+    // Every rank's records are with the job level's, none elsewhere.
+    assert_eq!(rank_nodes(&recs, 0).len(), 2, "{recs:#?}");
+    let j = of_attempt(&recs, "judgment", 0);
+    assert_eq!(j.len(), 1, "{recs:#?}");
+    assert_eq!(j[0].str("class"), Some("user_error"), "{j:?}");
+    assert_eq!(j[0].u64("primary_rank"), Some(1), "{j:?}");
+    assert!(
+        !elsewhere.join("jobs").exists(),
+        "the ranks journaled under the exported state dir"
+    );
+    assert!(
+        job.output().contains("differs from the job level's"),
+        "{}",
+        job.output()
+    );
+}
+
 /// The bare `--resilio`, in the script (`#SBATCH --resilio`) and on
 /// sbatch's command line: the script runs under the job level and its
 /// plain `srun` under rank agents. (Slurm hands the option on to the

@@ -27,8 +27,17 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Exported to the steps by a job-level `resilio run` (the batch script's):
-/// the job level decides, the ranks do not.
+/// the job level decides, the ranks do not. Its value is the job level's
+/// state dir, where the ranks journal ([`job_level_state_dir`]).
 pub const ENV_JOB_LEVEL: &str = "RESILIO_JOB_LEVEL";
+
+/// The job level's own state dir, as it exports it in [`ENV_JOB_LEVEL`]
+/// (an absolute path; older job levels exported `1`).
+pub fn job_level_state_dir() -> Option<PathBuf> {
+    std::env::var_os(ENV_JOB_LEVEL)
+        .map(PathBuf::from)
+        .filter(|p| p.is_absolute())
+}
 
 /// How long the agent of a failed rank waits for the decision before it
 /// decides itself (the host may have died after the rank reported).

@@ -356,7 +356,14 @@ fn trainer_env(
     }
     if b.batch_level {
         // The job level decides after the steps: their agents do not.
-        env.push((crate::job::step_level::ENV_JOB_LEVEL.into(), "1".into()));
+        // Its value, the state dir, keeps the ranks' journals with this
+        // one whatever the script exports later.
+        env.push((
+            crate::job::step_level::ENV_JOB_LEVEL.into(),
+            std::path::absolute(&cfg.state_dir)
+                .unwrap_or_else(|_| cfg.state_dir.clone())
+                .into(),
+        ));
     }
     // A rollback the decision left for this attempt (`[numerical]`): the
     // checkpoint to restart from and the steps whose data to skip.
