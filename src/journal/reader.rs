@@ -144,7 +144,9 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .collect();
-    files.sort();
+    // The names resilio writes (`rank-3.jsonl`, `batch.jsonl`) first: of a
+    // file and its copy (`rank-3-copy.jsonl`), the copy is the one left out.
+    files.sort_by_cached_key(|p| (!is_own_name(p), p.clone()));
     // Files read so far by length and ends: a copy is then compared whole.
     let mut by_shape: std::collections::HashMap<FileShape, usize> = Default::default();
     for (index, path) in files.iter().enumerate() {
@@ -197,6 +199,22 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
     out.records.sort_by_key(|r| r.ts);
     out.files = files;
     Ok(out)
+}
+
+/// A journal file name as resilio writes them: `rank-N`, `stepS-rank-N`,
+/// `batch`, `coordinator`, `decider`, `launcher` (`.jsonl`).
+fn is_own_name(path: &Path) -> bool {
+    let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let rank = |s: &str| s.strip_prefix("rank-").is_some_and(digits);
+    matches!(stem, "batch" | "coordinator" | "decider" | "launcher")
+        || rank(stem)
+        || stem
+            .strip_prefix("step")
+            .and_then(|s| s.split_once('-'))
+            .is_some_and(|(n, r)| digits(n) && rank(r))
 }
 
 /// A journal file's length and a digest of its first and last bytes

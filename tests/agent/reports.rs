@@ -865,6 +865,11 @@ fn journals_that_lie_about_time_are_named_and_left_out_of_the_figures() {
         text.contains("repeating another file's, left out"),
         "{text}"
     );
+    // The copy is the one named, not the file resilio wrote.
+    assert!(
+        text.contains("rank-0-copy.jsonl: ") && !text.contains("rank-0.jsonl: "),
+        "{text}"
+    );
     std::fs::remove_file(&copy).unwrap();
 
     // Attempt 1 dated an hour before attempt 0 began.
