@@ -1796,46 +1796,24 @@ mod sacct_tests {
             uid,
             events: ev,
         };
+        let one =
+            |job: &str, uid: u32, node: &str, ts: &str| j(job, uid, vec![blame(job, node, ts)]);
         let now: DateTime<Utc> = "2026-11-20T13:00:00Z".parse().unwrap();
         let journals = || {
             vec![
                 // Slurm agrees: alice's job, on n1, in its time.
-                j(
-                    "200",
-                    alice,
-                    vec![blame("200", "n1", "2026-11-20T11:00:00Z")],
-                ),
+                one("200", alice, "n1", "2026-11-20T11:00:00Z"),
                 // A node the job never had.
-                j(
-                    "201",
-                    alice,
-                    vec![blame("201", "n7", "2026-11-20T11:00:00Z")],
-                ),
+                one("201", alice, "n7", "2026-11-20T11:00:00Z"),
                 // Bob's job, in a journal alice owns.
-                j(
-                    "202",
-                    alice,
-                    vec![blame("202", "n1", "2026-11-20T11:00:00Z")],
-                ),
+                one("202", alice, "n1", "2026-11-20T11:00:00Z"),
                 // Years after the job ended.
-                j(
-                    "203",
-                    alice,
-                    vec![blame("203", "n1", "2030-01-01T00:00:00Z")],
-                ),
+                one("203", alice, "n1", "2030-01-01T00:00:00Z"),
                 // Bob's running job (no end yet), on n9.
-                j("204", bob, vec![blame("204", "n9", "2026-11-20T12:30:00Z")]),
+                one("204", bob, "n9", "2026-11-20T12:30:00Z"),
                 // Runs outside Slurm: another user's, and the caller's own.
-                j(
-                    "local-1",
-                    alice,
-                    vec![blame("local-1", "n5", "2026-11-20T11:00:00Z")],
-                ),
-                j(
-                    "local-2",
-                    admin,
-                    vec![blame("local-2", "n6", "2026-11-20T11:00:00Z")],
-                ),
+                one("local-1", alice, "n5", "2026-11-20T11:00:00Z"),
+                one("local-2", admin, "n6", "2026-11-20T11:00:00Z"),
             ]
         };
         let (kept, dropped) = vouch(journals(), Ok(&rows), admin, now);
@@ -1879,16 +1857,8 @@ mod sacct_tests {
         };
         let alice_only = vouch(
             vec![
-                j(
-                    "200",
-                    alice,
-                    vec![blame("200", "n1", "2026-11-20T11:00:00Z")],
-                ),
-                j(
-                    "201",
-                    alice,
-                    vec![blame("201", "n1", "2026-11-20T11:30:00Z")],
-                ),
+                one("200", alice, "n1", "2026-11-20T11:00:00Z"),
+                one("201", alice, "n1", "2026-11-20T11:30:00Z"),
             ],
             Ok(&rows),
             admin,
@@ -1902,11 +1872,7 @@ mod sacct_tests {
         let mut both = alice_only;
         both.extend(
             vouch(
-                vec![j(
-                    "204",
-                    bob,
-                    vec![blame("204", "n1", "2026-11-20T12:30:00Z")],
-                )],
+                vec![one("204", bob, "n1", "2026-11-20T12:30:00Z")],
                 Ok(&rows),
                 admin,
                 now,

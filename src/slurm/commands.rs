@@ -184,6 +184,14 @@ pub fn parse_squeue(text: &str) -> Vec<QueueEntry> {
 }
 
 impl SlurmCli {
+    /// `sacct -D -X -n -P ARGS -o FIELDS`: every attempt, one line each.
+    fn sacct(&self, args: &[&str], fields: &str) -> Result<Vec<AcctRecord>, SlurmError> {
+        let mut all = vec!["-D", "-X", "-n", "-P"];
+        all.extend_from_slice(args);
+        all.extend(["-o", fields]);
+        Ok(parse_sacct(&self.run("sacct", &all)?))
+    }
+
     /// Run `program args...`; stdout on success, a one-line error otherwise.
     pub fn run(&self, program: &str, args: &[&str]) -> Result<String, SlurmError> {
         let path = match &self.bin_dir {
@@ -323,24 +331,10 @@ impl Slurm for SlurmCli {
             .with_timezone(&chrono::Local)
             .format("%Y-%m-%dT%H:%M:%S")
             .to_string();
-        Ok(parse_sacct(&self.run(
-            "sacct",
-            &[
-                "-a",
-                "-D",
-                "-X",
-                "-n",
-                "-P",
-                "-S",
-                &since,
-                "-E",
-                "now",
-                "-s",
-                "NODE_FAIL",
-                "-o",
-                ACCT_FIELDS,
-            ],
-        )?))
+        self.sacct(
+            &["-a", "-S", &since, "-E", "now", "-s", "NODE_FAIL"],
+            ACCT_FIELDS,
+        )
     }
 
     fn jobs_accounting(&self, jobs: &[String]) -> Result<Vec<AcctRecord>, SlurmError> {
@@ -351,31 +345,18 @@ impl Slurm for SlurmCli {
                 check_job(j)?;
             }
             let list = chunk.join(",");
-            out.extend(parse_sacct(&self.run(
-                "sacct",
-                // The raw id: an array task's directory is named by it.
-                &[
-                    "-a",
-                    "-D",
-                    "-X",
-                    "-n",
-                    "-P",
-                    "-j",
-                    &list,
-                    "-o",
-                    &ACCT_FIELDS.replacen("JobID", "JobIDRaw", 1),
-                ],
-            )?));
+            // The raw id: an array task's directory is named by it.
+            out.extend(self.sacct(
+                &["-a", "-j", &list],
+                &ACCT_FIELDS.replacen("JobID", "JobIDRaw", 1),
+            )?);
         }
         Ok(out)
     }
 
     fn accounting(&self, job: &str) -> Result<Vec<AcctRecord>, SlurmError> {
         check_job(job)?;
-        Ok(parse_sacct(&self.run(
-            "sacct",
-            &["-D", "-X", "-n", "-P", "-j", job, "-o", ACCT_FIELDS],
-        )?))
+        self.sacct(&["-j", job], ACCT_FIELDS)
     }
 }
 
