@@ -494,6 +494,23 @@ pub fn load_job(
 ) -> Result<(String, journal::JobJournal)> {
     let (state_dir, job) = crate::state_dir::locate(state_dir, job)?;
     let dir = journal::job_dir(&state_dir, &job);
+    // Another user's journal (readable, or read as root): say whose.
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::symlink_metadata(&dir) {
+            if m.uid() != nix::unistd::geteuid().as_raw() {
+                let who = nix::unistd::User::from_uid(m.uid().into())
+                    .ok()
+                    .flatten()
+                    .map_or_else(|| format!("uid {}", m.uid()), |u| u.name);
+                eprintln!(
+                    "resilio: job {job} is {}'s ({}), not yours",
+                    crate::util::terminal_safe(&who),
+                    dir.display()
+                );
+            }
+        }
+    }
     let j = journal::read_job(&dir).map_err(|_| Error::NoJob {
         job: job.clone(),
         dir: state_dir.join("jobs"),

@@ -304,6 +304,17 @@ pub fn readable_roots(root: &Path) -> Vec<PathBuf> {
     out
 }
 
+/// The uid Slurm's accounting gives `job` (`sacct`), if it knows it.
+fn slurm_owner(job: &str) -> Option<u32> {
+    use crate::slurm::Slurm;
+    crate::slurm::SlurmCli::default()
+        .jobs_accounting(&[job.to_string()])
+        .ok()?
+        .into_iter()
+        .find(|r| r.job_id == job)?
+        .uid
+}
+
 /// The uid a `users/` directory's name stands for: a user's, or `uid-N`'s
 /// (a user without a passwd entry, as [`user_name`] names them).
 fn uid_named(name: &str) -> Option<u32> {
@@ -347,14 +358,28 @@ pub fn locate(root: &Path, job: Option<&str>) -> Result<(PathBuf, String)> {
         [] => Ok((roots[0].clone(), job.to_string())),
         [one] => Ok(((*one).clone(), job.to_string())),
         [first, ..] if **first == roots[0] => Ok(((*first).clone(), job.to_string())),
-        several => Err(Error::Usage(format!(
-            "job {job} is in several users' state dirs ({}): pass --state-dir with one of them",
-            several
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))),
+        several => {
+            // Slurm knows whose job it is: that user's directory (another
+            // user may have made one of the same id).
+            let uid = crate::slurm::validate_job_id(job)
+                .ok()
+                .and_then(|_| slurm_owner(job));
+            if let Some(r) = uid.and_then(|u| {
+                several
+                    .iter()
+                    .find(|r| std::fs::symlink_metadata(r).is_ok_and(|m| m.uid() == u))
+            }) {
+                return Ok(((*r).clone(), job.to_string()));
+            }
+            Err(Error::Usage(format!(
+                "job {job} is in several users' state dirs ({}): pass --state-dir with one of them",
+                several
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )))
+        }
     }
 }
 

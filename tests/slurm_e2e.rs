@@ -2210,10 +2210,14 @@ fn a_bare_sbatch_resilio_puts_a_plain_srun_under_agents_in_the_script_and_on_the
 
 /// An unprivileged user for the tests that need one (made once, kept).
 fn test_user() -> (String, u32) {
-    const NAME: &str = "resilio-e2e";
-    let id = |name: &str| {
+    named_test_user("resilio-e2e")
+}
+
+/// A system user of that name (made once), and its uid.
+fn named_test_user(name: &str) -> (String, u32) {
+    let id = |user: &str| {
         Command::new("id")
-            .args(["-u", name])
+            .args(["-u", user])
             .output()
             .ok()
             .filter(|o| o.status.success())
@@ -2224,18 +2228,18 @@ fn test_user() -> (String, u32) {
                     .ok()
             })
     };
-    if id(NAME).is_none() {
+    if id(name).is_none() {
         let o = Command::new("useradd")
-            .args(["--system", "--no-create-home", "--shell", "/bin/sh", NAME])
+            .args(["--system", "--no-create-home", "--shell", "/bin/sh", name])
             .output()
             .expect("useradd");
         assert!(
-            o.status.success() || id(NAME).is_some(),
+            o.status.success() || id(name).is_some(),
             "useradd: {}",
             String::from_utf8_lossy(&o.stderr)
         );
     }
-    (NAME.to_string(), id(NAME).expect("the test user's uid"))
+    (name.to_string(), id(name).expect("the test user's uid"))
 }
 
 /// `runuser -u USER -- ARGS` in `dir`; its output, asserted successful.
@@ -2610,4 +2614,42 @@ fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
     ] {
         assert!(text.contains(want), "{want:?} missing:\n{text}");
     }
+    // Another user makes a directory of the user's job id: root's report
+    // of that job reads the directory of the job's user in Slurm's
+    // accounting, not the planted one (nor refuses for the ambiguity).
+    let (other, other_uid) = named_test_user("resilio-e2e2");
+    let theirs = shared.join("users").join(&other);
+    let mut w = journal::Writer::open(
+        &journal::job_dir(&theirs, &user_job),
+        "rank-0.jsonl",
+        0,
+        Some(0),
+        Some("n1".into()),
+    );
+    w.record(
+        "failure",
+        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid 79" }),
+        true,
+    );
+    drop(w);
+    let o = Command::new("chown")
+        .args(["-R", &format!("{other_uid}")])
+        .arg(&theirs)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let o = Command::new(bin)
+        .args(["report", &user_job, "--json", "--state-dir"])
+        .arg(&shared)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let nodes: Vec<&str> = r["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["node"].as_str())
+        .collect();
+    assert!(nodes.contains(&"n2") && !nodes.contains(&"n1"), "{r:#}");
 }

@@ -231,6 +231,12 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    // Whose it is, said (trial 6: another user's job read without a word).
+    assert!(
+        stderr_of(&o).contains(&format!("job job-b is {b}'s")),
+        "{}",
+        stderr_of(&o)
+    );
 }
 
 /// Anyone can plant files in a shared state dir. A FIFO, a symlink to
