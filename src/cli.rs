@@ -172,6 +172,12 @@ enum AdminCommand {
     InitStateDir {
         /// The directory (made if missing)
         dir: PathBuf,
+        /// Also make each local account's own directory (root and uids
+        /// 1000-59999 in the passwd database), so that no user can take
+        /// another's name first; one already taken is moved aside. Run
+        /// again when accounts are added (root only).
+        #[arg(long)]
+        for_users: bool,
     },
 }
 
@@ -861,9 +867,21 @@ fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Command::Man(a) => man_cmd(a),
-        Command::Admin(AdminCommand::InitStateDir { dir }) => {
+        Command::Admin(AdminCommand::InitStateDir { dir, for_users }) => {
             let done = crate::state_dir::init_shared(&dir).map_err(usage)?;
             println!("{done}");
+            if for_users {
+                if !nix::unistd::geteuid().is_root() {
+                    return Err(usage(
+                        "--for-users: only root can make other users' directories",
+                    ));
+                }
+                for line in
+                    crate::state_dir::make_user_dirs(&dir, &crate::state_dir::local_accounts())
+                {
+                    println!("{}", crate::util::terminal_safe(&line));
+                }
+            }
             Ok(0)
         }
         Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),

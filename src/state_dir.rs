@@ -267,6 +267,77 @@ pub fn init_shared(root: &Path) -> std::result::Result<String, String> {
     ))
 }
 
+/// Local accounts that get a directory under a shared state dir: root, and
+/// uids 1000-59999 (users, not system accounts), from the passwd database.
+pub fn local_accounts() -> Vec<(String, u32)> {
+    let mut out = Vec::new();
+    // SAFETY: getpwent/endpwent walk the passwd database; this admin
+    // command is single-threaded, and each entry is copied before the next.
+    unsafe {
+        libc::setpwent();
+        loop {
+            let p = libc::getpwent();
+            if p.is_null() {
+                break;
+            }
+            let uid = (*p).pw_uid;
+            if uid == 0 || (1000..60000).contains(&uid) {
+                if let Ok(name) = std::ffi::CStr::from_ptr((*p).pw_name).to_str() {
+                    out.push((name.to_string(), uid));
+                }
+            }
+        }
+        libc::endpwent();
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Make `users/NAME` (0700, NAME's) under the shared state dir `root` for
+/// each of `accounts`, so that nobody can take NAME first. An entry already
+/// there that is not NAME's own directory (another user's, a symlink, a
+/// FIFO) is renamed aside to `users/.taken-NAME-PID`, never followed or
+/// removed. What was done, a line per account that changed.
+pub fn make_user_dirs(root: &Path, accounts: &[(String, u32)]) -> Vec<String> {
+    let users = root.join(USERS);
+    let mut out = Vec::new();
+    for (name, uid) in accounts {
+        if name.is_empty() || name.contains('/') || name.starts_with('.') {
+            continue;
+        }
+        let dir = users.join(name);
+        match std::fs::symlink_metadata(&dir) {
+            Ok(m) if m.is_dir() && m.uid() == *uid => continue,
+            Ok(m) => {
+                let aside = users.join(format!(".taken-{name}-{}", std::process::id()));
+                match std::fs::rename(&dir, &aside) {
+                    Ok(()) => out.push(format!(
+                        "{}: not {name}'s own directory (owner uid {}): moved aside to {}",
+                        dir.display(),
+                        m.uid(),
+                        aside.display()
+                    )),
+                    Err(e) => {
+                        out.push(format!("{}: cannot move aside: {e}", dir.display()));
+                        continue;
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+        let made = std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .and_then(|()| std::os::unix::fs::lchown(&dir, Some(*uid), None));
+        match made {
+            Ok(()) => out.push(format!("{}: made for {name}", dir.display())),
+            Err(e) => out.push(format!("{}: {e}", dir.display())),
+        }
+    }
+    out
+}
+
 /// Every state dir a reader looks in under `root`, own first: `root`
 /// itself when it is not shared; else this user's directory, the journals
 /// written directly under `root` before, and every other user's directory

@@ -411,6 +411,29 @@ fn paths_planted_by_another_user_are_refused_or_replaced_never_followed() {
         let o = victim_run(victim);
         assert_eq!(o.status.code(), Some(0), "{victim}: {}", stderr_of(&o));
     }
+    // The admin's way out of squatting (and in before it):
+    // `init-state-dir --for-users` makes each account's own directory,
+    // moving a squatter's aside.
+    let spot = users.join(&bob);
+    let _ = std::fs::remove_dir_all(&spot);
+    let o = sh_as(&eve, &["mkdir", spot.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let o = Command::new(bin())
+        .args(["admin", "init-state-dir", s, "--for-users"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains("moved aside"), "{said}");
+    assert_eq!(std::fs::metadata(&spot).unwrap().uid(), uid_of(&bob));
+    assert_eq!(mode(&spot), 0o700);
+    let o = victim_run(&bob);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    // Eve's own directory was made too: nobody can take her name either.
+    assert_eq!(
+        std::fs::metadata(users.join(&eve)).unwrap().uid(),
+        uid_of(&eve)
+    );
     // Bob's directory is his alone: eve cannot plant inside it.
     let o = sh_as(
         &eve,
