@@ -695,6 +695,25 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
         half_life,
         (!a.no_sacct).then_some(&cli as &dyn crate::slurm::Slurm),
     );
+    // What was left out, for every output form (on stderr where stdout is
+    // for a machine).
+    let left_out: Vec<String> = sources
+        .dropped
+        .iter()
+        .map(|(why, n)| {
+            let unit = if why.starts_with("journal files") || why.starts_with("records") {
+                ""
+            } else {
+                " event(s):"
+            };
+            format!("left out: {n}{unit} {why}")
+        })
+        .collect();
+    if a.json || a.exclude_list {
+        for l in &left_out {
+            eprintln!("resilio: {l}");
+        }
+    }
     if a.json {
         let out =
             serde_json::to_string_pretty(&history).map_err(|e| Error::Other(e.to_string()))?;
@@ -726,13 +745,8 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
                 (None, None) => "sacct not asked".into(),
             }
         );
-        for (why, n) in &sources.dropped {
-            let unit = if why.starts_with("journal files") || why.starts_with("records") {
-                ""
-            } else {
-                " event(s):"
-            };
-            println!("left out: {n}{unit} {why}");
+        for l in &left_out {
+            println!("{l}");
         }
         return Ok(0);
     }

@@ -212,6 +212,12 @@ fn a_site_wide_state_dir_works_for_every_user_and_keeps_their_journals_private()
             .collect()
     };
     assert!(jobs_of(&history).is_empty(), "{history:#}");
+    // With --json, what was left out is said on stderr.
+    assert!(
+        stderr_of(&o).contains("resilio: left out: "),
+        "{}",
+        stderr_of(&o)
+    );
     let o = Command::new(bin())
         .args(["nodes", "--no-sacct", "--state-dir", s])
         .output()
