@@ -201,7 +201,7 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
 
 /// Why a job cannot go back to the queue.
 pub const NOT_REQUEUEABLE: &str =
-    "the job cannot be requeued (submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
+    "the job cannot be requeued (an interactive srun, or submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
 
 /// How the evidence of a step that started no rank begins.
 pub const LAUNCH_TROUBLE: &str = "launch trouble:";

@@ -114,7 +114,9 @@ pub fn parse_show_job(text: &str) -> Result<JobInfo, SlurmError> {
         excluded: hosts(kv.get("ExcNodeList")),
         required: hosts(kv.get("ReqNodeList")),
         restarts: get("Restarts").parse().unwrap_or(0),
-        requeue: get("Requeue") == "1",
+        // Only a batch job can be requeued (`scontrol requeue` refuses an
+        // interactive `srun`'s: "Only batch jobs are accepted").
+        requeue: get("Requeue") == "1" && get("BatchFlag") != "0",
         reason: get("Reason"),
         submit_time: get("SubmitTime"),
         start_time: get("StartTime"),
@@ -375,6 +377,9 @@ mod tests {
         assert_eq!(j.excluded, ["n2", "n4"]);
         assert_eq!(j.restarts, 2);
         assert!(j.requeue);
+        // An interactive srun's job (no batch script) cannot be requeued.
+        let interactive = parse_show_job(&SHOW_JOB.replace("BatchFlag=1", "BatchFlag=0")).unwrap();
+        assert!(!interactive.requeue);
         assert_eq!(j.start_time, "2026-11-22T01:10:13");
         assert_eq!(j.num_nodes, 2);
         assert!(parse_show_job("slurm_load_jobs error: Invalid job id specified").is_err());

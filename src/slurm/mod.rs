@@ -25,7 +25,7 @@ pub struct JobInfo {
     pub required: Vec<String>,
     /// `Restarts=`: how often it was requeued.
     pub restarts: u32,
-    /// `Requeue=1`: the job may be requeued.
+    /// `Requeue=1` of a batch job (`BatchFlag=1`): the job may be requeued.
     pub requeue: bool,
     pub reason: String,
     pub submit_time: String,
