@@ -225,7 +225,7 @@ static int write_as_user(const char *sd, uint32_t job, const char *name, int sta
 }
 
 /* Each task's raw wait status, for when its agent died with it (or with
- * its node): STATE_DIR/jobs/JOB/task-exit/STEP.TASK, one line
+ * its node): STATE_DIR/jobs/JOB/task-exit/STEP.TASK (`.rN` after N requeues), one line
  * `raw_status=N`. The state dir is the task's RESILIO_STATE_DIR, else the
  * plugstack's.
  *
@@ -265,6 +265,17 @@ int slurm_spank_task_exit(spank_t sp, int ac, char **av)
 		snprintf(name, sizeof(name), "batch.%u", task);
 	else
 		snprintf(name, sizeof(name), "%u.%u", step, task);
+	/* Step ids start again at 0 in a requeued allocation: its files get
+	 * the requeue count (`0.1.r1`) instead of replacing the first's. */
+	char restarts[16];
+	if (spank_getenv(sp, "SLURM_RESTART_COUNT", restarts, sizeof(restarts)) == ESPANK_SUCCESS) {
+		char *end = NULL;
+		unsigned long n = strtoul(restarts, &end, 10);
+		if (end != restarts && *end == '\0' && n > 0 && n < 100000) {
+			size_t len = strlen(name);
+			snprintf(name + len, sizeof(name) - len, ".r%lu", n);
+		}
+	}
 
 	pid_t pid = fork();
 	if (pid < 0) {

@@ -2274,7 +2274,7 @@ fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_sym
     std::os::unix::fs::chown(home, Some(uid), None).unwrap();
     // Root's directory, which the user's symlinks point at.
     let target = job_dir();
-    let wrap = |sd: &Path| {
+    let wrap_cmd = |sd: &Path, cmd: &str| {
         let sd = sd.display().to_string();
         let out = as_user(
             &user,
@@ -2290,11 +2290,12 @@ fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_sym
                 "-o",
                 "/dev/null",
                 "--wrap",
-                "srun --resilio true",
+                cmd,
             ],
         );
         out.trim().split(';').next().unwrap().to_string()
     };
+    let wrap = |sd: &Path| wrap_cmd(sd, "srun --resilio true");
     let wait = |id: &str| {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
@@ -2334,6 +2335,15 @@ fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_sym
     let meta = std::fs::metadata(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&meta), uid);
     assert!(!shared.join("jobs").exists());
+    // In a requeued allocation step ids start at 0 again: its files carry
+    // the requeue count instead of replacing the first allocation's.
+    let id = wrap_cmd(&own, "SLURM_RESTART_COUNT=2 srun --resilio sh -c 'exit 3'");
+    assert_eq!(wait(&id), "FAILED");
+    let file = own.join(format!("jobs/{id}/task-exit/0.0.r2"));
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display())),
+        "raw_status=768\n"
+    );
     // The next job ids, planted as links to root's directory.
     let sd = home.join("planted");
     as_user(
