@@ -2429,6 +2429,30 @@ fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
     assert!(shown.contains(" ExitCode=65:0 "), "{shown}");
 }
 
+/// A journal file in `state`'s job `job` whose rank `rank` on `node`
+/// failed with a GPU error, given to `uid` (as if that user wrote it).
+fn plant_failure(state: &Path, job: &str, rank: u32, node: &str, uid: u32) {
+    let mut w = journal::Writer::open(
+        &journal::job_dir(state, job),
+        &format!("rank-{rank}.jsonl"),
+        0,
+        Some(rank),
+        Some(node.into()),
+    );
+    w.record(
+        "failure",
+        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }),
+        true,
+    );
+    drop(w);
+    let o = Command::new("chown")
+        .args(["-R", &format!("{uid}")])
+        .arg(state)
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+}
+
 /// Anyone can write a journal that blames a node. On the real cluster,
 /// root's `resilio nodes` believes another user's journal only where
 /// Slurm's accounting agrees (the job is that user's, and ran on the
@@ -2520,39 +2544,10 @@ fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
         ("999999", "n4"),          // no such job
         ("local-made-up", "n1"),   // a run outside Slurm
     ] {
-        let mut w = journal::Writer::open(
-            &journal::job_dir(&mine, job),
-            "rank-0.jsonl",
-            0,
-            Some(0),
-            Some(node.into()),
-        );
-        w.record(
-            "failure",
-            serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus." }),
-            true,
-        );
+        plant_failure(&mine, job, 0, node, uid);
     }
     // And one more of the user's real job, but on a node it never had.
-    let mut w = journal::Writer::open(
-        &journal::job_dir(&mine, &user_job),
-        "rank-1.jsonl",
-        0,
-        Some(1),
-        Some("n4".into()),
-    );
-    w.record(
-        "failure",
-        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid 79" }),
-        true,
-    );
-    drop(w);
-    let o = Command::new("chown")
-        .args(["-R", &format!("{uid}")])
-        .arg(&mine)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
+    plant_failure(&mine, &user_job, 1, "n4", uid);
 
     let o = Command::new(bin)
         .args(["nodes", "--json", "--state-dir"])
@@ -2629,25 +2624,7 @@ fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
     // accounting, not the planted one (nor refuses for the ambiguity).
     let (other, other_uid) = named_test_user("resilio-e2e2");
     let theirs = shared.join("users").join(&other);
-    let mut w = journal::Writer::open(
-        &journal::job_dir(&theirs, &user_job),
-        "rank-0.jsonl",
-        0,
-        Some(0),
-        Some("n1".into()),
-    );
-    w.record(
-        "failure",
-        serde_json::json!({ "class": "infrastructure", "evidence": "NVRM: Xid 79" }),
-        true,
-    );
-    drop(w);
-    let o = Command::new("chown")
-        .args(["-R", &format!("{other_uid}")])
-        .arg(&theirs)
-        .output()
-        .unwrap();
-    assert!(o.status.success());
+    plant_failure(&theirs, &user_job, 0, "n1", other_uid);
     let o = Command::new(bin)
         .args(["report", &user_job, "--json", "--state-dir"])
         .arg(&shared)
