@@ -505,13 +505,9 @@ pub fn load_job(
         use std::os::unix::fs::MetadataExt;
         if let Ok(m) = std::fs::symlink_metadata(&dir) {
             if m.uid() != nix::unistd::geteuid().as_raw() {
-                let who = nix::unistd::User::from_uid(m.uid().into())
-                    .ok()
-                    .flatten()
-                    .map_or_else(|| format!("uid {}", m.uid()), |u| u.name);
                 eprintln!(
                     "resilio: job {job} is {}'s ({}), not yours",
-                    crate::util::terminal_safe(&who),
+                    crate::util::terminal_safe(&crate::state_dir::name_of(m.uid())),
                     dir.display()
                 );
             }
@@ -700,14 +696,13 @@ fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     let left_out: Vec<String> = sources
         .dropped
         .iter()
-        .map(|(why, n)| {
-            let unit = if why.starts_with("journal files") || why.starts_with("records") {
-                ""
-            } else {
-                " event(s):"
-            };
-            format!("left out: {n}{unit} {why}")
-        })
+        .map(|(why, n)| format!("left out: {n} event(s): {why}"))
+        .chain(
+            sources
+                .unread
+                .iter()
+                .map(|(what, n)| format!("left out: {n} {what}")),
+        )
         .collect();
     if a.json || a.exclude_list {
         for l in &left_out {

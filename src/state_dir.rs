@@ -35,8 +35,13 @@ pub fn is_shared(root: &Path) -> bool {
 
 /// This user's name (the effective uid's), or `uid-N` without a passwd entry.
 pub fn user_name() -> String {
-    let uid = nix::unistd::geteuid();
-    nix::unistd::User::from_uid(uid)
+    name_of(nix::unistd::geteuid().as_raw())
+}
+
+/// A user's name, or `uid-N` without a passwd entry (or with a name unfit
+/// for a directory).
+pub fn name_of(uid: u32) -> String {
+    nix::unistd::User::from_uid(uid.into())
         .ok()
         .flatten()
         .map(|u| u.name)

@@ -2242,6 +2242,14 @@ fn named_test_user(name: &str) -> (String, u32) {
     (name.to_string(), id(name).expect("the test user's uid"))
 }
 
+/// The test user, and a directory of theirs to work in.
+fn user_home() -> (String, u32, tempfile::TempDir) {
+    let (user, uid) = test_user();
+    let dir = job_dir();
+    std::os::unix::fs::chown(dir.path(), Some(uid), None).unwrap();
+    (user, uid, dir)
+}
+
 /// `runuser -u USER -- ARGS` in `dir`; its output, asserted successful.
 fn as_user(user: &str, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> String {
     let o = Command::new("runuser")
@@ -2268,10 +2276,8 @@ fn as_user(user: &str, dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Strin
 fn the_plugin_writes_task_exit_files_as_the_user_and_never_through_a_planted_symlink() {
     let _g = lock();
     plugin();
-    let (user, uid) = test_user();
-    let dir = job_dir();
+    let (user, uid, dir) = user_home();
     let home = dir.path();
-    std::os::unix::fs::chown(home, Some(uid), None).unwrap();
     // Root's directory, which the user's symlinks point at.
     let target = job_dir();
     let wrap_cmd = |sd: &Path, cmd: &str| {
@@ -2462,10 +2468,8 @@ fn plant_failure(state: &Path, job: &str, rank: u32, node: &str, uid: u32) {
 fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
     let _g = lock();
     testbed();
-    let (user, uid) = test_user();
-    let dir = job_dir();
+    let (user, uid, dir) = user_home();
     let home = dir.path();
-    std::os::unix::fs::chown(home, Some(uid), None).unwrap();
     // A real job of the user's on n2, and one of root's on n3.
     let user_job = as_user(
         &user,

@@ -549,15 +549,19 @@ pub fn fleet_rate(
         .checked_sub(window)
         .unwrap_or(std::time::UNIX_EPOCH);
     let caller = nix::unistd::geteuid().as_raw();
-    for (root, job, modified) in all_jobs(state_dir) {
-        if job == except || modified < since {
-            continue;
-        }
-        let owner = {
+    let own_roots = crate::state_dir::readable_roots(state_dir)
+        .into_iter()
+        .filter(|r| {
             use std::os::unix::fs::MetadataExt;
-            std::fs::symlink_metadata(journal::job_dir(&root, &job)).map(|m| m.uid())
-        };
-        if !owner.is_ok_and(|u| u == caller || u == 0) {
+            std::fs::symlink_metadata(r).is_ok_and(|m| m.uid() == caller || m.uid() == 0)
+        });
+    let own_jobs = own_roots.flat_map(|root| {
+        journal::list_jobs(&root)
+            .into_iter()
+            .map(move |(job, t)| (root.clone(), job, t))
+    });
+    for (root, job, modified) in own_jobs {
+        if job == except || modified < since {
             continue;
         }
         let Ok(j) = journal::read_job(&journal::job_dir(&root, &job)) else {
@@ -639,6 +643,9 @@ pub struct Sources {
     pub sacct_error: Option<String>,
     /// Events read from journals but left out, by why (see [`vouch`]).
     pub dropped: BTreeMap<String, usize>,
+    /// What the journal reader left out, by what (`journal files not read
+    /// ...`, `records dated ...`): a count of those.
+    pub unread: BTreeMap<String, usize>,
 }
 
 /// One job's journal as read for the history: whose it is, what it says.
@@ -685,7 +692,7 @@ pub fn vouch(
             Err(_) => Vec::new(),
         };
         let own = j.uid == caller || j.uid == 0;
-        let owner = user_name(j.uid);
+        let owner = crate::state_dir::name_of(j.uid);
         let mut drop = |why: String, n: usize| {
             if n > 0 {
                 *dropped.entry(why).or_default() += n;
@@ -744,14 +751,6 @@ pub fn vouch(
     (kept, dropped)
 }
 
-/// A user's name, else `uid N`.
-fn user_name(uid: u32) -> String {
-    nix::unistd::User::from_uid(uid.into())
-        .ok()
-        .flatten()
-        .map_or_else(|| format!("uid {uid}"), |u| u.name)
-}
-
 /// Build every node's history from all journals under `state_dir` that
 /// [`vouch`] believes (and Slurm's NODE_FAIL records since a window of
 /// eight half-lives, when `slurm` is given), scores decayed to `now` with
@@ -779,7 +778,7 @@ pub fn build(
         for f in &j.skipped {
             let mut note = |why: &str, n: usize| {
                 if n > 0 {
-                    *sources.dropped.entry(why.to_string()).or_default() += n;
+                    *sources.unread.entry(why.to_string()).or_default() += n;
                 }
             };
             note(

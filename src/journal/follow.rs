@@ -83,14 +83,7 @@ fn read_whole_lines(path: &Path, from: u64, out: &mut Vec<Record>) -> Option<u64
         .ok()?;
     // Up to the last newline: a line still being written waits for the next read.
     let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    for line in text[..whole].split(|&b| b == b'\n') {
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Ok(r) = serde_json::from_slice::<Record>(line) {
-            out.push(r);
-        }
-    }
+    out.extend(super::parse_file(&text[..whole]).0);
     Some(from + whole as u64)
 }
 
