@@ -9,7 +9,7 @@
 use super::decide::{self, Decision, Listed, SeenBySlurm, StartPlan};
 use super::retry::Retry;
 use crate::event as ev;
-use crate::journal::Writer;
+use crate::journal::{self, Writer};
 use crate::policy::restart::Action;
 use crate::slurm::{AcctRecord, Slurm};
 
@@ -77,35 +77,6 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
 }
 
 /// The job has ended (no restart follows from this process).
-/// The file the next attempt's agents read a rollback from.
-pub const ROLLBACK_FILE: &str = "rollback.json";
-
-/// A rollback for the next attempt: the checkpoint to restart from and the
-/// steps whose data to skip (`policy::numerical`, action `rollback`).
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Rollback {
-    pub for_attempt: u32,
-    /// The last checkpoint confirmed before the bad values began (none:
-    /// the trainer starts from scratch, or from what it has).
-    pub checkpoint_step: Option<u64>,
-    /// The steps whose data led to the bad values: from the first bad
-    /// report's step to the one the finding was made at.
-    pub skip_from: Option<u64>,
-    pub skip_to: Option<u64>,
-    pub detail: String,
-}
-
-impl Rollback {
-    /// `RESILIO_SKIP_STEPS`: `FROM-TO`.
-    pub fn skip_steps(&self) -> Option<String> {
-        match (self.skip_from, self.skip_to) {
-            (Some(a), Some(b)) => Some(format!("{a}-{}", b.max(a))),
-            (Some(a), None) | (None, Some(a)) => Some(format!("{a}-{a}")),
-            (None, None) => None,
-        }
-    }
-}
-
 /// After a decision to run again on a rollback: work the rollback out from
 /// the journal, journal it and leave it for the next attempt's agents
 /// (`JOB_DIR/rollback.json`, replaced whole). Nothing for other decisions.
@@ -138,7 +109,7 @@ pub fn leave_rollback(
         })
         .filter(|s| since.is_none_or(|b| *s < b))
         .max();
-    let rb = Rollback {
+    let rb = journal::Rollback {
         for_attempt: attempt + 1,
         checkpoint_step,
         skip_from: since,
@@ -154,8 +125,12 @@ pub fn leave_rollback(
         },
         true,
     );
-    let path = job_dir.join(ROLLBACK_FILE);
-    let tmp = job_dir.join(format!(".{ROLLBACK_FILE}.{}", std::process::id()));
+    let path = job_dir.join(journal::ROLLBACK_FILE);
+    let tmp = job_dir.join(format!(
+        ".{}.{}",
+        journal::ROLLBACK_FILE,
+        std::process::id()
+    ));
     let written = serde_json::to_vec(&rb)
         .map_err(std::io::Error::other)
         .and_then(|b| std::fs::write(&tmp, b))
@@ -166,16 +141,6 @@ pub fn leave_rollback(
             path.display()
         );
     }
-}
-
-/// The rollback left for `attempt`, if any.
-pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback> {
-    let text =
-        crate::util::files::read_in_dir(job_dir, ROLLBACK_FILE, crate::util::files::SMALL_CAP)
-            .ok()?;
-    serde_json::from_slice::<Rollback>(&text)
-        .ok()
-        .filter(|r| r.for_attempt == attempt)
 }
 
 /// A decision's action in words, for observe mode's record ("would ...").

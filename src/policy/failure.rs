@@ -282,6 +282,29 @@ pub struct Verdict {
     pub evidence: Option<String>,
 }
 
+/// How the evidence of a step that started no rank begins.
+pub const LAUNCH_TROUBLE: &str = "launch trouble:";
+
+/// Whether a failure's evidence is launch trouble: a step that started no
+/// rank, the job level's own view from the batch node.
+pub fn is_launch_trouble(evidence: &str) -> bool {
+    evidence.starts_with(LAUNCH_TROUBLE)
+}
+
+impl Verdict {
+    /// A step that started no rank within `limit` of srun's start.
+    pub fn launch_trouble(limit: std::time::Duration) -> Verdict {
+        Verdict {
+            class: Class::Infrastructure,
+            reason: "the step started no rank".into(),
+            evidence: Some(format!(
+                "{LAUNCH_TROUBLE} no rank of the step reported within {}s of srun's start",
+                limit.as_secs()
+            )),
+        }
+    }
+}
+
 /// Lines a trainer prints when its training is over: the HF Trainer's
 /// final summary (`{'train_runtime': '122.7', ...}`), Lightning's
 /// ``Trainer.fit` stopped: `max_steps=60` reached.``.
@@ -599,11 +622,7 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     };
     // A step that started no rank tells no node: it is the job level's
     // own view, from the batch node.
-    let launch_trouble = f
-        .verdict
-        .evidence
-        .as_deref()
-        .is_some_and(|e| e.starts_with(super::restart::LAUNCH_TROUBLE));
+    let launch_trouble = f.verdict.evidence.as_deref().is_some_and(is_launch_trouble);
     if matches!(class, Class::Infrastructure | Class::Hang)
         && f.verdict.class != Class::Secondary
         && !(class == Class::Hang && hung_together > 1)
@@ -855,10 +874,7 @@ mod tests {
     #[test]
     fn a_step_that_started_no_rank_blames_no_node() {
         let mut f = fail(u32::MAX, "n1", 3.0, Class::Infrastructure);
-        f.verdict.evidence = Some(format!(
-            "{} no rank of the step reported within 8s of srun's start",
-            super::super::restart::LAUNCH_TROUBLE
-        ));
+        f.verdict = Verdict::launch_trouble(std::time::Duration::from_secs(8));
         let j = primary(&[f]).unwrap();
         assert_eq!(j.class, Class::Infrastructure);
         assert!(j.blamed_nodes.is_empty(), "{:?}", j.blamed_nodes);

@@ -52,10 +52,11 @@ impl AttemptOutcome {
         }
     }
 
-    /// Launch trouble: the step started no rank ([`LAUNCH_TROUBLE`]).
+    /// Launch trouble: the step started no rank
+    /// ([`failure::LAUNCH_TROUBLE`](super::failure::LAUNCH_TROUBLE)).
     /// Never the trainer's error, so never part of a crash loop.
     pub fn is_launch_trouble(&self) -> bool {
-        self.class == Class::Infrastructure && self.detail.starts_with(LAUNCH_TROUBLE)
+        self.class == Class::Infrastructure && super::failure::is_launch_trouble(&self.detail)
     }
 
     /// `class: original text`, as people read it.
@@ -202,9 +203,6 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
 /// Why a job cannot go back to the queue.
 pub const NOT_REQUEUEABLE: &str =
     "the job cannot be requeued (an interactive srun, or submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
-
-/// How the evidence of a step that started no rank begins.
-pub const LAUNCH_TROUBLE: &str = "launch trouble:";
 
 /// Decide after `current`, given the earlier attempts (oldest first), for a
 /// Slurm job: requeue or stop.

@@ -590,6 +590,40 @@ pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> 
 mod probe_tests {
     use super::*;
 
+    /// A real Python asleep in a function of its own: its frames, innermost
+    /// first, the thread named, as `py-spy dump` shows them.
+    #[test]
+    #[cfg(feature = "stacks")]
+    fn a_python_asleep_in_its_own_function_is_read_in_process() {
+        let Some(python) = ["python3", "python"].iter().find_map(|n| which(n)) else {
+            eprintln!("skipped: no python on PATH");
+            return;
+        };
+        let mut child = std::process::Command::new(python)
+            .args([
+                "-c",
+                "import time\ndef napping():\n    while True: time.sleep(1)\nprint('ready', flush=True)\nnapping()\n",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let got = super::super::stacks::dump(child.id() as i32, Duration::from_secs(30));
+        let _ = child.kill();
+        let _ = child.wait();
+        let text = got.unwrap();
+        assert!(text.contains("\"MainThread\""), "{text}");
+        let (waiting, frame) = classify_stack(&text).unwrap();
+        assert!(!waiting, "{text}");
+        assert!(frame.starts_with("napping (<string>:3)"), "{frame}\n{text}");
+        assert!(!super::super::stacks::tracing_now());
+    }
+
     /// A child of the test, killed and reaped when dropped (a failed
     /// assertion must not leave it holding the test's output open).
     struct Kid(std::process::Child);

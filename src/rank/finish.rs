@@ -248,15 +248,7 @@ impl Agent<'_> {
         let mut tail_lines = r.tail.last_lines(200);
         // A step that started no rank: launch trouble, whatever srun said
         // about the tasks it never ran.
-        let launch = self.step_start_missed.map(|limit| failure::Verdict {
-            class: failure::Class::Infrastructure,
-            reason: "the step started no rank".into(),
-            evidence: Some(format!(
-                "{} no rank of the step reported within {}s of srun's start",
-                crate::policy::restart::LAUNCH_TROUBLE,
-                limit.as_secs()
-            )),
-        });
+        let launch = self.step_start_missed.map(failure::Verdict::launch_trouble);
         if launch.is_some() {
             tail_lines.clear();
         }

@@ -368,7 +368,7 @@ fn trainer_env(
     // A rollback the decision left for this attempt (`[numerical]`): the
     // checkpoint to restart from and the steps whose data to skip.
     if let Some(rb) =
-        crate::job::act::rollback_for(&b.job_dir, b.id.attempt).filter(|_| !b.batch_level)
+        crate::journal::rollback_for(&b.job_dir, b.id.attempt).filter(|_| !b.batch_level)
     {
         if let Some(s) = rb.checkpoint_step {
             env.push(("RESILIO_ROLLBACK_STEP".into(), s.to_string().into()));

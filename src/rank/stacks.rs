@@ -106,42 +106,6 @@ fn read(_pid: i32) -> Result<String, String> {
 mod tests {
     use super::*;
 
-    /// A real Python asleep in a function of its own: its frames, innermost
-    /// first, the thread named, as `py-spy dump` shows them.
-    #[test]
-    fn a_python_asleep_in_its_own_function_is_read_in_process() {
-        let Some(python) = ["python3", "python"]
-            .iter()
-            .find_map(|n| crate::rank::diagnostics::which(n))
-        else {
-            eprintln!("skipped: no python on PATH");
-            return;
-        };
-        let mut child = std::process::Command::new(python)
-            .args([
-                "-c",
-                "import time\ndef napping():\n    while True: time.sleep(1)\nprint('ready', flush=True)\nnapping()\n",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let got = dump(child.id() as i32, Duration::from_secs(30));
-        let _ = child.kill();
-        let _ = child.wait();
-        let text = got.unwrap();
-        assert!(text.contains("\"MainThread\""), "{text}");
-        let (waiting, frame) = crate::rank::diagnostics::classify_stack(&text).unwrap();
-        assert!(!waiting, "{text}");
-        assert!(frame.starts_with("napping (<string>:3)"), "{frame}\n{text}");
-        assert!(!tracing_now());
-    }
-
     #[test]
     fn a_process_that_is_not_python_says_why() {
         let mut child = std::process::Command::new("sleep")
