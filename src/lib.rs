@@ -58,6 +58,7 @@ pub mod policy;
 pub mod process;
 pub mod progress;
 pub mod rank;
+pub mod role;
 pub mod runs;
 pub mod slurm;
 pub mod spank;

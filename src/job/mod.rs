@@ -9,12 +9,17 @@
 //!   nodes a requeue may exclude.
 //! - [`act`]: carrying them out: journal records, Slurm calls, stderr.
 //! - [`retry`]: the schedule a Slurm call is tried again on.
-//! - [`batch`]: the batch-level `resilio run` around `srun` in the batch
-//!   script, wiring the above together (`crate::job::batch` is its old path).
+//! - [`batch`]: the job level's judgment and decision after a step, and at
+//!   an allocation's start, wiring the above together.
+//! - [`supervisor`]: the job-level supervisor, `resilio run -- srun ...` in
+//!   a batch script: its step runs under the rank agent's child, loop and
+//!   sources ([`crate::rank`]), with the job's part added.
 //! - [`guardian`]: the batch script's process under Slurm, above the
 //!   job-level supervisor: its death leaves the job and the step running.
 //! - [`step_level`]: the one-prefix form (`srun resilio run -- CMD` with
 //!   no job level above it): the step's agents judge and decide, one of them.
+//! - [`decider`]: after a rank's end, that decision, or the job's end when
+//!   the rank is the whole job.
 //! - [`local`]: local mode (`resilio run --ntasks N`, and a plain `resilio
 //!   run` outside Slurm): N agents, the coordinator, restarts in place
 //!   (`crate::job::local` is its old path).
@@ -22,8 +27,10 @@
 pub mod act;
 pub mod batch;
 pub mod decide;
+pub mod decider;
 pub mod guardian;
 pub mod judge;
 pub mod local;
 pub mod retry;
 pub mod step_level;
+pub mod supervisor;

@@ -1,17 +1,16 @@
-//! The rank's end: the last output and progress, `rank_exit` and
-//! `failure`, the last report to the coordinator, and at batch level the
-//! job-level decision.
+//! The child's end: the last output and progress, `rank_exit` and
+//! `failure`, the last report to the coordinator.
 
 use super::lifecycle::Ending;
 use super::run::Agent;
-use super::Next;
+use super::Finished;
 use crate::coordinator::protocol::{ExitInfo, RankState};
 use crate::event as ev;
 use crate::policy::failure;
 use crate::process::{self, Exit};
 use std::time::{Duration, Instant};
 
-impl Agent<'_> {
+impl<'a> Agent<'a> {
     /// Let the pumps finish what the pipes still hold, take the last
     /// events, and remove the socket and the control file.
     fn wind_down(&mut self) {
@@ -41,61 +40,34 @@ impl Agent<'_> {
         process::restore_terminal(r.pid);
     }
 
-    /// Record how the rank ended and report it; at batch level, decide what
-    /// comes after the step.
-    pub async fn finish(mut self) -> Next {
+    /// Record how the child ended and report it; what comes after is the
+    /// role's ([`Finished`]).
+    pub async fn finish(mut self) -> Finished<'a> {
         self.wind_down();
         self.watch_launcher();
         let dump_signal = self.r.cfg.diagnostics.dump_signal;
-        let e = self
+        let ending = self
             .lc
             .ending(dump_signal)
             .expect("loop ends only after the main child exited");
-        if e.stall_cancelled {
+        if ending.stall_cancelled {
             self.r.journal.write(
                 ev::StallCancelled {
-                    status: Some(e.exit.describe()),
+                    status: Some(ending.exit.describe()),
                     note: Some("the trainer exited on its own during stall diagnostics".into()),
                 },
                 true,
             );
         }
-        let verdict = self.verdict(&e);
-        self.rank_exit(&e, &verdict);
-        let reported = self.report_exit(&e, &verdict).await;
-        let code = e.code();
-        if self.r.batch_level {
-            return self.after_step(&e, &verdict);
+        let verdict = self.verdict(&ending);
+        self.rank_exit(&ending, &verdict);
+        let reported = self.report_exit(&ending, &verdict).await;
+        Finished {
+            agent: self,
+            ending,
+            verdict,
+            reported,
         }
-        let role = self.step_role();
-        if role != crate::job::step_level::Role::None {
-            return self
-                .decide_for_step(role, code, &verdict, e.pre_timeout, reported)
-                .await;
-        }
-        if self.r.single_rank_job {
-            self.r.journal.write(
-                ev::JobEnd {
-                    exit_code: Some(code),
-                    reason: None,
-                },
-                true,
-            );
-        } else if self.launcher_lost && self.r.id.rank == 0 {
-            // The launcher that would have ended the job is gone: the
-            // journal gets its end from rank 0, the rank whose end a
-            // torchrun job's status follows.
-            self.r.journal.write(
-                ev::JobEnd {
-                    exit_code: Some(code),
-                    reason: Some(format!(
-                        "rank 0 ended (exit code {code}) after the launcher died"
-                    )),
-                },
-                true,
-            );
-        }
-        Next::Exit(code)
     }
 
     /// The failure's class; after a failure, the health check again (a
@@ -236,68 +208,4 @@ impl Agent<'_> {
             }
         }
     }
-
-    /// Batch level: judge the step and decide (requeue, relaunch, stop).
-    fn after_step(&mut self, e: &Ending, verdict: &failure::Verdict) -> Next {
-        if self.requeued_by_slurm {
-            // Slurm decided (and the exclusion is set): the next allocation
-            // runs the job again.
-            return Next::Exit(e.code());
-        }
-        let r = &mut *self.r;
-        let mut tail_lines = r.tail.last_lines(200);
-        // A step that started no rank: launch trouble, whatever srun said
-        // about the tasks it never ran.
-        let launch = self.step_start_missed.map(failure::Verdict::launch_trouble);
-        if launch.is_some() {
-            tail_lines.clear();
-        }
-        let step = crate::job::batch::StepEnd {
-            ended: crate::util::clock::now(),
-            exit_code: e.code(),
-            verdict: launch.as_ref().unwrap_or(verdict),
-            tail: &tail_lines,
-            node: &r.id.node,
-            pre_timeout: e.pre_timeout,
-            agents: &[],
-        };
-        let alloc = allocation(&r.cfg, &r.slurm.job_nodes, &r.argv, r.step_out.as_ref());
-        crate::job::batch::after_attempt(
-            &r.cfg.state_dir,
-            &r.id.job,
-            r.id.attempt,
-            &step,
-            r.cfg.max_restarts,
-            r.cfg.observe,
-            alloc,
-            self.slurm_cli,
-            &mut r.journal,
-        )
-    }
-}
-
-/// The allocation a failed step can run again in (see docs/slurm.md), or
-/// none when relaunching inside it is off or there is no allocation.
-/// `step_out`: the nodes this step already left out, and its size.
-pub(crate) fn allocation(
-    cfg: &crate::config::Config,
-    job_nodes: &[String],
-    argv: &[std::ffi::OsString],
-    step_out: Option<&(Vec<String>, u32)>,
-) -> Option<crate::policy::restart::Allocation> {
-    (cfg.restart_in_allocation && !job_nodes.is_empty()).then(|| {
-        crate::policy::restart::Allocation {
-            nodes: job_nodes.to_vec(),
-            excluded: step_out.map(|o| o.0.clone()).unwrap_or_default(),
-            withheld: crate::slurm::step::user_excluded_nodes(argv),
-            // The step's size as launched (the journal's count of nodes
-            // that started a rank can miss a node that died early).
-            step_nodes: step_out
-                .map(|o| o.1)
-                .filter(|n| *n > 0)
-                .or_else(|| crate::slurm::step::requested_nodes(argv))
-                .unwrap_or(0),
-            can_exclude: crate::slurm::step::can_leave_out(argv),
-        }
-    })
 }

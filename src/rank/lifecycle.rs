@@ -70,8 +70,10 @@ pub struct Settings {
     pub grace: Duration,
     /// resilio's own stops (a stall, a teardown): `stall_kill_grace`, at most `grace`.
     pub stall_grace: Duration,
-    /// The job-level supervisor in a batch script (judges no stall itself).
-    pub batch_level: bool,
+    /// The child is a step whose ranks have agents of their own (the job
+    /// level's srun): no stall is judged from its merged output, and the
+    /// pre-timeout signal asks the step for a checkpoint.
+    pub supervises_step: bool,
     /// Linked to a coordinator.
     pub linked: bool,
     /// This agent hosts the coordinator.
@@ -439,7 +441,7 @@ impl Lifecycle {
     /// the trainer already). Anything else is forwarded (or, in a step,
     /// left to Slurm's delivery).
     fn on_user_signal(&mut self, sig: Signal, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
-        if self.s.batch_level && sig == self.s.pre_timeout_signal {
+        if self.s.supervises_step && sig == self.s.pre_timeout_signal {
             if self.pre_timeout.is_none() {
                 self.pre_timeout = Some(PreTimeout {
                     asked_wall: wall,
@@ -623,7 +625,8 @@ impl Lifecycle {
                 .checked_sub(p.min_future_limit())
                 .unwrap_or(now)
         });
-        let waiting_checkpoint = self.s.batch_level && self.pre_timeout.is_some_and(|p| !p.done);
+        let waiting_checkpoint =
+            self.s.supervises_step && self.pre_timeout.is_some_and(|p| !p.done);
         let mut wake = if monitoring && !waiting_checkpoint {
             p.deadline().min(now + self.s.progress_every)
         } else {
@@ -650,7 +653,7 @@ impl Lifecycle {
     /// most once a second, and at the deadline): the wall time it was
     /// asked at, `checkpoint_done` records from then on count.
     pub fn checkpoint_query(&mut self, now: Instant) -> Option<DateTime<Utc>> {
-        if !self.s.batch_level || self.main_exit.is_some() {
+        if !self.s.supervises_step || self.main_exit.is_some() {
             return None;
         }
         let p = self.pre_timeout.filter(|p| !p.done)?;
@@ -664,7 +667,7 @@ impl Lifecycle {
     /// Whether the stall limit is reached at `now` (the loop then looks
     /// at whether the trainer is stopped before [`Self::tick`]).
     pub fn limit_reached(&self, now: Instant) -> bool {
-        self.monitoring() && !self.s.batch_level && now >= self.policy.deadline()
+        self.monitoring() && !self.s.supervises_step && now >= self.policy.deadline()
     }
 
     /// The trainer is stopped (Ctrl-Z at a terminal, SIGSTOP, `scontrol
@@ -751,7 +754,7 @@ impl Lifecycle {
         }
         // The job-level supervisor does not judge hangs from srun's merged
         // output (ranks report on their own sockets): the rank agents do.
-        if self.monitoring() && !self.s.batch_level {
+        if self.monitoring() && !self.s.supervises_step {
             if let Some(s) = self.policy.check(now) {
                 self.state = State::Stalled {
                     stall: s.clone(),

@@ -15,7 +15,7 @@ fn settings() -> Settings {
     Settings {
         grace: GRACE,
         stall_grace: STALL_GRACE,
-        batch_level: false,
+        supervises_step: false,
         linked: false,
         hosts_coordinator: false,
         slurm_delivers: false,
@@ -75,7 +75,7 @@ fn linked() -> Settings {
 
 fn batch() -> Settings {
     Settings {
-        batch_level: true,
+        supervises_step: true,
         ..settings()
     }
 }
@@ -302,7 +302,7 @@ fn death_by_the_dump_signal_is_still_the_stall() {
 }
 
 #[test]
-fn the_batch_level_judges_no_stall() {
+fn an_agent_supervising_a_step_judges_no_stall() {
     let (mut m, t0) = machine(batch());
     assert!(tick(&mut m, t0 + STARTUP * 3).is_empty());
     assert!(m.monitoring());
@@ -556,7 +556,7 @@ fn a_second_pre_timeout_signal_keeps_the_first_deadline() {
 }
 
 #[test]
-fn a_hosting_batch_level_coordinates_the_pre_timeout_checkpoint_once() {
+fn an_agent_hosting_its_step_coordinates_the_pre_timeout_checkpoint_once() {
     let (mut m, t0) = machine(Settings {
         hosts_coordinator: true,
         ..batch()

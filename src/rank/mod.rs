@@ -21,8 +21,13 @@
 //! - [`diagnostics`], [`health`]: what is gathered on a stall, the site
 //!   health check. Process wrapping (group, subreaper, reaping, signalling
 //!   the tree) is [`crate::process`], shared with local mode.
-//! - [`finish`]: `rank_exit`, `failure`, the last report, the job-level decision.
-//! - [`step_decision`]: the one-prefix form's decision, taken by one of the step's agents.
+//! - [`finish`]: `rank_exit`, `failure`, the last report; what follows is
+//!   the role's ([`Finished`]: `crate::job::decider` after a rank,
+//!   `crate::job::supervisor` after the job level's step).
+//!
+//! The job-level supervisor runs its step (srun) with the same setup
+//! pieces, loop and sources, and adds its part through [`Hooks`]; the rank
+//! agent knows nothing of the job level.
 //!
 //! The pumps (one thread per output stream) only pass bytes through and
 //! report steps; the socket listener and file watcher only report. Nothing
@@ -32,8 +37,6 @@ pub mod diagnostics;
 mod ending;
 mod events;
 mod finish;
-pub mod stacks;
-pub(crate) use finish::allocation;
 pub mod health;
 pub mod lifecycle;
 mod progress_log;
@@ -41,14 +44,18 @@ mod records;
 mod run;
 mod setup;
 mod sources;
-mod step_decision;
+pub mod stacks;
+
+pub(crate) use lifecycle::Ending;
+pub(crate) use run::Agent;
+pub(crate) use setup::{prepare, start, Base, Child, Env, Host, Setup, Who};
 
 use crate::config::Config;
 use crate::error::Result;
+use crate::policy::failure::Verdict;
 use crate::slurm::Slurm;
 use std::ffi::OsString;
-
-use crate::job::batch::Next;
+use std::time::Duration;
 
 /// What `resilio run` was asked to do.
 pub struct RunOptions {
@@ -60,62 +67,49 @@ pub struct RunOptions {
     pub job_id: Option<String>,
 }
 
-/// Supervise one rank. Returns the exit code for resilio; an `Err` only
-/// when the trainer could not be started. `slurm` carries out the batch
-/// level's Slurm commands (requeue, exclusion, signalling the steps).
-pub fn run(opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
-    // The batch script's process guards the job-level supervisor (its
-    // child) rather than being it: see `crate::job::guardian`.
-    let guardian = crate::job::guardian::take_link();
-    if !guardian
-        && crate::job::guardian::wanted(
-            crate::slurm::env::SlurmContext::from_env().is_ok_and(|s| s.in_batch_script()),
-        )
-    {
-        let d = crate::job::guardian::Decide {
-            argv: &opts.argv,
-            cfg: &opts.config,
-            slurm,
-        };
-        match crate::job::guardian::run(d) {
-            Some(Next::Exit(code)) => return Ok(code),
-            // The guardian decided to run the step again: it starts over
-            // as itself, guardian again, with the hand-over.
-            Some(Next::Relaunch(r)) => return Ok(relaunch(&r)),
-            None => {}
-        }
+/// What a role adds to the agent's loop: the job level's watch over its
+/// step (`crate::job::supervisor`). A rank's agent adds nothing.
+pub(crate) trait Hooks {
+    /// Wake the loop at least this often.
+    fn tick_every(&self, _a: &Agent<'_>) -> Option<Duration> {
+        None
     }
-    let next = crate::util::runtime()?.block_on(run_async(opts, slurm))?;
-    match next {
-        Next::Exit(code) => Ok(code),
-        Next::Relaunch(r) => Ok(relaunch(&r)),
-    }
+    /// After each turn of the loop.
+    fn tick(&mut self, _a: &mut Agent<'_>) {}
+    /// A SIGTERM came, before the lifecycle hears of it.
+    fn on_term(&mut self, _a: &mut Agent<'_>) {}
 }
 
-/// The job-level supervisor relaunches the step inside the allocation by
-/// starting over as itself (same pid, same arguments: Slurm still sees the
-/// batch script's process) with the hand-over in `RESILIO_RELAUNCH`. Runs
-/// once the runtime, the coordinator and every file of this attempt are gone.
-fn relaunch(r: &crate::slurm::step::Relaunch) -> i32 {
-    use std::os::unix::process::CommandExt;
-    let mut cmd = crate::util::own_binary();
-    cmd.args(crate::util::args_os().into_iter().skip(1))
-        .env(crate::slurm::step::ENV_RELAUNCH, r.encode());
-    if let Some((k, v)) = crate::job::guardian::keep_across_exec() {
-        cmd.env(k, v);
-    }
-    let err = cmd.exec();
-    tracing::error!("cannot relaunch the step inside the allocation: {err}");
-    1
+/// A rank's agent: no hooks.
+pub(crate) struct NoHooks;
+
+impl Hooks for NoHooks {}
+
+/// The child has ended and its end is recorded and reported; the agent
+/// (its journal, its hosted coordinator) is the role's for what comes after.
+pub(crate) struct Finished<'a> {
+    pub agent: Agent<'a>,
+    pub ending: Ending,
+    pub verdict: Verdict,
+    /// The end reached a live coordinator.
+    pub reported: bool,
 }
 
-async fn run_async(opts: RunOptions, slurm: &dyn Slurm) -> Result<Next> {
-    let (rank, mut inputs) =
-        match setup::setup(opts.config, opts.argv, opts.job_id.as_deref(), slurm)? {
-            setup::Setup::Ready(rank, inputs) => (rank, inputs),
-            setup::Setup::Done(next) => return Ok(next),
-        };
-    let (mut agent, mut done) = run::Agent::new(rank, slurm);
-    agent.run(&mut inputs, &mut done).await;
-    Ok(agent.finish().await)
+/// How a rank's supervision ended.
+pub(crate) enum Ended<'a> {
+    /// The trainer never started (an unhealthy node): this exit code.
+    Early(i32),
+    Finished(Box<Finished<'a>>),
+}
+
+/// Supervise one rank until its trainer ended. An `Err` only when the
+/// trainer could not be started.
+pub(crate) async fn supervise(opts: RunOptions, slurm: &dyn Slurm) -> Result<Ended<'_>> {
+    let (rank, mut inputs) = match setup::setup(opts.config, opts.argv, opts.job_id.as_deref())? {
+        Setup::Ready(rank, inputs) => (rank, inputs),
+        Setup::Done(code) => return Ok(Ended::Early(code)),
+    };
+    let (mut agent, mut done) = Agent::new(rank, slurm);
+    agent.run(&mut inputs, &mut done, &mut NoHooks).await;
+    Ok(Ended::Finished(Box::new(agent.finish().await)))
 }

@@ -10,6 +10,7 @@ use super::records::{
     dump_record, on_stall, record_of, stop_stalled, truncate_lines, write_control, write_diag_file,
 };
 use super::setup::{Inputs, Rank};
+use super::Hooks;
 use crate::coordinator::client::Note;
 use crate::coordinator::protocol::RankState;
 use crate::event as ev;
@@ -79,8 +80,8 @@ pub(crate) struct Agent<'a> {
     pub lc: Lifecycle,
     pub plog: ProgressLog,
     pub faults: SourceFaults,
-    /// Loss gone to NaN, loss spikes (none at the batch level: its ranks'
-    /// agents watch their own).
+    /// Loss gone to NaN, loss spikes (none for a step: its ranks' agents
+    /// watch their own).
     pub numerical: Option<crate::policy::numerical::Watch>,
     pub(super) helpers: Helpers,
     pub(super) diag_tx: UnboundedSender<Diagnostics>,
@@ -99,22 +100,13 @@ pub(crate) struct Agent<'a> {
     pub(super) children_left: bool,
     pub(super) commands_handled: u64,
     pub(super) child_is_srun: bool,
-    pub(super) slurm_cli: &'a dyn Slurm,
+    pub(crate) slurm_cli: &'a dyn Slurm,
     /// The local launcher of several ranks, while it lives (its agents
     /// get no death signal from it: they train on, see `watch_launcher`).
     pub(super) launcher: Option<nix::unistd::Pid>,
     /// It died: this agent says so in the journal, and rank 0's writes the
     /// `job_end`.
-    pub(super) launcher_lost: bool,
-    /// Batch level: srun was killed because only silent ranks were left of
-    /// its torn-down step ([`SILENT_STEP`]).
-    pub(super) step_abandoned: bool,
-    /// Batch level: the step started no rank before `[run]
-    /// step_start_timeout`, and srun was killed.
-    pub(super) step_start_missed: Option<Duration>,
-    /// Batch level: Slurm requeued the job itself (seen at its SIGTERM);
-    /// the job level decides nothing more.
-    pub(super) requeued_by_slurm: bool,
+    pub(crate) launcher_lost: bool,
     /// Rank 0: when to say that its trainer has printed no step number yet
     /// (its hangs are then caught by the startup limit only).
     pub(super) no_step_warning: Option<Instant>,
@@ -130,12 +122,6 @@ pub const PROBE_FILES: u32 = 8;
 /// How long rank 0 may print no step number before resilio says so (or
 /// half the startup limit, when that is shorter).
 pub const NO_STEP_WARNING: Duration = Duration::from_secs(5 * 60);
-
-/// How long the ranks left of a torn-down step must be silent (their agents
-/// report every second or two while they live) before the job-level
-/// supervisor stops waiting for srun: srun itself waits until Slurm
-/// declares their nodes failed (25 s and more; `SlurmdTimeout` plus a ping).
-pub const SILENT_STEP: Duration = Duration::from_secs(8);
 
 /// The lifecycle's settings from the configuration and the rank's setting.
 fn settings(r: &Rank) -> Settings {
@@ -153,7 +139,7 @@ fn settings(r: &Rank) -> Settings {
         // resilio's own stops (a stall, a teardown): a hung trainer rarely
         // honours SIGTERM, and Lightning catches it and sleeps on.
         stall_grace: cfg.stall_kill_grace.min(cfg.kill_grace),
-        batch_level: r.batch_level,
+        supervises_step: r.supervises_step,
         linked,
         hosts_coordinator: r.hosted.is_some(),
         // In a step, Slurm's process tracking delivers srun's signals to every
@@ -180,8 +166,8 @@ impl<'a> Agent<'a> {
             .first()
             .and_then(|p| std::path::Path::new(p).file_name())
             .is_some_and(|n| n == "srun");
-        let numerical =
-            (!r.batch_level).then(|| crate::policy::numerical::Watch::new(r.cfg.numerical.clone()));
+        let numerical = (!r.supervises_step)
+            .then(|| crate::policy::numerical::Watch::new(r.cfg.numerical.clone()));
         let agent = Agent {
             plog: ProgressLog::new(r.cfg.journal_progress_interval),
             scratch: r.job_dir.join("diag"),
@@ -202,14 +188,11 @@ impl<'a> Agent<'a> {
             slurm_cli,
             launcher: crate::context::shares_output().then(nix::unistd::getppid),
             launcher_lost: false,
-            step_abandoned: false,
-            step_start_missed: None,
-            requeued_by_slurm: false,
             no_step_warning: None,
             probe_files: 0,
         };
         let mut agent = agent;
-        if !agent.r.batch_level && agent.r.id.rank == 0 {
+        if !agent.r.supervises_step && agent.r.id.rank == 0 {
             let within = NO_STEP_WARNING.min(agent.r.cfg.stall.startup_timeout / 2);
             agent.no_step_warning = Some(agent.r.launched + within);
         }
@@ -217,7 +200,7 @@ impl<'a> Agent<'a> {
     }
 
     /// Supervise until the main child and every descendant are gone.
-    pub async fn run(&mut self, inp: &mut Inputs, done: &mut Done) {
+    pub async fn run(&mut self, inp: &mut Inputs, done: &mut Done, hooks: &mut dyn Hooks) {
         loop {
             if self.reap_due {
                 self.reap();
@@ -232,13 +215,9 @@ impl<'a> Agent<'a> {
                 .step_wake
                 .is_some_and(|t| self.r.tx.has_steps_before(t));
             let (linked, diagnosing) = (self.r.link.is_some(), self.lc.diagnosing());
-            // A hosting job-level supervisor looks at its step once a
-            // second at least (`abandon_silent_step`).
-            let wake = if self.r.batch_level && self.r.hosted.is_some() {
-                plan.wake.min(Instant::now() + Duration::from_secs(1))
-            } else {
-                plan.wake
-            };
+            let wake = hooks
+                .tick_every(self)
+                .map_or(plan.wake, |d| plan.wake.min(Instant::now() + d));
             let wake = self.no_step_warning.map_or(wake, |t| wake.min(t));
             // A reap put off while the stack reader ran is tried again soon.
             let wake = if self.reap_due {
@@ -265,6 +244,9 @@ impl<'a> Agent<'a> {
                 Some(d) = done.diag.recv(), if diagnosing => Woke::Diagnostics(d),
                 _ = tokio::time::sleep_until(wake.into()) => Woke::Timer,
             };
+            if matches!(woke, Woke::Signal(Sig::Term)) {
+                hooks.on_term(self);
+            }
             self.on_woke(woke);
             self.watch_launcher();
             if !self.lc.stalled() {
@@ -278,8 +260,7 @@ impl<'a> Agent<'a> {
                     a.poll(c, Instant::now());
                 }
             }
-            self.abandon_silent_step();
-            self.enforce_step_start();
+            hooks.tick(self);
             let now = Instant::now();
             self.warn_of_no_step(now);
             if self.lc.limit_reached(now) {
@@ -391,137 +372,6 @@ impl<'a> Agent<'a> {
         }
     }
 
-    /// Batch level, hosting the coordinator: a step torn down after a
-    /// failure whose only ranks left have been silent for [`SILENT_STEP`]
-    /// (their agents died with their nodes) is not waited for. srun is
-    /// killed; the step's end is judged as usual (the silent ranks left no
-    /// `rank_exit`: their agents died, their nodes are blamed) and it runs
-    /// again at once (a relaunch overlaps the lingering step, see
-    /// `slurm::step::overlapping`).
-    fn abandon_silent_step(&mut self) {
-        if !self.r.batch_level || self.step_abandoned || self.lc.main_exited() {
-            return;
-        }
-        let Some(c) = &self.r.hosted else {
-            return;
-        };
-        let now = Instant::now();
-        let Some(left) = c.with_view(|v| (v.only_silent_left(now, SILENT_STEP), Vec::new())) else {
-            return;
-        };
-        self.step_abandoned = true;
-        let (ranks, nodes): (Vec<u32>, Vec<String>) = left.into_iter().unzip();
-        tracing::warn!(
-            "the step was torn down and only silent ranks are left ({ranks:?} on {nodes:?}, nothing heard for {}s): srun is not waited for",
-            SILENT_STEP.as_secs()
-        );
-        self.r.journal.write(
-            ev::StepAbandoned {
-                ranks: Some(ranks),
-                nodes: Some(nodes),
-                silent_s: Some(SILENT_STEP.as_secs_f64()),
-                note: Some(
-                    "srun was killed rather than left waiting for Slurm to declare their nodes failed".into(),
-                ),
-            },
-            true,
-        );
-        process::signal_group(self.r.pid, Signal::SIGKILL);
-    }
-
-    /// Batch level, hosting the coordinator: a step none of whose ranks has
-    /// reported `[run] step_start_timeout` after srun's start never started
-    /// (a node that cannot start tasks, a step waiting behind resources it
-    /// will not get). srun is killed and the attempt is judged launch
-    /// trouble (see `finish`), never the trainer's crash loop.
-    fn enforce_step_start(&mut self) {
-        let limit = self.r.cfg.step_start_timeout;
-        if !self.r.batch_level
-            || limit.is_zero()
-            || self.step_start_missed.is_some()
-            || self.lc.main_exited()
-            || self.r.launched.elapsed() < limit
-        {
-            return;
-        }
-        let Some(c) = &self.r.hosted else {
-            return;
-        };
-        if c.with_view(|v| (v.heard_from_any(), Vec::new())) {
-            return;
-        }
-        self.step_start_missed = Some(limit);
-        tracing::warn!(
-            "no rank of the step reported within {}s of srun's start: srun is killed, and the attempt judged launch trouble",
-            limit.as_secs()
-        );
-        self.r.journal.write(
-            ev::StepStartTimeout {
-                after_s: Some(limit.as_secs_f64()),
-                note: Some(
-                    "srun was killed: the step started no rank ([run] step_start_timeout)".into(),
-                ),
-            },
-            true,
-        );
-        process::signal_group(self.r.pid, Signal::SIGKILL);
-    }
-
-    /// Batch level, at a SIGTERM: did Slurm requeue the job itself (a node
-    /// failure without `--no-kill`, a preemption)? Then, while the job is
-    /// still being torn down, the failed nodes are excluded from its next
-    /// allocation (and its node count lowered where its spares were spent:
-    /// `[run] shrink_after_node_failure`), and nothing else is decided.
-    fn see_requeue_by_slurm(&mut self) {
-        if !self.r.batch_level || self.requeued_by_slurm {
-            return;
-        }
-        let r = &mut *self.r;
-        let Ok(info) = self.slurm_cli.show_job(&r.id.job) else {
-            return;
-        };
-        if !crate::job::decide::requeued_by_slurm(&info, r.slurm.restart_count) {
-            return;
-        }
-        self.requeued_by_slurm = true;
-        let held = &r.slurm.job_nodes;
-        let failed: Vec<String> = self
-            .slurm_cli
-            .node_states(held)
-            .map(|v| {
-                v.into_iter()
-                    .filter(|n| n.is_failed())
-                    .map(|n| n.name)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let left_out = r.step_out.as_ref().map(|o| o.0.clone()).unwrap_or_default();
-        let step_nodes = r
-            .step_out
-            .as_ref()
-            .map(|o| o.1)
-            .filter(|n| *n > 0)
-            .or_else(|| crate::slurm::step::requested_nodes(&r.argv));
-        let plan = crate::job::decide::after_slurm_requeue(
-            held,
-            &failed,
-            &left_out,
-            step_nodes,
-            // What the job holds (while Slurm tears it down, `NumNodes`
-            // counts only the nodes left).
-            info.num_nodes.max(held.len() as u32),
-            r.slurm.ntasks,
-            r.cfg.shrink_after_node_failure,
-        );
-        crate::job::act::after_slurm_requeue(
-            plan,
-            &info,
-            &r.id.job,
-            self.slurm_cli,
-            &mut r.journal,
-        );
-    }
-
     /// The local launcher died when this process was re-parented (to a
     /// subreaper or init): journal it once, and train on.
     pub(super) fn watch_launcher(&mut self) {
@@ -552,13 +402,9 @@ impl<'a> Agent<'a> {
                 self.reap_due = true;
                 Vec::new()
             }
-            Woke::Signal(s) => {
-                if s == Sig::Term {
-                    self.see_requeue_by_slurm();
-                }
-                self.lc
-                    .on_signal(s, Instant::now(), crate::util::clock::now())
-            }
+            Woke::Signal(s) => self
+                .lc
+                .on_signal(s, Instant::now(), crate::util::clock::now()),
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {

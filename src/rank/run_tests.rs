@@ -18,7 +18,7 @@ fn trainer() -> std::process::Child {
         .unwrap()
 }
 
-/// A rank set up around `child`, as the batch level runs `argv`.
+/// An agent set up around `child`, as the job level runs `argv`.
 fn rank(dir: &std::path::Path, child: &std::process::Child, argv: &[&str]) -> Box<Rank> {
     let launched = Instant::now();
     Box::new(Rank {
@@ -41,8 +41,8 @@ fn rank(dir: &std::path::Path, child: &std::process::Child, argv: &[&str]) -> Bo
             wall0: Utc::now(),
         },
         job_dir: dir.to_path_buf(),
-        batch_level: true,
-        single_rank_job: true,
+        supervises_step: true,
+        owns_job: true,
         checks_node: false,
         journal: journal::Writer::open(dir, "batch.jsonl", 0, None, Some("n1".into())),
         hosted: None,
@@ -53,7 +53,6 @@ fn rank(dir: &std::path::Path, child: &std::process::Child, argv: &[&str]) -> Bo
         socket_ok: false,
         sock_path: dir.join("s.sock"),
         control_path: dir.join("s.ctl"),
-        step_out: None,
         pid: nix::unistd::Pid::from_raw(child.id() as i32),
         launched,
         tail: output::Tail::new(1024),

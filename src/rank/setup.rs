@@ -6,7 +6,6 @@
 use super::progress_log::Clock;
 use super::records::{job_end, spawn_failed};
 use super::sources::progress_socket;
-use super::Next;
 use crate::config::Config;
 use crate::context::{env_is_set, Identity};
 use crate::coordinator::client::{Link, Note, Outbox, Target};
@@ -17,15 +16,12 @@ use crate::journal::{self, Writer};
 use crate::policy::failure;
 use crate::process;
 use crate::progress::{self, output};
-use crate::slurm::step::Relaunch;
-use crate::slurm::{Slurm, SlurmContext};
-use chrono::Utc;
+use crate::slurm::SlurmContext;
 use nix::unistd::Pid;
-use serde_json::json;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The rank as set up, its trainer running.
@@ -37,11 +33,14 @@ pub(crate) struct Rank {
     pub slurm: SlurmContext,
     pub clock: Clock,
     pub job_dir: PathBuf,
-    /// The job-level supervisor in a batch script.
-    pub batch_level: bool,
-    /// This agent records the job's start and end (no launcher does).
-    pub single_rank_job: bool,
-    /// This agent runs the node's health check (local rank 0, not batch level).
+    /// The child is a step whose ranks have agents of their own (the job
+    /// level's srun): no stall or loss is judged from its merged output,
+    /// and the pre-timeout signal asks the step for a checkpoint.
+    pub supervises_step: bool,
+    /// This process records the job's start and end (no launcher or job
+    /// level does).
+    pub owns_job: bool,
+    /// This agent runs the node's health check (a rank's local rank 0).
     pub checks_node: bool,
     pub journal: Writer,
     pub hosted: Option<Coordinator>,
@@ -53,8 +52,6 @@ pub(crate) struct Rank {
     pub sock_path: PathBuf,
     /// Coordinated checkpoint requests reach the trainer through this file.
     pub control_path: PathBuf,
-    /// Nodes left out of the step, and the step's size then.
-    pub step_out: Option<(Vec<String>, u32)>,
     pub pid: Pid,
     pub launched: Instant,
     pub tail: Arc<output::Tail>,
@@ -69,119 +66,118 @@ pub(crate) struct Inputs {
     pub notes: UnboundedReceiver<Note>,
 }
 
-/// Set up the rank and start its trainer, or end early (an unhealthy node,
-/// a requeue at the start).
+/// Set the agent up and start its child, or end early with an exit code
+/// (an unhealthy node; at the job level, a requeue at the start).
 pub(crate) enum Setup {
     Ready(Box<Rank>, Inputs),
-    Done(Next),
+    Done(i32),
 }
 
-/// Identity, Slurm context, journal.
-struct Base {
-    clock: Clock,
-    id: Identity,
-    slurm: SlurmContext,
-    job_dir: PathBuf,
-    batch_level: bool,
-    relaunched: Option<Relaunch>,
-    /// The journal as this allocation found it (batch level).
-    earlier: Vec<journal::Record>,
-    journal: Writer,
-    single_rank_job: bool,
+/// Who this process is: identity, Slurm context, the job's directory.
+pub(crate) struct Who {
+    pub clock: Clock,
+    pub id: Identity,
+    pub slurm: SlurmContext,
+    pub job_dir: PathBuf,
 }
 
-fn base(cfg: &Config, job_id: Option<&str>) -> Result<Base> {
-    let mut id = Identity::from_env(job_id).map_err(Error::Usage)?;
-    let t0 = Instant::now();
-    let clock = Clock {
-        t0,
-        wall0: crate::util::clock::at(t0),
-    };
-    // A malformed SLURM_* environment is Slurm's problem, not a reason to
-    // refuse to run the trainer: warn and go on without the Slurm context.
-    let slurm = SlurmContext::from_env().unwrap_or_else(|e| {
-        tracing::warn!("ignoring the Slurm environment: {e}");
-        SlurmContext::default()
-    });
-    let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
-    // In a batch script (in the job, not a task of a step), resilio is the
-    // job-level supervisor: it wraps the steps, and decides after them.
-    let batch_level = slurm.in_batch_script();
-    // Attempts count steps: a relaunch inside the allocation hands its
-    // attempt over; a fresh allocation continues after the journal's.
-    let mut relaunched: Option<Relaunch> = None;
-    let mut earlier: Vec<journal::Record> = Vec::new();
-    if batch_level {
-        earlier = journal::read_job(&job_dir)
-            .map(|j| crate::runs::of_key(j.records, id.run.key.as_deref()))
-            .unwrap_or_default();
-        if let Ok(text) = std::env::var(crate::slurm::step::ENV_RELAUNCH) {
-            match Relaunch::parse(&text) {
-                Ok(r) => relaunched = Some(r),
-                Err(e) => tracing::warn!("ignoring {e}"),
-            }
-        }
-        id.attempt = match &relaunched {
-            Some(r) => r.attempt,
-            None => crate::job::batch::first_attempt_of_allocation(&earlier, slurm.restart_count),
+impl Who {
+    pub(crate) fn from_env(cfg: &Config, job_id: Option<&str>) -> Result<Who> {
+        let id = Identity::from_env(job_id).map_err(Error::Usage)?;
+        let t0 = Instant::now();
+        let clock = Clock {
+            t0,
+            wall0: crate::util::clock::at(t0),
         };
+        // A malformed SLURM_* environment is Slurm's problem, not a reason to
+        // refuse to run the trainer: warn and go on without the Slurm context.
+        let slurm = SlurmContext::from_env().unwrap_or_else(|e| {
+            tracing::warn!("ignoring the Slurm environment: {e}");
+            SlurmContext::default()
+        });
+        let job_dir = journal::job_dir(&cfg.state_dir, &id.job);
+        Ok(Who {
+            clock,
+            id,
+            slurm,
+            job_dir,
+        })
     }
-    let mut journal = open_journal(&job_dir, &id, &slurm, batch_level);
-    journal.set_run(id.run.key.as_deref());
-    if id.run.fresh && id.rank == 0 && relaunched.is_none() {
-        crate::runs::warn_if_reused(&job_dir, &id.job, id.run.key.as_deref());
+
+    /// Who, writing `journal`; a fresh run's first writer warns when the
+    /// job's directory already holds another run.
+    pub(crate) fn writing(self, mut journal: Writer, owns_job: bool, first: bool) -> Base {
+        let id = self.id;
+        journal.set_run(id.run.key.as_deref());
+        if id.run.fresh && id.rank == 0 && first {
+            crate::runs::warn_if_reused(&self.job_dir, &id.job, id.run.key.as_deref());
+        }
+        Base {
+            clock: self.clock,
+            id,
+            slurm: self.slurm,
+            job_dir: self.job_dir,
+            journal,
+            owns_job,
+        }
     }
-    // The local launcher records the job's start and end itself.
-    let single_rank_job = batch_level
-        || (id.world_size == 1
-            && !env_is_set(crate::coordinator::ENV_URL)
-            && !env_is_set(crate::context::ENV_LAUNCHER));
-    Ok(Base {
-        clock,
-        id,
-        slurm,
-        job_dir,
-        batch_level,
-        relaunched,
-        earlier,
-        journal,
-        single_rank_job,
-    })
 }
 
-fn open_journal(job_dir: &Path, id: &Identity, slurm: &SlurmContext, batch_level: bool) -> Writer {
-    if batch_level {
-        return Writer::open(
-            job_dir,
-            "batch.jsonl",
-            id.attempt,
-            None,
-            Some(id.node.clone()),
-        );
-    }
-    // One file per writer: a second concurrent step of the same job
-    // (a monitor next to the training step) gets files of its own.
+/// Who this process is, and the journal it writes.
+pub(crate) struct Base {
+    pub clock: Clock,
+    pub id: Identity,
+    pub slurm: SlurmContext,
+    pub job_dir: PathBuf,
+    pub journal: Writer,
+    /// This process records the job's start and end.
+    pub owns_job: bool,
+}
+
+/// A rank's identity and journal. One file per writer: a second concurrent
+/// step of the same job (a monitor next to the training step) gets files
+/// of its own.
+fn rank_base(cfg: &Config, job_id: Option<&str>) -> Result<Base> {
+    let who = Who::from_env(cfg, job_id)?;
+    let (id, slurm) = (&who.id, &who.slurm);
     let name = match slurm.step_id.as_deref() {
         Some(step) if step != "0" && slurm.in_step() => {
             format!("step{step}-rank-{}.jsonl", id.rank)
         }
         _ => format!("rank-{}.jsonl", id.rank),
     };
-    Writer::open(
-        job_dir,
+    let journal = Writer::open(
+        &who.job_dir,
         &name,
         id.attempt,
         Some(id.rank),
         Some(id.node.clone()),
-    )
+    );
+    // A launcher (local, or a coordinator's) records the job's start and end.
+    let owns_job = id.world_size == 1
+        && !env_is_set(crate::coordinator::ENV_URL)
+        && !env_is_set(crate::context::ENV_LAUNCHER);
+    Ok(who.writing(journal, owns_job, true))
+}
+
+/// A coordinator this process hosts: for how many ranks, the journal it
+/// learns earlier attempts from, and the failure it resumes after (a
+/// relaunch inside the allocation: when, and the restarts so far).
+pub(crate) struct Host {
+    pub world: u32,
+    pub seed: Vec<journal::Record>,
+    pub resumed: Option<(Instant, u32)>,
 }
 
 /// The coordinator: from the environment (the local launcher's, or the
-/// batch-level one's), hosted here (batch level; rank 0 of a step nobody
-/// else coordinates), or found from the job's files (the other ranks).
+/// job level's), hosted here (`host`: the job level; rank 0 of a step
+/// nobody else coordinates), or found from the job's files (the other
+/// ranks). `link_hosted`: this process reports to the one it hosts.
 fn coordinator(
     cfg: &Config,
     b: &Base,
+    host: Option<Host>,
+    link_hosted: bool,
     advice: &mut Option<Advice>,
     monitor_errors: &mut Vec<String>,
 ) -> (Option<Coordinator>, Option<Target>) {
@@ -195,15 +191,15 @@ fn coordinator(
     let multi_rank_step = b.slurm.in_step() && b.id.world_size > 1;
     if let Some((url, token)) = from_env {
         (None, Some(Target::Known { url, token }))
-    } else if b.batch_level || (multi_rank_step && b.id.rank == 0) {
-        match host_coordinator(cfg, b) {
+    } else if let Some(h) = host {
+        match host_coordinator(cfg, b, h) {
             Ok(c) => {
                 // `checkpoint_every = "advised"`: from the journal so
                 // far, and again every few minutes (see the loop).
                 if let Some(a) = advice.as_mut() {
                     a.poll(&c, Instant::now());
                 }
-                let target = (!b.batch_level).then(|| Target::Known {
+                let target = link_hosted.then(|| Target::Known {
                     url: c.url.clone(),
                     token: c.token.clone(),
                 });
@@ -221,32 +217,21 @@ fn coordinator(
     }
 }
 
-fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
+fn host_coordinator(cfg: &Config, b: &Base, h: Host) -> std::io::Result<Coordinator> {
     let id = &b.id;
-    let world = if b.batch_level {
-        b.slurm.ntasks.unwrap_or(1)
-    } else {
-        id.world_size
-    };
     let mut policy = cfg.coordinator.policy.clone();
     policy.observe = cfg.observe;
     policy.busy_limit = cfg.stall.eval_timeout;
-    let mut view =
-        crate::coordinator::state::JobView::new(&id.job, world, id.attempt, policy, Instant::now());
+    let mut view = crate::coordinator::state::JobView::new(
+        &id.job,
+        h.world,
+        id.attempt,
+        policy,
+        Instant::now(),
+    );
     // Stragglers flagged before this attempt: confirmation across restarts.
-    if b.batch_level {
-        view.seed_from_journal(&b.earlier);
-    } else if id.attempt > 0 {
-        if let Ok(j) = journal::read_job(&b.job_dir) {
-            view.seed_from_journal(&crate::runs::of_key(j.records, id.run.key.as_deref()));
-        }
-    }
-    if let Some(r) = &b.relaunched {
-        let ago = (Utc::now().timestamp_micros() - r.failed_at_us).max(0) as u64;
-        let at = Instant::now()
-            .checked_sub(Duration::from_micros(ago))
-            .unwrap_or_else(Instant::now);
-        let restarts = b.earlier.iter().filter(|r| r.kind == "restart").count() as u32;
+    view.seed_from_journal(&h.seed);
+    if let Some((at, restarts)) = h.resumed {
         view.resume_after_failure(at, restarts);
     }
     crate::coordinator::bind_address(&cfg.coordinator.bind, b.slurm.in_job())
@@ -270,16 +255,52 @@ fn host_coordinator(cfg: &Config, b: &Base) -> std::io::Result<Coordinator> {
         })
 }
 
-/// The coordinator's link and the report it carries; the hosted
-/// coordinator and its checkpoint advice.
-fn connect(cfg: &Config, b: &Base, monitor_errors: &mut Vec<String>) -> Linked {
+/// What an agent has before its child starts: the coordinator's link and
+/// the report it carries, the hosted coordinator and its checkpoint advice,
+/// signals, the progress socket, the child's environment.
+pub(crate) struct Parts {
+    pub hosted: Option<Coordinator>,
+    pub advice: Option<Advice>,
+    pub outbox: Arc<Outbox>,
+    pub link: Option<Link>,
+    pub inputs: Inputs,
+    pub tx: progress::Sender,
+    pub socket_ok: bool,
+    pub sock_path: PathBuf,
+    pub control_path: PathBuf,
+    pub env: Env,
+    pub torchrun: Vec<(&'static str, String)>,
+    /// What supervision goes on without, said once the child started.
+    pub monitor_errors: Vec<String>,
+}
+
+impl Parts {
+    /// The child will not start: the socket goes.
+    pub(crate) fn remove_socket(&self) {
+        if self.socket_ok {
+            let _ = std::fs::remove_file(&self.sock_path);
+        }
+    }
+}
+
+/// The parts, in this order: coordinator, signals, socket, environment.
+/// `extra`: the role's own variables for the child, given the coordinator
+/// it hosts.
+pub(crate) fn prepare(
+    cfg: &Config,
+    b: &Base,
+    host: Option<Host>,
+    link_hosted: bool,
+    extra: impl FnOnce(Option<&Coordinator>) -> Env,
+) -> Result<Parts> {
+    let mut monitor_errors: Vec<String> = Vec::new();
     let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
         Advice::new(Arc::new(crate::analysis::advice::JournalAdvice::new(
             &cfg.state_dir,
             &b.id.job,
         )))
     });
-    let (hosted, target) = coordinator(cfg, b, &mut advice, monitor_errors);
+    let (hosted, target) = coordinator(cfg, b, host, link_hosted, &mut advice, &mut monitor_errors);
     let outbox = Arc::new(Outbox::default());
     let (notes_tx, notes_rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
     let link = target.map(|t| Link::new(t, cfg.coordinator.report_interval));
@@ -294,21 +315,32 @@ fn connect(cfg: &Config, b: &Base, monitor_errors: &mut Vec<String>) -> Linked {
         l.spawn(outbox.clone(), notes_tx.clone());
     }
     drop(notes_tx);
-    Linked {
+    let inputs = signals(notes_rx, &mut monitor_errors)?;
+    let tx = progress::Sender::new();
+    let (sock_path, socket_ok) = progress_socket(&b.id, &tx, &mut monitor_errors);
+    let control_path = sock_path.with_extension("ctl");
+    let extra = extra(hosted.as_ref());
+    let (env, torchrun) = trainer_env(
+        cfg,
+        b,
+        socket_ok.then_some(sock_path.as_path()),
+        link.is_some().then_some(control_path.as_path()),
+        extra,
+    );
+    Ok(Parts {
         hosted,
         advice,
         outbox,
         link,
-        notes: notes_rx,
-    }
-}
-
-struct Linked {
-    hosted: Option<Coordinator>,
-    advice: Option<Advice>,
-    outbox: Arc<Outbox>,
-    link: Option<Link>,
-    notes: UnboundedReceiver<Note>,
+        inputs,
+        tx,
+        socket_ok,
+        sock_path,
+        control_path,
+        env,
+        torchrun,
+        monitor_errors,
+    })
 }
 
 /// Signals are registered before the child exists so none is lost; then
@@ -325,15 +357,15 @@ fn signals(notes: UnboundedReceiver<Note>, monitor_errors: &mut Vec<String>) -> 
 }
 
 /// Variables for the trainer's environment.
-type Env = Vec<(OsString, OsString)>;
+pub(crate) type Env = Vec<(OsString, OsString)>;
 
 /// The trainer's environment, and the torchrun variables among it.
 fn trainer_env(
     cfg: &Config,
     b: &Base,
-    hosted: Option<&Coordinator>,
     socket: Option<&Path>,
     control: Option<&Path>,
+    extra: Env,
 ) -> (Env, Vec<(&'static str, String)>) {
     let mut env: Vec<(OsString, OsString)> =
         b.id.exported()
@@ -349,34 +381,7 @@ fn trainer_env(
     if let Some(c) = control {
         env.push(("RESILIO_CONTROL".into(), c.into()));
     }
-    if let Some(c) = hosted.filter(|_| b.batch_level) {
-        for (k, v) in c.env() {
-            env.push((k.into(), v.into()));
-        }
-    }
-    if b.batch_level {
-        // The job level decides after the steps: their agents do not.
-        // Its value, the state dir, keeps the ranks' journals with this
-        // one whatever the script exports later.
-        env.push((
-            crate::job::step_level::ENV_JOB_LEVEL.into(),
-            std::path::absolute(&cfg.state_dir)
-                .unwrap_or_else(|_| cfg.state_dir.clone())
-                .into(),
-        ));
-    }
-    // A rollback the decision left for this attempt (`[numerical]`): the
-    // checkpoint to restart from and the steps whose data to skip.
-    if let Some(rb) =
-        crate::journal::rollback_for(&b.job_dir, b.id.attempt).filter(|_| !b.batch_level)
-    {
-        if let Some(s) = rb.checkpoint_step {
-            env.push(("RESILIO_ROLLBACK_STEP".into(), s.to_string().into()));
-        }
-        if let Some(s) = rb.skip_steps() {
-            env.push(("RESILIO_SKIP_STEPS".into(), s.into()));
-        }
-    }
+    env.extend(extra);
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     }
@@ -390,99 +395,72 @@ fn trainer_env(
     (env, torchrun)
 }
 
-/// Set the rank up and start the trainer.
-pub(crate) fn setup(
+/// A rollback the decision left for this attempt (`[numerical]`): the
+/// checkpoint to restart from and the steps whose data to skip.
+fn rollback_env(b: &Base) -> Env {
+    let mut env = Env::new();
+    if let Some(rb) = journal::rollback_for(&b.job_dir, b.id.attempt) {
+        if let Some(s) = rb.checkpoint_step {
+            env.push(("RESILIO_ROLLBACK_STEP".into(), s.to_string().into()));
+        }
+        if let Some(s) = rb.skip_steps() {
+            env.push(("RESILIO_SKIP_STEPS".into(), s.into()));
+        }
+    }
+    env
+}
+
+/// How the child is started and what the agent is to it.
+pub(crate) struct Child {
+    /// The command as given.
+    pub argv: Vec<OsString>,
+    /// The command as run (nodes left out of it, say).
+    pub run_argv: Vec<OsString>,
+    pub checks_node: bool,
+    pub supervises_step: bool,
+    /// Kept out of the agent's process group (a guardian above holds it).
+    pub own_group: bool,
+}
+
+/// Start the child and the sources that watch it; `rank_start` is written.
+/// `started`: the role's look at the child just started (its pid, the read
+/// ends of its output), before anything reads them.
+pub(crate) fn start(
     cfg: Config,
-    argv: Vec<OsString>,
-    job_id: Option<&str>,
-    slurm_cli: &dyn Slurm,
+    mut b: Base,
+    parts: Parts,
+    child: Child,
+    started: impl FnOnce(&process::Spawned, &Base, Option<&Coordinator>),
 ) -> Result<Setup> {
-    let mut b = base(&cfg, job_id)?;
-    let mut monitor_errors: Vec<String> = Vec::new();
-    let Linked {
-        hosted,
-        advice,
-        outbox,
-        link,
-        notes,
-    } = connect(&cfg, &b, &mut monitor_errors);
-    let inputs = signals(notes, &mut monitor_errors)?;
-    let tx = progress::Sender::new();
-    let (sock_path, socket_ok) = progress_socket(&b.id, &tx, &mut monitor_errors);
-    let control_path = sock_path.with_extension("ctl");
-    let (env, torchrun) = trainer_env(
-        &cfg,
-        &b,
-        hosted.as_ref(),
-        socket_ok.then_some(sock_path.as_path()),
-        link.is_some().then_some(control_path.as_path()),
-    );
-    let remove_socket = || {
-        if socket_ok {
-            let _ = std::fs::remove_file(&sock_path);
-        }
-    };
-    let checks_node = !b.batch_level && b.slurm.localid.unwrap_or(0) == 0;
-    if let Some(code) = before_start(&cfg, &mut b, checks_node, slurm_cli) {
-        return Ok(Setup::Done(Next::Exit(code)));
-    }
-    let relaunch = b.relaunched.is_some();
-    if b.batch_level && !relaunch {
-        warn_about_spares(&cfg, &mut b, &argv, slurm_cli);
-    }
-    let step_out = match leave_out(&cfg, &mut b, &argv, slurm_cli) {
-        Ok(out) => out,
-        Err(next) => {
-            remove_socket();
-            return Ok(Setup::Done(next));
-        }
-    };
-    let Base {
-        clock,
-        id,
-        slurm,
-        job_dir,
-        batch_level,
-        mut journal,
-        single_rank_job,
-        ..
-    } = b;
-    let mut run_argv = step_argv(&argv, &step_out, &mut journal);
-    if relaunch {
-        run_argv = crate::slurm::step::overlapping(&run_argv);
-    }
-    let argv_text = text_of(&argv);
-    let guarded = batch_level && crate::job::guardian::guarded();
-    let spawned = match process::spawn(&run_argv, &env, guarded) {
+    let argv_text = text_of(&child.argv);
+    let spawned = match process::spawn(&child.run_argv, &parts.env, child.own_group) {
         Ok(s) => s,
         Err(e) => {
-            spawn_failed(&mut journal, &e, &argv_text, single_rank_job);
-            remove_socket();
+            spawn_failed(&mut b.journal, &e, &argv_text, b.owns_job);
+            parts.remove_socket();
             return Err(e);
         }
     };
     let launched = Instant::now();
-    if guarded {
-        use std::os::fd::AsFd;
-        let step = crate::job::guardian::Handoff {
-            step_pid: spawned.pid.as_raw(),
-            job: id.job.clone(),
-            attempt: id.attempt,
-            job_dir: job_dir.clone(),
-            node: id.node.clone(),
-            run: id.run.key.clone(),
-            coordinator: hosted.as_ref().map(|_| crate::job::guardian::Rehost {
-                job: id.job.clone(),
-                world_size: id.world_size,
-                state_dir: cfg.state_dir.clone(),
-                config: cfg.user_file.clone(),
-            }),
-        };
-        crate::job::guardian::hand_over(&step, spawned.stdout.as_fd(), spawned.stderr.as_fd());
-    }
-    outbox.update(|r| r.pid = spawned.pid.as_raw() as u32);
+    started(&spawned, &b, parts.hosted.as_ref());
+    parts.outbox.update(|r| r.pid = spawned.pid.as_raw() as u32);
+    let Parts {
+        hosted,
+        advice,
+        outbox,
+        link,
+        inputs,
+        tx,
+        socket_ok,
+        sock_path,
+        control_path,
+        torchrun,
+        monitor_errors,
+        ..
+    } = parts;
+    let mut monitor_errors = monitor_errors;
     let mut rank = Rank {
-        clock,
+        clock: b.clock,
         pid: spawned.pid,
         launched,
         tail: output::Tail::new(64 * 1024),
@@ -490,14 +468,14 @@ pub(crate) fn setup(
         file_watch: None,
         ckpt_watch: None,
         cfg,
-        argv,
-        id,
-        slurm,
-        job_dir,
-        batch_level,
-        single_rank_job,
-        checks_node,
-        journal,
+        argv: child.argv,
+        id: b.id,
+        slurm: b.slurm,
+        job_dir: b.job_dir,
+        supervises_step: child.supervises_step,
+        owns_job: b.owns_job,
+        checks_node: child.checks_node,
+        journal: b.journal,
         hosted,
         advice,
         outbox,
@@ -506,12 +484,54 @@ pub(crate) fn setup(
         socket_ok,
         sock_path,
         control_path,
-        step_out,
     };
     let file_mode = rank.watch(spawned.stdout, spawned.stderr, &mut monitor_errors);
     rank.rank_start(&argv_text, file_mode, &torchrun);
     rank.monitor_errors(&monitor_errors);
     Ok(Setup::Ready(Box::new(rank), inputs))
+}
+
+/// Set a rank up and start its trainer.
+pub(crate) fn setup(cfg: Config, argv: Vec<OsString>, job_id: Option<&str>) -> Result<Setup> {
+    let mut b = rank_base(&cfg, job_id)?;
+    let multi_rank_step = b.slurm.in_step() && b.id.world_size > 1;
+    // Rank 0 of a step nobody else coordinates hosts the step's coordinator.
+    let host = (multi_rank_step && b.id.rank == 0).then(|| Host {
+        world: b.id.world_size,
+        seed: if b.id.attempt > 0 {
+            journal::read_job(&b.job_dir)
+                .map(|j| crate::runs::of_key(j.records, b.id.run.key.as_deref()))
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        },
+        resumed: None,
+    });
+    let rollback = rollback_env(&b);
+    let parts = prepare(&cfg, &b, host, true, |_| rollback)?;
+    if b.owns_job {
+        let start = ev::JobStart {
+            world_size: Some(b.id.world_size),
+            mode: Some("single".into()),
+            ..Default::default()
+        };
+        b.journal.write(start, false);
+    }
+    let checks_node = b.slurm.localid.unwrap_or(0) == 0;
+    if checks_node {
+        if let Some(code) = health_before_start(&cfg, &mut b) {
+            parts.remove_socket();
+            return Ok(Setup::Done(code));
+        }
+    }
+    let child = Child {
+        run_argv: argv.clone(),
+        argv,
+        checks_node,
+        supervises_step: false,
+        own_group: false,
+    };
+    start(cfg, b, parts, child, |_, _, _| {})
 }
 
 fn text_of(argv: &[OsString]) -> Vec<String> {
@@ -520,44 +540,10 @@ fn text_of(argv: &[OsString]) -> Vec<String> {
         .collect()
 }
 
-/// `job_start` (when this agent owns the job), the reconciliation of
-/// undecided attempts (batch level), and the node's health check before
-/// the trainer. `Some(code)`: the node is unhealthy, the trainer not started.
-fn before_start(
-    cfg: &Config,
-    b: &mut Base,
-    checks_node: bool,
-    slurm_cli: &dyn Slurm,
-) -> Option<i32> {
+/// The node's health check before the trainer (once per node: local rank
+/// 0). `Some(code)`: the node is unhealthy, the trainer not started.
+fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     let (id, journal) = (&b.id, &mut b.journal);
-    if b.single_rank_job {
-        let start = ev::JobStart {
-            world_size: Some(id.world_size),
-            mode: Some(if b.batch_level { "batch" } else { "single" }.into()),
-            allocation: b.batch_level.then_some(b.slurm.restart_count),
-            relaunch_in_allocation: b
-                .relaunched
-                .as_ref()
-                .filter(|_| b.batch_level)
-                .map(|r| json!({ "exclude": r.exclude, "nodes": r.nodes })),
-            ..Default::default()
-        };
-        // Durable at batch level: it maps the allocation to its attempts.
-        journal.write(start, b.batch_level);
-    }
-    if b.batch_level && b.relaunched.is_none() {
-        crate::job::batch::reconcile_previous(
-            &b.earlier,
-            &id.job,
-            b.slurm.restart_count,
-            slurm_cli,
-            journal,
-        );
-    }
-    // The site health check, once per node (local rank 0), before the trainer.
-    if !checks_node {
-        return None;
-    }
     let h = crate::rank::health::run(&cfg.health)?;
     journal.write(
         ev::HealthCheck {
@@ -598,97 +584,10 @@ fn before_start(
         },
         true,
     );
-    if b.single_rank_job {
+    if b.owns_job {
         journal.write(job_end(code), true);
     }
     Some(code)
-}
-
-/// Nodes left out of the step: by a relaunch inside the allocation (the
-/// blamed ones), or at the start from the node history (`[nodes]`).
-/// `Err`: the job was requeued instead.
-fn leave_out(
-    cfg: &Config,
-    b: &mut Base,
-    argv: &[OsString],
-    slurm_cli: &dyn Slurm,
-) -> std::result::Result<Option<(Vec<String>, u32)>, Next> {
-    let mut step_out = b.relaunched.as_ref().map(|r| (r.exclude.clone(), r.nodes));
-    if b.batch_level && b.relaunched.is_none() && cfg.nodes.exclude_at_start {
-        let (history, _) = crate::analysis::node_history::build(
-            &cfg.state_dir,
-            Utc::now(),
-            cfg.nodes.half_life,
-            Some(slurm_cli),
-        );
-        // `earlier`: the journal as this allocation found it (read once above).
-        match crate::job::batch::history_at_start(
-            &history,
-            cfg.nodes.threshold,
-            &b.id.job,
-            &b.slurm.job_nodes,
-            argv,
-            &b.earlier,
-            slurm_cli,
-            &mut b.journal,
-        ) {
-            crate::job::batch::AtStart::Run => {}
-            crate::job::batch::AtStart::LeaveOut { exclude, nodes } => {
-                step_out = Some((exclude, nodes));
-            }
-            crate::job::batch::AtStart::Requeued => return Err(Next::Exit(0)),
-        }
-    }
-    b.earlier = Vec::new();
-    Ok(step_out)
-}
-
-/// At an allocation's start: spare nodes that cannot replace a dead one.
-fn warn_about_spares(cfg: &Config, b: &mut Base, argv: &[OsString], slurm_cli: &dyn Slurm) {
-    let step_nodes = crate::slurm::step::requested_nodes(argv);
-    let relaunch_here = cfg.restart_in_allocation && crate::slurm::step::can_leave_out(argv);
-    if !relaunch_here || step_nodes.is_none_or(|n| b.slurm.job_nodes.len() <= n as usize) {
-        return;
-    }
-    let script = b
-        .slurm
-        .job_id
-        .as_deref()
-        .and_then(|j| slurm_cli.batch_script(j).ok());
-    let env_no_kill = std::env::var_os("SBATCH_NO_KILL").is_some_and(|v| !v.is_empty());
-    if let Some(w) = crate::slurm::step::spares_without_no_kill(
-        b.slurm.job_nodes.len(),
-        step_nodes,
-        relaunch_here,
-        script.as_deref(),
-        env_no_kill,
-    ) {
-        tracing::warn!("{w}");
-        b.journal.write(ev::SetupWarning { warning: Some(w) }, true);
-    }
-}
-
-/// The command to run: as given, or with the nodes left out.
-fn step_argv(
-    argv: &[OsString],
-    step_out: &Option<(Vec<String>, u32)>,
-    journal: &mut Writer,
-) -> Vec<OsString> {
-    match step_out {
-        Some((exclude, nodes)) => crate::slurm::step::leave_out(argv, exclude, *nodes)
-            .unwrap_or_else(|| {
-                journal.write(
-                    ev::MonitorError {
-                        error: Some(
-                            "the step command cannot leave nodes out; run as it was".into(),
-                        ),
-                    },
-                    false,
-                );
-                argv.to_vec()
-            }),
-        None => argv.to_vec(),
-    }
 }
 
 impl Rank {

@@ -1,21 +1,89 @@
-//! The one-prefix form's decision (`srun ... resilio run -- CMD` with no
-//! job-level `resilio run` above the step): after its rank's end, one of
-//! the step's agents judges the step and decides (see
-//! [`crate::job::step_level`] for who, and why one).
+//! After a rank's end, what its agent does for the job: in the one-prefix
+//! form (`srun ... resilio run -- CMD` with no job-level `resilio run`
+//! above the step) one of the step's agents judges the step and decides
+//! (see [`super::step_level`] for who, and why one); a rank that is the
+//! whole job records the job's end.
 
-use super::run::{Agent, SILENT_STEP};
-use super::Next;
+use super::batch::Next;
+use super::step_level::{self, Claim, Role, Where};
+use super::supervisor::SILENT_STEP;
 use crate::context::env_is_set;
-use crate::job::step_level::{self, Claim, Role, Where};
+use crate::event as ev;
 use crate::journal::{self, Writer};
 use crate::policy::failure::Verdict;
+use crate::rank::{Agent, Finished};
 use std::time::{Duration, Instant};
 
 const POLL: Duration = Duration::from_millis(200);
 
-impl Agent<'_> {
+/// After the rank's end: the step's decision, or the job's end where this
+/// agent owns the job; resilio's exit code (the rank's own).
+pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
+    let code = fin.ending.code();
+    let mut a = fin.agent;
+    let role = a.step_role();
+    if role != Role::None {
+        let next = a
+            .decide_for_step(
+                role,
+                code,
+                &fin.verdict,
+                fin.ending.pre_timeout,
+                fin.reported,
+            )
+            .await;
+        return match next {
+            Next::Exit(code) => code,
+            // The one-prefix form has no allocation to relaunch in.
+            Next::Relaunch(_) => code,
+        };
+    }
+    if a.r.owns_job {
+        a.r.journal.write(
+            ev::JobEnd {
+                exit_code: Some(code),
+                reason: None,
+            },
+            true,
+        );
+    } else if a.launcher_lost && a.r.id.rank == 0 {
+        // The launcher that would have ended the job is gone: the
+        // journal gets its end from rank 0, the rank whose end a
+        // torchrun job's status follows.
+        a.r.journal.write(
+            ev::JobEnd {
+                exit_code: Some(code),
+                reason: Some(format!(
+                    "rank 0 ended (exit code {code}) after the launcher died"
+                )),
+            },
+            true,
+        );
+    }
+    code
+}
+
+/// The step's decision, taken by an agent after its rank's end.
+trait Decides {
+    fn step_role(&self) -> Role;
+    async fn decide_for_step(
+        &mut self,
+        role: Role,
+        code: i32,
+        verdict: &Verdict,
+        pre_timeout: bool,
+        reported: bool,
+    ) -> Next;
+    async fn wait_for_the_step(&mut self);
+    async fn wait_for_decision(&self, limit: Duration) -> bool;
+    async fn wait_for_exits(&self, limit: Duration);
+    fn records(&self) -> Vec<journal::Record>;
+    fn decide_step(&mut self, code: i32, verdict: &Verdict, pre_timeout: bool) -> Next;
+}
+
+impl Decides for Agent<'_> {
     /// This agent's part in the step's decision.
-    pub(super) fn step_role(&self) -> Role {
+    fn step_role(&self) -> Role {
         let r = &self.r;
         step_level::role(Where {
             in_step: r.slurm.in_step(),
@@ -29,7 +97,7 @@ impl Agent<'_> {
     /// Decide on the step (or leave it to the agent that does), then exit
     /// with the rank's own code. `reported`: the rank's end reached a live
     /// coordinator, whose host will decide.
-    pub(super) async fn decide_for_step(
+    async fn decide_for_step(
         &mut self,
         role: Role,
         code: i32,
@@ -152,7 +220,7 @@ impl Agent<'_> {
         let r = &mut *self.r;
         let attempt = r.id.attempt;
         let exit_code = step_level::step_exit_code(&records, attempt).unwrap_or(code);
-        let step = crate::job::judge::StepEnd {
+        let step = super::judge::StepEnd {
             ended: crate::util::clock::now(),
             exit_code,
             verdict,
@@ -169,7 +237,7 @@ impl Agent<'_> {
             Some(r.id.node.clone()),
         )
         .with_run(r.journal.run());
-        crate::job::batch::after_attempt(
+        super::batch::after_attempt(
             &r.cfg.state_dir,
             &r.id.job,
             attempt,
