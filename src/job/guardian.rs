@@ -502,7 +502,7 @@ fn decide(
         .ok()
         .and_then(|t| crate::slurm::step::Relaunch::parse(&t).ok())
         .map(|r| (r.exclude, r.nodes));
-    let alloc = super::supervisor::allocation(d.cfg, &slurm.job_nodes, d.argv, step_out.as_ref());
+    let alloc = super::batch::allocation(d.cfg, &slurm.job_nodes, d.argv, step_out.as_ref());
     crate::job::batch::after_attempt(
         &d.cfg.state_dir,
         &h.job,

@@ -492,7 +492,7 @@ impl Level {
             pre_timeout: fin.ending.pre_timeout,
             agents: &[],
         };
-        let alloc = allocation(&r.cfg, &r.slurm.job_nodes, &r.argv, self.step_out.as_ref());
+        let alloc = batch::allocation(&r.cfg, &r.slurm.job_nodes, &r.argv, self.step_out.as_ref());
         batch::after_attempt(
             &r.cfg.state_dir,
             &r.id.job,
@@ -505,30 +505,4 @@ impl Level {
             &mut r.journal,
         )
     }
-}
-
-/// The allocation a failed step can run again in (see docs/slurm.md), or
-/// none when relaunching inside it is off or there is no allocation.
-/// `step_out`: the nodes this step already left out, and its size.
-pub(crate) fn allocation(
-    cfg: &Config,
-    job_nodes: &[String],
-    argv: &[OsString],
-    step_out: Option<&(Vec<String>, u32)>,
-) -> Option<crate::policy::restart::Allocation> {
-    (cfg.restart_in_allocation && !job_nodes.is_empty()).then(|| {
-        crate::policy::restart::Allocation {
-            nodes: job_nodes.to_vec(),
-            excluded: step_out.map(|o| o.0.clone()).unwrap_or_default(),
-            withheld: crate::slurm::step::user_excluded_nodes(argv),
-            // The step's size as launched (the journal's count of nodes
-            // that started a rank can miss a node that died early).
-            step_nodes: step_out
-                .map(|o| o.1)
-                .filter(|n| *n > 0)
-                .or_else(|| crate::slurm::step::requested_nodes(argv))
-                .unwrap_or(0),
-            can_exclude: crate::slurm::step::can_leave_out(argv),
-        }
-    })
 }

@@ -45,6 +45,7 @@ mod run;
 mod setup;
 mod sources;
 pub mod stacks;
+mod supervised;
 
 pub(crate) use lifecycle::Ending;
 pub(crate) use run::Agent;

@@ -9,7 +9,7 @@ use super::progress_log::ProgressLog;
 use super::records::{
     dump_record, on_stall, record_of, stop_stalled, truncate_lines, write_control, write_diag_file,
 };
-use super::setup::{Inputs, Rank};
+use super::supervised::{Inputs, Rank};
 use super::Hooks;
 use crate::coordinator::client::Note;
 use crate::coordinator::protocol::RankState;

@@ -2,7 +2,7 @@
 //! pumps on its output, the progress file and the checkpoint directory.
 //! Each fails open: without it, supervision goes on with the others.
 
-use super::setup::Rank;
+use super::supervised::Rank;
 use crate::context::Identity;
 use crate::progress::{self, output};
 use std::path::PathBuf;
