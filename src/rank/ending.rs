@@ -1,10 +1,22 @@
 //! How a rank ended, as the lifecycle saw it: the exit code resilio
 //! returns, the `cause` of `rank_exit`, whether it was stopped on request.
 
-use super::lifecycle::StopReason;
 use crate::policy::stall::Stall;
 use crate::process::Exit;
 use std::time::Instant;
+
+/// Why the agent is stopping the trainer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StopReason {
+    /// A signal from outside (forwarded), by name.
+    Signal(&'static str),
+    /// The stall policy fired.
+    Stall,
+    /// The coordinator stopped the step (another rank failed).
+    Coordinator,
+    /// Its loss went to NaN or Inf (`policy::numerical`): what was seen.
+    Numerical(String),
+}
 
 /// How the rank ended, for `rank_exit` and `failure`.
 #[derive(Clone, Debug, PartialEq)]

@@ -13,25 +13,12 @@
 //! after the grace, given up 10 s after SIGKILL.
 //! ```
 
-pub use super::ending::Ending;
+pub use super::ending::{Ending, StopReason};
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::process::Exit;
 use chrono::{DateTime, Utc};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
-
-/// Why the agent is stopping the trainer.
-#[derive(Clone, Debug, PartialEq)]
-pub enum StopReason {
-    /// A signal from outside (forwarded), by name.
-    Signal(&'static str),
-    /// The stall policy fired.
-    Stall,
-    /// The coordinator stopped the step (another rank failed).
-    Coordinator,
-    /// Its loss went to NaN or Inf (`policy::numerical`): what was seen.
-    Numerical(String),
-}
 
 /// Where the rank's lifecycle stands (the trainer's exit, and the SIGKILL
 /// deadlines, are kept beside it: the main child can exit in any state).
