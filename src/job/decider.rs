@@ -5,7 +5,7 @@
 //! whole job records the job's end.
 
 use super::batch::Next;
-use super::step_level::{self, Claim, Role, Where};
+use super::step_level::{self, Claim, Part, Where};
 use super::supervisor::SILENT_STEP;
 use crate::context::env_is_set;
 use crate::event as ev;
@@ -21,11 +21,11 @@ const POLL: Duration = Duration::from_millis(200);
 pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
     let code = fin.ending.code();
     let mut a = fin.agent;
-    let role = a.step_role();
-    if role != Role::None {
+    let part = a.step_part();
+    if part != Part::None {
         let next = a
             .decide_for_step(
-                role,
+                part,
                 code,
                 &fin.verdict,
                 fin.ending.pre_timeout,
@@ -38,19 +38,19 @@ pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
             Next::Relaunch(_) => code,
         };
     }
-    if a.r.owns_job {
-        a.r.journal.write(
+    if a.rank.owns_job {
+        a.rank.journal.write(
             ev::JobEnd {
                 exit_code: Some(code),
                 reason: None,
             },
             true,
         );
-    } else if a.launcher_lost && a.r.id.rank == 0 {
+    } else if a.launcher_lost && a.rank.id.rank == 0 {
         // The launcher that would have ended the job is gone: the
         // journal gets its end from rank 0, the rank whose end a
         // torchrun job's status follows.
-        a.r.journal.write(
+        a.rank.journal.write(
             ev::JobEnd {
                 exit_code: Some(code),
                 reason: Some(format!(
@@ -65,10 +65,10 @@ pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
 
 /// The step's decision, taken by an agent after its rank's end.
 trait Decides {
-    fn step_role(&self) -> Role;
+    fn step_part(&self) -> Part;
     async fn decide_for_step(
         &mut self,
-        role: Role,
+        part: Part,
         code: i32,
         verdict: &Verdict,
         pre_timeout: bool,
@@ -83,9 +83,9 @@ trait Decides {
 
 impl Decides for Agent<'_> {
     /// This agent's part in the step's decision.
-    fn step_role(&self) -> Role {
-        let r = &self.r;
-        step_level::role(Where {
+    fn step_part(&self) -> Part {
+        let r = &self.rank;
+        step_level::part(Where {
             in_step: r.slurm.in_step(),
             job_level: env_is_set(step_level::ENV_JOB_LEVEL),
             local_launcher: env_is_set(crate::context::ENV_LAUNCHER),
@@ -99,17 +99,17 @@ impl Decides for Agent<'_> {
     /// coordinator, whose host will decide.
     async fn decide_for_step(
         &mut self,
-        role: Role,
+        part: Part,
         code: i32,
         verdict: &Verdict,
         pre_timeout: bool,
         reported: bool,
     ) -> Next {
-        match role {
-            Role::None => return Next::Exit(code),
-            Role::Host => self.wait_for_the_step().await,
-            Role::Rank if code == 0 => return Next::Exit(code),
-            Role::Rank => {
+        match part {
+            Part::None => return Next::Exit(code),
+            Part::Host => self.wait_for_the_step().await,
+            Part::Rank if code == 0 => return Next::Exit(code),
+            Part::Rank => {
                 // A failed rank stays until the step is decided (srun
                 // with --kill-on-bad-exit would kill the host if it went),
                 // and decides itself when nobody else could.
@@ -118,9 +118,9 @@ impl Decides for Agent<'_> {
                 }
             }
         }
-        let (job_dir, attempt) = (self.r.job_dir.clone(), self.r.id.attempt);
-        let run = self.r.journal.run().map(str::to_string);
-        let who = format!("rank {} on {}", self.r.id.rank, self.r.id.node);
+        let (job_dir, attempt) = (self.rank.job_dir.clone(), self.rank.id.attempt);
+        let run = self.rank.journal.run().map(str::to_string);
+        let who = format!("rank {} on {}", self.rank.id.rank, self.rank.id.node);
         let claim = match Claim::take(&job_dir, run.as_deref(), attempt, &who) {
             Ok(Some(c)) => c,
             Ok(None) => {
@@ -137,7 +137,7 @@ impl Decides for Agent<'_> {
                 return Next::Exit(code);
             }
         };
-        if role == Role::Rank {
+        if part == Part::Rank {
             self.wait_for_exits(step_level::SETTLE).await;
         }
         // Without an allocation to relaunch in, the decision is an exit
@@ -150,7 +150,7 @@ impl Decides for Agent<'_> {
     /// The host: until every rank has exited or gone silent
     /// ([`SILENT_STEP`]), the coordinator serving meanwhile.
     async fn wait_for_the_step(&mut self) {
-        let Some(c) = &self.r.hosted else {
+        let Some(c) = &self.rank.hosted else {
             return;
         };
         loop {
@@ -173,15 +173,15 @@ impl Decides for Agent<'_> {
     /// Until the decision on this attempt is done, at most `limit`: whether it is.
     async fn wait_for_decision(&self, limit: Duration) -> bool {
         let deadline = Instant::now() + limit;
-        let run = self.r.journal.run().map(str::to_string);
+        let run = self.rank.journal.run().map(str::to_string);
         loop {
-            if step_level::decided(&self.r.job_dir, run.as_deref(), self.r.id.attempt) {
+            if step_level::decided(&self.rank.job_dir, run.as_deref(), self.rank.id.attempt) {
                 return true;
             }
             if Instant::now() >= deadline {
                 tracing::warn!(
                     "no decision on attempt {} after {}s: this agent decides",
-                    self.r.id.attempt,
+                    self.rank.id.attempt,
                     limit.as_secs()
                 );
                 return false;
@@ -194,10 +194,10 @@ impl Decides for Agent<'_> {
     /// its end, at most `limit` (the others' agents died with their nodes).
     async fn wait_for_exits(&self, limit: Duration) {
         let deadline = Instant::now() + limit;
-        let world = self.r.id.world_size;
+        let world = self.rank.id.world_size;
         loop {
             let records = self.records();
-            if step_level::not_exited(&records, self.r.id.attempt, world).is_empty()
+            if step_level::not_exited(&records, self.rank.id.attempt, world).is_empty()
                 || Instant::now() >= deadline
             {
                 return;
@@ -207,8 +207,8 @@ impl Decides for Agent<'_> {
     }
 
     fn records(&self) -> Vec<journal::Record> {
-        journal::read_job(&self.r.job_dir)
-            .map(|j| crate::runs::of_key(j.records, self.r.journal.run()))
+        journal::read_job(&self.rank.job_dir)
+            .map(|j| crate::runs::of_key(j.records, self.rank.journal.run()))
             .unwrap_or_default()
     }
 
@@ -217,7 +217,7 @@ impl Decides for Agent<'_> {
     /// blamed node excluded), stop, or finish. Journaled in `decider.jsonl`.
     fn decide_step(&mut self, code: i32, verdict: &Verdict, pre_timeout: bool) -> Next {
         let records = self.records();
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         let attempt = r.id.attempt;
         let exit_code = step_level::step_exit_code(&records, attempt).unwrap_or(code);
         let step = super::judge::StepEnd {

@@ -50,7 +50,7 @@ pub const SETTLE: Duration = Duration::from_secs(15);
 
 /// Who this agent is in the one-prefix form's decision.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
+pub enum Part {
     /// A job level decides (or there is no Slurm step): nothing to do here.
     None,
     /// The coordinator's host, or the only rank of the step.
@@ -59,7 +59,7 @@ pub enum Role {
     Rank,
 }
 
-/// What decides this agent's role: facts read from the environment.
+/// What decides this agent's part: facts read from the environment.
 #[derive(Clone, Copy, Debug)]
 pub struct Where {
     /// A task of a Slurm step (not the batch script, not local mode).
@@ -73,15 +73,15 @@ pub struct Where {
     pub world_size: u32,
 }
 
-/// The role: pure. Without a coordinator there is no host: every rank
+/// The part: pure. Without a coordinator there is no host: every rank
 /// is a candidate and the claim picks one.
-pub fn role(w: Where) -> Role {
+pub fn part(w: Where) -> Part {
     if !w.in_step || w.job_level || w.local_launcher {
-        Role::None
+        Part::None
     } else if w.hosts || w.world_size <= 1 {
-        Role::Host
+        Part::Host
     } else {
-        Role::Rank
+        Part::Rank
     }
 }
 
@@ -197,17 +197,17 @@ mod tests {
 
     #[test]
     fn only_a_step_without_a_job_level_decides_and_the_host_first() {
-        assert_eq!(role(w(false, false, true, 4)), Role::None);
-        assert_eq!(role(w(true, true, false, 4)), Role::None);
-        assert_eq!(role(w(true, true, true, 1)), Role::None);
-        assert_eq!(role(w(true, false, true, 4)), Role::Host);
-        assert_eq!(role(w(true, false, false, 4)), Role::Rank);
-        assert_eq!(role(w(true, false, false, 1)), Role::Host);
+        assert_eq!(part(w(false, false, true, 4)), Part::None);
+        assert_eq!(part(w(true, true, false, 4)), Part::None);
+        assert_eq!(part(w(true, true, true, 1)), Part::None);
+        assert_eq!(part(w(true, false, true, 4)), Part::Host);
+        assert_eq!(part(w(true, false, false, 4)), Part::Rank);
+        assert_eq!(part(w(true, false, false, 1)), Part::Host);
         let local = Where {
             local_launcher: true,
             ..w(true, false, true, 4)
         };
-        assert_eq!(role(local), Role::None);
+        assert_eq!(part(local), Part::None);
     }
 
     #[test]

@@ -324,7 +324,7 @@ impl Hooks for Level {
     /// Hosting the coordinator, the job level looks at its step once a
     /// second at least.
     fn tick_every(&self, a: &Agent<'_>) -> Option<Duration> {
-        a.r.hosted.is_some().then_some(Duration::from_secs(1))
+        a.rank.hosted.is_some().then_some(Duration::from_secs(1))
     }
 
     fn tick(&mut self, a: &mut Agent<'_>) {
@@ -345,10 +345,10 @@ impl Level {
     /// agents died, their nodes are blamed) and it runs again at once (a
     /// relaunch overlaps the lingering step, see `slurm::step::overlapping`).
     fn abandon_silent_step(&mut self, a: &mut Agent<'_>) {
-        if self.step_abandoned || a.lc.main_exited() {
+        if self.step_abandoned || a.lifecycle.main_exited() {
             return;
         }
-        let Some(c) = &a.r.hosted else {
+        let Some(c) = &a.rank.hosted else {
             return;
         };
         let now = Instant::now();
@@ -361,7 +361,7 @@ impl Level {
             "the step was torn down and only silent ranks are left ({ranks:?} on {nodes:?}, nothing heard for {}s): srun is not waited for",
             SILENT_STEP.as_secs()
         );
-        a.r.journal.write(
+        a.rank.journal.write(
             ev::StepAbandoned {
                 ranks: Some(ranks),
                 nodes: Some(nodes),
@@ -372,7 +372,7 @@ impl Level {
             },
             true,
         );
-        process::signal_group(a.r.pid, Signal::SIGKILL);
+        process::signal_group(a.rank.pid, Signal::SIGKILL);
     }
 
     /// Hosting the coordinator: a step none of whose ranks has reported
@@ -381,15 +381,15 @@ impl Level {
     /// get). srun is killed and the attempt is judged launch trouble (see
     /// [`Self::after_step`]), never the trainer's crash loop.
     fn enforce_step_start(&mut self, a: &mut Agent<'_>) {
-        let limit = a.r.cfg.step_start_timeout;
+        let limit = a.rank.cfg.step_start_timeout;
         if limit.is_zero()
             || self.step_start_missed.is_some()
-            || a.lc.main_exited()
-            || a.r.launched.elapsed() < limit
+            || a.lifecycle.main_exited()
+            || a.rank.launched.elapsed() < limit
         {
             return;
         }
-        let Some(c) = &a.r.hosted else {
+        let Some(c) = &a.rank.hosted else {
             return;
         };
         if c.with_view(|v| (v.heard_from_any(), Vec::new())) {
@@ -400,7 +400,7 @@ impl Level {
             "no rank of the step reported within {}s of srun's start: srun is killed, and the attempt judged launch trouble",
             limit.as_secs()
         );
-        a.r.journal.write(
+        a.rank.journal.write(
             ev::StepStartTimeout {
                 after_s: Some(limit.as_secs_f64()),
                 note: Some(
@@ -409,7 +409,7 @@ impl Level {
             },
             true,
         );
-        process::signal_group(a.r.pid, Signal::SIGKILL);
+        process::signal_group(a.rank.pid, Signal::SIGKILL);
     }
 
     /// At a SIGTERM: did Slurm requeue the job itself (a node failure
@@ -422,7 +422,7 @@ impl Level {
             return;
         }
         let slurm_cli = a.slurm_cli;
-        let r = &mut *a.r;
+        let r = &mut *a.rank;
         let Ok(info) = slurm_cli.show_job(&r.id.job) else {
             return;
         };
@@ -475,7 +475,7 @@ impl Level {
         }
         let slurm_cli = fin.agent.slurm_cli;
         let mut agent = fin.agent;
-        let r = &mut *agent.r;
+        let r = &mut *agent.rank;
         let mut tail_lines = r.tail.last_lines(200);
         // A step that started no rank: launch trouble, whatever srun said
         // about the tasks it never ran.

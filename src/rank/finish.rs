@@ -15,7 +15,7 @@ impl<'a> Agent<'a> {
     /// events, and remove the socket and the control file.
     fn wind_down(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(2);
-        for p in std::mem::take(&mut self.r.pumps) {
+        for p in std::mem::take(&mut self.rank.pumps) {
             while !p.is_finished() && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -24,7 +24,7 @@ impl<'a> Agent<'a> {
             }
         }
         self.drain_last();
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         r.file_watch = None;
         r.ckpt_watch = None;
         self.plog.flush(&mut r.journal, &r.clock);
@@ -45,13 +45,13 @@ impl<'a> Agent<'a> {
     pub async fn finish(mut self) -> Finished<'a> {
         self.wind_down();
         self.watch_launcher();
-        let dump_signal = self.r.cfg.diagnostics.dump_signal;
+        let dump_signal = self.rank.cfg.diagnostics.dump_signal;
         let ending = self
-            .lc
+            .lifecycle
             .ending(dump_signal)
             .expect("loop ends only after the main child exited");
         if ending.stall_cancelled {
-            self.r.journal.write(
+            self.rank.journal.write(
                 ev::StallCancelled {
                     status: Some(ending.exit.describe()),
                     note: Some("the trainer exited on its own during stall diagnostics".into()),
@@ -73,7 +73,7 @@ impl<'a> Agent<'a> {
     /// The failure's class; after a failure, the health check again (a
     /// failing one blames the node).
     fn verdict(&mut self, e: &Ending) -> failure::Verdict {
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         let after_check = if r.checks_node && e.exit.code() != 0 && !e.stopped_on_request() {
             let h = crate::rank::health::run(&r.cfg.health);
             if let Some(h) = &h {
@@ -110,8 +110,8 @@ impl<'a> Agent<'a> {
     fn rank_exit(&mut self, e: &Ending, verdict: &failure::Verdict) {
         let (code, cause) = (e.code(), e.cause());
         let ended = Instant::now();
-        let r = &mut *self.r;
-        let (policy, plog, launched) = (&self.lc.policy, &self.plog, r.launched);
+        let r = &mut *self.rank;
+        let (policy, plog, launched) = (&self.lifecycle.policy, &self.plog, r.launched);
         let lost = r.journal.dropped();
         let since_launch = |t: Instant| t.duration_since(launched).as_secs_f64();
         r.journal.write_at(
@@ -180,7 +180,7 @@ impl<'a> Agent<'a> {
     /// The last report, sent now: the coordinator tears the step down on it.
     /// Whether it reached the coordinator.
     async fn report_exit(&mut self, e: &Ending, verdict: &failure::Verdict) -> bool {
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         let Some(l) = &r.link else {
             return false;
         };

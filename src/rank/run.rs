@@ -76,8 +76,8 @@ enum Woke {
 
 /// The loop's state besides the lifecycle: the I/O side.
 pub(crate) struct Agent<'a> {
-    pub r: Box<Rank>,
-    pub lc: Lifecycle,
+    pub rank: Box<Rank>,
+    pub lifecycle: Lifecycle,
     pub plog: ProgressLog,
     pub faults: SourceFaults,
     /// Loss gone to NaN, loss spikes (none for a step: its ranks' agents
@@ -171,8 +171,8 @@ impl<'a> Agent<'a> {
         let agent = Agent {
             plog: ProgressLog::new(r.cfg.journal_progress_interval),
             scratch: r.job_dir.join("diag"),
-            r,
-            lc,
+            rank: r,
+            lifecycle: lc,
             faults: SourceFaults::default(),
             numerical,
             helpers: Helpers::default(),
@@ -192,9 +192,9 @@ impl<'a> Agent<'a> {
             probe_files: 0,
         };
         let mut agent = agent;
-        if !agent.r.supervises_step && agent.r.id.rank == 0 {
-            let within = NO_STEP_WARNING.min(agent.r.cfg.stall.startup_timeout / 2);
-            agent.no_step_warning = Some(agent.r.launched + within);
+        if !agent.rank.supervises_step && agent.rank.id.rank == 0 {
+            let within = NO_STEP_WARNING.min(agent.rank.cfg.stall.startup_timeout / 2);
+            agent.no_step_warning = Some(agent.rank.launched + within);
         }
         (agent, Done { diag, probe })
     }
@@ -205,16 +205,16 @@ impl<'a> Agent<'a> {
             if self.reap_due {
                 self.reap();
             }
-            if self.lc.finished(self.children_left) {
+            if self.lifecycle.finished(self.children_left) {
                 break;
             }
-            let plan = self.lc.plan(Instant::now());
-            self.r.tx.wake_for_steps_before(plan.step_wake);
+            let plan = self.lifecycle.plan(Instant::now());
+            self.rank.tx.wake_for_steps_before(plan.step_wake);
             // A step queued just before the threshold moved is drained now.
             let early = plan
                 .step_wake
-                .is_some_and(|t| self.r.tx.has_steps_before(t));
-            let (linked, diagnosing) = (self.r.link.is_some(), self.lc.diagnosing());
+                .is_some_and(|t| self.rank.tx.has_steps_before(t));
+            let (linked, diagnosing) = (self.rank.link.is_some(), self.lifecycle.diagnosing());
             let wake = hooks
                 .tick_every(self)
                 .map_or(plan.wake, |d| plan.wake.min(Instant::now() + d));
@@ -237,7 +237,7 @@ impl<'a> Agent<'a> {
                 _ = inp.signals.usr2.recv() => Woke::Signal(Sig::Usr2),
                 _ = inp.signals.cont.recv() => Woke::Signal(Sig::Cont),
                 Some(s) = inp.signals.stop.recv() => Woke::Signal(Sig::Stop(s)),
-                _ = self.r.tx.woken() => Woke::Progress,
+                _ = self.rank.tx.woken() => Woke::Progress,
                 Some(note) = inp.notes.recv(), if linked => Woke::Note(note),
                 Some(p) = done.probe.recv() => Woke::Probe(p),
                 _ = std::future::ready(()), if early => Woke::Progress,
@@ -249,26 +249,26 @@ impl<'a> Agent<'a> {
             }
             self.on_woke(woke);
             self.watch_launcher();
-            if !self.lc.stalled() {
+            if !self.lifecycle.stalled() {
                 self.drain();
             }
-            if let Some(c) = &self.r.hosted {
+            if let Some(c) = &self.rank.hosted {
                 // Effects for a host: this agent tears nothing down itself (the
                 // coordinator's stop reaches every rank), so they are only drained.
                 while c.effects.try_recv().is_ok() {}
-                if let Some(a) = self.r.advice.as_mut() {
+                if let Some(a) = self.rank.advice.as_mut() {
                     a.poll(c, Instant::now());
                 }
             }
             hooks.tick(self);
             let now = Instant::now();
             self.warn_of_no_step(now);
-            if self.lc.limit_reached(now) {
+            if self.lifecycle.limit_reached(now) {
                 // A trainer its user stopped at a terminal (Ctrl-Z) is
                 // paused, not stalled. (One stopped by SIGSTOP and left so
                 // holds the job up: that is judged as a hang.)
-                let stopped = process::stopped_by_job_control(self.r.pid);
-                let mut acts = self.lc.trainer_stopped(now, stopped);
+                let stopped = process::stopped_by_job_control(self.rank.pid);
+                let mut acts = self.lifecycle.trainer_stopped(now, stopped);
                 if !stopped {
                     acts.extend(self.look_busy(now));
                 }
@@ -276,11 +276,11 @@ impl<'a> Agent<'a> {
                     break;
                 }
             }
-            let checked = match self.lc.checkpoint_query(now) {
+            let checked = match self.lifecycle.checkpoint_query(now) {
                 Some(since) => self.checkpoint_done_since(since),
                 None => Checked::NotLooked,
             };
-            let actions = self.lc.tick(now, checked);
+            let actions = self.lifecycle.tick(now, checked);
             if !self.carry_out(actions) {
                 break;
             }
@@ -296,16 +296,16 @@ impl<'a> Agent<'a> {
             return;
         }
         self.no_step_warning = None;
-        if self.plog.tracker.step().is_some() || self.lc.stalled() {
+        if self.plog.tracker.step().is_some() || self.lifecycle.stalled() {
             return;
         }
-        let waited = crate::duration::format(now.saturating_duration_since(self.r.launched));
-        let limit = crate::duration::format(self.r.cfg.stall.startup_timeout);
+        let waited = crate::duration::format(now.saturating_duration_since(self.rank.launched));
+        let limit = crate::duration::format(self.rank.cfg.stall.startup_timeout);
         let warning = format!(
             "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: export TTY_COMPATIBLE=1 (Rich then draws it, and resilio reads it), or use TQDMProgressBar or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
         );
         tracing::warn!("{warning}");
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::SetupWarning {
                 warning: Some(warning),
             },
@@ -319,11 +319,11 @@ impl<'a> Agent<'a> {
     /// busy and silent (an evaluation nobody announced, a long step). Else
     /// the stall goes ahead as it would have.
     fn look_busy(&mut self, now: Instant) -> Vec<Action> {
-        if !self.lc.policy.busy_lookable() {
+        if !self.lifecycle.policy.busy_lookable() {
             self.busy_look = None;
             return Vec::new();
         }
-        let anchor = self.lc.policy.anchor();
+        let anchor = self.lifecycle.policy.anchor();
         match self.busy_look {
             Some(mut b) if b.anchor == anchor => {
                 let p = diagnostics::probe(&self.skip());
@@ -332,7 +332,7 @@ impl<'a> Agent<'a> {
                 if b.looks < BUSY_LOOKS {
                     self.busy_look = Some(b);
                     let next = b.t0 + BUSY_WINDOW * (b.looks + 1) / BUSY_LOOKS;
-                    self.lc.policy.hold_until(next.max(now));
+                    self.lifecycle.policy.hold_until(next.max(now));
                     return Vec::new();
                 }
                 self.busy_look = None;
@@ -343,17 +343,17 @@ impl<'a> Agent<'a> {
                 if b.always_waiting {
                     return Vec::new();
                 }
-                let ticks = process::tree_cpu_ticks(self.r.pid.as_raw());
+                let ticks = process::tree_cpu_ticks(self.rank.pid.as_raw());
                 let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
                 // Writing a save to a slow file system works as surely as
                 // computing does, with little CPU time.
-                let io = process::tree_io_bytes(self.r.pid.as_raw()).saturating_sub(b.io0);
+                let io = process::tree_io_bytes(self.rank.pid.as_raw()).saturating_sub(b.io0);
                 if cpu_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
                     self.idle_look = Some((cpu_s, window_s));
                     return Vec::new();
                 }
-                self.lc
+                self.lifecycle
                     .busy_silent(now, (cpu_s, io), window_s, p.evidence.join("; "))
             }
             _ => {
@@ -361,12 +361,14 @@ impl<'a> Agent<'a> {
                 self.busy_look = Some(BusyLook {
                     anchor,
                     t0: now,
-                    cpu0: process::tree_cpu_ticks(self.r.pid.as_raw()),
-                    io0: process::tree_io_bytes(self.r.pid.as_raw()),
+                    cpu0: process::tree_cpu_ticks(self.rank.pid.as_raw()),
+                    io0: process::tree_io_bytes(self.rank.pid.as_raw()),
                     looks: 0,
                     always_waiting: true,
                 });
-                self.lc.policy.hold_until(now + BUSY_WINDOW / BUSY_LOOKS);
+                self.lifecycle
+                    .policy
+                    .hold_until(now + BUSY_WINDOW / BUSY_LOOKS);
                 Vec::new()
             }
         }
@@ -385,9 +387,9 @@ impl<'a> Agent<'a> {
         self.launcher_lost = true;
         tracing::warn!(
             "the launcher (pid {pid}) is gone: rank {} trains on without it (no restarts; the ranks' own stall detection stays)",
-            self.r.id.rank
+            self.rank.id.rank
         );
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::LauncherLost {
                 launcher_pid: Some(pid.as_raw()),
                 note: Some("the rank trains on without the launcher and its coordinator".into()),
@@ -402,9 +404,10 @@ impl<'a> Agent<'a> {
                 self.reap_due = true;
                 Vec::new()
             }
-            Woke::Signal(s) => self
-                .lc
-                .on_signal(s, Instant::now(), crate::util::clock::now()),
+            Woke::Signal(s) => {
+                self.lifecycle
+                    .on_signal(s, Instant::now(), crate::util::clock::now())
+            }
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
             Woke::Probe((reason, p, dumps)) => {
@@ -418,15 +421,18 @@ impl<'a> Agent<'a> {
                 let file = worth
                     .then(|| {
                         self.probe_files += 1;
-                        let tail = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+                        let tail = self
+                            .rank
+                            .tail
+                            .last_lines(self.rank.cfg.diagnostics.tail_lines);
                         let d = Diagnostics {
                             py_spy: dumps.clone(),
                             ..Default::default()
                         };
-                        write_diag_file(&self.scratch, "probe", &self.r.id, &tail, &d)
+                        write_diag_file(&self.scratch, "probe", &self.rank.id, &tail, &d)
                     })
                     .flatten();
-                self.r.journal.write(
+                self.rank.journal.write(
                     ev::Probe {
                         reason: Some(reason.to_string()),
                         probe: serde_json::to_value(&p).ok(),
@@ -441,10 +447,10 @@ impl<'a> Agent<'a> {
             Woke::Diagnostics(d) => {
                 self.reap_due = true;
                 self.record_diagnostics(&d);
-                self.lc.on_diagnostics_done(Instant::now())
+                self.lifecycle.on_diagnostics_done(Instant::now())
             }
             Woke::Timer => {
-                if self.lc.stopping() {
+                if self.lifecycle.stopping() {
                     self.reap_due = true;
                 }
                 Vec::new()
@@ -455,34 +461,34 @@ impl<'a> Agent<'a> {
 
     fn on_note(&mut self, note: Note) -> Vec<Action> {
         match note {
-            Note::Unreachable { error } => self.lc.on_coordinator_lost(error),
+            Note::Unreachable { error } => self.lifecycle.on_coordinator_lost(error),
             Note::Reachable {
                 gap_s,
                 failed_requests,
-            } => self.lc.on_coordinator_back(gap_s, failed_requests),
+            } => self.lifecycle.on_coordinator_back(gap_s, failed_requests),
             Note::Command(c)
                 if c.seq > self.commands_handled
-                    && c.for_rank(self.r.id.rank, self.r.id.attempt) =>
+                    && c.for_rank(self.rank.id.rank, self.rank.id.attempt) =>
             {
                 self.commands_handled = c.seq;
-                self.r
+                self.rank
                     .outbox
                     .update(|r| r.commands_seen = r.commands_seen.max(c.seq));
-                self.lc.on_command(c.kind, Instant::now())
+                self.lifecycle.on_command(c.kind, Instant::now())
             }
             Note::Command(_) => Vec::new(),
             Note::JobProgress { at } => {
                 // Another rank prints the steps (Megatron-LM's last rank).
                 self.no_step_warning = None;
                 let own = self.plog.tracker.alive_count() != 0;
-                self.lc.on_job_progress(at, own)
+                self.lifecycle.on_job_progress(at, own)
             }
         }
     }
 
     /// The probe's verdict in the coordinator's report, sent at once.
     fn report_probe(&self, p: &Probe) {
-        self.r.outbox.update(|r| {
+        self.rank.outbox.update(|r| {
             r.waiting_on_peer = p.waiting_on_peer;
             r.not_waiting_shown = p.not_waiting_shown;
             r.busy = p.busy(BUSY_SHARE) && p.waiting_on_peer != Some(true);
@@ -494,15 +500,18 @@ impl<'a> Agent<'a> {
             r.probe = Some(p.evidence.join("; "));
             r.probed = true;
         });
-        self.r.outbox.urgent.notify_one();
+        self.rank.outbox.urgent.notify_one();
     }
 
     fn record_diagnostics(&mut self, d: &Diagnostics) {
-        let tail_lines = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+        let tail_lines = self
+            .rank
+            .tail
+            .last_lines(self.rank.cfg.diagnostics.tail_lines);
         if let Some(p) = self.stall_probe.take() {
             let p = diagnostics::with_stacks(p, &d.py_spy, d.py_spy_skipped.as_deref());
             let p = diagnostics::with_output(p, &tail_lines);
-            self.r.journal.write(
+            self.rank.journal.write(
                 ev::Probe {
                     reason: Some("stall".into()),
                     probe: serde_json::to_value(&p).ok(),
@@ -513,8 +522,8 @@ impl<'a> Agent<'a> {
             );
             self.report_probe(&p);
         }
-        let file = write_diag_file(&self.scratch, "stall", &self.r.id, &tail_lines, d);
-        self.r.journal.write(
+        let file = write_diag_file(&self.scratch, "stall", &self.rank.id, &tail_lines, d);
+        self.rank.journal.write(
             ev::Diagnostics {
                 tail: Some(truncate_lines(&tail_lines, 3000)),
                 py_spy: Some(d.py_spy.iter().map(dump_record).collect()),
@@ -527,13 +536,13 @@ impl<'a> Agent<'a> {
     }
 
     fn drain(&mut self) {
-        let linked = self.r.link.is_some();
-        let r = &mut *self.r;
+        let linked = self.rank.link.is_some();
+        let r = &mut *self.rank;
         let mut findings = Vec::new();
         drain_events(
             &r.tx,
             &mut Sinks {
-                policy: &mut self.lc.policy,
+                policy: &mut self.lifecycle.policy,
                 plog: &mut self.plog,
                 journal: &mut r.journal,
                 clock: &r.clock,
@@ -557,7 +566,7 @@ impl<'a> Agent<'a> {
         } else {
             f.value.to_string()
         };
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::Numerical {
                 finding: Some(f.kind.into()),
                 metric: Some(f.metric.clone()),
@@ -577,13 +586,13 @@ impl<'a> Agent<'a> {
             Act::Stop => detail,
             Act::Rollback => format!("{}{detail}", crate::policy::numerical::ROLLBACK),
         };
-        let actions = self.lc.on_numerical(evidence, Instant::now());
+        let actions = self.lifecycle.on_numerical(evidence, Instant::now());
         self.carry_out(actions);
     }
 
     /// Drain the last events (unless a stall stopped taking them).
     pub fn drain_last(&mut self) {
-        if !self.lc.stalled() {
+        if !self.lifecycle.stalled() {
             self.drain();
         }
     }
@@ -599,27 +608,27 @@ impl<'a> Agent<'a> {
             return;
         }
         self.reap_due = false;
-        let (pid, skip) = (self.r.pid, self.skip());
-        if !self.lc.main_exited() {
+        let (pid, skip) = (self.rank.pid, self.skip());
+        if !self.lifecycle.main_exited() {
             if let Some(exit) = process::try_reap_main(pid) {
                 let now = Instant::now();
                 // Remaining descendants get TERM now, KILL after the grace.
                 process::reap_orphans(pid, &skip);
                 let others = !process::live_children(&skip).is_empty();
-                let actions = self.lc.on_main_exit(exit, now, others);
+                let actions = self.lifecycle.on_main_exit(exit, now, others);
                 self.carry_out(actions);
             }
         }
         self.helpers.with(|h| process::reap_orphans(pid, h));
-        if self.lc.main_exited() {
+        if self.lifecycle.main_exited() {
             self.children_left = !process::live_children(&skip).is_empty();
         }
     }
 
     /// The ranks' `checkpoint_done` since the pre-timeout signal, from the journal.
     fn checkpoint_done_since(&self, since: chrono::DateTime<Utc>) -> Checked {
-        let attempt = self.r.id.attempt;
-        let done = journal::read_job(&self.r.job_dir).ok().and_then(|j| {
+        let attempt = self.rank.id.attempt;
+        let done = journal::read_job(&self.rank.job_dir).ok().and_then(|j| {
             j.records
                 .iter()
                 .find(|r| r.kind == "checkpoint_done" && r.attempt == attempt && r.ts >= since)
@@ -642,9 +651,9 @@ impl<'a> Agent<'a> {
     }
 
     fn act(&mut self, a: Action) -> bool {
-        let pid = self.r.pid;
+        let pid = self.rank.pid;
         if let Some((event, durable)) = record_of(&a) {
-            self.r.journal.write(event, durable);
+            self.rank.journal.write(event, durable);
         }
         match a {
             Action::Forward(sig) => process::signal_group(pid, sig),
@@ -656,7 +665,7 @@ impl<'a> Agent<'a> {
             Action::Stalled { stall, at } => self.stalled(&stall, at),
             Action::StopStalled { grace } => {
                 let skip = self.skip();
-                stop_stalled(&mut self.r.journal, pid, &skip, grace);
+                stop_stalled(&mut self.rank.journal, pid, &skip, grace);
             }
             Action::StopForCoordinator { .. } | Action::StopForNumerical { .. } => {
                 process::terminate(pid, None)
@@ -687,18 +696,18 @@ impl<'a> Agent<'a> {
             Action::CarryOn { reason } => {
                 tracing::warn!(
                     "rank {}: stall withdrawn: {reason}; watched on",
-                    self.r.id.rank
+                    self.rank.id.rank
                 );
-                self.r.outbox.update(|r| r.state = RankState::Running);
-                self.r.outbox.urgent.notify_one();
+                self.rank.outbox.update(|r| r.state = RankState::Running);
+                self.rank.outbox.urgent.notify_one();
             }
             Action::Observed { would, .. } => {
                 tracing::warn!(
                     "observe mode: would {would}; nothing done, rank {} watched on",
-                    self.r.id.rank
+                    self.rank.id.rank
                 );
-                self.r.outbox.update(|r| r.state = RankState::Running);
-                self.r.outbox.urgent.notify_one();
+                self.rank.outbox.update(|r| r.state = RankState::Running);
+                self.rank.outbox.urgent.notify_one();
             }
             Action::BusySilent {
                 cpu_s,
@@ -716,15 +725,15 @@ impl<'a> Agent<'a> {
                 };
                 tracing::warn!(
                     "rank {} on {}: no progress for the step limit, but working ({how}, waiting on no peer): busy and silent, judged by the evaluation limit ({}) from now",
-                    self.r.id.rank,
-                    self.r.id.node,
-                    crate::duration::format(self.lc.policy.current_limit().0)
+                    self.rank.id.rank,
+                    self.rank.id.node,
+                    crate::duration::format(self.lifecycle.policy.current_limit().0)
                 );
-                self.r.outbox.update(|r| {
+                self.rank.outbox.update(|r| {
                     r.phase = crate::policy::stall::BUSY.into();
                     r.long_phase = true;
                 });
-                self.r.outbox.urgent.notify_one();
+                self.rank.outbox.urgent.notify_one();
             }
         }
         true
@@ -733,7 +742,7 @@ impl<'a> Agent<'a> {
     /// The checkpoint signal in a step: a request, recorded; the trainer
     /// signalled unless Slurm did.
     fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::CheckpointRequested {
                 reason: Some("signal".into()),
                 received: Some(received.as_str().into()),
@@ -743,12 +752,12 @@ impl<'a> Agent<'a> {
             true,
         );
         if forward {
-            process::signal_group(self.r.pid, received);
+            process::signal_group(self.rank.pid, received);
         }
     }
 
     fn live_on_job_progress(&self) {
-        self.r.outbox.update(|r| {
+        self.rank.outbox.update(|r| {
             if r.state == RankState::Starting {
                 r.state = RankState::Running;
                 r.silent = true;
@@ -763,7 +772,7 @@ impl<'a> Agent<'a> {
             .iter()
             .map(|p| p.pid)
             .collect();
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::Unkillable {
                 pids: Some(left.clone()),
                 note: Some("still alive 10 s after SIGKILL; not waited for".into()),
@@ -777,11 +786,11 @@ impl<'a> Agent<'a> {
     /// goes to srun (which delivers it to every process of the step) or
     /// straight to a trainer the script runs itself.
     fn pre_timeout_checkpoint(&mut self, received: Signal) {
-        let cfg = &self.r.cfg;
+        let cfg = &self.rank.cfg;
         if let Some(ck) = cfg.checkpoint_signal {
-            process::signal_group(self.r.pid, ck);
+            process::signal_group(self.rank.pid, ck);
         }
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::CheckpointRequested {
                 reason: Some("pre_timeout".into()),
                 received: Some(received.as_str().into()),
@@ -796,7 +805,7 @@ impl<'a> Agent<'a> {
     /// The stall policy fired: record it, probe (when linked) and take the
     /// diagnostics on a thread of their own.
     fn stalled(&mut self, s: &crate::policy::stall::Stall, now: Instant) {
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         // What the trainer is blocked on, before anything disturbs it.
         // (Its verdict goes to the coordinator with the stacks the
         // diagnostics take next.)
@@ -809,7 +818,7 @@ impl<'a> Agent<'a> {
         });
         on_stall(
             s,
-            &self.lc.policy,
+            &self.lifecycle.policy,
             &mut self.plog,
             &mut r.journal,
             (&r.clock, &r.id),
@@ -853,14 +862,17 @@ impl<'a> Agent<'a> {
     /// stacks, off the loop (py-spy takes a moment).
     fn probe(&mut self, reason: String) {
         let p = diagnostics::probe(&self.skip());
-        let lines = self.r.tail.last_lines(self.r.cfg.diagnostics.tail_lines);
+        let lines = self
+            .rank
+            .tail
+            .last_lines(self.rank.cfg.diagnostics.tail_lines);
         let (dcfg, h, ptx, scratch) = (
-            self.r.cfg.diagnostics.clone(),
+            self.rank.cfg.diagnostics.clone(),
             self.helpers.clone(),
             self.probe_tx.clone(),
             self.scratch.clone(),
         );
-        let trainer = self.r.pid.as_raw();
+        let trainer = self.rank.pid.as_raw();
         let spawned = std::thread::Builder::new()
             .name("probe".into())
             .spawn(move || {
@@ -880,15 +892,15 @@ impl<'a> Agent<'a> {
                 let _ = ptx.send((reason, p, dumps));
             });
         if spawned.is_err() {
-            self.r.outbox.update(|r| r.probed = true);
-            self.r.outbox.urgent.notify_one();
+            self.rank.outbox.update(|r| r.probed = true);
+            self.rank.outbox.urgent.notify_one();
         }
     }
 
     /// A coordinated checkpoint: the control file, and the checkpoint
     /// signal when configured.
     fn checkpoint(&mut self, ck: u64, step: u64, reason: String) {
-        let r = &mut *self.r;
+        let r = &mut *self.rank;
         let control_path = &r.control_path;
         let written = write_control(
             control_path,
@@ -923,11 +935,11 @@ impl<'a> Agent<'a> {
 
     /// Besides the signal: the ranks' agents tell their trainers the step.
     fn coordinate_checkpoint(&mut self) {
-        let Some(c) = &self.r.hosted else {
+        let Some(c) = &self.rank.hosted else {
             return;
         };
         match c.request_checkpoint("pre_timeout") {
-            Ok((ck, step)) => self.r.journal.write(
+            Ok((ck, step)) => self.rank.journal.write(
                 ev::CheckpointCoordinated {
                     id: Some(ck),
                     step: Some(step),
@@ -936,7 +948,7 @@ impl<'a> Agent<'a> {
                 },
                 false,
             ),
-            Err(e) => self.r.journal.write(
+            Err(e) => self.rank.journal.write(
                 ev::CheckpointCoordinated {
                     error: Some(e.to_string()),
                     reason: Some("pre_timeout".into()),
@@ -948,7 +960,7 @@ impl<'a> Agent<'a> {
     }
 
     fn stop_for_pre_timeout(&mut self, done: Option<Option<u64>>) {
-        self.r.journal.write(
+        self.rank.journal.write(
             ev::Stop {
                 reason: Some("pre_timeout".into()),
                 signal: Some("SIGTERM".into()),
@@ -964,10 +976,10 @@ impl<'a> Agent<'a> {
         let gentle = self.child_is_srun
             && self
                 .slurm_cli
-                .signal_steps(&self.r.id.job, Signal::SIGTERM)
+                .signal_steps(&self.rank.id.job, Signal::SIGTERM)
                 .is_ok();
         if !gentle {
-            process::signal_group(self.r.pid, Signal::SIGTERM);
+            process::signal_group(self.rank.pid, Signal::SIGTERM);
         }
     }
 }
