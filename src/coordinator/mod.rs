@@ -503,6 +503,55 @@ impl Drop for Coordinator {
     }
 }
 
+/// `coordinator.json`: where a job's coordinator listens, and which process
+/// on which host it is (a dead one's files are stale).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Info {
+    /// `http://ADDR:PORT`.
+    pub url: String,
+    /// Its process (0: not known).
+    #[serde(default)]
+    pub pid: u32,
+    /// The host it runs on, when known.
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub started: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Info {
+    /// The address of `http://ADDR:PORT`.
+    fn addr(&self) -> Option<SocketAddr> {
+        self.url.strip_prefix("http://")?.parse().ok()
+    }
+
+    /// Left by a coordinator on this host whose process is gone.
+    fn stale(&self) -> bool {
+        let here = nix::unistd::gethostname()
+            .ok()
+            .map(|h| h.to_string_lossy().into_owned());
+        let pid = i32::try_from(self.pid).ok().filter(|p| *p > 0);
+        match pid {
+            Some(p) if self.node.is_some() && self.node == here => {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
+                    == Err(nix::errno::Errno::ESRCH)
+            }
+            _ => false,
+        }
+    }
+
+    /// A job's `coordinator.json`, read as a file anyone may have planted
+    /// (see [`read_small`]).
+    fn read(job_dir: &Path) -> Result<Info, String> {
+        let path = job_dir.join(INFO_FILE);
+        read_small(job_dir, INFO_FILE)
+            .map_err(|e| format!("{}: {e}", path.display()))
+            .and_then(|b| {
+                serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", path.display()))
+            })
+    }
+}
+
 /// `coordinator.json` (where) and `coordinator.token` (0600), both written
 /// whole (temporary file, then rename).
 fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<PathBuf>> {
@@ -530,13 +579,16 @@ fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<Pa
         written.map(|()| path)
     };
     let token_path = put(TOKEN_FILE, format!("{token}\n").as_bytes(), 0o600)?;
-    let info = serde_json::json!({
-        "url": url,
-        "pid": std::process::id(),
-        "node": nix::unistd::gethostname().ok().map(|h| h.to_string_lossy().into_owned()),
-        "started": chrono::Utc::now(),
-    });
-    let info_path = put(INFO_FILE, format!("{info}\n").as_bytes(), 0o600).inspect_err(|_| {
+    let info = Info {
+        url: url.to_string(),
+        pid: std::process::id(),
+        node: nix::unistd::gethostname()
+            .ok()
+            .map(|h| h.to_string_lossy().into_owned()),
+        started: Some(chrono::Utc::now()),
+    };
+    let body = serde_json::to_string(&info).map_err(std::io::Error::other)?;
+    let info_path = put(INFO_FILE, format!("{body}\n").as_bytes(), 0o600).inspect_err(|_| {
         let _ = std::fs::remove_file(&token_path);
     })?;
     Ok(vec![info_path, token_path])
@@ -556,12 +608,11 @@ pub fn discover(job_dir: &Path) -> Option<(String, String)> {
 /// this host left when it was killed (its pid is gone) are stale: ignored
 /// (the next run of the job writes its own over them).
 pub fn discover_files(job_dir: &Path) -> Option<(String, String)> {
-    let info: serde_json::Value =
-        serde_json::from_slice(&read_small(job_dir, INFO_FILE).ok()?).ok()?;
-    if stale(&info) {
+    let info = Info::read(job_dir).ok()?;
+    if info.stale() {
         return None;
     }
-    let url = info.get("url")?.as_str()?.to_string();
+    let url = info.url;
     let token = String::from_utf8(read_small(job_dir, TOKEN_FILE).ok()?).ok()?;
     let token = token.trim().to_string();
     (!token.is_empty()).then_some((url, token))
@@ -589,27 +640,16 @@ pub struct Successor {
 pub fn successor_of(job_dir: &Path) -> Result<Successor, String> {
     use std::os::unix::fs::MetadataExt;
     let info_path = job_dir.join(INFO_FILE);
-    let info: serde_json::Value = read_small(job_dir, INFO_FILE)
-        .map_err(|e| format!("{}: {e}", info_path.display()))
-        .and_then(|b| {
-            serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", info_path.display()))
-        })?;
-    if !stale(&info) {
+    let info = Info::read(job_dir)?;
+    if !info.stale() {
         return Err(format!(
             "{}: its coordinator is still running on this host, or ran on another",
             info_path.display()
         ));
     }
-    let pid = info
-        .get("pid")
-        .and_then(|p| p.as_i64())
-        .and_then(|p| i32::try_from(p).ok())
-        .unwrap_or(0);
+    let pid = i32::try_from(info.pid).unwrap_or(0);
     let addr = info
-        .get("url")
-        .and_then(|u| u.as_str())
-        .and_then(|u| u.strip_prefix("http://"))
-        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .addr()
         .ok_or_else(|| format!("{}: no address in it", info_path.display()))?;
     let token_path = job_dir.join(TOKEN_FILE);
     let meta = std::fs::symlink_metadata(&token_path)
@@ -633,25 +673,6 @@ pub fn successor_of(job_dir: &Path) -> Result<Successor, String> {
 }
 
 /// A coordinator on this host whose process is gone.
-fn stale(info: &serde_json::Value) -> bool {
-    let here = nix::unistd::gethostname()
-        .ok()
-        .map(|h| h.to_string_lossy().into_owned());
-    let on_this_host = info.get("node").and_then(|n| n.as_str()) == here.as_deref();
-    let pid = info
-        .get("pid")
-        .and_then(|p| p.as_i64())
-        .and_then(|p| i32::try_from(p).ok())
-        .filter(|p| *p > 0);
-    match pid {
-        Some(p) if on_this_host => {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None)
-                == Err(nix::errno::Errno::ESRCH)
-        }
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
