@@ -6,6 +6,10 @@ ignored; a folder's `mod.rs` re-exports are its face, not a dependency).
 
     python3 tools/measure-layout.py [SRC_DIR]
     python3 tools/measure-layout.py --check [SRC_DIR]
+    python3 tools/measure-layout.py --update-doc
+
+`--update-doc` writes these lines into docs/architecture.md (the fenced block
+of "Where the layout stands"), which tests/layout.rs holds to them.
 
 `--check` fails (exit 1) on any circle, and on any file or function over its
 limit that tools/layout-allowances.txt does not list, or that grew past the
@@ -20,8 +24,9 @@ import re
 import sys
 
 FILE_LIMIT, FN_LIMIT = 700, 100
-args = [a for a in sys.argv[1:] if a != "--check"]
+args = [a for a in sys.argv[1:] if a not in ("--check", "--update-doc")]
 check = "--check" in sys.argv[1:]
+update_doc = "--update-doc" in sys.argv[1:]
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.normpath(args[0] if args else os.path.join(here, "..", "src"))
 
@@ -154,10 +159,20 @@ big_files = [(p, n) for n, p in files if n > FILE_LIMIT]
 big_fns = [(p, n) for n, p in fns if n > FN_LIMIT]
 module_circles = circles_of(deps)
 file_circles = circles_of(file_deps)
-print(f"files over {FILE_LIMIT} lines:", ", ".join(f"{p} {n}" for p, n in big_files) or "none")
-print(f"functions over {FN_LIMIT} lines:", ", ".join(f"{p} {n}" for p, n in big_fns) or "none")
-print("import circles between modules:", module_circles or "none")
-print("import circles between files:", file_circles or "none")
+report = "\n".join([
+    f"files over {FILE_LIMIT} lines: " + (", ".join(f"{p} {n}" for p, n in big_files) or "none"),
+    f"functions over {FN_LIMIT} lines: " + (", ".join(f"{p} {n}" for p, n in big_fns) or "none"),
+    f"import circles between modules: {module_circles or 'none'}",
+    f"import circles between files: {file_circles or 'none'}",
+])
+print(report)
+if update_doc:
+    doc_path = os.path.join(here, "..", "docs", "architecture.md")
+    doc = open(doc_path).read()
+    m = re.search(r"(whose lines are\s+these[^\n]*\n\n```\n)(.*?)(```)", doc, re.S)
+    if not m:
+        sys.exit(f"{doc_path}: no fenced block after `whose lines are these`")
+    open(doc_path, "w").write(doc[: m.start(2)] + report + "\n" + doc[m.end(2):])
 
 if not check:
     sys.exit(0)

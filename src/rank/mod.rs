@@ -33,7 +33,9 @@
 //! report steps; the socket listener and file watcher only report. Nothing
 //! but the loop touches the trainer's processes.
 
+mod busy;
 pub mod diagnostics;
+mod effects;
 mod ending;
 mod events;
 mod finish;

@@ -3,12 +3,11 @@
 //! and carries out the [`Action`]s it returns (signals to the trainer,
 //! journal records, diagnostics threads, the coordinator's report).
 
+use super::busy::{Busy, BUSY_SHARE};
 use super::events::{drain_events, Sinks, SourceFaults};
 use super::lifecycle::{Action, Checked, Lifecycle, Settings, Sig};
 use super::progress_log::ProgressLog;
-use super::records::{
-    dump_record, on_stall, record_of, stop_stalled, truncate_lines, write_control, write_diag_file,
-};
+use super::records::{dump_record, truncate_lines, write_diag_file};
 use super::supervised::{Inputs, Rank};
 use super::Hooks;
 use crate::coordinator::client::Note;
@@ -21,38 +20,9 @@ use crate::rank::diagnostics::{self, Diagnostics, Probe, PySpyDump};
 use crate::slurm::Slurm;
 use crate::util::cmd::Helpers;
 use chrono::Utc;
-use nix::sys::signal::Signal;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
-
-/// How long the trainer's CPU time is watched at its step limit.
-const BUSY_WINDOW: Duration = Duration::from_millis(500);
-/// The share of a core it must work meanwhile to be busy, not hung.
-const BUSY_SHARE: f64 = 0.2;
-
-/// A look at the trainer's CPU time at its step limit.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct BusyLook {
-    /// The wait it is about (the stall policy's anchor then).
-    anchor: Instant,
-    t0: Instant,
-    cpu0: u64,
-    /// Bytes the trainer had read and written ([`process::tree_io_bytes`]).
-    io0: u64,
-    /// Probes taken so far, and whether every one found it waiting on a
-    /// peer (a healthy data-parallel rank is in a collective a good share
-    /// of the time: one look may catch it there, several do not).
-    looks: u32,
-    always_waiting: bool,
-}
-
-/// How many times the trainer is probed during a busy look.
-const BUSY_LOOKS: u32 = 5;
-
-/// Bytes read or written over a busy look that show the trainer at work
-/// (a save at 64 KiB a second does it; a rank asleep moves none).
-const BUSY_IO_BYTES: u64 = 32 << 10;
 
 /// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
 type ProbeDone = (String, Probe, Vec<PySpyDump>);
@@ -88,11 +58,9 @@ pub(crate) struct Agent<'a> {
     pub(super) probe_tx: UnboundedSender<ProbeDone>,
     /// The stall's own probe, waiting for the stacks of its diagnostics.
     pub(super) stall_probe: Option<Probe>,
-    /// A look at whether the trainer is working, under way at its limit.
-    pub(super) busy_look: Option<BusyLook>,
-    /// The last look found it not working: its CPU time (seconds worked,
-    /// seconds watched), for the stall's probe.
-    pub(super) idle_look: Option<(f64, f64)>,
+    /// A look at whether the trainer is working, under way at its limit,
+    /// and what the last one found.
+    pub(super) busy: Busy,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -179,8 +147,7 @@ impl<'a> Agent<'a> {
             diag_tx,
             probe_tx,
             stall_probe: None,
-            busy_look: None,
-            idle_look: None,
+            busy: Busy::default(),
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -270,7 +237,11 @@ impl<'a> Agent<'a> {
                 let stopped = process::stopped_by_job_control(self.rank.pid);
                 let mut acts = self.lifecycle.trainer_stopped(now, stopped);
                 if !stopped {
-                    acts.extend(self.look_busy(now));
+                    let skip = self.skip();
+                    acts.extend(
+                        self.busy
+                            .look(&mut self.lifecycle, self.rank.pid, &skip, now),
+                    );
                 }
                 if !self.carry_out(acts) {
                     break;
@@ -311,67 +282,6 @@ impl<'a> Agent<'a> {
             },
             false,
         );
-    }
-
-    /// At the step limit, before a stall: is the trainer working? Its CPU
-    /// time is taken, the stall held for [`BUSY_WINDOW`], then taken again.
-    /// Working (at least [`BUSY_SHARE`] of a core) and waiting on no peer:
-    /// busy and silent (an evaluation nobody announced, a long step). Else
-    /// the stall goes ahead as it would have.
-    fn look_busy(&mut self, now: Instant) -> Vec<Action> {
-        if !self.lifecycle.policy.busy_lookable() {
-            self.busy_look = None;
-            return Vec::new();
-        }
-        let anchor = self.lifecycle.policy.anchor();
-        match self.busy_look {
-            Some(mut b) if b.anchor == anchor => {
-                let p = diagnostics::probe(&self.skip());
-                b.looks += 1;
-                b.always_waiting &= p.waiting_on_peer == Some(true);
-                if b.looks < BUSY_LOOKS {
-                    self.busy_look = Some(b);
-                    let next = b.t0 + BUSY_WINDOW * (b.looks + 1) / BUSY_LOOKS;
-                    self.lifecycle.policy.hold_until(next.max(now));
-                    return Vec::new();
-                }
-                self.busy_look = None;
-                // Waiting on a peer at every look: its stall goes ahead,
-                // and the coordinator judges the peer (working: busy and
-                // silent, this stall withdrawn; else hung, whatever phase
-                // it is in).
-                if b.always_waiting {
-                    return Vec::new();
-                }
-                let ticks = process::tree_cpu_ticks(self.rank.pid.as_raw());
-                let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
-                let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
-                // Writing a save to a slow file system works as surely as
-                // computing does, with little CPU time.
-                let io = process::tree_io_bytes(self.rank.pid.as_raw()).saturating_sub(b.io0);
-                if cpu_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
-                    self.idle_look = Some((cpu_s, window_s));
-                    return Vec::new();
-                }
-                self.lifecycle
-                    .busy_silent(now, (cpu_s, io), window_s, p.evidence.join("; "))
-            }
-            _ => {
-                self.idle_look = None;
-                self.busy_look = Some(BusyLook {
-                    anchor,
-                    t0: now,
-                    cpu0: process::tree_cpu_ticks(self.rank.pid.as_raw()),
-                    io0: process::tree_io_bytes(self.rank.pid.as_raw()),
-                    looks: 0,
-                    always_waiting: true,
-                });
-                self.lifecycle
-                    .policy
-                    .hold_until(now + BUSY_WINDOW / BUSY_LOOKS);
-                Vec::new()
-            }
-        }
     }
 
     /// The local launcher died when this process was re-parented (to a
@@ -597,7 +507,7 @@ impl<'a> Agent<'a> {
         }
     }
 
-    fn skip(&self) -> Vec<i32> {
+    pub(super) fn skip(&self) -> Vec<i32> {
         self.helpers.with(|h| h.clone())
     }
 
@@ -637,349 +547,6 @@ impl<'a> Agent<'a> {
         match done {
             Some(step) => Checked::Done(step),
             None => Checked::NotDone,
-        }
-    }
-
-    /// Carry the actions out, in order; `false`: the loop ends (given up).
-    fn carry_out(&mut self, actions: Vec<Action>) -> bool {
-        for a in actions {
-            if !self.act(a) {
-                return false;
-            }
-        }
-        true
-    }
-
-    fn act(&mut self, a: Action) -> bool {
-        let pid = self.rank.pid;
-        if let Some((event, durable)) = record_of(&a) {
-            self.rank.journal.write(event, durable);
-        }
-        match a {
-            Action::Forward(sig) => process::signal_group(pid, sig),
-            Action::KillOnSecondInt => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
-            Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
-            Action::CheckpointSignal { received, forward } => {
-                self.checkpoint_signal(received, forward)
-            }
-            Action::Stalled { stall, at } => self.stalled(&stall, at),
-            Action::StopStalled { grace } => {
-                let skip = self.skip();
-                stop_stalled(&mut self.rank.journal, pid, &skip, grace);
-            }
-            Action::StopForCoordinator { .. } | Action::StopForNumerical { .. } => {
-                process::terminate(pid, None)
-            }
-            Action::Probe { reason } => self.probe(reason),
-            Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
-            Action::LiveOnJobProgress => self.live_on_job_progress(),
-            Action::CoordinatorLost { error } => tracing::warn!(
-                "coordinator unreachable ({error}); supervising this rank locally, retrying"
-            ),
-            Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
-            Action::StopForPreTimeout { checkpoint_step } => {
-                self.stop_for_pre_timeout(checkpoint_step)
-            }
-            Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
-            Action::Kill { .. } => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
-            Action::GiveUp => {
-                self.give_up();
-                return false;
-            }
-            Action::LeftToSlurm(_)
-            | Action::Deferred(_)
-            | Action::StopJudged { .. }
-            | Action::DeferStallStop { .. }
-            | Action::CoordinatorBack { .. }
-            | Action::Resumed { .. }
-            | Action::TrainerStopped => {}
-            Action::CarryOn { reason } => {
-                tracing::warn!(
-                    "rank {}: stall withdrawn: {reason}; watched on",
-                    self.rank.id.rank
-                );
-                self.rank.outbox.update(|r| r.state = RankState::Running);
-                self.rank.outbox.urgent.notify_one();
-            }
-            Action::Observed { would, .. } => {
-                tracing::warn!(
-                    "observe mode: would {would}; nothing done, rank {} watched on",
-                    self.rank.id.rank
-                );
-                self.rank.outbox.update(|r| r.state = RankState::Running);
-                self.rank.outbox.urgent.notify_one();
-            }
-            Action::BusySilent {
-                cpu_s,
-                io_bytes,
-                window_s,
-                ..
-            } => {
-                let how = if cpu_s >= BUSY_SHARE * window_s {
-                    format!("{cpu_s:.1}s of CPU in {window_s:.1}s")
-                } else {
-                    format!(
-                        "{:.1} MB read and written in {window_s:.1}s",
-                        io_bytes as f64 / 1e6
-                    )
-                };
-                tracing::warn!(
-                    "rank {} on {}: no progress for the step limit, but working ({how}, waiting on no peer): busy and silent, judged by the evaluation limit ({}) from now",
-                    self.rank.id.rank,
-                    self.rank.id.node,
-                    crate::duration::format(self.lifecycle.policy.current_limit().0)
-                );
-                self.rank.outbox.update(|r| {
-                    r.phase = crate::policy::stall::BUSY.into();
-                    r.long_phase = true;
-                });
-                self.rank.outbox.urgent.notify_one();
-            }
-        }
-        true
-    }
-
-    /// The checkpoint signal in a step: a request, recorded; the trainer
-    /// signalled unless Slurm did.
-    fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
-        self.rank.journal.write(
-            ev::CheckpointRequested {
-                reason: Some("signal".into()),
-                received: Some(received.as_str().into()),
-                sent: forward.then(|| received.as_str().into()),
-                ..Default::default()
-            },
-            true,
-        );
-        if forward {
-            process::signal_group(self.rank.pid, received);
-        }
-    }
-
-    fn live_on_job_progress(&self) {
-        self.rank.outbox.update(|r| {
-            if r.state == RankState::Starting {
-                r.state = RankState::Running;
-                r.silent = true;
-            }
-        });
-    }
-
-    /// Descendants survived SIGKILL for 10 s (uninterruptible sleep in a
-    /// driver, a hung filesystem): recorded, not waited for.
-    fn give_up(&mut self) {
-        let left: Vec<i32> = process::live_children(&self.skip())
-            .iter()
-            .map(|p| p.pid)
-            .collect();
-        self.rank.journal.write(
-            ev::Unkillable {
-                pids: Some(left.clone()),
-                note: Some("still alive 10 s after SIGKILL; not waited for".into()),
-            },
-            true,
-        );
-        tracing::warn!("processes {left:?} survived SIGKILL; exiting without them");
-    }
-
-    /// In a batch script, Slurm's pre-timeout signal: the checkpoint signal
-    /// goes to srun (which delivers it to every process of the step) or
-    /// straight to a trainer the script runs itself.
-    fn pre_timeout_checkpoint(&mut self, received: Signal) {
-        let cfg = &self.rank.cfg;
-        if let Some(ck) = cfg.checkpoint_signal {
-            process::signal_group(self.rank.pid, ck);
-        }
-        self.rank.journal.write(
-            ev::CheckpointRequested {
-                reason: Some("pre_timeout".into()),
-                received: Some(received.as_str().into()),
-                sent: cfg.checkpoint_signal.map(|s| s.as_str().into()),
-                via_srun: Some(self.child_is_srun),
-                ..Default::default()
-            },
-            true,
-        );
-    }
-
-    /// The stall policy fired: record it, probe (when linked) and take the
-    /// diagnostics on a thread of their own.
-    fn stalled(&mut self, s: &crate::policy::stall::Stall, now: Instant) {
-        let r = &mut *self.rank;
-        // What the trainer is blocked on, before anything disturbs it.
-        // (Its verdict goes to the coordinator with the stacks the
-        // diagnostics take next.)
-        // The look at its limit found it not working: its CPU time goes with
-        // the probe.
-        let idle = self.idle_look.take();
-        let probe = r.link.is_some().then(|| Probe {
-            cpu: idle,
-            ..diagnostics::probe(&self.helpers.with(|h| h.clone()))
-        });
-        on_stall(
-            s,
-            &self.lifecycle.policy,
-            &mut self.plog,
-            &mut r.journal,
-            (&r.clock, &r.id),
-            now,
-            (
-                probe.as_ref().map(|p| p.waiting_on_peer),
-                idle.filter(|_| !crate::device::accelerators_here()),
-            ),
-        );
-        if let Some(p) = probe {
-            r.outbox.update(|r| {
-                r.state = RankState::Stalled;
-                r.probe = Some(p.evidence.join("; "));
-            });
-            r.outbox.urgent.notify_one();
-            self.stall_probe = Some(p);
-        }
-        let dcfg = r.cfg.diagnostics.clone();
-        let h = self.helpers.clone();
-        let dtx = self.diag_tx.clone();
-        let scratch = self.scratch.clone();
-        let pid = r.pid;
-        let spawned = std::thread::Builder::new()
-            .name("diagnostics".into())
-            .spawn(move || {
-                let _ = crate::journal::create_private_dir_all(&scratch);
-                let d = diagnostics::gather(&dcfg, pid, &h, &scratch);
-                let _ = dtx.send(d);
-            });
-        if spawned.is_err() {
-            // No thread to be had (the very limit the trainer may have
-            // hit): stop without diagnostics rather than not at all.
-            let _ = self.diag_tx.send(Diagnostics {
-                py_spy_skipped: Some("no thread available for diagnostics".into()),
-                ..Default::default()
-            });
-        }
-    }
-
-    /// The coordinator asks for a probe: the system calls now, then py-spy
-    /// stacks, off the loop (py-spy takes a moment).
-    fn probe(&mut self, reason: String) {
-        let p = diagnostics::probe(&self.skip());
-        let lines = self
-            .rank
-            .tail
-            .last_lines(self.rank.cfg.diagnostics.tail_lines);
-        let (dcfg, h, ptx, scratch) = (
-            self.rank.cfg.diagnostics.clone(),
-            self.helpers.clone(),
-            self.probe_tx.clone(),
-            self.scratch.clone(),
-        );
-        let trainer = self.rank.pid.as_raw();
-        let spawned = std::thread::Builder::new()
-            .name("probe".into())
-            .spawn(move || {
-                // The trainer's CPU time over the probe (half a second at least):
-                // a rank not waiting that works is busy, not hung.
-                let (t0, cpu0) = (Instant::now(), process::tree_cpu_ticks(trainer));
-                let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
-                if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
-                    std::thread::sleep(rest);
-                }
-                let cpu = process::tree_cpu_ticks(trainer).saturating_sub(cpu0) as f64
-                    / process::clock_ticks();
-                let mut p = p;
-                p.cpu = Some((cpu, t0.elapsed().as_secs_f64()));
-                let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
-                let p = diagnostics::with_output(p, &lines);
-                let _ = ptx.send((reason, p, dumps));
-            });
-        if spawned.is_err() {
-            self.rank.outbox.update(|r| r.probed = true);
-            self.rank.outbox.urgent.notify_one();
-        }
-    }
-
-    /// A coordinated checkpoint: the control file, and the checkpoint
-    /// signal when configured.
-    fn checkpoint(&mut self, ck: u64, step: u64, reason: String) {
-        let r = &mut *self.rank;
-        let control_path = &r.control_path;
-        let written = write_control(
-            control_path,
-            &format!("checkpoint id={ck} step={step} reason={reason}\n"),
-        );
-        let signalled = r
-            .cfg
-            .coordinator
-            .signal_trainer
-            .then_some(r.cfg.checkpoint_signal)
-            .flatten();
-        if let Some(sig) = signalled {
-            process::signal_group(r.pid, sig);
-        }
-        r.journal.write(
-            ev::CheckpointRequested {
-                id: Some(ck),
-                step: Some(step),
-                reason: Some(reason.to_string()),
-                coordinated: Some(true),
-                control_file: written
-                    .as_ref()
-                    .ok()
-                    .map(|_| control_path.to_string_lossy().into_owned()),
-                control_error: written.err().map(|e| e.to_string()),
-                signal: signalled.map(|s| s.as_str().into()),
-                ..Default::default()
-            },
-            true,
-        );
-    }
-
-    /// Besides the signal: the ranks' agents tell their trainers the step.
-    fn coordinate_checkpoint(&mut self) {
-        let Some(c) = &self.rank.hosted else {
-            return;
-        };
-        match c.request_checkpoint("pre_timeout") {
-            Ok((ck, step)) => self.rank.journal.write(
-                ev::CheckpointCoordinated {
-                    id: Some(ck),
-                    step: Some(step),
-                    reason: Some("pre_timeout".into()),
-                    error: None,
-                },
-                false,
-            ),
-            Err(e) => self.rank.journal.write(
-                ev::CheckpointCoordinated {
-                    error: Some(e.to_string()),
-                    reason: Some("pre_timeout".into()),
-                    ..Default::default()
-                },
-                false,
-            ),
-        }
-    }
-
-    fn stop_for_pre_timeout(&mut self, done: Option<Option<u64>>) {
-        self.rank.journal.write(
-            ev::Stop {
-                reason: Some("pre_timeout".into()),
-                signal: Some("SIGTERM".into()),
-                checkpoint_step: done.flatten(),
-                checkpoint_confirmed: Some(done.is_some()),
-                ..Default::default()
-            },
-            true,
-        );
-        // Stop the step gently: SIGTERM to every process of its
-        // steps (the agents journal their ranks' ends); srun
-        // itself would cancel the step with SIGKILL.
-        let gentle = self.child_is_srun
-            && self
-                .slurm_cli
-                .signal_steps(&self.rank.id.job, Signal::SIGTERM)
-                .is_ok();
-        if !gentle {
-            process::signal_group(self.rank.pid, Signal::SIGTERM);
         }
     }
 }
