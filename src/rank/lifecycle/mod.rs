@@ -14,6 +14,10 @@
 //! ```
 
 pub use super::ending::{Ending, StopReason};
+pub use actions::{Action, Checked, Sig};
+
+mod actions;
+mod signals;
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::process::Exit;
 use chrono::{DateTime, Utc};
@@ -82,143 +86,6 @@ pub struct Settings {
     /// Observe mode: a stop is journaled as what would have been done,
     /// and the rank goes on being watched.
     pub observe: bool,
-}
-
-/// The signals the agent handles.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sig {
-    Term,
-    Int,
-    Hup,
-    Usr1,
-    Usr2,
-    Cont,
-    /// Any other signal that would end resilio ([`crate::process::STOP_SIGNALS`]:
-    /// SIGQUIT, SIGALRM, ...): passed on as itself and handled like SIGTERM.
-    Stop(Signal),
-}
-
-/// What the agent does; carried out in order by `rank::run`.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    /// Forward the signal to the trainer's group and record it.
-    Forward(Signal),
-    /// Record that Slurm delivers the signal to the trainer itself.
-    LeftToSlurm(Signal),
-    /// Record a stop signal held back while the stall's diagnostics run.
-    Deferred(Signal),
-    /// A second SIGINT: SIGKILL the whole tree now, and record it.
-    KillOnSecondInt,
-    /// Slurm's pre-timeout signal in a batch script: the checkpoint signal
-    /// to the trainers, and a `checkpoint_requested` record.
-    PreTimeoutCheckpoint {
-        received: Signal,
-    },
-    /// The checkpoint signal in a step: record the request, signal the
-    /// trainer unless Slurm did.
-    CheckpointSignal {
-        received: Signal,
-        forward: bool,
-    },
-    /// The stall policy fired at `at`: record it and start the diagnostics
-    /// (and, when linked, the probe whose verdict goes to the coordinator).
-    Stalled {
-        stall: Stall,
-        at: Instant,
-    },
-    /// The coordinator judged the stall: record `stop_judged`.
-    StopJudged {
-        detail: String,
-    },
-    /// SIGTERM to the stalled trainer's tree, `stop` recorded.
-    StopStalled {
-        grace: Duration,
-    },
-    /// The stop of a stalled rank waits for the coordinator's judgment.
-    DeferStallStop {
-        max_wait: Duration,
-    },
-    /// The step failed elsewhere: SIGTERM to the trainer's group.
-    StopForCoordinator {
-        detail: String,
-        grace: Duration,
-    },
-    /// A numerical failure: SIGTERM to the trainer's group.
-    StopForNumerical {
-        detail: String,
-        grace: Duration,
-    },
-    /// Probe the trainer now (the coordinator asks: a peer stalled).
-    Probe {
-        reason: String,
-    },
-    /// The coordinator asks for a checkpoint.
-    Checkpoint {
-        id: u64,
-        step: u64,
-        reason: String,
-    },
-    /// The rank lives on the job's progress (it reports none of its own).
-    LiveOnJobProgress,
-    /// The coordinator cannot be reached / is back.
-    CoordinatorLost {
-        error: String,
-    },
-    CoordinatorBack {
-        gap_s: f64,
-        failed_requests: u64,
-    },
-    /// The loop woke long after it planned: resilio was stopped or starved.
-    Resumed {
-        late: Duration,
-    },
-    /// The trainer was found stopped at its limit (Ctrl-Z, SIGSTOP): its
-    /// clock restarts, and goes on restarting while it stays stopped.
-    TrainerStopped,
-    /// The stall is withdrawn: a peer works without a word (the coordinator).
-    CarryOn {
-        reason: String,
-    },
-    /// Observe mode: what would have been done, and why.
-    Observed {
-        would: String,
-        reason: String,
-    },
-    /// Found working without a word at its step limit: busy and silent.
-    BusySilent {
-        cpu_s: f64,
-        /// Bytes it read and wrote meanwhile (a save to a slow file system
-        /// works with little CPU).
-        io_bytes: u64,
-        window_s: f64,
-        limit_s: f64,
-        probe: String,
-    },
-    /// Ask the hosted coordinator for a checkpoint of every rank.
-    CoordinateCheckpoint,
-    /// The pre-timeout checkpoint is done or waited for long enough: stop the step.
-    StopForPreTimeout {
-        checkpoint_step: Option<Option<u64>>,
-    },
-    /// The main child exited and others live on: SIGTERM to them.
-    TermRemaining,
-    /// SIGKILL to the tree (again each time round); `record` the first time.
-    Kill {
-        record: Option<Duration>,
-    },
-    /// Processes survived SIGKILL for 10 s: record them and end without them.
-    GiveUp,
-}
-
-/// What the journal said about the pre-timeout checkpoint (see [`Lifecycle::checkpoint_query`]).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Checked {
-    /// Not looked at this time round.
-    NotLooked,
-    /// Looked, no `checkpoint_done` yet.
-    NotDone,
-    /// Done (at the step, if it said).
-    Done(Option<u64>),
 }
 
 /// Slurm's pre-timeout signal: when it came, its wall time, and when the
@@ -365,87 +232,6 @@ impl Lifecycle {
             self.grace_used = self.s.stall_grace;
         }
         self.kill_at.get_or_insert(now + self.s.stall_grace);
-    }
-
-    fn forward_unless(&self, sig: Signal) -> Action {
-        if self.s.slurm_delivers {
-            Action::LeftToSlurm(sig)
-        } else {
-            Action::Forward(sig)
-        }
-    }
-
-    /// A signal to resilio, at `now` (`wall`: the wall clock then).
-    pub fn on_signal(&mut self, sig: Sig, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
-        match sig {
-            Sig::Term | Sig::Int | Sig::Stop(_) => self.on_stop_signal(sig, now),
-            Sig::Hup => vec![self.forward_unless(Signal::SIGHUP)],
-            Sig::Usr1 => self.on_user_signal(Signal::SIGUSR1, now, wall),
-            Sig::Usr2 => self.on_user_signal(Signal::SIGUSR2, now, wall),
-            Sig::Cont => {
-                // Resumed after a suspension (scontrol suspend, gang
-                // scheduling, Ctrl-Z): the time stopped is not a stall.
-                self.policy.on_resume(now);
-                vec![self.forward_unless(Signal::SIGCONT)]
-            }
-        }
-    }
-
-    fn on_stop_signal(&mut self, sig: Sig, now: Instant) -> Vec<Action> {
-        let (signal, name) = match sig {
-            Sig::Int => (Signal::SIGINT, "SIGINT"),
-            Sig::Stop(s) => (s, s.as_str()),
-            _ => (Signal::SIGTERM, "SIGTERM"),
-        };
-        let mut out = Vec::new();
-        if sig == Sig::Int {
-            self.ints += 1;
-        }
-        if sig == Sig::Int && self.ints >= 2 {
-            self.killed = true;
-            out.push(Action::KillOnSecondInt);
-        } else if let Some(StallStep::Diagnosing { stop_asked }) = self.stall_step() {
-            // The stall's evidence is being taken (srun stopping the step
-            // because a peer failed, say): the stop follows as soon as it
-            // is done, within the grace.
-            *stop_asked = true;
-            out.push(Action::Deferred(signal));
-        } else {
-            out.push(self.forward_unless(signal));
-            self.kill_at.get_or_insert(now + self.s.grace);
-        }
-        if self.monitoring() {
-            self.state = State::Stopping(StopReason::Signal(name));
-        }
-        out
-    }
-
-    /// SIGUSR1/SIGUSR2. In a batch script, Slurm's pre-timeout signal
-    /// becomes a checkpoint request: the checkpoint signal goes to srun,
-    /// which delivers it to every process of the step (trainers included),
-    /// or straight to a trainer the script runs itself. In a step, the
-    /// checkpoint signal is journaled as a request (Slurm delivered it to
-    /// the trainer already). Anything else is forwarded (or, in a step,
-    /// left to Slurm's delivery).
-    fn on_user_signal(&mut self, sig: Signal, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
-        if self.s.supervises_step && sig == self.s.pre_timeout_signal {
-            if self.pre_timeout.is_none() {
-                self.pre_timeout = Some(PreTimeout {
-                    asked_wall: wall,
-                    deadline: now + self.s.checkpoint_wait,
-                    done: false,
-                    coordinated: false,
-                });
-            }
-            return vec![Action::PreTimeoutCheckpoint { received: sig }];
-        }
-        if self.s.in_step && Some(sig) == self.s.checkpoint_signal {
-            return vec![Action::CheckpointSignal {
-                received: sig,
-                forward: !self.s.slurm_delivers,
-            }];
-        }
-        vec![self.forward_unless(sig)]
     }
 
     /// The coordinator cannot be reached.
@@ -845,5 +631,4 @@ impl Lifecycle {
 }
 
 #[cfg(test)]
-#[path = "lifecycle_tests.rs"]
 mod tests;
