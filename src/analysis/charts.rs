@@ -49,20 +49,7 @@ fn series(records: &[Record], report: &Report) -> Vec<Chart> {
     let Some(rank) = chart_rank(records) else {
         return Vec::new();
     };
-    let devices: BTreeMap<u32, f64> = report
-        .attempts
-        .iter()
-        .filter_map(|a| Some((a.attempt, a.throughput.as_ref()?)))
-        .map(|(a, t)| (a, f64::from(t.devices.max(1))))
-        .collect();
-    let tokens_per_step: BTreeMap<u32, f64> = report
-        .attempts
-        .iter()
-        .filter_map(|a| {
-            let t = a.throughput.as_ref()?;
-            Some((a.attempt, t.tokens_per_s? / t.steps_per_s?))
-        })
-        .collect();
+    let (devices, tokens_per_step) = attempt_scales(report);
     let peak = records.iter().find_map(|r| match r.event() {
         Some(Event::RankStart(x)) => x.peak_tflops,
         _ => None,
@@ -147,6 +134,26 @@ fn series(records: &[Record], report: &Report) -> Vec<Chart> {
     out
 }
 
+/// Each attempt's devices, and its tokens per step where its throughput
+/// gives both tokens and steps per second.
+fn attempt_scales(report: &Report) -> (BTreeMap<u32, f64>, BTreeMap<u32, f64>) {
+    let devices: BTreeMap<u32, f64> = report
+        .attempts
+        .iter()
+        .filter_map(|a| Some((a.attempt, a.throughput.as_ref()?)))
+        .map(|(a, t)| (a, f64::from(t.devices.max(1))))
+        .collect();
+    let tokens_per_step: BTreeMap<u32, f64> = report
+        .attempts
+        .iter()
+        .filter_map(|a| {
+            let t = a.throughput.as_ref()?;
+            Some((a.attempt, t.tokens_per_s? / t.steps_per_s?))
+        })
+        .collect();
+    (devices, tokens_per_step)
+}
+
 /// Whether every rate point is in tokens (the trainer printed tps, or the
 /// run's throughput gives tokens per step).
 fn rate_is_tokens(records: &[Record]) -> bool {
@@ -173,6 +180,40 @@ fn number(v: f64, percent: bool) -> String {
     }
 }
 
+/// What every chart marks: stalls, slowdowns, checkpoints, findings.
+#[derive(Default)]
+struct Marks {
+    stalls: Vec<DateTime<Utc>>,
+    checkpoints: Vec<DateTime<Utc>>,
+    numerical: Vec<DateTime<Utc>>,
+    /// Slowdowns, from when they began to when they were over (`None`:
+    /// not over, drawn to the job's end).
+    slow: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)>,
+}
+
+fn marks_of(records: &[Record]) -> Marks {
+    let mut m = Marks::default();
+    for r in records {
+        match r.event() {
+            Some(Event::Stall(_)) => m.stalls.push(r.ts),
+            Some(Event::CheckpointDone(_)) => m.checkpoints.push(r.ts),
+            Some(Event::Numerical(_)) => m.numerical.push(r.ts),
+            Some(Event::Slowdown(s)) if s.state.as_deref() == Some("started") => {
+                let back =
+                    chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);
+                m.slow.push((r.ts - back, None));
+            }
+            Some(Event::Slowdown(_)) => {
+                if let Some(open) = m.slow.iter_mut().rev().find(|s| s.1.is_none()) {
+                    open.1 = Some(r.ts);
+                }
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
 /// The charts, from `top` down, with `x` mapping time to the timeline's
 /// axis; their SVG and height (0 when there is nothing to chart).
 pub fn render(
@@ -187,29 +228,7 @@ pub fn render(
     if charts.is_empty() {
         return (String::new(), 0.0);
     }
-    // What every chart marks: stalls, slowdowns, checkpoints, findings.
-    let mut stalls = Vec::new();
-    let mut checkpoints = Vec::new();
-    let mut numerical = Vec::new();
-    let mut slow: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)> = Vec::new();
-    for r in records {
-        match r.event() {
-            Some(Event::Stall(_)) => stalls.push(r.ts),
-            Some(Event::CheckpointDone(_)) => checkpoints.push(r.ts),
-            Some(Event::Numerical(_)) => numerical.push(r.ts),
-            Some(Event::Slowdown(s)) if s.state.as_deref() == Some("started") => {
-                let back =
-                    chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);
-                slow.push((r.ts - back, None));
-            }
-            Some(Event::Slowdown(_)) => {
-                if let Some(open) = slow.iter_mut().rev().find(|s| s.1.is_none()) {
-                    open.1 = Some(r.ts);
-                }
-            }
-            _ => {}
-        }
-    }
+    let marks = marks_of(records);
     let end = report.end;
     let mut h = String::new();
     let mut y = top;
@@ -237,66 +256,96 @@ pub fn render(
             number(lo, c.percent),
             number(hi, c.percent)
         );
-        for (from, to) in &slow {
-            let (a, b) = (x(*from), x(to.or(end).unwrap_or(*from)));
-            let _ = writeln!(
-                h,
-                "<rect x=\"{a:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{CHART_H}\" fill=\"#f59e0b\" fill-opacity=\"0.18\"><title>slowdown</title></rect>",
-                (b - a).max(1.0)
-            );
-        }
-        for (t, colour, what) in stalls
-            .iter()
-            .map(|t| (t, "#e8741c", "stall"))
-            .chain(checkpoints.iter().map(|t| (t, "#2563eb", "checkpoint")))
-            .chain(numerical.iter().map(|t| (t, "#c0151b", "numerical")))
-        {
-            let px = x(*t);
-            let _ = writeln!(
-                h,
-                "<line x1=\"{px:.2}\" y1=\"{y:.1}\" x2=\"{px:.2}\" y2=\"{:.1}\" stroke=\"{colour}\" stroke-width=\"1\" stroke-dasharray=\"2 2\"><title>{what}</title></line>",
-                y + CHART_H
-            );
-        }
-        for (attempt, points) in &c.series {
-            let pts: Vec<String> = points
-                .iter()
-                .map(|(t, v)| format!("{:.2},{:.2}", x(*t), yv(*v)))
-                .collect();
-            if pts.len() == 1 {
-                let _ = writeln!(
-                    h,
-                    "<circle cx=\"{}\" r=\"2.5\" fill=\"{}\"><title>attempt {attempt}</title></circle>",
-                    pts[0].replacen(',', "\" cy=\"", 1),
-                    c.colour
-                );
-            } else {
-                let _ = writeln!(
-                    h,
-                    "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"3\"><title>{}, attempt {attempt}</title></polyline>",
-                    pts.join(" "),
-                    c.colour,
-                    c.title
-                );
-            }
-        }
-        for t in &c.bad {
-            let (px, py) = (x(*t), y + 8.0);
-            let _ = writeln!(
-                h,
-                "<path d=\"M{:.1} {:.1} L{:.1} {:.1} M{:.1} {:.1} L{:.1} {:.1}\" stroke=\"#c0151b\" stroke-width=\"2\"><title>NaN or Inf</title></path>",
-                px - 4.0,
-                py - 4.0,
-                px + 4.0,
-                py + 4.0,
-                px - 4.0,
-                py + 4.0,
-                px + 4.0,
-                py - 4.0
-            );
-        }
+        write_marks(&mut h, &marks, x, y, end);
+        write_lines(&mut h, c, x, &yv, y);
         h.push_str("</g>\n");
         y += CHART_H + CHART_GAP;
     }
     (h, y - top)
+}
+
+/// The marks on one chart at `y`: slowdowns shaded (to `end` when not
+/// over), stalls, checkpoints and findings as dashed lines.
+fn write_marks(
+    h: &mut String,
+    marks: &Marks,
+    x: &dyn Fn(DateTime<Utc>) -> f64,
+    y: f64,
+    end: Option<DateTime<Utc>>,
+) {
+    for (from, to) in &marks.slow {
+        let (a, b) = (x(*from), x(to.or(end).unwrap_or(*from)));
+        let _ = writeln!(
+            h,
+            "<rect x=\"{a:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{CHART_H}\" fill=\"#f59e0b\" fill-opacity=\"0.18\"><title>slowdown</title></rect>",
+            (b - a).max(1.0)
+        );
+    }
+    for (t, colour, what) in marks
+        .stalls
+        .iter()
+        .map(|t| (t, "#e8741c", "stall"))
+        .chain(
+            marks
+                .checkpoints
+                .iter()
+                .map(|t| (t, "#2563eb", "checkpoint")),
+        )
+        .chain(marks.numerical.iter().map(|t| (t, "#c0151b", "numerical")))
+    {
+        let px = x(*t);
+        let _ = writeln!(
+            h,
+            "<line x1=\"{px:.2}\" y1=\"{y:.1}\" x2=\"{px:.2}\" y2=\"{:.1}\" stroke=\"{colour}\" stroke-width=\"1\" stroke-dasharray=\"2 2\"><title>{what}</title></line>",
+            y + CHART_H
+        );
+    }
+}
+
+/// One chart's lines, a line per attempt (a dot for a single point), and
+/// its non-finite values as crosses, with `yv` mapping values to its axis.
+fn write_lines(
+    h: &mut String,
+    c: &Chart,
+    x: &dyn Fn(DateTime<Utc>) -> f64,
+    yv: &dyn Fn(f64) -> f64,
+    y: f64,
+) {
+    for (attempt, points) in &c.series {
+        let pts: Vec<String> = points
+            .iter()
+            .map(|(t, v)| format!("{:.2},{:.2}", x(*t), yv(*v)))
+            .collect();
+        if pts.len() == 1 {
+            let _ = writeln!(
+                h,
+                "<circle cx=\"{}\" r=\"2.5\" fill=\"{}\"><title>attempt {attempt}</title></circle>",
+                pts[0].replacen(',', "\" cy=\"", 1),
+                c.colour
+            );
+        } else {
+            let _ = writeln!(
+                h,
+                "<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"3\"><title>{}, attempt {attempt}</title></polyline>",
+                pts.join(" "),
+                c.colour,
+                c.title
+            );
+        }
+    }
+    for t in &c.bad {
+        let (px, py) = (x(*t), y + 8.0);
+        let _ = writeln!(
+            h,
+            "<path d=\"M{:.1} {:.1} L{:.1} {:.1} M{:.1} {:.1} L{:.1} {:.1}\" stroke=\"#c0151b\" stroke-width=\"2\"><title>NaN or Inf</title></path>",
+            px - 4.0,
+            py - 4.0,
+            px + 4.0,
+            py + 4.0,
+            px - 4.0,
+            py + 4.0,
+            px + 4.0,
+            py - 4.0
+        );
+    }
 }

@@ -114,25 +114,7 @@ const THROUGHPUT_FIGURES: &[&str] = &[
 /// beyond its step numbers (no figure printed or sent, no settings).
 pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     let settings = settings_of(records);
-    // Each rank's progress: (ts, step, metrics).
-    let mut by_rank: BTreeMap<u32, Vec<Sample>> = BTreeMap::new();
-    for r in records {
-        let Some(Event::Progress(p)) = r.event() else {
-            continue;
-        };
-        let Some(step) = p.step else { continue };
-        let metrics = p
-            .metrics
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(k, v)| Some((k, v.as_f64()?)))
-            .collect();
-        let t = r.ts.timestamp_micros() as f64 / 1e6;
-        by_rank
-            .entry(r.rank.unwrap_or(0))
-            .or_default()
-            .push((t, step, metrics));
-    }
+    let by_rank = samples_by_rank(records);
     let has_figures = |recs: &[Sample]| {
         recs.iter()
             .any(|(_, _, m)| THROUGHPUT_FIGURES.iter().any(|f| m.contains_key(*f)))
@@ -158,7 +140,60 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
                 .collect(),
         )
     };
+    let (rates, steps_per_s) = step_rates(recs);
+    let mut from = Vec::new();
+    let mut note = |what: &str| {
+        if !from.iter().any(|f| f == what) {
+            from.push(what.to_string());
+        }
+    };
+    let socket_tokens = socket_tokens(&by_rank, world);
+    let step_time_s = figure("step_time_s").or_else(|| steps_per_s.map(|r| 1.0 / r));
+    let rate = steps_per_s.or_else(|| step_time_s.map(|t| 1.0 / t));
+    let tokens_per_s = tokens_per_s(&figure, socket_tokens, &settings, rate, devices, &mut note);
+    let samples_per_s = figure("samples_per_s")
+        .or_else(|| Some(figure("global_batch_size")? * rate?))
+        .or_else(|| Some(figure("samples")? * world as f64 * rate?));
+    let (tflops_per_device, mfu) =
+        device_figures(&figure, tokens_per_s, &settings, devices, &mut note);
+    Some(Throughput {
+        steps_per_s,
+        step_time_s,
+        tokens_per_s,
+        samples_per_s,
+        tflops_per_device,
+        mfu,
+        devices,
+        from,
+        rates,
+    })
+}
 
+/// Each rank's progress: (ts, step, metrics).
+fn samples_by_rank(records: &[&Record]) -> BTreeMap<u32, Vec<Sample>> {
+    let mut by_rank: BTreeMap<u32, Vec<Sample>> = BTreeMap::new();
+    for r in records {
+        let Some(Event::Progress(p)) = r.event() else {
+            continue;
+        };
+        let Some(step) = p.step else { continue };
+        let metrics = p
+            .metrics
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+            .collect();
+        let t = r.ts.timestamp_micros() as f64 / 1e6;
+        by_rank
+            .entry(r.rank.unwrap_or(0))
+            .or_default()
+            .push((t, step, metrics));
+    }
+    by_rank
+}
+
+/// Steps per second between successive samples, and over them all.
+fn step_rates(recs: &[Sample]) -> (Vec<f64>, Option<f64>) {
     let mut rates = Vec::new();
     for w in recs.windows(2) {
         let (dt, ds) = (w[1].0 - w[0].0, w[1].1 as f64 - w[0].1 as f64);
@@ -170,31 +205,38 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
         (Some(a), Some(b)) if b.0 > a.0 && b.1 > a.1 => Some((b.1 - a.1) as f64 / (b.0 - a.0)),
         _ => None,
     };
-    let mut from = Vec::new();
-    let mut note = |what: &str| {
-        if !from.iter().any(|f| f == what) {
-            from.push(what.to_string());
-        }
-    };
-    // Tokens per step of the job from the socket: each rank's own, summed
-    // (ranks that do not send count as the ones that do).
-    let socket_tokens = {
-        let per_rank: Vec<f64> = by_rank
-            .values()
-            .filter_map(|v| {
-                median(
-                    v.iter()
-                        .filter_map(|(_, _, m)| m.get("tokens").copied())
-                        .collect(),
-                )
-            })
-            .collect();
-        (!per_rank.is_empty())
-            .then(|| per_rank.iter().sum::<f64>() / per_rank.len() as f64 * world as f64)
-    };
-    let step_time_s = figure("step_time_s").or_else(|| steps_per_s.map(|r| 1.0 / r));
-    let rate = steps_per_s.or_else(|| step_time_s.map(|t| 1.0 / t));
-    let tokens_per_s = if let Some(t) = figure("tokens_per_s_device") {
+    (rates, steps_per_s)
+}
+
+/// Tokens per step of the job from the socket: each rank's own, summed
+/// (ranks that do not send count as the ones that do).
+fn socket_tokens(by_rank: &BTreeMap<u32, Vec<Sample>>, world: u32) -> Option<f64> {
+    let per_rank: Vec<f64> = by_rank
+        .values()
+        .filter_map(|v| {
+            median(
+                v.iter()
+                    .filter_map(|(_, _, m)| m.get("tokens").copied())
+                    .collect(),
+            )
+        })
+        .collect();
+    (!per_rank.is_empty())
+        .then(|| per_rank.iter().sum::<f64>() / per_rank.len() as f64 * world as f64)
+}
+
+/// Tokens per second of the whole job: printed per device, else from the
+/// socket's tokens, the settings' or the printed batch size, at `rate`
+/// steps per second. `note` is told where it came from.
+fn tokens_per_s(
+    figure: &impl Fn(&str) -> Option<f64>,
+    socket_tokens: Option<f64>,
+    settings: &Settings,
+    rate: Option<f64>,
+    devices: u32,
+    note: &mut impl FnMut(&str),
+) -> Option<f64> {
+    if let Some(t) = figure("tokens_per_s_device") {
         note("printed");
         Some(t * devices as f64)
     } else if let (Some(t), Some(r)) = (socket_tokens, rate) {
@@ -211,10 +253,18 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
         Some(b * l as f64 * r)
     } else {
         None
-    };
-    let samples_per_s = figure("samples_per_s")
-        .or_else(|| Some(figure("global_batch_size")? * rate?))
-        .or_else(|| Some(figure("samples")? * world as f64 * rate?));
+    }
+}
+
+/// One device's TFLOP/s and MFU: printed, else from the tokens per second
+/// and the settings. `note` is told where they came from.
+fn device_figures(
+    figure: &impl Fn(&str) -> Option<f64>,
+    tokens_per_s: Option<f64>,
+    settings: &Settings,
+    devices: u32,
+    note: &mut impl FnMut(&str),
+) -> (Option<f64>, Option<f64>) {
     let tflops_per_device = if let Some(t) = figure("tflops") {
         note("printed");
         Some(t)
@@ -233,17 +283,7 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     } else {
         None
     };
-    Some(Throughput {
-        steps_per_s,
-        step_time_s,
-        tokens_per_s,
-        samples_per_s,
-        tflops_per_device,
-        mfu,
-        devices,
-        from,
-        rates,
-    })
+    (tflops_per_device, mfu)
 }
 
 /// Goodput from each attempt's productive seconds and throughput, over the

@@ -1,0 +1,514 @@
+//! The report built from a job's records: its attempts, failures,
+//! judgments, checkpoints and the accounting of its time.
+
+use super::fleet::restart_cost;
+use super::{
+    secs, Attempt, Checkpoints, Failure, Judged, Observed, RankExit, Report, Restorable,
+    SupervisorLoss,
+};
+use crate::event::Event;
+use crate::journal::Record;
+use chrono::{DateTime, Utc};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The parts of resilio above the ranks that died, one entry each (every
+/// rank journals the launcher's loss: one entry lists them all).
+fn supervisor_losses_of(events: &[(&Record, Event)]) -> Vec<SupervisorLoss> {
+    let mut out: Vec<SupervisorLoss> = Vec::new();
+    for (r, e) in events {
+        match e {
+            Event::SupervisorLost(s) => out.push(SupervisorLoss {
+                ts: r.ts,
+                attempt: r.attempt,
+                part: "supervisor".into(),
+                pid: s.supervisor_pid,
+                status: s.status.clone(),
+                ranks: Vec::new(),
+                note: s.note.clone(),
+            }),
+            Event::LauncherLost(l) => {
+                let same = out.iter_mut().find(|x| {
+                    x.part == "launcher" && x.pid == l.launcher_pid && x.attempt == r.attempt
+                });
+                match same {
+                    Some(x) => {
+                        x.ts = x.ts.min(r.ts);
+                        x.ranks.extend(r.rank);
+                    }
+                    None => out.push(SupervisorLoss {
+                        ts: r.ts,
+                        attempt: r.attempt,
+                        part: "launcher".into(),
+                        pid: l.launcher_pid,
+                        status: None,
+                        ranks: r.rank.into_iter().collect(),
+                        note: l.note.clone(),
+                    }),
+                }
+            }
+            _ => {}
+        }
+    }
+    for x in &mut out {
+        x.ranks.sort_unstable();
+        x.ranks.dedup();
+    }
+    out
+}
+
+fn checkpoint_stats(records: &[Record]) -> Checkpoints {
+    // One entry per (attempt, step): several ranks may confirm the same checkpoint.
+    let mut done: Vec<(u32, Option<u64>, DateTime<Utc>)> = Vec::new();
+    let mut durations = Vec::new();
+    let mut started: BTreeMap<(Option<u32>, u32), DateTime<Utc>> = BTreeMap::new();
+    let (mut last_restorable, mut incomplete, mut sizes) = (None, Vec::new(), Vec::new());
+    for (r, e) in crate::journal::events(records) {
+        match e {
+            Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
+                started.insert((r.rank, r.attempt), r.ts);
+            }
+            Event::CheckpointDone(c) => {
+                if let Some(t0) = started.remove(&(r.rank, r.attempt)) {
+                    durations.push(secs(t0, r.ts));
+                }
+                let one = Restorable {
+                    attempt: r.attempt,
+                    step: c.step,
+                    ts: Some(r.ts),
+                    source: c.source.clone(),
+                    path: c.path.clone(),
+                    size_bytes: c.size_bytes,
+                    temp_names: c.temp_names.clone().unwrap_or_default(),
+                    changing: c.changing.clone().unwrap_or_default(),
+                };
+                sizes.extend(c.size_bytes.map(|b| b as f64));
+                if c.complete == Some(false) {
+                    incomplete.push(one);
+                } else {
+                    last_restorable = Some(one);
+                }
+                let key = (r.attempt, c.step);
+                if !done.iter().any(|(a, s, _)| (*a, *s) == key) {
+                    done.push((key.0, key.1, r.ts));
+                }
+            }
+            _ => {}
+        }
+    }
+    let mean = |v: &[f64]| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let intervals: Vec<f64> = done
+        .windows(2)
+        .filter(|w| w[0].0 == w[1].0)
+        .map(|w| secs(w[0].2, w[1].2))
+        .collect();
+    Checkpoints {
+        count: done.len(),
+        mean_duration_s: mean(&durations),
+        mean_interval_s: mean(&intervals),
+        last_restorable,
+        incomplete,
+        mean_size_bytes: mean(&sizes),
+        warn_share: None,
+    }
+}
+
+fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
+    let start = records
+        .iter()
+        .filter(|r| r.kind == "rank_start" || r.kind == "job_start")
+        .map(|r| r.ts)
+        .min()
+        .unwrap_or(records[0].ts);
+    let events: Vec<(&Record, Event)> = records
+        .iter()
+        .filter_map(|r| Some((*r, r.event()?)))
+        .collect();
+    let exits: Vec<(&Record, &crate::event::RankExit)> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::RankExit(x) => Some((*r, x)),
+            _ => None,
+        })
+        .collect();
+    let last_ts = records.iter().map(|r| r.ts).max().unwrap_or(start);
+    let end = exits
+        .iter()
+        .map(|(r, _)| r.ts)
+        .max()
+        .unwrap_or(last_ts)
+        .max(start);
+    let progress_at = events
+        .iter()
+        .filter(|(_, e)| matches!(e, Event::Progress(_)))
+        .map(|(r, _)| r.ts);
+    let first_step_at = progress_at.clone().min();
+    let stalls: Vec<&crate::event::Stall> = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Stall(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let last_progress_at = progress_at
+        .chain(stalls.iter().filter_map(|s| s.last_progress))
+        .max();
+    let last_step = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::Progress(p) => p.step,
+            Event::Stall(s) => s.last_step,
+            Event::RankExit(x) => x.last_step,
+            _ => None,
+        })
+        .max();
+
+    let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
+    let nodes: BTreeSet<String> = records.iter().filter_map(|r| r.node.clone()).collect();
+    let world = events
+        .iter()
+        .filter_map(|(_, e)| match e {
+            Event::RankStart(x) => x.world_size,
+            _ => None,
+        })
+        .max()
+        .unwrap_or(ranks.len() as u32);
+    Attempt {
+        throughput: crate::analysis::throughput::of_attempt(records, world),
+        attempt,
+        start,
+        end,
+        ended_cleanly: !exits.is_empty(),
+        ranks: ranks.into_iter().collect(),
+        nodes: nodes.into_iter().collect(),
+        first_step_at,
+        last_progress_at,
+        last_step,
+        stalls: stalls.len(),
+        exits: exits
+            .iter()
+            .map(|(r, x)| RankExit {
+                rank: r.rank,
+                node: r.node.clone(),
+                exit_code: x.exit_code.map(i64::from),
+                cause: x.cause.clone(),
+                status: x.status.clone(),
+            })
+            .collect(),
+        wall_s: secs(start, end),
+        productive_s: 0.0,
+        lost_s: BTreeMap::new(),
+    }
+}
+
+/// Build the report from a job's merged records (ordered by time), with
+/// Slurm's allocation times when the job ran under Slurm.
+pub fn build(
+    job: &str,
+    records: &[Record],
+    bad_lines: usize,
+    slurm: Option<&crate::analysis::accounting::SlurmTimes>,
+) -> Report {
+    let acc = crate::analysis::accounting::account(records, slurm);
+    let mut attempts = accounted_attempts(records, &acc);
+    let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
+    let mut productive = acc.productive_s;
+    let mut lost = acc.lost_s.clone();
+    take_slowdown(records, &mut attempts, &mut productive, &mut lost);
+    let journal_gaps = crate::analysis::accounting::journal_gaps(records, &acc.segments);
+    let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
+    let failures = failures_of(&events);
+    let judgments = judgments_of(&events);
+    let exit_code = exit_code_of(&events);
+    let checkpoints = checkpoint_stats(records);
+    let failed_attempts = failed_attempts_of(&attempts, &events, &failures);
+    let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);
+    let mut report = Report {
+        job: job.to_string(),
+        checkpoints,
+        mttf_s,
+        mttf_pooled_s: None,
+        fleet: None,
+        failed_attempts,
+        restarts: records.iter().filter(|r| r.kind == "restart").count(),
+        requeues: requeues_of(&events),
+        start,
+        end,
+        wall_s: wall,
+        productive_s: productive,
+        ettr: if wall > 0.0 { productive / wall } else { 0.0 },
+        lost_s: lost,
+        failures,
+        judgments,
+        ettr_unknown: false,
+        observed: observed_of(&events),
+        stalls: attempts.iter().map(|a| a.stalls).sum(),
+        last_step: attempts.iter().filter_map(|a| a.last_step).max(),
+        exit_code,
+        attempts,
+        time_source: acc.time_source,
+        segments: acc.segments,
+        checkpoint_advice: None,
+        journal_gaps,
+        supervisor_losses: supervisor_losses_of(&events),
+        goodput: None,
+        loss: crate::analysis::loss::health(records),
+        bad_journal_lines: bad_lines,
+        skipped_lines: Vec::new(),
+        left_out: Vec::new(),
+        run: None,
+        runs: Vec::new(),
+    };
+    finish(&mut report);
+    report
+}
+
+/// Each attempt, with its share of the accounted time.
+fn accounted_attempts(
+    records: &[Record],
+    acc: &crate::analysis::accounting::Accounting,
+) -> Vec<Attempt> {
+    let mut by_attempt: BTreeMap<u32, Vec<&Record>> = BTreeMap::new();
+    for r in records {
+        by_attempt.entry(r.attempt).or_default().push(r);
+    }
+    let mut attempts: Vec<Attempt> = by_attempt
+        .iter()
+        .map(|(a, recs)| attempt_of(recs, *a))
+        .collect();
+    for a in attempts.iter_mut() {
+        if let Some(b) = acc.by_attempt.get(&a.attempt) {
+            a.productive_s = b.get("productive").copied().unwrap_or(0.0);
+            a.lost_s = b
+                .iter()
+                .filter(|(k, _)| k.as_str() != "productive")
+                .map(|(k, v)| (k.clone(), *v))
+                .collect();
+        }
+    }
+    attempts
+}
+
+/// Running slower than the job's own baseline: productive time, part of
+/// which bought no steps. Its own bucket, out of productive time.
+fn take_slowdown(
+    records: &[Record],
+    attempts: &mut [Attempt],
+    productive: &mut f64,
+    lost: &mut BTreeMap<String, f64>,
+) {
+    for (attempt, slow) in crate::analysis::throughput::slow_time(records) {
+        let Some(a) = attempts.iter_mut().find(|a| a.attempt == attempt) else {
+            continue;
+        };
+        let slow = slow.min(a.productive_s);
+        a.productive_s -= slow;
+        *a.lost_s.entry("slowdown".into()).or_insert(0.0) += slow;
+        *productive -= slow;
+        *lost.entry("slowdown".into()).or_insert(0.0) += slow;
+    }
+}
+
+/// The job's exit code: its end's, else the last rank exit's.
+fn exit_code_of(events: &[(&Record, Event)]) -> Option<i64> {
+    events
+        .iter()
+        .rev()
+        .find_map(|(_, e)| match e {
+            Event::JobEnd(x) => Some(x.exit_code),
+            Event::RankExit(x) => Some(x.exit_code),
+            _ => None,
+        })
+        .flatten()
+        .map(i64::from)
+}
+
+/// Attempts that ended in a failure (echoes of one failure count once).
+fn failed_attempts_of(
+    attempts: &[Attempt],
+    events: &[(&Record, Event)],
+    failures: &[Failure],
+) -> usize {
+    // An attempt whose trainer reported the end of training and then
+    // crashed at exit finished: its failure records are that crash.
+    let finished_then_crashed: Vec<u32> = attempts
+        .iter()
+        .map(|a| a.attempt)
+        .filter(|&attempt| {
+            let exits: Vec<(&Record, &crate::event::RankExit)> = events
+                .iter()
+                .filter_map(|(r, e)| match e {
+                    Event::RankExit(x) if r.attempt == attempt => Some((*r, x)),
+                    _ => None,
+                })
+                .collect();
+            crate::policy::failure::attempt_finished(&crate::analysis::accounting::exit_facts(
+                &exits,
+            ))
+        })
+        .collect();
+    attempts
+        .iter()
+        .filter(|a| !finished_then_crashed.contains(&a.attempt))
+        .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
+        .count()
+}
+
+/// What is derived from the report's own figures: the goodput, the
+/// checkpoint advice from this job alone, whether the ETTR is unknown.
+fn finish(report: &mut Report) {
+    let per_attempt: Vec<(f64, Option<&crate::analysis::throughput::Throughput>)> = report
+        .attempts
+        .iter()
+        .map(|a| (a.productive_s, a.throughput.as_ref()))
+        .collect();
+    report.goodput = crate::analysis::throughput::goodput(&per_attempt, report.wall_s);
+    // The advice from this job alone (apply_fleet pools it with the history).
+    if let (Some(d), Some(m)) = (report.checkpoints.mean_duration_s, report.mttf_s) {
+        report.checkpoint_advice = crate::policy::checkpoint_interval::advise(
+            d,
+            m,
+            restart_cost(report),
+            report.checkpoints.mean_interval_s,
+        );
+    }
+    report.ettr_unknown =
+        report.last_step.is_none() && report.ettr == 0.0 && !report.attempts.is_empty();
+}
+
+fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
+    events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Observed(o) => Some(Observed {
+                ts: r.ts,
+                attempt: r.attempt,
+                rank: r.rank,
+                node: r.node.clone(),
+                would: o.would.clone().unwrap_or_default(),
+                reason: o.reason.clone().unwrap_or_default(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The failures, as listed in the report (a verdict written later counts
+/// for the attempt it is about).
+fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
+    // Each attempt's first decision, in one pass.
+    let mut decisions: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    for (r, e) in events {
+        if let Event::Decision(d) = e {
+            if let Some(action) = d.decision.as_ref().and_then(|x| x.action.clone()) {
+                decisions
+                    .entry(d.about_attempt.unwrap_or(r.attempt))
+                    .or_insert(action);
+            }
+        }
+    }
+    let decision = |attempt: u32| decisions.get(&attempt).cloned();
+    // The blamed rank's probe, from each attempt's hang record, and its
+    // diagnostics files (probes' first, then stalls').
+    let mut probes: std::collections::HashMap<(u32, u32), String> = Default::default();
+    let mut files: std::collections::HashMap<(u32, u32), String> = Default::default();
+    for (r, e) in events {
+        match e {
+            Event::Hang(h) => {
+                for k in h.ranks.iter().flatten() {
+                    if let Some(p) = &k.probe {
+                        probes
+                            .entry((r.attempt, k.rank))
+                            .or_insert_with(|| p.clone());
+                    }
+                }
+            }
+            Event::Probe(p) => {
+                if let (Some(rank), Some(f)) = (r.rank, &p.file) {
+                    files.insert((r.attempt, rank), f.clone());
+                }
+            }
+            Event::Diagnostics(d) => {
+                if let (Some(rank), Some(f)) = (r.rank, &d.file) {
+                    files.entry((r.attempt, rank)).or_insert_with(|| f.clone());
+                }
+            }
+            _ => {}
+        }
+    }
+    events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Judgment(j) => Some(Judged {
+                ts: r.ts,
+                attempt: r.attempt,
+                class: j.class.map(|c| c.name().to_string()),
+                rank: j.primary_rank,
+                node: j.primary_node.clone(),
+                evidence: j.evidence.clone().or_else(|| j.reason.clone()),
+                decision: decision(r.attempt),
+                blamed_probe: j
+                    .primary_rank
+                    .and_then(|k| probes.get(&(r.attempt, k)).cloned()),
+                blamed_stacks: j
+                    .primary_rank
+                    .and_then(|k| files.get(&(r.attempt, k)).cloned()),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
+    // Each attempt's judged primary rank, where the judgment names one.
+    let primary: Vec<(u32, u32)> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Judgment(j) => Some((r.attempt, j.primary_rank?)),
+            _ => None,
+        })
+        .collect();
+    let role = |attempt: u32, rank: Option<u32>| -> Option<&'static str> {
+        let (_, p) = primary.iter().find(|(a, _)| *a == attempt)?;
+        Some(if rank == Some(*p) { "primary" } else { "echo" })
+    };
+    let out: Vec<Failure> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Failure(f) => Some(Failure {
+                ts: r.ts,
+                attempt: f.about_attempt.unwrap_or(r.attempt),
+                kind: f.failure_kind.clone().unwrap_or_else(|| "failure".into()),
+                class: f.class.map(|c| c.name().to_string()),
+                node: f.blamed_node.clone().or_else(|| r.node.clone()),
+                rank: r.rank,
+                cause: f.cause.clone().unwrap_or_else(|| "unknown".into()),
+                exit_code: f.exit_code.map(i64::from),
+                detail: f.detail.clone(),
+                role: role(f.about_attempt.unwrap_or(r.attempt), r.rank),
+            }),
+            _ => None,
+        })
+        .collect();
+    out
+}
+
+/// Trips back to the queue: resilio's requeues, and Slurm's own seen in
+/// its records (one per attempt).
+fn requeues_of(events: &[(&Record, Event)]) -> usize {
+    let mut a: Vec<u32> = events
+        .iter()
+        .filter_map(|(r, e)| match e {
+            Event::Requeue(_) => Some(r.attempt),
+            Event::Decision(d)
+                if d.source.as_deref() == Some("sacct")
+                    && d.decision.as_ref().and_then(|x| x.action.as_deref()) == Some("requeue") =>
+            {
+                Some(d.about_attempt.unwrap_or(r.attempt))
+            }
+            _ => None,
+        })
+        .collect();
+    a.sort_unstable();
+    a.dedup();
+    a.len()
+}

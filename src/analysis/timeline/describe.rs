@@ -1,0 +1,499 @@
+//! Each record's line in the timeline: one small function per kind of
+//! event, and the match that picks it.
+
+use crate::event::{self as e, Event};
+use crate::journal::Record;
+use serde_json::Value;
+
+/// A record's line, from its event read once (`None`: a kind this build
+/// does not know, or cannot read, which shows by name).
+pub(super) fn describe(r: &Record, event: Option<&Event>) -> Option<String> {
+    match event {
+        Some(e) => describe_event(e),
+        None => match r.kind.as_str() {
+            "coordinator_reachable_again" => None,
+            other => Some(other.to_string()),
+        },
+    }
+}
+
+/// A number or `-`.
+pub(super) fn num<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or("-".to_string(), |v| v.to_string())
+}
+
+fn text(v: &Option<String>) -> &str {
+    v.as_deref().unwrap_or("?")
+}
+
+/// The line of an event this build knows (`None`: not shown).
+fn describe_event(event: &Event) -> Option<String> {
+    Some(match event {
+        Event::JobStart(x) => job_start(x),
+        Event::RankStart(x) => rank_start(x),
+        Event::Progress(x) => return first_step(x),
+        Event::Phase(x) => phase(x),
+        Event::CheckpointDone(x) => checkpoint_done(x),
+        Event::Stall(x) => stall(x),
+        Event::Slowdown(x) => slowdown(x),
+        Event::Numerical(x) => numerical(x),
+        Event::Diagnostics(x) => diagnostics(x),
+        Event::Stop(x) => stop(x),
+        Event::Signal(x) => signal(x),
+        Event::RankExit(x) => rank_exit(x),
+        Event::Failure(x) => failure(x),
+        Event::JobEnd(x) => job_end(x),
+        Event::MonitorError(x) => monitor_error(x),
+        Event::MalformedMessage(x) => malformed_message(x),
+        Event::JournalGap(x) => journal_gap(x),
+        Event::Hang(x) => hang(x),
+        Event::Teardown(x) => teardown(x),
+        Event::BusySilent(x) => busy_silent(x),
+        Event::ProgressSource(x) => progress_source(x),
+        Event::StallReported(x) => stall_reported(x),
+        Event::Probe(x) => probe(x),
+        Event::StopDeferred(_) => "stop deferred until the coordinator's judgment".into(),
+        Event::Launch(x) => launch(x),
+        Event::AttemptEnd(_) => "every rank of the attempt has exited".into(),
+        Event::Judgment(x) => judgment(x),
+        Event::Decision(x) => decision(x),
+        Event::Restart(x) => restart(x),
+        Event::Relaunched(x) => relaunched(x),
+        Event::Straggler(x) => straggler(x),
+        Event::CheckpointRequested(x) => checkpoint_requested(x),
+        Event::CheckpointComplete(x) => checkpoint_complete(x),
+        Event::CheckpointIncomplete(x) => checkpoint_incomplete(x),
+        Event::CoordinatorUnreachable(x) => coordinator_unreachable(x),
+        Event::CoordinatorReachable(x) => coordinator_reachable(x),
+        Event::CoordinatorStart(x) => coordinator_start(x),
+        Event::NodeExcluded(x) => node_excluded(x),
+        Event::Requeue(x) => requeue(x),
+        Event::ExclusionSet(x) => exclusion_set(x),
+        Event::StopJudged(_) => "stopping after the coordinator's judgment".into(),
+        Event::LauncherLost(x) => launcher_lost(x),
+        Event::StragglerExclusion(x) => straggler_exclusion(x),
+        Event::CheckpointIntervalAdvised(x) => checkpoint_interval_advised(x),
+        Event::CoordinatorAttempt(_) | Event::NodeHistoryChecked(_) => return None,
+        other => other.kind().to_string(),
+    })
+}
+
+fn job_start(x: &e::JobStart) -> String {
+    match &x.relaunch_in_allocation {
+        Some(v) => {
+            let out: Vec<&str> = v
+                .get("exclude")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            if out.is_empty() {
+                "step relaunched inside the allocation".into()
+            } else {
+                format!(
+                    "step relaunched inside the allocation, leaving out {}",
+                    out.join(",")
+                )
+            }
+        }
+        None => "job started".into(),
+    }
+}
+
+fn rank_start(x: &e::RankStart) -> String {
+    format!(
+        "launched pid {} ({} stall timeout): {}",
+        x.pid.unwrap_or(0),
+        text(&x.stall_mode),
+        x.argv.as_deref().unwrap_or_default().join(" ")
+    )
+}
+
+/// The first step of a rank (later steps are not lines of their own).
+fn first_step(x: &e::Progress) -> Option<String> {
+    let e::Progress {
+        first: Some(_),
+        step,
+        source,
+        ..
+    } = x
+    else {
+        return None;
+    };
+    Some(format!("first step {} (from {})", num(*step), text(source)))
+}
+
+fn phase(x: &e::Phase) -> String {
+    format!("phase {} at step {}", text(&x.phase), num(x.step))
+}
+
+fn checkpoint_done(x: &e::CheckpointDone) -> String {
+    format!("checkpoint done at step {}", num(x.step))
+}
+
+fn stall(x: &e::Stall) -> String {
+    format!(
+        "STALL ({}): no progress for {:.1}s, limit {:.1}s, last step {}",
+        text(&x.stall_kind),
+        x.idle_s.unwrap_or(0.0),
+        x.timeout_s.unwrap_or(0.0),
+        num(x.last_step)
+    )
+}
+
+fn slowdown(x: &e::Slowdown) -> String {
+    if x.state.as_deref() == Some("started") {
+        format!("SLOWDOWN: {} ({})", text(&x.detail), text(&x.action))
+    } else {
+        format!(
+            "slowdown over after {:.0}s: {:.3}s per step, baseline {:.3}s",
+            x.lasted_s.unwrap_or(0.0),
+            x.step_s.unwrap_or(0.0),
+            x.baseline_s.unwrap_or(0.0)
+        )
+    }
+}
+
+fn numerical(x: &e::Numerical) -> String {
+    format!(
+        "NUMERICAL {}: {} ({})",
+        text(&x.finding),
+        text(&x.detail),
+        match x.action.as_deref() {
+            Some("stop") => "stopping the rank, not restarted",
+            _ => "recorded",
+        }
+    )
+}
+
+fn diagnostics(x: &e::Diagnostics) -> String {
+    format!(
+        "diagnostics: {} output lines, {} py-spy dump(s){}{}",
+        x.tail.as_ref().map_or(0, Vec::len),
+        x.py_spy.as_ref().map_or(0, Vec::len),
+        x.dump_signal
+            .as_ref()
+            .map_or(String::new(), |s| format!(", sent {s}")),
+        x.file
+            .as_ref()
+            .map_or(String::new(), |f| format!(" -> {f}"))
+    )
+}
+
+fn stop(x: &e::Stop) -> String {
+    format!(
+        "stopping the rank: {}{}",
+        text(&x.signal),
+        x.reason
+            .as_ref()
+            .map_or(String::new(), |r| format!(" ({r})"))
+    )
+}
+
+fn signal(x: &e::Signal) -> String {
+    format!(
+        "received {}{}",
+        text(&x.signal),
+        if x.forwarded == Some(true) {
+            ", forwarded to the trainer"
+        } else {
+            ""
+        }
+    )
+}
+
+fn rank_exit(x: &e::RankExit) -> String {
+    format!(
+        "rank exited: {} ({}), exit code {}, last step {}",
+        text(&x.cause),
+        text(&x.status),
+        x.exit_code.unwrap_or(-1),
+        num(x.last_step)
+    )
+}
+
+fn failure(x: &e::Failure) -> String {
+    format!(
+        "FAILURE {}: {}",
+        text(&x.failure_kind),
+        x.detail.as_deref().or(x.cause.as_deref()).unwrap_or("?")
+    )
+}
+
+fn job_end(x: &e::JobEnd) -> String {
+    format!("job ended, exit code {}", x.exit_code.unwrap_or(-1))
+}
+
+fn monitor_error(x: &e::MonitorError) -> String {
+    format!("monitoring degraded: {}", text(&x.error))
+}
+
+fn malformed_message(x: &e::MalformedMessage) -> String {
+    format!("malformed progress message ({})", text(&x.fault))
+}
+
+fn journal_gap(x: &e::JournalGap) -> String {
+    match (x.from, x.to) {
+            (Some(from), Some(to)) => format!(
+                "journal gap: {} record(s) lost since {} ({:.1}s: the journal could not be written, a full disk or another write error; unexplained time)",
+                x.lost_records.unwrap_or(0),
+                from.format("%H:%M:%S%.3fZ"),
+                crate::analysis::report::secs(from, to)
+            ),
+            _ => format!("journal gap: {} record(s) lost", x.lost_records.unwrap_or(0)),
+        }
+}
+
+fn hang(x: &e::Hang) -> String {
+    let v = x.verdict.clone().unwrap_or_default();
+    let blamed = v
+        .blamed_ranks
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    format!(
+        "HANG judged job-wide ({}): {}{}",
+        text(&v.rule),
+        text(&v.reason),
+        if blamed.is_empty() {
+            String::new()
+        } else {
+            format!(" -> blamed rank(s) {blamed}")
+        }
+    )
+}
+
+/// The order (with its reason), then the launcher's stop of the ranks
+/// left: the reason said once.
+fn teardown(x: &e::Teardown) -> String {
+    match x.ranks_left {
+        Some(n) if x.first_rank.is_none() && x.about_node.is_none() => {
+            format!("teardown: stopping the {n} rank(s) left")
+        }
+        _ => format!("teardown: {}", text(&x.reason)),
+    }
+}
+
+fn busy_silent(x: &e::BusySilent) -> String {
+    format!(
+            "busy and silent at its step limit ({:.1}s of CPU, {:.1} MB of I/O in {:.1}s): judged by the evaluation limit ({:.0}s) from now",
+            x.cpu_s.unwrap_or(0.0),
+            x.io_bytes.unwrap_or(0) as f64 / 1e6,
+            x.window_s.unwrap_or(0.0),
+            x.limit_s.unwrap_or(0.0)
+        )
+}
+
+fn progress_source(x: &e::ProgressSource) -> String {
+    format!(
+        "steps now named by the {}{}",
+        text(&x.steps_from),
+        x.before
+            .as_ref()
+            .map_or(String::new(), |b| format!(" (before: the {b})"))
+    )
+}
+
+fn stall_reported(x: &e::StallReported) -> String {
+    format!("coordinator: rank {} reported a stall", num(x.about_rank))
+}
+
+fn probe(x: &e::Probe) -> String {
+    format!(
+        "probe ({}): {}",
+        text(&x.reason),
+        match x
+            .probe
+            .as_ref()
+            .and_then(|p| p.get("waiting_on_peer"))
+            .and_then(Value::as_bool)
+        {
+            Some(true) => "blocked on a peer",
+            Some(false) => "not waiting on a peer",
+            None => "unknown",
+        }
+    )
+}
+
+fn launch(x: &e::Launch) -> String {
+    format!(
+        "launched {} rank(s), MASTER_PORT {}",
+        num(x.ranks),
+        num(x.master_port)
+    )
+}
+
+fn judgment(x: &e::Judgment) -> String {
+    if x.primary_rank.is_none() && x.primary_node.is_none() {
+        format!(
+            "judgment: {}, nobody blamed: {}",
+            x.class.map_or("?", |c| c.name()),
+            text(&x.evidence)
+        )
+    } else {
+        format!(
+            "judgment: {} on rank {} ({}): {}",
+            x.class.map_or("?", |c| c.name()),
+            num(x.primary_rank),
+            text(&x.primary_node),
+            text(&x.evidence)
+        )
+    }
+}
+
+fn decision(x: &e::Decision) -> String {
+    format!(
+        "decision: {}",
+        x.decision
+            .as_ref()
+            .and_then(|d| d.action.as_deref())
+            .unwrap_or("?")
+            .replace('_', " ")
+    )
+}
+
+fn restart(x: &e::Restart) -> String {
+    format!(
+        "RESTART {} as attempt {}: {}",
+        if x.in_allocation == Some(true) {
+            "inside the allocation"
+        } else {
+            "in place"
+        },
+        num(x.next_attempt),
+        text(&x.reason)
+    )
+}
+
+fn relaunched(x: &e::Relaunched) -> String {
+    format!(
+        "first step {:.2}s after the failure",
+        x.failure_to_first_step_s.unwrap_or(0.0)
+    )
+}
+
+fn straggler(x: &e::Straggler) -> String {
+    format!(
+        "STRAGGLER {} {} {}: {:.3}s per step vs median {:.3}s ({})",
+        text(&x.scope),
+        text(&x.who),
+        if x.flagged == Some(true) {
+            "flagged"
+        } else {
+            "recovered"
+        },
+        x.value_s.unwrap_or(0.0),
+        x.median_s.unwrap_or(0.0),
+        text(&x.basis)
+    )
+}
+
+fn checkpoint_requested(x: &e::CheckpointRequested) -> String {
+    format!(
+        "checkpoint requested{} ({})",
+        x.step.map_or(String::new(), |s| format!(" at step {s}")),
+        text(&x.reason)
+    )
+}
+
+fn checkpoint_complete(x: &e::CheckpointSettled) -> String {
+    format!(
+        "coordinated checkpoint #{} at step {}: every rank confirmed",
+        num(x.id),
+        num(x.step)
+    )
+}
+
+fn checkpoint_incomplete(x: &e::CheckpointSettled) -> String {
+    format!(
+        "coordinated checkpoint #{} at step {}: ranks {} never confirmed",
+        num(x.id),
+        num(x.step),
+        x.missing_ranks.as_ref().map_or("?".into(), |m| {
+            serde_json::to_string(m).unwrap_or_else(|_| "?".into())
+        })
+    )
+}
+
+fn coordinator_unreachable(x: &e::CoordinatorUnreachable) -> String {
+    format!("coordinator unreachable: {}", text(&x.error))
+}
+
+fn coordinator_reachable(x: &e::CoordinatorReachable) -> String {
+    format!(
+        "coordinator reachable again after {:.1}s",
+        x.gap_s.unwrap_or(0.0)
+    )
+}
+
+fn coordinator_start(x: &e::CoordinatorStart) -> String {
+    format!("coordinator listening on {}", text(&x.url))
+}
+
+fn node_excluded(x: &e::NodeExcluded) -> String {
+    format!(
+        "EXCLUDED {}{} ({}): {}",
+        text(&x.excluded_node),
+        match x.scope.as_deref() {
+            Some("step") => " from the step",
+            _ => " from the job",
+        },
+        text(&x.reason),
+        x.evidence.as_deref().unwrap_or("")
+    )
+}
+
+fn requeue(x: &e::Requeue) -> String {
+    if x.by.as_deref() == Some("slurm") {
+        format!("requeued by Slurm itself ({})", text(&x.state))
+    } else {
+        format!(
+            "REQUEUE{}: {}",
+            x.exclude
+                .as_ref()
+                .filter(|a| !a.is_empty())
+                .map(|a| format!(" excluding {}", a.join(",")))
+                .unwrap_or_default(),
+            text(&x.reason)
+        )
+    }
+}
+
+fn exclusion_set(x: &e::ExclusionSet) -> String {
+    format!("Slurm now keeps the job off {}", text(&x.exc_node_list))
+}
+
+fn launcher_lost(x: &e::LauncherLost) -> String {
+    format!(
+        "the launcher (pid {}) is gone: this rank trains on without it",
+        num(x.launcher_pid)
+    )
+}
+
+fn straggler_exclusion(x: &e::StragglerExclusion) -> String {
+    format!(
+        "STRAGGLER node {} left out after the checkpoint at step {}: {}",
+        text(&x.straggler_node),
+        num(x.checkpoint_step),
+        text(&x.evidence)
+    )
+}
+
+fn checkpoint_interval_advised(x: &e::CheckpointIntervalAdvised) -> String {
+    let f = |k: &str| x.advice.get(k).and_then(Value::as_f64);
+    match f("interval_s") {
+        Some(i) => format!(
+            "periodic checkpoints every {:.0}s (advised: cost {:.1}s, MTTF {:.0}s)",
+            i,
+            f("checkpoint_cost_s").unwrap_or(0.0),
+            f("mttf_s").unwrap_or(0.0)
+        ),
+        None => format!(
+            "no periodic checkpoint advised yet: {}",
+            x.advice
+                .get("reason")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+        ),
+    }
+}
