@@ -511,7 +511,7 @@ events! {
     /// What was decided after an attempt.
     Decision = "decision" {
         outcome: Outcome,
-        decision: Action,
+        decision: crate::policy::restart::Action,
         about_attempt: u32,
         source: String,
     }
@@ -770,14 +770,17 @@ mod tests {
     use super::*;
 
     /// Numbers compare by value (`5` and `5.0`); nulls count as absent.
+    /// The same data: numbers by value, and a null or an empty list the
+    /// same as an absent field (each reads as none).
     fn same(a: &Value, b: &Value) -> bool {
+        let absent = |v: &Value| v.is_null() || v.as_array().is_some_and(|a| a.is_empty());
         match (a, b) {
             (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
             (Value::Object(x), Value::Object(y)) => {
                 let keys = |m: &Map<String, Value>| {
                     let mut k: Vec<String> = m
                         .iter()
-                        .filter(|(_, v)| !v.is_null())
+                        .filter(|(_, v)| !absent(v))
                         .map(|(k, _)| k.clone())
                         .collect();
                     k.sort();
@@ -785,7 +788,7 @@ mod tests {
                 };
                 keys(x) == keys(y)
                     && x.iter()
-                        .filter(|(_, v)| !v.is_null())
+                        .filter(|(_, v)| !absent(v))
                         .all(|(k, v)| same(v, &y[k]))
             }
             (Value::Array(x), Value::Array(y)) => {
@@ -887,5 +890,41 @@ mod tests {
                 "kinds with no record in the fixtures: {missing:?}"
             );
         }
+    }
+
+    /// A decision's action is the restart policy's own type; an action a
+    /// later build wrote reads as `Unknown`, the rest of the record intact.
+    #[test]
+    fn a_decision_reads_as_the_restart_policys_action_and_a_later_one_as_unknown() {
+        use crate::policy::restart::Action;
+        let decision = |action: Value| {
+            let f = serde_json::json!({
+                "decision": action,
+                "outcome": {"class": "infrastructure", "signature": "s", "blamed_nodes": ["n2"]},
+                "about_attempt": 3,
+            });
+            match Event::parse("decision", f.as_object().unwrap()).unwrap() {
+                Event::Decision(d) => d,
+                other => panic!("{other:?}"),
+            }
+        };
+        let d =
+            decision(serde_json::json!({"action": "requeue", "exclude": ["n2"], "reason": "r"}));
+        assert_eq!(
+            d.decision,
+            Some(Action::Requeue {
+                exclude: vec!["n2".into()],
+                reason: "r".into()
+            })
+        );
+        let o = d.outcome.unwrap().of_attempt(3).unwrap();
+        assert_eq!(
+            (o.attempt, o.class, o.detail.as_str()),
+            (3, Class::Infrastructure, "s")
+        );
+        let later = decision(serde_json::json!({"action": "migrate", "to": "n9"}));
+        assert_eq!(later.decision, Some(Action::Unknown));
+        assert_eq!(later.about_attempt, Some(3));
+        assert_eq!(Action::Unknown.name(), "unknown");
     }
 }

@@ -1,9 +1,10 @@
 //! The parts of records that are structures of their own: a decision's
-//! outcome and action, the hang verdict and the ranks it judged, a settled
+//! outcome (its action is the restart policy's own `Action`), the hang verdict and the ranks it judged, a settled
 //! checkpoint, the checkpoint advice; and their conversions from the
 //! policies' own types.
 
 use super::{Class, Event};
+use crate::policy::restart::AttemptOutcome;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -20,9 +21,13 @@ impl From<CheckpointIntervalAdvised> for Event {
     }
 }
 
-/// What an attempt came to (`decision.outcome`).
+/// What an attempt came to (`decision.outcome`): the restart policy's
+/// [`AttemptOutcome`], every field optional as journals of every build
+/// have it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Outcome {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub class: Option<Class>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -34,18 +39,6 @@ pub struct Outcome {
     pub last_step: Option<u64>,
     #[serde(default)]
     pub blamed_nodes: Vec<String>,
-    #[serde(flatten)]
-    pub more: Map<String, Value>,
-}
-
-/// What was done about it (`decision.decision`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Action {
-    /// `finish`, `requeue`, `restart_in_allocation`, `restart_in_place`, `stop`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub action: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -103,21 +96,34 @@ pub struct HangRank {
     pub more: Map<String, Value>,
 }
 
-impl From<&crate::policy::restart::AttemptOutcome> for Outcome {
-    /// The outcome as the restart policy writes it (its own serialization).
-    fn from(o: &crate::policy::restart::AttemptOutcome) -> Outcome {
-        serde_json::to_value(o)
-            .and_then(serde_json::from_value)
-            .unwrap_or_default()
+impl From<&AttemptOutcome> for Outcome {
+    fn from(o: &AttemptOutcome) -> Outcome {
+        Outcome {
+            attempt: Some(o.attempt),
+            class: Some(o.class),
+            signature: Some(o.signature.clone()),
+            detail: Some(o.detail.clone()),
+            last_step: o.last_step,
+            blamed_nodes: o.blamed_nodes.clone(),
+            more: Map::new(),
+        }
     }
 }
 
-impl From<&crate::policy::restart::Action> for Action {
-    /// The action as the restart policy writes it (its own serialization).
-    fn from(a: &crate::policy::restart::Action) -> Action {
-        serde_json::to_value(a)
-            .and_then(serde_json::from_value)
-            .unwrap_or_default()
+impl Outcome {
+    /// The restart policy's outcome of attempt `about`, as the journal
+    /// kept it; `None` without a class or signature. Journals written
+    /// before `detail` existed: the signature stands for it.
+    pub fn of_attempt(self, about: u32) -> Option<AttemptOutcome> {
+        let signature = self.signature?;
+        Some(AttemptOutcome {
+            attempt: about,
+            class: self.class?,
+            detail: self.detail.unwrap_or_else(|| signature.clone()),
+            signature,
+            last_step: self.last_step,
+            blamed_nodes: self.blamed_nodes,
+        })
     }
 }
 

@@ -69,7 +69,7 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     journal.write(
         ev::Decision {
             outcome: Some((&d.outcome).into()),
-            decision: Some((&d.action).into()),
+            decision: Some(d.action.clone()),
             ..Default::default()
         },
         true,
@@ -167,6 +167,7 @@ pub fn describe(a: &Action) -> String {
         Action::Requeue { exclude, reason } => {
             format!("requeue the job{}: {reason}", leaving(exclude))
         }
+        Action::Unknown => "an action this build does not know".into(),
     }
 }
 
@@ -193,7 +194,8 @@ pub fn carry_out(
 ) -> Next {
     let class = d.judgment.class;
     match d.action {
-        Action::Finish => job_end(journal, exit_code, "completed"),
+        // (Unknown is only ever read from a journal, never decided.)
+        Action::Finish | Action::Unknown => job_end(journal, exit_code, "completed"),
         // Local mode's decision (never taken for a Slurm job): the failure stands.
         Action::Stop { reason } | Action::RestartInPlace { reason } => {
             tracing::warn!("job {job} not requeued: {reason}");
@@ -204,17 +206,8 @@ pub fn carry_out(
             nodes,
             reason,
         } => {
-            for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.write(
-                    ev::NodeExcluded {
-                        excluded_node: Some(node.clone()),
-                        scope: Some("step".into()),
-                        reason: Some(class.name().into()),
-                        evidence: Some(d.evidence.clone()),
-                    },
-                    true,
-                );
-            }
+            let newly = exclude.iter().filter(|n| !before.contains(n));
+            journal_excluded(journal, newly, Some("step"), class, &d.evidence);
             let next = crate::slurm::step::Relaunch {
                 attempt: attempt + 1,
                 failed_at_us: (d.primary.at * 1e6) as i64,
@@ -255,17 +248,8 @@ pub fn carry_out(
                     crate::slurm::hostlist::compress(&kept_in)
                 )
             };
-            for node in exclude.iter().filter(|n| !before.contains(n)) {
-                journal.write(
-                    ev::NodeExcluded {
-                        excluded_node: Some(node.clone()),
-                        scope: None,
-                        reason: Some(class.name().into()),
-                        evidence: Some(d.evidence.clone()),
-                    },
-                    true,
-                );
-            }
+            let newly = exclude.iter().filter(|n| !before.contains(n));
+            journal_excluded(journal, newly, None, class, &d.evidence);
             journal.write(
                 ev::Requeue {
                     reason: Some(reason.clone()),
@@ -281,6 +265,28 @@ pub fn carry_out(
         }
     }
     Next::Exit(exit_code)
+}
+
+/// `node_excluded` for each node newly left out (`scope`: `step` inside
+/// the allocation; none for the job's next allocation).
+fn journal_excluded<'n>(
+    journal: &mut Writer,
+    nodes: impl Iterator<Item = &'n String>,
+    scope: Option<&str>,
+    class: crate::policy::failure::Class,
+    evidence: &str,
+) {
+    for node in nodes {
+        journal.write(
+            ev::NodeExcluded {
+                excluded_node: Some(node.clone()),
+                scope: scope.map(str::to_string),
+                reason: Some(class.name().into()),
+                evidence: Some(evidence.to_string()),
+            },
+            true,
+        );
+    }
 }
 
 /// Never exclude so many nodes that the job could not run again
@@ -553,10 +559,9 @@ fn requeue_for_history(
                 blamed_nodes: exclude.clone(),
                 ..Default::default()
             }),
-            decision: Some(ev::Action {
-                action: Some("requeue".into()),
-                reason: Some(reason.clone()),
-                ..Default::default()
+            decision: Some(Action::Requeue {
+                exclude: exclude.clone(),
+                reason: reason.clone(),
             }),
             ..Default::default()
         },
@@ -628,10 +633,9 @@ pub fn journal_seen_by_slurm(
             ev::Decision {
                 about_attempt: Some(a),
                 outcome: Some(outcome.into()),
-                decision: Some(ev::Action {
-                    action: Some("requeue".into()),
-                    reason: Some(format!("requeued by Slurm ({})", row.state)),
-                    ..Default::default()
+                decision: Some(Action::Requeue {
+                    exclude: Vec::new(),
+                    reason: format!("requeued by Slurm ({})", row.state),
                 }),
                 source: Some("sacct".into()),
             },

@@ -480,17 +480,7 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
         .filter_map(|(r, e)| {
             let Event::Decision(d) = e else { return None };
             let about = d.about_attempt.unwrap_or(r.attempt);
-            let o = d.outcome.filter(|_| about < attempt)?;
-            let signature = o.signature?;
-            Some(AttemptOutcome {
-                attempt: about,
-                class: o.class?,
-                // Journals written before `detail` existed: the signature.
-                detail: o.detail.unwrap_or_else(|| signature.clone()),
-                signature,
-                last_step: o.last_step,
-                blamed_nodes: o.blamed_nodes,
-            })
+            d.outcome.filter(|_| about < attempt)?.of_attempt(about)
         })
         .collect()
 }

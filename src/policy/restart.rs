@@ -7,7 +7,7 @@
 //! shown the original text (`detail`), never the masked one.
 
 use super::failure::Class;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// The outcome of one attempt, as judged across its ranks.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -83,29 +83,69 @@ pub fn signature_of(class: Class, evidence: &str) -> String {
     format!("{}: {}", class.name(), masked.trim())
 }
 
-/// The decision.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// The decision, as the journal's `decision` record keeps it (tagged by
+/// `action`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// Nothing failed.
     Finish,
     /// Requeue the job, excluding these nodes first.
     Requeue {
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
         exclude: Vec<String>,
+        #[serde(default)]
         reason: String,
     },
     /// Relaunch the step inside the job's allocation (the job-level
     /// supervisor holds it), leaving out `exclude` and running on `nodes` nodes.
     RestartInAllocation {
+        #[serde(default)]
         exclude: Vec<String>,
+        #[serde(default)]
         nodes: u32,
+        #[serde(default)]
         reason: String,
     },
     /// Local mode (`resilio run` outside Slurm): start every rank again on
     /// this machine. There is no queue and no node to leave out.
-    RestartInPlace { reason: String },
+    RestartInPlace {
+        #[serde(default)]
+        reason: String,
+    },
     /// Do not requeue; the failure stands.
-    Stop { reason: String },
+    Stop {
+        #[serde(default)]
+        reason: String,
+    },
+    /// An action a later build wrote (read from a journal; never decided).
+    #[serde(other)]
+    Unknown,
+}
+
+impl Action {
+    /// The action's name as the journal writes it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Finish => "finish",
+            Action::Requeue { .. } => "requeue",
+            Action::RestartInAllocation { .. } => "restart_in_allocation",
+            Action::RestartInPlace { .. } => "restart_in_place",
+            Action::Stop { .. } => "stop",
+            Action::Unknown => "unknown",
+        }
+    }
+
+    /// Why, in words (none for finishing).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Action::Requeue { reason, .. }
+            | Action::RestartInAllocation { reason, .. }
+            | Action::RestartInPlace { reason }
+            | Action::Stop { reason } => Some(reason),
+            Action::Finish | Action::Unknown => None,
+        }
+    }
 }
 
 /// Where the job runs again after a failure, which decides the words.
@@ -729,13 +769,7 @@ mod tests {
             "infrastructure: NCCL timeout after # ms on rank #"
         );
         assert_eq!(first.detail, "NCCL timeout after 600023 ms on rank 3");
-        let reasons = |a: Action| match a {
-            Action::Requeue { reason, .. }
-            | Action::RestartInPlace { reason }
-            | Action::RestartInAllocation { reason, .. }
-            | Action::Stop { reason } => reason,
-            Action::Finish => String::new(),
-        };
+        let reasons = |a: Action| a.reason().unwrap_or_default().to_string();
         let r = reasons(decide(&first, &[], 3, true));
         assert!(r.contains("600023 ms on rank 3") && !r.contains('#'), "{r}");
         // The crash loop is recognised on the masked signature, told in the original words.

@@ -272,7 +272,7 @@ impl Marks {
 
 /// A decision to finish (nothing failed).
 fn finished(d: &crate::event::Decision) -> bool {
-    d.decision.as_ref().and_then(|a| a.action.as_deref()) == Some("finish")
+    matches!(d.decision, Some(crate::policy::restart::Action::Finish))
 }
 
 /// Each attempt's marks, from the job's merged records.

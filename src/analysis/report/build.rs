@@ -1,7 +1,6 @@
 //! The report built from a job's records: its attempts, failures,
 //! judgments, checkpoints and the accounting of its time.
 
-use super::fleet::restart_cost;
 use super::{
     secs, Attempt, Checkpoints, Failure, Judged, Observed, RankExit, Report, Restorable,
     SupervisorLoss,
@@ -367,7 +366,7 @@ fn finish(report: &mut Report) {
         report.checkpoint_advice = crate::policy::checkpoint_interval::advise(
             d,
             m,
-            restart_cost(report),
+            report.restart_cost(),
             report.checkpoints.mean_interval_s,
         );
     }
@@ -399,7 +398,7 @@ fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
     let mut decisions: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
     for (r, e) in events {
         if let Event::Decision(d) = e {
-            if let Some(action) = d.decision.as_ref().and_then(|x| x.action.clone()) {
+            if let Some(action) = d.decision.as_ref().map(|x| x.name().to_string()) {
                 decisions
                     .entry(d.about_attempt.unwrap_or(r.attempt))
                     .or_insert(action);
@@ -501,7 +500,10 @@ fn requeues_of(events: &[(&Record, Event)]) -> usize {
             Event::Requeue(_) => Some(r.attempt),
             Event::Decision(d)
                 if d.source.as_deref() == Some("sacct")
-                    && d.decision.as_ref().and_then(|x| x.action.as_deref()) == Some("requeue") =>
+                    && matches!(
+                        d.decision,
+                        Some(crate::policy::restart::Action::Requeue { .. })
+                    ) =>
             {
                 Some(d.about_attempt.unwrap_or(r.attempt))
             }

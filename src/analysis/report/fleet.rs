@@ -4,17 +4,6 @@
 use super::{build, Report};
 use serde_json::Value;
 
-/// What a restart costs besides the lost work (for the interval advice).
-pub(super) fn restart_cost(r: &Report) -> f64 {
-    if r.failed_attempts == 0 {
-        return 0.0;
-    }
-    let b = |k: &str| r.lost_s.get(k).copied().unwrap_or(0.0);
-    (b("stalled") + b("detection") + b("teardown") + b("restart") + b("queue_wait"))
-        / r.failed_attempts as f64
-        + b("startup") / r.attempts.len().max(1) as f64
-}
-
 /// Pool this job's failure rate with the fleet's (the node history of the
 /// other jobs) for a job of this job's size, and advise on that.
 pub fn apply_fleet(r: &mut Report, fleet: crate::analysis::node_history::FleetRate) {
@@ -35,7 +24,7 @@ pub fn apply_fleet(r: &mut Report, fleet: crate::analysis::node_history::FleetRa
             r.checkpoint_advice = crate::policy::checkpoint_interval::advise(
                 d,
                 mttf,
-                restart_cost(r),
+                r.restart_cost(),
                 r.checkpoints.mean_interval_s,
             );
         }

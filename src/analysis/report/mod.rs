@@ -229,6 +229,19 @@ pub struct Restorable {
     pub changing: Vec<String>,
 }
 
+impl Report {
+    /// What a restart costs besides the lost work (for the interval advice).
+    pub(super) fn restart_cost(&self) -> f64 {
+        if self.failed_attempts == 0 {
+            return 0.0;
+        }
+        let b = |k: &str| self.lost_s.get(k).copied().unwrap_or(0.0);
+        (b("stalled") + b("detection") + b("teardown") + b("restart") + b("queue_wait"))
+            / self.failed_attempts as f64
+            + b("startup") / self.attempts.len().max(1) as f64
+    }
+}
+
 /// Observe mode's records: what would have been done, when, about which rank.
 #[derive(Clone, Debug, Serialize)]
 pub struct Observed {

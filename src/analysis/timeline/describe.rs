@@ -346,8 +346,7 @@ fn decision(x: &e::Decision) -> String {
         "decision: {}",
         x.decision
             .as_ref()
-            .and_then(|d| d.action.as_deref())
-            .unwrap_or("?")
+            .map_or("?", |d| d.name())
             .replace('_', " ")
     )
 }

@@ -163,11 +163,14 @@ impl Local {
             // Nothing failed after all (a stalled trainer that finished on
             // its own while its stall was being judged): every rank's own
             // end says so.
-            Some(Action::Finish) | None if worst == 0 => Some((0, "completed".into())),
+            // (Unknown is only ever read from a journal, never decided.)
+            Some(Action::Finish | Action::Unknown) | None if worst == 0 => {
+                Some((0, "completed".into()))
+            }
             // Judged finished though a rank's status was not 0: a rank
             // crashed at exit once training was done. Its status comes
             // through, as a plain launcher's would.
-            Some(Action::Finish) | None => Some((
+            Some(Action::Finish | Action::Unknown) | None => Some((
                 code,
                 "completed; a rank crashed at exit after training was done".into(),
             )),
