@@ -188,7 +188,21 @@ pub fn parse_squeue(text: &str) -> Vec<QueueEntry> {
 impl SlurmCli {
     /// `sacct -D -X -n -P ARGS -o FIELDS`: every attempt, one line each.
     fn sacct(&self, args: &[&str], fields: &str) -> Result<Vec<AcctRecord>, SlurmError> {
-        let mut all = vec!["-D", "-X", "-n", "-P"];
+        self.sacct_rows(args, fields, false)
+    }
+
+    /// `sacct`'s rows: the jobs' allocations (`-X`), and with `steps` their
+    /// steps too (`J.0`, `J.batch`, ...).
+    fn sacct_rows(
+        &self,
+        args: &[&str],
+        fields: &str,
+        steps: bool,
+    ) -> Result<Vec<AcctRecord>, SlurmError> {
+        let mut all = vec!["-D", "-n", "-P"];
+        if !steps {
+            all.push("-X");
+        }
         all.extend_from_slice(args);
         all.extend(["-o", fields]);
         Ok(parse_sacct(&self.run("sacct", &all)?))
@@ -348,9 +362,13 @@ impl Slurm for SlurmCli {
             }
             let list = chunk.join(",");
             // The raw id: an array task's directory is named by it.
-            out.extend(self.sacct(
+            // With the steps: a job resilio requeued keeps only its last
+            // allocation in the job's own row, while the steps of the
+            // earlier ones keep their nodes and times.
+            out.extend(self.sacct_rows(
                 &["-a", "-j", &list],
                 &ACCT_FIELDS.replacen("JobID", "JobIDRaw", 1),
+                true,
             )?);
         }
         Ok(out)

@@ -132,8 +132,9 @@ pub trait Slurm {
         &self,
         since: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<AcctRecord>, SlurmError>;
-    /// Every attempt of each of `jobs`, of any user (`sacct -a -D -X -j
-    /// J1,J2,...`): where and when they ran, and whose they are.
+    /// Every attempt of each of `jobs` and their steps, of any user (`sacct
+    /// -a -D -j J1,J2,...`): where and when they ran, and whose they are.
+    /// A step's row has the job's id and a suffix (`J.0`, `J.batch`).
     fn jobs_accounting(&self, jobs: &[String]) -> Result<Vec<AcctRecord>, SlurmError>;
 
     /// The job's batch script (`scontrol write batch_script JOB -`).

@@ -788,6 +788,45 @@ mod sacct_tests {
         }
     }
 
+    /// A job resilio requeued: sacct's row of the job has only its last
+    /// allocation; the earlier one is in its step's row (`J.0`), which
+    /// vouches for an event there. Another job's id that merely begins
+    /// the same (`2050`) vouches for nothing.
+    #[test]
+    fn the_earlier_allocation_of_a_requeued_job_is_vouched_for_by_its_steps() {
+        let local = |t: &str| {
+            t.parse::<DateTime<Utc>>()
+                .unwrap()
+                .with_timezone(&chrono::Local)
+                .format("%Y-%m-%dT%H:%M:%S")
+                .to_string()
+        };
+        let (t0, t1, t2) = (
+            local("2026-11-20T10:00:00Z"),
+            local("2026-11-20T10:05:00Z"),
+            local("2026-11-20T11:00:00Z"),
+        );
+        let (alice, admin) = (1001, 5000);
+        let mut step = acct("205.0", alice, &["n1", "n2"], &t0, &t1);
+        step.uid = None;
+        let rows = vec![
+            acct("205", alice, &["n3", "n4"], &t1, &t2),
+            step,
+            acct("2050", alice, &["n7"], &t0, &t2),
+        ];
+        let journal = |node: &str| Journaled {
+            job: "205".into(),
+            uid: alice,
+            events: vec![blame("205", node, "2026-11-20T10:03:00Z")],
+        };
+        let now: DateTime<Utc> = "2026-11-20T13:00:00Z".parse().unwrap();
+        let (kept, dropped) = vouch(vec![journal("n2")], Ok(&rows), admin, now);
+        assert_eq!(kept.len(), 1, "{dropped:?}");
+        assert_eq!(kept[0].0, "n2");
+        let (kept, _) = vouch(vec![journal("n7")], Ok(&rows), admin, now);
+        assert!(kept.is_empty(), "another job's row vouched: {kept:?}");
+    }
+
     #[test]
     fn another_users_journal_is_believed_only_where_slurm_agrees_and_alone_lists_no_node() {
         // Slurm prints local time; the events are UTC.

@@ -45,7 +45,18 @@ pub fn vouch(
     let slack = chrono::Duration::seconds(ALLOCATION_SLACK_SECS);
     for j in journals {
         let rows: Vec<&crate::slurm::AcctRecord> = match acct {
-            Ok(rows) => rows.iter().filter(|r| r.job_id == j.job).collect(),
+            // The job's rows and its steps' (`J.0`, `J.batch`): a job
+            // requeued by resilio keeps only its last allocation in its own
+            // row, the earlier ones in their steps'.
+            Ok(rows) => rows
+                .iter()
+                .filter(|r| {
+                    r.job_id == j.job
+                        || r.job_id
+                            .strip_prefix(j.job.as_str())
+                            .is_some_and(|rest| rest.starts_with('.'))
+                })
+                .collect(),
             Err(_) => Vec::new(),
         };
         let own = j.uid == caller || j.uid == 0;
