@@ -436,6 +436,7 @@ mod tests {
             rank: Some(0),
             node: Some("n1".into()),
             data,
+            ..Default::default()
         }
     }
 

@@ -64,7 +64,7 @@ fn series(records: &[Record], report: &Report) -> Vec<Chart> {
         let Some(Event::Progress(p)) = r.event() else {
             continue;
         };
-        let m = p.metrics.unwrap_or_default();
+        let m = p.metrics.clone().unwrap_or_default();
         let get = |k: &str| m.get(k).and_then(|v| v.as_f64());
         if let Some(step) = p.step {
             if let Some((t0, s0)) = prev.get(&r.attempt) {

@@ -87,6 +87,7 @@ mod tests {
                 .as_object()
                 .cloned()
                 .unwrap(),
+            ..Default::default()
         }
     }
 

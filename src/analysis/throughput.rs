@@ -179,9 +179,9 @@ fn samples_by_rank(records: &[&Record]) -> BTreeMap<u32, Vec<Sample>> {
         let Some(step) = p.step else { continue };
         let metrics = p
             .metrics
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+            .iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
             .collect();
         let t = r.ts.timestamp_micros() as f64 / 1e6;
         by_rank

@@ -455,9 +455,10 @@ pub fn seen_by_slurm(
     // is recorded unless a failure on it is journaled already (the
     // supervisor may have seen only the peers' echoes).
     let blamed_before = journal::events(records).any(|(r, e)| match e {
-        Event::Failure(f) if f.about_attempt.unwrap_or(r.attempt) == attempt => {
-            f.blamed_node.is_some_and(|n| failed_nodes.contains(&n))
-        }
+        Event::Failure(f) if f.about_attempt.unwrap_or(r.attempt) == attempt => f
+            .blamed_node
+            .as_ref()
+            .is_some_and(|n| failed_nodes.contains(n)),
         _ => false,
     });
     let failure = if decided {
@@ -578,6 +579,7 @@ mod tests {
             rank,
             node: (!node.is_empty()).then(|| node.into()),
             data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
         }
     }
 

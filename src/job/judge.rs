@@ -151,8 +151,8 @@ fn journaled_failures(records: &[Record], attempt: u32) -> Vec<RankFailure> {
                 at: secs(r),
                 verdict: Verdict {
                     class: x.class?,
-                    reason: x.class_reason.unwrap_or_default(),
-                    evidence: x.evidence,
+                    reason: x.class_reason.clone().unwrap_or_default(),
+                    evidence: x.evidence.clone(),
                 },
             })
         })
@@ -241,7 +241,7 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
     else {
         return;
     };
-    let v = h.verdict.unwrap_or_default();
+    let v = h.verdict.clone().unwrap_or_default();
     let blamed = v.blamed_ranks;
     let why = v.reason.unwrap_or_default();
     if blamed.is_empty() {
@@ -327,7 +327,7 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
         verdict: Verdict {
             class: Class::Infrastructure,
             reason: "confirmed straggler node (the coordinator's judgment)".into(),
-            evidence: x.evidence.map(|e| format!("straggler: {e}")),
+            evidence: x.evidence.as_ref().map(|e| format!("straggler: {e}")),
         },
     });
 }
@@ -480,7 +480,10 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
         .filter_map(|(r, e)| {
             let Event::Decision(d) = e else { return None };
             let about = d.about_attempt.unwrap_or(r.attempt);
-            d.outcome.filter(|_| about < attempt)?.of_attempt(about)
+            d.outcome
+                .clone()
+                .filter(|_| about < attempt)?
+                .of_attempt(about)
         })
         .collect()
 }
@@ -512,6 +515,7 @@ mod tests {
             rank,
             node: (!node.is_empty()).then(|| node.into()),
             data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
         }
     }
 

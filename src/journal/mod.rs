@@ -38,7 +38,7 @@ pub use rollback::{rollback_for, Rollback, ROLLBACK_FILE};
 pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct Record {
     /// Schema version.
     pub v: u32,
@@ -57,6 +57,21 @@ pub struct Record {
     /// Kind-specific fields.
     #[serde(flatten)]
     pub data: Map<String, Value>,
+    /// The typed event, parsed from `data` the first time it is asked for
+    /// (so `data` is not to be changed after that).
+    #[serde(skip)]
+    pub parsed: Parsed,
+}
+
+/// A record's typed event, parsed once. Not part of what a record is: two
+/// records are equal whether or not either was parsed yet.
+#[derive(Clone, Debug, Default)]
+pub struct Parsed(std::sync::OnceLock<Option<Event>>);
+
+impl PartialEq for Parsed {
+    fn eq(&self, _: &Parsed) -> bool {
+        true
+    }
 }
 
 impl Record {
@@ -85,16 +100,19 @@ impl Record {
         self.str("run")
     }
 
-    /// The record's kind and fields, typed (see [`crate::event`]); `None`
-    /// for a kind this build does not know.
-    pub fn event(&self) -> Option<Event> {
-        Event::from_fields(&self.kind, &self.data)
+    /// The record's kind and fields, typed (see [`crate::event`]), parsed
+    /// once; `None` for a kind this build does not know.
+    pub fn event(&self) -> Option<&Event> {
+        self.parsed
+            .0
+            .get_or_init(|| Event::from_fields(&self.kind, &self.data))
+            .as_ref()
     }
 }
 
 /// Each record with its typed event; records of a kind this build does not
 /// know are left out.
-pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, Event)> + '_ {
+pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, &Event)> + '_ {
     records.iter().filter_map(|r| Some((r, r.event()?)))
 }
 

@@ -279,6 +279,7 @@ impl Writer {
             rank: self.rank,
             node: self.node.clone(),
             data,
+            parsed: Default::default(),
         };
         let mut line = match serde_json::to_vec(&rec) {
             Ok(l) => l,

@@ -93,7 +93,7 @@ pub(crate) fn exit_facts<'a>(
 }
 
 fn marks(attempt: u32, recs: &[&Record]) -> Marks {
-    let events: Vec<(&Record, Event)> =
+    let events: Vec<(&Record, &Event)> =
         recs.iter().filter_map(|r| Some((*r, r.event()?))).collect();
     let exits: Vec<(&Record, &RankExit)> = events
         .iter()
@@ -187,7 +187,7 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
 /// Progress samples (time, step) in time order: progress records, a
 /// stall's own account of the last step, and each rank's last step as its
 /// exit recorded it.
-fn samples(events: &[(&Record, Event)], summaries: &[ExitSummary]) -> Vec<(DateTime<Utc>, u64)> {
+fn samples(events: &[(&Record, &Event)], summaries: &[ExitSummary]) -> Vec<(DateTime<Utc>, u64)> {
     let mut samples: Vec<(DateTime<Utc>, u64)> = events
         .iter()
         .filter_map(|(r, e)| match e {
@@ -215,7 +215,7 @@ fn samples(events: &[(&Record, Event)], summaries: &[ExitSummary]) -> Vec<(DateT
 }
 
 /// Confirmed checkpoints: (step, began, done, whether training waited).
-fn checkpoints(events: &[(&Record, Event)]) -> Vec<(u64, DateTime<Utc>, DateTime<Utc>, bool)> {
+fn checkpoints(events: &[(&Record, &Event)]) -> Vec<(u64, DateTime<Utc>, DateTime<Utc>, bool)> {
     let mut checkpoints = Vec::new();
     for (r, e) in events {
         let Event::CheckpointDone(c) = e else {
@@ -296,7 +296,7 @@ pub(super) fn attempt_marks(records: &[Record]) -> Vec<Marks> {
             let later = judged_later.get(a).map_or(&[][..], |v| v.as_slice());
             m.failed |= later.iter().any(|r| match r.event() {
                 Some(Event::Failure(_)) => true,
-                Some(Event::Decision(d)) => !finished(&d),
+                Some(Event::Decision(d)) => !finished(d),
                 _ => false,
             });
             m

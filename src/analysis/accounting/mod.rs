@@ -672,6 +672,7 @@ mod tests {
             rank: Some(0),
             node: Some("n1".into()),
             data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
         }
     }
 

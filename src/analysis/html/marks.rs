@@ -59,7 +59,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
     let judged: BTreeMap<u32, (Option<u32>, Option<String>)> = records
         .iter()
         .filter_map(|r| match r.event() {
-            Some(Event::Judgment(j)) => Some((r.attempt, (j.primary_rank, j.primary_node))),
+            Some(Event::Judgment(j)) => Some((r.attempt, (j.primary_rank, j.primary_node.clone()))),
             _ => None,
         })
         .collect();

@@ -257,6 +257,7 @@ mod tests {
             rank,
             node: Some(format!("n{}", rank.unwrap_or(0) + 1)),
             data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
         }
     }
 

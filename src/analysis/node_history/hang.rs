@@ -45,7 +45,7 @@ pub(super) fn attempt_views<'a>(
             Some(Event::Hang(h)) => {
                 let v = out.entry((r.run(), r.attempt)).or_default();
                 if v.hang.as_ref().is_none_or(|(ts, _)| *ts <= r.ts) {
-                    v.hang = Some((r.ts, h));
+                    v.hang = Some((r.ts, h.clone()));
                 }
             }
             Some(Event::Probe(p)) => {

@@ -152,6 +152,7 @@ mod tests {
             rank,
             node: Some(node.into()),
             data: data.as_object().cloned().unwrap(),
+            ..Default::default()
         }
     }
 

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The parts of resilio above the ranks that died, one entry each (every
 /// rank journals the launcher's loss: one entry lists them all).
-fn supervisor_losses_of(events: &[(&Record, Event)]) -> Vec<SupervisorLoss> {
+fn supervisor_losses_of(events: &[(&Record, &Event)]) -> Vec<SupervisorLoss> {
     let mut out: Vec<SupervisorLoss> = Vec::new();
     for (r, e) in events {
         match e {
@@ -118,7 +118,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         .map(|r| r.ts)
         .min()
         .unwrap_or(records[0].ts);
-    let events: Vec<(&Record, Event)> = records
+    let events: Vec<(&Record, &Event)> = records
         .iter()
         .filter_map(|r| Some((*r, r.event()?)))
         .collect();
@@ -214,7 +214,7 @@ pub fn build(
     let mut lost = acc.lost_s.clone();
     take_slowdown(records, &mut attempts, &mut productive, &mut lost);
     let journal_gaps = crate::analysis::accounting::journal_gaps(records, &acc.segments);
-    let events: Vec<(&Record, Event)> = crate::journal::events(records).collect();
+    let events: Vec<(&Record, &Event)> = crate::journal::events(records).collect();
     let failures = failures_of(&events);
     let judgments = judgments_of(&events);
     let exit_code = exit_code_of(&events);
@@ -308,7 +308,7 @@ fn take_slowdown(
 }
 
 /// The job's exit code: its end's, else the last rank exit's.
-fn exit_code_of(events: &[(&Record, Event)]) -> Option<i64> {
+fn exit_code_of(events: &[(&Record, &Event)]) -> Option<i64> {
     events
         .iter()
         .rev()
@@ -324,7 +324,7 @@ fn exit_code_of(events: &[(&Record, Event)]) -> Option<i64> {
 /// Attempts that ended in a failure (echoes of one failure count once).
 fn failed_attempts_of(
     attempts: &[Attempt],
-    events: &[(&Record, Event)],
+    events: &[(&Record, &Event)],
     failures: &[Failure],
 ) -> usize {
     // An attempt whose trainer reported the end of training and then
@@ -374,7 +374,7 @@ fn finish(report: &mut Report) {
         report.last_step.is_none() && report.ettr == 0.0 && !report.attempts.is_empty();
 }
 
-fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
+fn observed_of(events: &[(&Record, &Event)]) -> Vec<Observed> {
     events
         .iter()
         .filter_map(|(r, e)| match e {
@@ -393,7 +393,7 @@ fn observed_of(events: &[(&Record, Event)]) -> Vec<Observed> {
 
 /// The failures, as listed in the report (a verdict written later counts
 /// for the attempt it is about).
-fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
+fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
     // Each attempt's first decision, in one pass.
     let mut decisions: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
     for (r, e) in events {
@@ -457,7 +457,7 @@ fn judgments_of(events: &[(&Record, Event)]) -> Vec<Judged> {
         .collect()
 }
 
-fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
+fn failures_of(events: &[(&Record, &Event)]) -> Vec<Failure> {
     // Each attempt's judged primary rank, where the judgment names one.
     let primary: Vec<(u32, u32)> = events
         .iter()
@@ -493,7 +493,7 @@ fn failures_of(events: &[(&Record, Event)]) -> Vec<Failure> {
 
 /// Trips back to the queue: resilio's requeues, and Slurm's own seen in
 /// its records (one per attempt).
-fn requeues_of(events: &[(&Record, Event)]) -> usize {
+fn requeues_of(events: &[(&Record, &Event)]) -> usize {
     let mut a: Vec<u32> = events
         .iter()
         .filter_map(|(r, e)| match e {

@@ -132,7 +132,7 @@ fn write_attempt(
     }
     for r in recs {
         let event = r.event();
-        let text = match &event {
+        let text = match event {
             Some(Event::Progress(p))
                 if p.first.is_none()
                     && last_progress
@@ -141,7 +141,7 @@ fn write_attempt(
             {
                 Some(format!("last recorded step {}", num(p.step)))
             }
-            _ => describe(r, event.as_ref()),
+            _ => describe(r, event),
         };
         let Some(text) = text else { continue };
         let who = format!(

@@ -170,8 +170,10 @@ impl JobView {
                 continue;
             };
             let node_flagged = s.scope.as_deref() == Some("node") && s.flagged == Some(true);
-            let (true, Some(node)) = (node_flagged && r.attempt < self.attempt, s.straggler_node)
-            else {
+            let (true, Some(node)) = (
+                node_flagged && r.attempt < self.attempt,
+                s.straggler_node.clone(),
+            ) else {
                 continue;
             };
             let e = self.slow_nodes_by_attempt.entry(r.attempt).or_default();

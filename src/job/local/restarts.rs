@@ -70,14 +70,13 @@ impl Local {
             return true;
         }
         let records = crate::runs::of_key(run.journal.refresh().to_vec(), run.log.run());
-        let exits: Vec<(&journal::Record, crate::event::RankExit)> = journal::events(&records)
+        let exits: Vec<(&journal::Record, &crate::event::RankExit)> = journal::events(&records)
             .filter(|(r, _)| r.attempt == run.attempt)
             .filter_map(|(r, e)| match e {
                 crate::event::Event::RankExit(x) => Some((r, x)),
                 _ => None,
             })
             .collect();
-        let exits: Vec<_> = exits.iter().map(|(r, x)| (*r, x)).collect();
         crate::policy::failure::attempt_finished(&crate::analysis::accounting::exit_facts(&exits))
     }
 
