@@ -67,40 +67,14 @@ fn node_families(out: &mut String, history: &[NodeHistory], threshold: f64) {
         "node_failures",
         "gauge",
         "Failures held against the node, by class",
-        history
-            .iter()
-            .flat_map(|h| {
-                h.failures_by_class
-                    .iter()
-                    .filter(|(c, _)| class_counts(c))
-                    .map(move |(c, n)| {
-                        (
-                            format!("{{{},class=\"{}\"}}", node(h), esc(c)),
-                            n.to_string(),
-                        )
-                    })
-            })
-            .collect(),
+        by_class(history, true),
     );
     family(
         out,
         "node_seen_not_counted",
         "gauge",
         "Events seen on the node but not held against it (hangs in the trainer's own code, unconfirmed hangs), by class",
-        history
-            .iter()
-            .flat_map(|h| {
-                h.failures_by_class
-                    .iter()
-                    .filter(|(c, _)| !class_counts(c))
-                    .map(move |(c, n)| {
-                        (
-                            format!("{{{},class=\"{}\"}}", node(h), esc(c)),
-                            n.to_string(),
-                        )
-                    })
-            })
-            .collect(),
+        by_class(history, false),
     );
     family(
         out,
@@ -234,4 +208,23 @@ pub fn render(history: &[NodeHistory], threshold: f64) -> String {
         );
     }
     s
+}
+
+/// Each node's failures by class: those held against it (`counted`), or
+/// those only seen on it.
+fn by_class(history: &[NodeHistory], counted: bool) -> Vec<(String, String)> {
+    history
+        .iter()
+        .flat_map(|h| {
+            h.failures_by_class
+                .iter()
+                .filter(move |(c, _)| class_counts(c) == counted)
+                .map(move |(c, n)| {
+                    (
+                        format!("{{{},class=\"{}\"}}", node(h), esc(c)),
+                        n.to_string(),
+                    )
+                })
+        })
+        .collect()
 }
