@@ -94,8 +94,7 @@ events! {
     /// A job (or a single-rank job's only rank, or the batch level) started.
     JobStart = "job_start" {
         world_size: u32,
-        /// `local`, `single`, `batch`.
-        mode: String,
+        mode: JobMode,
         argv: Vec<String>,
         max_restarts: u32,
         /// The batch level: `SLURM_RESTART_COUNT` of this allocation.
@@ -345,8 +344,7 @@ events! {
 
     /// A rank (or, from `sacct`, an attempt) failed.
     Failure = "failure" {
-        /// `stall`, `crash`, `signal`, `spawn_failed`, `health_check`, `node_failure`, `slurm`.
-        failure_kind: String,
+        failure_kind: FailureKind,
         cause: String,
         class: Class,
         class_reason: String,
@@ -381,8 +379,7 @@ events! {
 
     /// The site's health check ran.
     HealthCheck = "health_check" {
-        /// `before_start`, `after_failure`.
-        when: String,
+        when: HealthWhen,
         result: Value,
     }
 
@@ -530,8 +527,7 @@ events! {
 
     /// The job was requeued.
     Requeue = "requeue" {
-        /// `node_history`, `slurm`; absent: resilio after a failure.
-        by: String,
+        by: RequeueBy,
         reason: String,
         exclude: Vec<String>,
         state: String,
@@ -926,5 +922,34 @@ mod tests {
         assert_eq!(later.decision, Some(Action::Unknown));
         assert_eq!(later.about_attempt, Some(3));
         assert_eq!(Action::Unknown.name(), "unknown");
+    }
+
+    /// A field of a few names reads as its enum; a name a later build
+    /// writes reads as `Unknown`, the record's other fields intact, and
+    /// each name is written back as it was read.
+    #[test]
+    fn named_fields_read_as_enums_and_a_later_builds_name_as_unknown() {
+        let f = serde_json::json!({"failure_kind": "agent_died", "cause": "c"});
+        let Event::Failure(x) = Event::parse("failure", f.as_object().unwrap()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(x.failure_kind, Some(FailureKind::AgentDied));
+        assert_eq!(
+            Event::Failure(x).into_fields()["failure_kind"],
+            serde_json::json!("agent_died")
+        );
+        let f = serde_json::json!({"failure_kind": "meteor_strike", "cause": "c"});
+        let Event::Failure(x) = Event::parse("failure", f.as_object().unwrap()).unwrap() else {
+            panic!()
+        };
+        assert_eq!(x.failure_kind, Some(FailureKind::Unknown));
+        assert_eq!(x.cause.as_deref(), Some("c"));
+        let f = serde_json::json!({"mode": "batch", "allocation": 2});
+        let Event::JobStart(x) = Event::parse("job_start", f.as_object().unwrap()).unwrap() else {
+            panic!()
+        };
+        assert_eq!((x.mode, x.allocation), (Some(JobMode::Batch), Some(2)));
+        assert_eq!(RequeueBy::NodeHistory.to_string(), "node_history");
+        assert_eq!(HealthWhen::AfterFailure.name(), "after_failure");
     }
 }

@@ -139,3 +139,78 @@ impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
         }
     }
 }
+
+/// A journal field that takes one of a few names: a serde enum of them,
+/// with `Unknown` for a name a later build writes, and the name back.
+macro_rules! names {
+    ($( $(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal ),* $(,)? } )*) => {
+        $(
+            $(#[$meta])*
+            #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+            pub enum $name {
+                $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
+                /// A name this build does not know (a later build's).
+                #[serde(other)]
+                Unknown,
+            }
+
+            impl $name {
+                /// The name as the journal writes it.
+                pub fn name(self) -> &'static str {
+                    match self {
+                        $( $name::$variant => $text, )*
+                        $name::Unknown => "unknown",
+                    }
+                }
+            }
+
+            impl std::fmt::Display for $name {
+                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str(self.name())
+                }
+            }
+        )*
+    };
+}
+
+names! {
+    /// How a job runs (`job_start.mode`).
+    JobMode {
+        /// `resilio run --ntasks N`, or a plain run outside Slurm.
+        Local = "local",
+        /// One rank that is the whole job.
+        Single = "single",
+        /// The job-level supervisor in a batch script.
+        Batch = "batch",
+    }
+
+    /// What a `failure` record is about (`failure.failure_kind`).
+    FailureKind {
+        Stall = "stall",
+        Crash = "crash",
+        Signal = "signal",
+        Numerical = "numerical",
+        SpawnFailed = "spawn_failed",
+        HealthCheck = "health_check",
+        /// A rank whose agent died and left no record of its own.
+        AgentDied = "agent_died",
+        /// Slurm's accounting says the node failed (NODE_FAIL).
+        NodeFailure = "node_failure",
+        /// Slurm ended the allocation otherwise (from its accounting).
+        Slurm = "slurm",
+    }
+
+    /// When the site health check ran (`health_check.when`).
+    HealthWhen {
+        BeforeStart = "before_start",
+        AfterFailure = "after_failure",
+    }
+
+    /// Who requeued the job (`requeue.by`; absent: resilio after a failure).
+    RequeueBy {
+        /// At an allocation's start, for the node history.
+        NodeHistory = "node_history",
+        /// Slurm itself (a node failure without `--no-kill`, a preemption).
+        Slurm = "slurm",
+    }
+}

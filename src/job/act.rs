@@ -40,7 +40,7 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
         // The rank left no record of its own: its failure is journaled here.
         journal.write(
             ev::Failure {
-                failure_kind: Some("agent_died".into()),
+                failure_kind: Some(ev::FailureKind::AgentDied),
                 cause: Some(format!("the agent of rank {} died", primary.rank)),
                 class: Some(primary.verdict.class),
                 class_reason: Some(primary.verdict.reason.clone()),
@@ -352,7 +352,7 @@ fn requeue_with(
             Ok(info) if info.state.starts_with("PENDING") || info.state.starts_with("REQUEUE") => {
                 journal.write(
                     ev::Requeue {
-                        by: Some("slurm".into()),
+                        by: Some(ev::RequeueBy::Slurm),
                         state: Some(info.state.clone()),
                         ..Default::default()
                     },
@@ -438,7 +438,7 @@ pub fn after_slurm_requeue(
     tracing::warn!("{reason}");
     journal.write(
         ev::Requeue {
-            by: Some("slurm".into()),
+            by: Some(ev::RequeueBy::Slurm),
             state: Some(info.state.clone()),
             reason: Some(reason),
             exclude: Some(plan.exclude.clone()),
@@ -569,7 +569,7 @@ fn requeue_for_history(
     );
     journal.write(
         ev::Requeue {
-            by: Some("node_history".into()),
+            by: Some(ev::RequeueBy::NodeHistory),
             reason: Some(reason.clone()),
             exclude: Some(exclude.clone()),
             ..Default::default()
@@ -609,14 +609,14 @@ pub fn journal_seen_by_slurm(
     );
     if seen.failure {
         let (kind, cause) = if seen.node_fail {
-            ("node_failure", "node failure")
+            (ev::FailureKind::NodeFailure, "node failure")
         } else {
-            ("slurm", row.state.as_str())
+            (ev::FailureKind::Slurm, row.state.as_str())
         };
         journal.write(
             ev::Failure {
                 about_attempt: Some(a),
-                failure_kind: Some(kind.into()),
+                failure_kind: Some(kind),
                 class: Some(seen.class),
                 cause: Some(cause.into()),
                 blamed_node: seen.failed_nodes.first().cloned(),

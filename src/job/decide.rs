@@ -327,7 +327,7 @@ pub fn plan_at_start(
         }
     }
     let requeued_before = journal::events(records)
-        .any(|(_, e)| matches!(e, Event::Requeue(q) if q.by.as_deref() == Some("node_history")));
+        .any(|(_, e)| matches!(e, Event::Requeue(q) if q.by == Some(crate::event::RequeueBy::NodeHistory)));
     let requeueable = requeueable();
     if requeued_before || !requeueable {
         return StartPlan::Warn {

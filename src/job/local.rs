@@ -67,7 +67,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     log.write(
         ev::JobStart {
             world_size: Some(local.n),
-            mode: Some("local".into()),
+            mode: Some(ev::JobMode::Local),
             argv: Some(argv_text),
             max_restarts: Some(local.cfg.max_restarts),
             ..Default::default()

@@ -208,7 +208,7 @@ fn setup(
 fn job_start(b: &mut Base, relaunched: Option<&Relaunch>) {
     let start = ev::JobStart {
         world_size: Some(b.id.world_size),
-        mode: Some("batch".into()),
+        mode: Some(ev::JobMode::Batch),
         allocation: Some(b.slurm.restart_count),
         relaunch_in_allocation: relaunched
             .map(|r| json!({ "exclude": r.exclude, "nodes": r.nodes })),

@@ -79,7 +79,7 @@ impl<'a> Agent<'a> {
             if let Some(h) = &h {
                 r.journal.write(
                     ev::HealthCheck {
-                        when: Some("after_failure".into()),
+                        when: Some(ev::HealthWhen::AfterFailure),
                         result: serde_json::to_value(h).ok(),
                     },
                     true,
@@ -145,13 +145,13 @@ impl<'a> Agent<'a> {
             return;
         }
         let kind = if e.stall.is_some() {
-            "stall"
+            ev::FailureKind::Stall
         } else if e.numerical().is_some() {
-            "numerical"
+            ev::FailureKind::Numerical
         } else if matches!(e.exit, Exit::Signal(..)) {
-            "signal"
+            ev::FailureKind::Signal
         } else {
-            "crash"
+            ev::FailureKind::Crash
         };
         let detail = match (&e.stall, e.numerical()) {
             (Some(s), _) => format!(
@@ -164,7 +164,7 @@ impl<'a> Agent<'a> {
         };
         r.journal.write(
             ev::Failure {
-                failure_kind: Some(kind.into()),
+                failure_kind: Some(kind),
                 cause: Some(cause),
                 class: Some(verdict.class),
                 class_reason: Some(verdict.reason.clone()),

@@ -470,7 +470,7 @@ pub(crate) fn setup(cfg: Config, argv: Vec<OsString>, job_id: Option<&str>) -> R
     if b.owns_job {
         let start = ev::JobStart {
             world_size: Some(b.id.world_size),
-            mode: Some("single".into()),
+            mode: Some(ev::JobMode::Single),
             ..Default::default()
         };
         b.journal.write(start, false);
@@ -505,7 +505,7 @@ fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     let h = crate::rank::health::run(&cfg.health)?;
     journal.write(
         ev::HealthCheck {
-            when: Some("before_start".into()),
+            when: Some(ev::HealthWhen::BeforeStart),
             result: serde_json::to_value(&h).ok(),
         },
         true,
@@ -533,7 +533,7 @@ fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     );
     journal.write(
         ev::Failure {
-            failure_kind: Some("health_check".into()),
+            failure_kind: Some(ev::FailureKind::HealthCheck),
             class: Some(failure::Class::Infrastructure),
             cause: Some("health check failed".into()),
             evidence: Some(evidence),

@@ -84,7 +84,7 @@ fn failure_blame(
     let class = f.class.map_or("", Class::name);
     let evidence = f.evidence.clone().unwrap_or_default();
     if let Some(node) = &f.blamed_node {
-        let (c, reason) = if f.failure_kind.as_deref() == Some("node_failure") {
+        let (c, reason) = if f.failure_kind == Some(crate::event::FailureKind::NodeFailure) {
             ("node_failure", "the node failed (Slurm)".to_string())
         } else {
             (

@@ -476,7 +476,9 @@ fn failures_of(events: &[(&Record, &Event)]) -> Vec<Failure> {
             Event::Failure(f) => Some(Failure {
                 ts: r.ts,
                 attempt: f.about_attempt.unwrap_or(r.attempt),
-                kind: f.failure_kind.clone().unwrap_or_else(|| "failure".into()),
+                kind: f
+                    .failure_kind
+                    .map_or_else(|| "failure".into(), |k| k.name().to_string()),
                 class: f.class.map(|c| c.name().to_string()),
                 node: f.blamed_node.clone().or_else(|| r.node.clone()),
                 rank: r.rank,

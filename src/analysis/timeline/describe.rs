@@ -214,7 +214,7 @@ fn rank_exit(x: &e::RankExit) -> String {
 fn failure(x: &e::Failure) -> String {
     format!(
         "FAILURE {}: {}",
-        text(&x.failure_kind),
+        x.failure_kind.map_or("?", |k| k.name()),
         x.detail.as_deref().or(x.cause.as_deref()).unwrap_or("?")
     )
 }
@@ -443,7 +443,7 @@ fn node_excluded(x: &e::NodeExcluded) -> String {
 }
 
 fn requeue(x: &e::Requeue) -> String {
-    if x.by.as_deref() == Some("slurm") {
+    if x.by == Some(e::RequeueBy::Slurm) {
         format!("requeued by Slurm itself ({})", text(&x.state))
     } else {
         format!(
