@@ -304,21 +304,28 @@ pub fn run(state_dir: Option<PathBuf>) -> Result<i32> {
     println!(
         "\n== resilio run --ntasks 2 exited with {code} (0: the job completed after the restart)\n"
     );
-    let dir = journal::job_dir(&state_dir, &job);
+    show_journal(&state_dir, &job)?;
+    Ok(code)
+}
+
+/// The demo's report and timeline, from its journal alone, and how to get
+/// them again.
+fn show_journal(state_dir: &std::path::Path, job: &str) -> Result<()> {
+    let dir = journal::job_dir(state_dir, job);
     let j = journal::read_job(&dir)
         .map_err(|e| Error::Other(format!("cannot read the demo's journal: {e}")))?;
-    let r = report::build(&job, &j.records, j.bad_lines, None);
+    let r = report::build(job, &j.records, j.bad_lines, None);
     println!("== resilio report {job}\n");
     print!("{}", report::render_text(&r));
     println!("\n== resilio timeline {job}\n");
     print!(
         "{}",
-        crate::analysis::timeline::render(&job, &j.records, None)
+        crate::analysis::timeline::render(job, &j.records, None)
     );
     println!(
         "\n== again, from the journal alone:\n   resilio report --state-dir {} {job} [--json]\n   resilio timeline --state-dir {} {job}",
         state_dir.display(),
         state_dir.display()
     );
-    Ok(code)
+    Ok(())
 }

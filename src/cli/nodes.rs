@@ -41,7 +41,7 @@ pub(super) struct NodesArgs {
 
 pub(super) fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
     use crate::analysis::node_history;
-    use crate::slurm::{NodeState, Slurm, SlurmCli};
+    use crate::slurm::SlurmCli;
     let half_life = flag_timeout("half-life", &a.half_life, "")?;
     if !(a.threshold.is_finite() && a.threshold > 0.0) {
         return Err(usage("--threshold must be a positive number"));
@@ -107,13 +107,24 @@ pub(super) fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
         }
         return Ok(0);
     }
+    drain(&cli, &history, a.threshold, a.dry_run)
+}
+
+/// `--drain`: drain each listed node (`--dry-run`: print the commands).
+fn drain(
+    cli: &crate::slurm::SlurmCli,
+    history: &[crate::analysis::node_history::NodeHistory],
+    threshold: f64,
+    dry_run: bool,
+) -> Result<i32> {
+    use crate::slurm::{NodeState, Slurm};
     let mut failed = 0;
-    for h in history.iter().filter(|h| h.listed(a.threshold)) {
+    for h in history.iter().filter(|h| h.listed(threshold)) {
         let reason: String = format!("resilio: score {:.2}: {}", h.score, h.last_evidence())
             .chars()
             .take(200)
             .collect();
-        if a.dry_run {
+        if dry_run {
             println!(
                 "scontrol update NodeName={} State=DRAIN Reason={reason:?}",
                 h.node

@@ -216,34 +216,39 @@ pub fn compress<S: AsRef<str>>(names: &[S]) -> String {
         nums.sort_unstable();
         nums.dedup();
         let key = (prefix.clone(), *width, nums[0]);
-        let fmt = |n: u64| format!("{n:0width$}", width = *width);
         if nums.len() == 1 {
-            out.push((key, format!("{prefix}{}", fmt(nums[0]))));
+            out.push((key, format!("{prefix}{:0width$}", nums[0], width = *width)));
             continue;
         }
-        let mut ranges: Vec<String> = Vec::new();
-        let mut i = 0;
-        while i < nums.len() {
-            let start = nums[i];
-            let mut end = start;
-            while i + 1 < nums.len() && nums[i + 1] == end + 1 {
-                i += 1;
-                end = nums[i];
-            }
-            ranges.push(if start == end {
-                fmt(start)
-            } else {
-                format!("{}-{}", fmt(start), fmt(end))
-            });
-            i += 1;
-        }
-        out.push((key, format!("{prefix}[{}]", ranges.join(","))));
+        out.push((key, format!("{prefix}[{}]", ranges(nums, *width))));
     }
     out.sort();
     out.into_iter()
         .map(|(_, s)| s)
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// Sorted, distinct numbers as ranges: `1-3,5`, each `width` digits at least.
+fn ranges(nums: &[u64], width: usize) -> String {
+    let fmt = |n: u64| format!("{n:0width$}");
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < nums.len() {
+        let start = nums[i];
+        let mut end = start;
+        while i + 1 < nums.len() && nums[i + 1] == end + 1 {
+            i += 1;
+            end = nums[i];
+        }
+        out.push(if start == end {
+            fmt(start)
+        } else {
+            format!("{}-{}", fmt(start), fmt(end))
+        });
+        i += 1;
+    }
+    out.join(",")
 }
 
 #[cfg(test)]
