@@ -865,6 +865,25 @@ fn a_hang_in_the_trainers_own_code_is_diagnosed_and_run_again_leaving_no_node_ou
     assert_eq!(job.show().restarts, 0);
     assert!(job.show().excluded.is_empty());
     assert_eq!(rank_nodes(&recs, 1), rank_nodes(&recs, 0));
+    // The job level is no rank, and the ranks' own lines in srun's output
+    // ("no progress since step N") are no progress: the hang's time is
+    // stalled time in the report, not rework (trials 8 and 9).
+    assert!(
+        recs.iter().all(|r| r.rank.is_some()
+            || !matches!(r.kind.as_str(), "rank_exit" | "failure")
+            || r.str("failure_kind") == Some("agent_died")),
+        "the job level wrote a rank's end: {recs:#?}"
+    );
+    assert_eq!(job.kinds("step_exit").len(), 2, "{recs:#?}");
+    let rep = resilio::analysis::report::build(&job.id, &recs, 0, None);
+    let lost = |k: &str| rep.lost_s.get(k).copied().unwrap_or(0.0);
+    assert!(
+        lost("stalled") > 1.5 && lost("rework") < lost("stalled"),
+        "stalled {}, rework {}: {}",
+        lost("stalled"),
+        lost("rework"),
+        resilio::analysis::report::render_text(&rep)
+    );
 }
 
 #[test]

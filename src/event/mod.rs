@@ -631,6 +631,16 @@ events! {
         warning: String,
     }
 
+    /// The job-level supervisor's step (srun) ended: how, as the job level
+    /// saw it. Not a rank's end (each rank's agent writes its own
+    /// `rank_exit`); the job level's judgment of the attempt follows.
+    StepExit = "step_exit" {
+        exit_code: i32,
+        status: String,
+        cause: String,
+        runtime_s: f64,
+    }
+
     /// The job-level supervisor stopped waiting for a torn-down step whose
     /// only ranks left were silent (their agents died with their nodes):
     /// srun was killed rather than left waiting for Slurm to declare the

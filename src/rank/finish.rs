@@ -111,6 +111,22 @@ impl<'a> Agent<'a> {
         let (code, cause) = (e.code(), e.cause());
         let ended = Instant::now();
         let r = &mut *self.rank;
+        if r.supervises_step {
+            // The step's end, not a rank's: each rank's agent records its
+            // own, and the job level judges the attempt from them.
+            let runtime_s = ended.duration_since(r.launched).as_secs_f64();
+            r.journal.write_at(
+                r.clock.wall(ended),
+                ev::StepExit {
+                    exit_code: Some(code),
+                    status: Some(e.exit.describe()),
+                    cause: Some(cause),
+                    runtime_s: Some(runtime_s),
+                },
+                true,
+            );
+            return;
+        }
         let (policy, plog, launched) = (&self.lifecycle.policy, &self.plog, r.launched);
         let lost = r.journal.dropped();
         let since_launch = |t: Instant| t.duration_since(launched).as_secs_f64();

@@ -41,6 +41,7 @@ fn describe_event(event: &Event) -> Option<String> {
         Event::Stop(x) => stop(x),
         Event::Signal(x) => signal(x),
         Event::RankExit(x) => rank_exit(x),
+        Event::StepExit(x) => step_exit(x),
         Event::Failure(x) => failure(x),
         Event::JobEnd(x) => job_end(x),
         Event::MonitorError(x) => monitor_error(x),
@@ -208,6 +209,15 @@ fn rank_exit(x: &e::RankExit) -> String {
         text(&x.status),
         x.exit_code.unwrap_or(-1),
         num(x.last_step)
+    )
+}
+
+fn step_exit(x: &e::StepExit) -> String {
+    format!(
+        "the step (srun) ended: {} ({}), exit code {}",
+        text(&x.cause),
+        text(&x.status),
+        x.exit_code.unwrap_or(-1)
     )
 }
 

@@ -11,17 +11,17 @@
 
 use super::figures::{self, Figures};
 use super::{Event, Kind, Sender, Source};
-use nix::errno::Errno;
-use nix::fcntl::{fcntl, splice, tee, FcntlArg, SpliceFFlags};
-use nix::poll::{poll, PollFd, PollFlags};
-use nix::sys::stat::{fstat, SFlag};
-use nix::unistd::{read, write};
 use regex::bytes::Regex;
-use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+
+mod pump;
+mod scanner;
+mod tail;
+
+pub use pump::{labelled, spawn_pump, take_stderr_mid_line, write_all_fd, Lines};
+pub use scanner::LineScanner;
+pub use tail::Tail;
 
 /// Longest partial line carried between reads; longer lines are not scanned.
 const MAX_CARRY: usize = 16 * 1024;
@@ -298,7 +298,7 @@ impl Parser {
             };
             let (epoch, per_epoch) = (num(e)?, num(t)?);
             let step = epoch.checked_mul(per_epoch)?.checked_add(num(b)?)?;
-            return (step <= super::MAX_STEP).then_some((
+            return (step <= crate::progress::MAX_STEP).then_some((
                 step,
                 e.start(),
                 (step, None, Some((epoch, per_epoch))),
@@ -319,20 +319,26 @@ impl Parser {
             Some(t) => std::str::from_utf8(t.as_bytes()).ok()?.parse().ok(),
             None => caps.name("open_count").map(|_| 0),
         };
-        (step <= super::MAX_STEP).then_some((step, m.start() + start, (step, total, None)))
+        (step <= crate::progress::MAX_STEP).then_some((
+            step,
+            m.start() + start,
+            (step, total, None),
+        ))
     }
 
     /// The last step in `text` with the start of the line it is on. Lines
     /// Slurm writes itself (`srun: ...`, `slurmstepd: ... *** STEP 27.0 ON n1
-    /// CANCELLED`, seen by the job-level `resilio run -- srun`) are no
-    /// training progress, whatever they look like.
+    /// CANCELLED`) and lines of the ranks' own agents (`resilio: rank 0 on
+    /// n1 stalled: no progress since step 12`), both seen by the job-level
+    /// `resilio run -- srun`, are no training progress, whatever they look
+    /// like.
     fn last_step(&self, text: &[u8]) -> Option<(usize, Count)> {
         let mut last = None;
         for caps in self.step.captures_iter(text) {
             if let Some((_, at, count)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
-                if slurms_own(&text[ls..at]) || in_a_name(text, at) || an_error_line(line) {
+                if not_the_trainers(&text[ls..at]) || in_a_name(text, at) || an_error_line(line) {
                     continue;
                 }
                 last = Some((ls, count));
@@ -552,7 +558,7 @@ impl Parser {
             if at + digits >= partial.len() || in_a_name(partial, at) {
                 continue;
             }
-            if slurms_own(&partial[line_start(partial, at)..at]) {
+            if not_the_trainers(&partial[line_start(partial, at)..at]) {
                 continue;
             }
             last = Some(mark_of(count));
@@ -638,14 +644,17 @@ fn in_a_name(text: &[u8], at: usize) -> bool {
 
 /// Whether the text of a line before a number is Slurm's own message
 /// (`srun: launch/slurm: _step_signal: Terminating StepId=15.0`,
-/// `slurmstepd: error: ...`), at the line's start or glued after a
-/// progress bar's frame that had no line end: its numbers are job and
-/// step ids, never a training step.
-fn slurms_own(before: &[u8]) -> bool {
+/// `slurmstepd: error: ...`) or a rank agent's (`resilio: rank 1 on n2
+/// stalled: no progress since step 12`, `0: resilio: ...` under srun's
+/// labels), at the line's start or glued after a progress bar's frame that
+/// had no line end: its numbers are job and step ids, or a step reached
+/// earlier, never a training step done now.
+fn not_the_trainers(before: &[u8]) -> bool {
     before.starts_with(b"srun: ")
         || before.starts_with(b"slurmstepd")
         || before.windows(6).any(|w| w == b"srun: ")
         || before.windows(11).any(|w| w == b"slurmstepd:")
+        || before.windows(9).any(|w| w == b"resilio: ")
 }
 
 /// Whether a line is an error's, not progress: a traceback's lines
@@ -687,710 +696,6 @@ fn line_start(text: &[u8], at: usize) -> usize {
 /// Offset of the first line end in `text`.
 fn memchr_eol(text: &[u8]) -> Option<usize> {
     text.iter().position(|&b| b == b'\n' || b == b'\r')
-}
-
-/// Splits a byte stream into complete lines (`\n` or `\r` terminated) for the parser.
-#[derive(Debug, Default)]
-pub struct LineScanner {
-    carry: Vec<u8>,
-    overflow: bool,
-    /// The training bar's total: the first unlabelled bar's.
-    bar_total: Option<u64>,
-    /// The step regex or a bar named a step: a log dict's epoch never does.
-    steps_named: bool,
-    /// A per-epoch bar's epochs: the one shown last, the steps of the
-    /// epochs before it, and its longest total so far.
-    epochs: Option<Epochs>,
-}
-
-/// Steps counted across a per-epoch bar's epochs ([`Mark::EpochBar`]).
-#[derive(Clone, Copy, Debug, Default)]
-struct Epochs {
-    epoch: u64,
-    before: u64,
-    longest: u64,
-}
-
-impl Epochs {
-    /// The step of `count` in `epoch` of a bar of `total`: the epochs seen
-    /// before it count their longest total (the last one is shorter when
-    /// training ends at `max_steps` inside it); epochs never seen (the
-    /// first one shown after a resume, one skipped) count this one's.
-    fn step(this: &mut Option<Epochs>, epoch: u64, count: u64, total: u64) -> u64 {
-        let e = match *this {
-            Some(mut e) if epoch > e.epoch => {
-                e.before = e
-                    .before
-                    .saturating_add(e.longest)
-                    .saturating_add((epoch - e.epoch - 1).saturating_mul(total));
-                e.epoch = epoch;
-                e.longest = total;
-                e
-            }
-            Some(mut e) if epoch == e.epoch => {
-                e.longest = e.longest.max(total);
-                e
-            }
-            // The first epoch shown, or one before it (another run).
-            _ => Epochs {
-                epoch,
-                before: epoch.saturating_mul(total),
-                longest: total,
-            },
-        };
-        *this = Some(e);
-        e.before.saturating_add(count).min(super::MAX_STEP)
-    }
-}
-
-impl LineScanner {
-    /// Feed one read's bytes; returns the marks found in the lines it completed.
-    ///
-    /// A partial line left at the end is looked at too: a step it already
-    /// names ([`Parser::partial_step`], a tqdm frame) is reported now, not
-    /// when the next frame ends it.
-    pub fn feed(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
-        let mut marks = self.feed_lines(parser, chunk);
-        if !chunk.is_empty()
-            && !self.overflow
-            && !self.carry.is_empty()
-            && !matches!(chunk.last(), Some(b'\n' | b'\r'))
-        {
-            if let Some(m) = parser.partial_step(&self.carry) {
-                // A whole bar frame (it ends with its `]`) gives its rate
-                // too: the trainer's own account of a step's time.
-                if self.carry.ends_with(b"]") && figures::may_hold(&self.carry) {
-                    let f = figures::of_line(&self.carry, true);
-                    if !f.is_empty() {
-                        marks.push(Mark::Figures(Seen(f)));
-                    }
-                }
-                marks.push(m);
-                marks = compact(marks);
-            }
-        }
-        self.resolve(parser, marks)
-    }
-
-    /// Bars made steps (the training bar, known by its total: the first
-    /// bar's) or activity (another bar: HF's evaluation bar); a log dict's
-    /// epoch the step it names (epoch × steps per epoch, when announced and
-    /// no bar names the steps) or activity.
-    fn resolve(&mut self, parser: &Parser, mut marks: Vec<Mark>) -> Vec<Mark> {
-        let per_epoch = parser.announced.load(Ordering::Relaxed);
-        // A step the step regex or a bar named wins: the epoch is then
-        // life, as without the announcement.
-        self.steps_named |= marks
-            .iter()
-            .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. }));
-        if self.steps_named || marks.iter().any(|m| matches!(m, Mark::Epoch(_))) {
-            parser.settled.store(true, Ordering::Relaxed);
-        }
-        for m in marks.iter_mut() {
-            if let Mark::Epoch(e) = *m {
-                let step = match (self.bar_total, self.steps_named) {
-                    (None, false) => ((e as f64 / 1e6) * per_epoch as f64).round() as u64,
-                    _ => 0,
-                };
-                *m = if step > 0 {
-                    Mark::Step(step)
-                } else {
-                    Mark::Activity(e)
-                };
-                continue;
-            }
-            if let Mark::EpochBar {
-                epoch,
-                count,
-                total,
-            } = *m
-            {
-                *m = Mark::Step(Epochs::step(&mut self.epochs, epoch, count, total));
-                continue;
-            }
-            if let Mark::Bar { count, total } = *m {
-                // A bar that shows no total (`26/?`: Lightning's after a
-                // resume) is life, never the step's name.
-                if total == 0 {
-                    *m = Mark::Activity(count);
-                    continue;
-                }
-                let training = *self.bar_total.get_or_insert(total);
-                // A bar at 0 has done no step yet (and after a resume the
-                // HF Trainer draws 0 before it jumps to where it resumed).
-                *m = if total == training && count > 0 {
-                    Mark::Step(count)
-                } else {
-                    Mark::Activity(count)
-                };
-            }
-        }
-        marks
-    }
-
-    fn feed_lines(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
-        // The announcement comes once, before the first step; until it has
-        // come, one literal search of each read (a split line is missed:
-        // the epochs stay activity).
-        if !parser.settled.load(Ordering::Relaxed) && parser.announced.load(Ordering::Relaxed) == 0
-        {
-            if let Some(n) = parser.per_epoch_in(chunk) {
-                parser.announced.store(n, Ordering::Relaxed);
-            }
-            // Nor past the start of the output.
-            let read = parser
-                .looked
-                .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-            if read > ANNOUNCEMENT_WITHIN {
-                parser.settled.store(true, Ordering::Relaxed);
-            }
-        }
-        let Some(last_nl) = chunk.iter().rposition(|&b| b == b'\n' || b == b'\r') else {
-            self.push_carry(chunk);
-            return Vec::new();
-        };
-        let (complete, rest) = chunk.split_at(last_nl + 1);
-        let mut marks = Vec::new();
-        if !self.carry.is_empty() || self.overflow {
-            // Finish the carried line with the head of this chunk.
-            let head_end = complete
-                .iter()
-                .position(|&b| b == b'\n' || b == b'\r')
-                .map_or(complete.len(), |p| p + 1);
-            if !self.overflow {
-                self.carry.extend_from_slice(&complete[..head_end]);
-                marks.extend(parser.scan(&self.carry));
-            }
-            self.carry.clear();
-            self.overflow = false;
-            marks.extend(parser.scan(&complete[head_end..]));
-        } else {
-            marks.extend(parser.scan(complete));
-        }
-        self.push_carry(rest);
-        compact(marks)
-    }
-
-    /// Scan whatever partial line is left at end of stream.
-    pub fn finish(&mut self, parser: &Parser) -> Vec<Mark> {
-        let marks = if self.overflow {
-            Vec::new()
-        } else {
-            parser.scan(&self.carry)
-        };
-        self.carry.clear();
-        self.resolve(parser, marks)
-    }
-
-    fn push_carry(&mut self, bytes: &[u8]) {
-        if self.overflow {
-            return;
-        }
-        if self.carry.len() + bytes.len() > MAX_CARRY {
-            self.carry.clear();
-            self.overflow = true;
-        } else {
-            self.carry.extend_from_slice(bytes);
-        }
-    }
-}
-
-/// What several scans of one read said, as one scan of the whole would
-/// ([`Parser::scan`]): the figures first (the newest value of each), then
-/// the last step before the last phase marker, the marker, and the last
-/// step after it, in order. Whether a step after the marker ends the phase
-/// is the stall policy's to say (a redraw of the same step does not).
-fn compact(marks: Vec<Mark>) -> Vec<Mark> {
-    if marks.len() <= 1 {
-        return marks;
-    }
-    let mut seen = Figures::new();
-    for m in marks.iter().rev() {
-        if let Mark::Figures(Seen(f)) = m {
-            figures::merge(&mut seen, f.clone());
-        }
-    }
-    let activity = marks
-        .iter()
-        .rfind(|m| matches!(m, Mark::Activity(_) | Mark::Epoch(_)))
-        .cloned();
-    let last_phase = marks
-        .iter()
-        .rposition(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
-    let figures = (!seen.is_empty()).then_some(Mark::Figures(Seen(seen)));
-    // The steps, the marker and a completed save, in the order printed (a
-    // save that completed before the last step: training waited for it).
-    let last_of = |from: usize, to: usize, f: &dyn Fn(&Mark) -> bool| {
-        marks[from..to].iter().rposition(f).map(|i| from + i)
-    };
-    let split = last_phase.unwrap_or(marks.len());
-    let step = |m: &Mark| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. });
-    let mut kept: Vec<usize> = [
-        last_of(0, split, &step),
-        last_phase,
-        last_of((split + 1).min(marks.len()), marks.len(), &step),
-        last_of(0, marks.len(), &|m| matches!(m, Mark::CheckpointDone(_))),
-    ]
-    .into_iter()
-    .flatten()
-    .collect();
-    kept.sort_unstable();
-    figures
-        .into_iter()
-        .chain(kept.into_iter().map(|i| marks[i].clone()))
-        .chain(activity)
-        .collect()
-}
-
-/// The last bytes of the trainer's output (both streams, interleaved as read):
-/// a fixed ring filled with plain copies.
-#[derive(Debug)]
-pub struct Tail {
-    ring: Mutex<Ring>,
-}
-
-#[derive(Debug)]
-struct Ring {
-    buf: Vec<u8>,
-    /// Next write position.
-    pos: usize,
-    /// Bytes held (at most `buf.len()`).
-    len: usize,
-}
-
-impl Tail {
-    /// A tail keeping at most `cap` bytes.
-    pub fn new(cap: usize) -> Arc<Self> {
-        Arc::new(Tail {
-            ring: Mutex::new(Ring {
-                buf: vec![0; cap.max(1)],
-                pos: 0,
-                len: 0,
-            }),
-        })
-    }
-
-    /// Append bytes, dropping the oldest beyond the cap.
-    pub fn push(&self, bytes: &[u8]) {
-        let Ok(mut r) = self.ring.lock() else { return };
-        let cap = r.buf.len();
-        let bytes = &bytes[bytes.len().saturating_sub(cap)..];
-        let first = bytes.len().min(cap - r.pos);
-        let pos = r.pos;
-        r.buf[pos..pos + first].copy_from_slice(&bytes[..first]);
-        let rest = bytes.len() - first;
-        r.buf[..rest].copy_from_slice(&bytes[first..]);
-        r.pos = (pos + bytes.len()) % cap;
-        r.len = (r.len + bytes.len()).min(cap);
-    }
-
-    /// The last `n` lines as (lossy) text.
-    pub fn last_lines(&self, n: usize) -> Vec<String> {
-        let Ok(r) = self.ring.lock() else {
-            return Vec::new();
-        };
-        let cap = r.buf.len();
-        let start = (r.pos + cap - r.len) % cap;
-        let mut bytes = Vec::with_capacity(r.len);
-        if start + r.len <= cap {
-            bytes.extend_from_slice(&r.buf[start..start + r.len]);
-        } else {
-            bytes.extend_from_slice(&r.buf[start..]);
-            bytes.extend_from_slice(&r.buf[..r.pos]);
-        }
-        let text = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..]
-            .iter()
-            .map(|l| l.to_string())
-            .collect()
-    }
-}
-
-/// Write all of `bytes` to `fd`, waiting out EINTR and EAGAIN (a
-/// non-blocking stdout inherited from a parent).
-pub fn write_all_fd(fd: impl AsFd, mut bytes: &[u8]) -> std::io::Result<()> {
-    let fd = fd.as_fd();
-    while !bytes.is_empty() {
-        match write(fd, bytes) {
-            Ok(n) => bytes = &bytes[n..],
-            Err(Errno::EINTR) => {}
-            Err(Errno::EAGAIN) => {
-                wait_for(fd, PollFlags::POLLOUT, 1000);
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Ok(())
-}
-
-/// Wait up to `ms` milliseconds for `events` on `fd`. True when it timed
-/// out; false when the fd is ready, or the wait failed (EINTR, ...), which
-/// callers treat as ready and find out by trying.
-fn wait_for(fd: BorrowedFd<'_>, events: PollFlags, ms: u16) -> bool {
-    matches!(poll(&mut [PollFd::new(fd, events)], ms), Ok(0))
-}
-
-fn is_fifo(fd: BorrowedFd<'_>) -> bool {
-    fstat(fd).is_ok_and(|st| st.st_mode & SFlag::S_IFMT.bits() == SFlag::S_IFIFO.bits())
-}
-
-/// Retry a call on EINTR.
-fn retry<T>(mut f: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
-    loop {
-        match f() {
-            Err(Errno::EINTR) => {}
-            r => return r,
-        }
-    }
-}
-
-/// Grow a pipe's buffer to at least `size` bytes (never shrink it: on
-/// 64 KiB-page kernels the default is already larger). Returns the size.
-fn grow_pipe(fd: BorrowedFd<'_>, size: usize) -> usize {
-    let now = fcntl(fd, FcntlArg::F_GETPIPE_SZ);
-    if let Ok(now) = now {
-        if now as usize >= size {
-            return now as usize;
-        }
-    }
-    match fcntl(fd, FcntlArg::F_SETPIPE_SZ(size as i32)) {
-        Ok(got) => got as usize,
-        Err(_) => now.unwrap_or(0).max(0) as usize,
-    }
-}
-
-/// The fd the pump passes output on to, as the borrowed fd the calls above
-/// take.
-fn output_fd(fd: RawFd) -> BorrowedFd<'static> {
-    // SAFETY: `spawn_pump` is given resilio's own stdout or stderr (fd 1 or
-    // 2), which resilio never closes; std borrows them the same way for
-    // `Stdout`/`Stderr`. No wrapper can check this for a raw fd number.
-    unsafe { BorrowedFd::borrow_raw(fd) }
-}
-
-/// Rounds smaller than this are written from the scan copy instead of
-/// spliced: a spliced buffer takes a whole slot of the output pipe however
-/// few bytes it holds, so a trainer printing a line at a time would fill a
-/// lagging reader's pipe after 16 lines (and stop progress scanning), where
-/// written lines share pages as before.
-const SPLICE_MIN: usize = 16 * 1024;
-
-/// The zero-copy pass-through used when both ends are pipes: `tee(2)`
-/// duplicates what the trainer wrote into a private scan pipe (page
-/// references, no copy), the scan pipe's copy is read for the parser and the
-/// tail, and `splice(2)` moves the original on to our output. One copy
-/// through user space instead of two (read, then write), which is what keeps
-/// a heavy stream within reach of `cat`. Small rounds are written from the
-/// scan copy (see [`SPLICE_MIN`]).
-struct ZeroCopy {
-    scan_r: std::os::fd::OwnedFd,
-    scan_w: std::os::fd::OwnedFd,
-}
-
-impl ZeroCopy {
-    /// Only between two pipes, with a scan pipe that holds a whole chunk.
-    fn new(src: BorrowedFd<'_>, dst: BorrowedFd<'_>) -> Option<ZeroCopy> {
-        if !is_fifo(src) || !is_fifo(dst) {
-            return None;
-        }
-        let (scan_r, scan_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).ok()?;
-        (grow_pipe(scan_w.as_fd(), CHUNK) >= CHUNK).then_some(ZeroCopy { scan_r, scan_w })
-    }
-
-    /// One round: wait for output, hand its bytes to `scan`, pass them on.
-    /// `Ok(true)` to go on; `Ok(false)` or an error hands the rest of the
-    /// stream to the plain read/write loop, which also tells a real end of
-    /// stream from an empty buffer (`tee` returns 0 for both) and drains
-    /// once our output is gone. Nothing is lost or passed on twice either way:
-    /// the trainer's pipe is only read after its bytes went out.
-    fn round(
-        &self,
-        src: BorrowedFd<'_>,
-        dst: BorrowedFd<'_>,
-        buf: &mut [u8],
-        out_ok: &mut bool,
-        scan: &mut dyn FnMut(&[u8]),
-    ) -> std::io::Result<bool> {
-        let none = SpliceFFlags::empty();
-        let n = retry(|| tee(src, &self.scan_w, buf.len(), none))?;
-        if n == 0 {
-            return Ok(false);
-        }
-        // Progress first: a slow reader of our output must not delay it.
-        let mut got = 0;
-        while got < n {
-            let m = retry(|| read(&self.scan_r, &mut buf[got..n]))?;
-            if m == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            got += m;
-        }
-        scan(&buf[..n]);
-        if !*out_ok {
-            return Ok(false);
-        }
-        let mut left = n;
-        if n >= SPLICE_MIN {
-            while left > 0 {
-                match retry(|| splice(src, None, dst, None, left, none)) {
-                    Ok(m) => left -= m,
-                    // A non-blocking output inherited from a parent.
-                    Err(Errno::EAGAIN) => {
-                        wait_for(dst, PollFlags::POLLOUT, 1000);
-                    }
-                    // Refused (EINVAL, ENOSYS): the rest is written below.
-                    Err(Errno::EINVAL | Errno::ENOSYS) => break,
-                    Err(_) => {
-                        *out_ok = false;
-                        break;
-                    }
-                }
-            }
-        }
-        if left > 0 {
-            // Small rounds, or what splice would not take: written from the
-            // scan copy, then taken out of the trainer's pipe.
-            if *out_ok && write_all_fd(dst, &buf[n - left..n]).is_err() {
-                *out_ok = false;
-            }
-            let mut dropped = 0;
-            while dropped < left {
-                let m = retry(|| read(src, &mut buf[..left - dropped]))?;
-                if m == 0 {
-                    return Ok(false);
-                }
-                dropped += m;
-            }
-        }
-        Ok(*out_ok)
-    }
-}
-
-/// How a pump writes what it reads.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub enum Lines {
-    /// As it comes, byte for byte (zero-copy where the kernel allows).
-    #[default]
-    Raw,
-    /// Whole lines only (several ranks share one terminal), each after
-    /// `label` when one is given (`--label`).
-    Whole { label: Option<Vec<u8>> },
-}
-
-/// `bytes` with `label` before the start of each line; `at_start` says
-/// whether the next byte starts a line, carried from one write to the next.
-pub fn labelled(label: &[u8], bytes: &[u8], at_start: &mut bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len() + 4 * label.len());
-    for &b in bytes {
-        if *at_start {
-            out.extend_from_slice(label);
-            *at_start = false;
-        }
-        out.push(b);
-        if b == b'\n' {
-            *at_start = true;
-        }
-    }
-    out
-}
-
-/// Figures with owned names, as events carry metrics.
-fn named(f: Figures) -> Vec<(String, f64)> {
-    f.into_iter().map(|(n, v)| (n.to_string(), v)).collect()
-}
-
-/// The trainer's stderr, as passed through, ended inside a line (a tqdm
-/// frame has no line end): resilio's own next line on stderr starts a new
-/// one, so that it is not glued to the frame.
-static STDERR_MID_LINE: AtomicBool = AtomicBool::new(false);
-
-fn note_line_end(dst_fd: RawFd, bytes: &[u8]) {
-    if dst_fd == 2 {
-        if let Some(&last) = bytes.last() {
-            STDERR_MID_LINE.store(last != b'\n', Ordering::Relaxed);
-        }
-    }
-}
-
-/// Whether resilio's stderr was left inside a line by the trainer's output;
-/// taking it says a line end is being written.
-pub fn take_stderr_mid_line() -> bool {
-    STDERR_MID_LINE.swap(false, Ordering::Relaxed)
-}
-
-/// Start the pump thread for one stream: pass `pipe` through to `dst_fd`,
-/// keep the tail, report marks on `tx`. The thread ends at end of stream.
-/// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
-/// as the thread runs.
-pub fn spawn_pump(
-    mut pipe: std::fs::File,
-    dst_fd: RawFd,
-    source: Source,
-    parser: Parser,
-    tail: Arc<Tail>,
-    tx: Sender,
-    lines: Lines,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let (line_atomic, label) = match lines {
-        Lines::Raw => (false, None),
-        Lines::Whole { label } => (true, label),
-    };
-    std::thread::Builder::new()
-        .name(format!("pump-{}", source.name()))
-        .spawn(move || {
-            // Failure just keeps the default size.
-            let dst = output_fd(dst_fd);
-            grow_pipe(pipe.as_fd(), PIPE_SIZE);
-            let mut buf = vec![0u8; CHUNK];
-            let mut scanner = LineScanner::default();
-            let mut out_ok = true;
-            let send = |marks: Vec<Mark>| {
-                let at = Instant::now();
-                // Figures go with the step they come with, else on their own.
-                let mut figures: Option<Figures> = None;
-                for mark in marks {
-                    let kind = match mark {
-                        Mark::Figures(Seen(f)) => {
-                            figures = Some(f);
-                            continue;
-                        }
-                        Mark::EpochBar {
-                            epoch,
-                            count,
-                            total,
-                        } => Kind::Step {
-                            step: Some(epoch.saturating_mul(total).saturating_add(count)),
-                            metrics: named(figures.take().unwrap_or_default()),
-                            with_phase: None,
-                        },
-                        Mark::Step(s) | Mark::Bar { count: s, .. } => Kind::Step {
-                            step: Some(s),
-                            metrics: named(figures.take().unwrap_or_default()),
-                            with_phase: None,
-                        },
-                        Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
-                        Mark::CheckpointDone(step) => Kind::CheckpointDone { step: Some(step) },
-                        Mark::Phase(p) => Kind::Phase {
-                            name: p.to_string(),
-                            step: None,
-                        },
-                        Mark::SyncSave(step) => {
-                            tx.send(Event {
-                                at,
-                                source,
-                                kind: Kind::Phase {
-                                    name: "checkpoint".into(),
-                                    step: None,
-                                },
-                            });
-                            Kind::SyncSave { step }
-                        }
-                    };
-                    tx.send(Event { at, source, kind });
-                }
-                if let Some(f) = figures {
-                    tx.send(Event {
-                        at,
-                        source,
-                        kind: Kind::Figures(named(f)),
-                    });
-                }
-            };
-            // Line-atomic mode (several ranks share one terminal, as in local
-            // mode): write whole lines only, so that ranks' lines do not cut
-            // into each other; a partial line waits at most 100 ms.
-            let mut carry: Vec<u8> = Vec::new();
-            let mut at_start = true;
-            let mut put = |bytes: &[u8]| {
-                note_line_end(dst_fd, bytes);
-                match &label {
-                    Some(l) => write_all_fd(dst, &labelled(l, bytes, &mut at_start)),
-                    None => write_all_fd(dst, bytes),
-                }
-            };
-            if let Some(zc) = (!line_atomic)
-                .then(|| ZeroCopy::new(pipe.as_fd(), dst))
-                .flatten()
-            {
-                let mut scan = |bytes: &[u8]| {
-                    let marks = scanner.feed(&parser, bytes);
-                    if !marks.is_empty() {
-                        send(marks);
-                    }
-                    tail.push(bytes);
-                    note_line_end(dst_fd, bytes);
-                };
-                // Until the end of the stream, an error, or our output gone:
-                // then the plain loop below takes over.
-                while let Ok(true) = zc.round(pipe.as_fd(), dst, &mut buf, &mut out_ok, &mut scan) {
-                }
-            }
-            loop {
-                if line_atomic
-                    && !carry.is_empty()
-                    && wait_for(pipe.as_fd(), PollFlags::POLLIN, 100)
-                {
-                    if out_ok && put(&carry).is_err() {
-                        out_ok = false;
-                    }
-                    carry.clear();
-                    continue;
-                }
-                let n = match pipe.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                };
-                let chunk = &buf[..n];
-                // Progress first: a slow reader of resilio's own output
-                // (a stalled filesystem, a paused terminal) must not delay it.
-                let marks = scanner.feed(&parser, chunk);
-                if !marks.is_empty() {
-                    send(marks);
-                }
-                if line_atomic && out_ok {
-                    let whole = match chunk.iter().rposition(|&b| b == b'\n') {
-                        Some(i) => {
-                            carry.extend_from_slice(&chunk[..=i]);
-                            let w = put(&carry);
-                            carry.clear();
-                            carry.extend_from_slice(&chunk[i + 1..]);
-                            w
-                        }
-                        None => {
-                            carry.extend_from_slice(chunk);
-                            if carry.len() >= CHUNK {
-                                let w = put(&carry);
-                                carry.clear();
-                                w
-                            } else {
-                                Ok(())
-                            }
-                        }
-                    };
-                    if whole.is_err() {
-                        out_ok = false;
-                    }
-                } else if out_ok && write_all_fd(dst, chunk).is_err() {
-                    // Our own output is gone; keep draining so the trainer never blocks.
-                    out_ok = false;
-                }
-                tail.push(chunk);
-                if !line_atomic {
-                    note_line_end(dst_fd, chunk);
-                }
-            }
-            // (Line-atomic mode notes what `put` writes.)
-            if out_ok && !carry.is_empty() {
-                let _ = put(&carry);
-            }
-            let marks = scanner.finish(&parser);
-            if !marks.is_empty() {
-                send(marks);
-            }
-        })
 }
 
 #[cfg(test)]
@@ -1450,6 +755,22 @@ mod tests {
         assert_eq!(p.step_in(b"step 12 loss 2.0 (srun_steps 3)"), Some(12));
     }
 
+    /// The job level reads srun's output, the ranks' agents' own lines among
+    /// it: a stall's "no progress since step 12" is no step 12 done then
+    /// (it turned a hang's stalled time into rework in the report).
+    #[test]
+    fn a_rank_agents_own_lines_are_no_step() {
+        let p = parser();
+        for line in [
+            &b"resilio: rank 0 on n1 stalled: no progress since step 12 for 20.5s (limit 20.0s, step_adaptive)"[..],
+            b"0: resilio: rank 0 on n1 stalled: no progress since step 12 for 20.5s",
+            b" 70/150 [00:10<00:10, 7.0it/s]resilio: rank 1 last step 70",
+        ] {
+            assert_eq!(p.step_in(line), None, "{}", String::from_utf8_lossy(line));
+        }
+        assert_eq!(p.step_in(b"step 13 loss 2.0 (resilio_steps 3)"), Some(13));
+    }
+
     #[test]
     fn an_error_message_naming_a_step_is_no_step() {
         let p = parser();
@@ -1489,7 +810,7 @@ mod tests {
         let p = parser();
         assert_eq!(
             p.step_in(b"step 9007199254740991"),
-            Some(super::super::MAX_STEP)
+            Some(crate::progress::MAX_STEP)
         );
         assert_eq!(p.step_in(b"step 9007199254740992"), None);
         assert_eq!(p.step_in(b"step 99999999999999999999999"), None);
@@ -1784,7 +1105,7 @@ mod tests {
     /// trainer (tests/fixtures/progress/lightning_rich_tty.txt).
     #[test]
     fn lightnings_rich_bar_drawn_for_a_terminal_names_its_steps() {
-        let text = include_bytes!("../../tests/fixtures/progress/lightning_rich_tty.txt");
+        let text = include_bytes!("../../../tests/fixtures/progress/lightning_rich_tty.txt");
         let p = parser();
         for cut in [64, 1000, text.len()] {
             let mut s = LineScanner::default();
