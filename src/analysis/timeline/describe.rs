@@ -214,7 +214,7 @@ fn rank_exit(x: &e::RankExit) -> String {
 
 fn step_exit(x: &e::StepExit) -> String {
     format!(
-        "the step (srun) ended: {} ({}), exit code {}",
+        "the job level's command ended: {} ({}), exit code {}",
         text(&x.cause),
         text(&x.status),
         x.exit_code.unwrap_or(-1)
