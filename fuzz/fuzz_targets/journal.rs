@@ -21,7 +21,7 @@ fuzz_target!(|data: &[u8]| {
             let fields = ev.clone().into_fields();
             assert_eq!(
                 Event::from_fields(kind, &fields).as_ref(),
-                Some(&ev),
+                Some(ev),
                 "{line}"
             );
         }
