@@ -339,17 +339,8 @@ fn is_our_child(pid: i32) -> bool {
 /// step through.
 fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::job::batch::Next {
     use crate::job::batch::Next;
-    let mut step_status: Option<(i32, Exit)> = None;
-    let status = loop {
-        match waitpid(Pid::from_raw(-1), None) {
-            Ok(st) => match (st.pid(), Exit::of(st)) {
-                (Some(p), Some(e)) if p.as_raw() == supervisor => break e,
-                (Some(p), Some(e)) => step_status = Some((p.as_raw(), e)),
-                _ => {}
-            },
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return Next::Exit(1),
-        }
+    let Some((status, step_status)) = reap_until(supervisor) else {
+        return Next::Exit(1);
     };
     let code = status.code();
     let step = shared.lock().unwrap_or_else(|p| p.into_inner()).step.take();
@@ -366,10 +357,67 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
         .filter(|(p, _)| *p == h.step_pid)
         .map(|(_, s)| s);
     let running = reaped_here.is_none() && is_our_child(h.step_pid);
-    let died = matches!(status, Exit::Signal(..)) || running;
-    if !died {
+    if !matches!(status, Exit::Signal(..)) && !running {
         return Next::Exit(code);
     }
+    let mut journal = note_supervisor_lost(supervisor, &status, &h, running);
+    let tail = crate::progress::output::Tail::new(64 * 1024);
+    let step_end = if running {
+        see_through(&h, out, err, &shared, &tail)
+    } else {
+        reaped_here
+    };
+    let Some(st) = step_end else {
+        // The step was reaped before (by the supervisor): its status is
+        // not known here, so nothing can be judged from it.
+        crate::job::act::job_end(
+            &mut journal,
+            code,
+            &format!(
+                "the job-level supervisor died ({}) after its step ended",
+                status.describe()
+            ),
+        );
+        return Next::Exit(code);
+    };
+    // The step ended without its supervisor: judged and decided on as the
+    // supervisor would have (relaunch, requeue, stop, or the job's end).
+    let (stopped, pre_timeout) = {
+        let s = shared.lock().unwrap_or_else(|p| p.into_inner());
+        (s.stopped, s.pre_timeout)
+    };
+    decide(
+        d,
+        &h,
+        st,
+        &tail.last_lines(200),
+        stopped,
+        pre_timeout,
+        &mut journal,
+    )
+}
+
+/// Reap children until the supervisor ends: its status, and the last other
+/// child's (the step's, if the supervisor's death left it to us). None if
+/// waiting fails.
+fn reap_until(supervisor: i32) -> Option<(Exit, Option<(i32, Exit)>)> {
+    let mut step_status: Option<(i32, Exit)> = None;
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(st) => match (st.pid(), Exit::of(st)) {
+                (Some(p), Some(e)) if p.as_raw() == supervisor => return Some((e, step_status)),
+                (Some(p), Some(e)) => step_status = Some((p.as_raw(), e)),
+                _ => {}
+            },
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Say in the batch journal (and on stderr) that the supervisor died and
+/// what the guardian does about its step; the journal, for what follows.
+fn note_supervisor_lost(supervisor: i32, status: &Exit, h: &Handoff, running: bool) -> Writer {
     let mut journal = Writer::open(
         &h.job_dir,
         "batch.jsonl",
@@ -402,62 +450,38 @@ fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::
             "its step had ended"
         }
     );
-    let tail = crate::progress::output::Tail::new(64 * 1024);
-    let step_end = if running {
-        let coordinator = h.coordinator.as_ref().and_then(bring_back);
-        {
-            let mut s = shared.lock().unwrap_or_else(|p| p.into_inner());
-            s.target = h.step_pid;
+    journal
+}
+
+/// See the orphaned step through: bring its coordinator back, pass its
+/// output on (keeping the tail), and wait for its end.
+fn see_through(
+    h: &Handoff,
+    out: OwnedFd,
+    err: OwnedFd,
+    shared: &Mutex<Shared>,
+    tail: &Arc<crate::progress::output::Tail>,
+) -> Option<Exit> {
+    let coordinator = h.coordinator.as_ref().and_then(bring_back);
+    shared.lock().unwrap_or_else(|p| p.into_inner()).target = h.step_pid;
+    let (done_tx, done) = std::sync::mpsc::channel();
+    relay(out, std::io::stdout(), tail.clone(), done_tx.clone());
+    relay(err, std::io::stderr(), tail.clone(), done_tx);
+    let st = wait_for(h.step_pid);
+    if let Some(c) = coordinator {
+        let _ = kill(Pid::from_raw(c), Signal::SIGTERM);
+        let _ = waitpid(Pid::from_raw(c), None);
+    }
+    // Output still buffered is passed on; a process the step left behind
+    // holding the pipe does not hold the job up for long.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for _ in 0..2 {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if done.recv_timeout(left).is_err() {
+            break;
         }
-        let (done_tx, done) = std::sync::mpsc::channel();
-        relay(out, std::io::stdout(), tail.clone(), done_tx.clone());
-        relay(err, std::io::stderr(), tail.clone(), done_tx);
-        let st = wait_for(h.step_pid);
-        if let Some(c) = coordinator {
-            let _ = kill(Pid::from_raw(c), Signal::SIGTERM);
-            let _ = waitpid(Pid::from_raw(c), None);
-        }
-        // Output still buffered is passed on; a process the step left
-        // behind holding the pipe does not hold the job up for long.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        for _ in 0..2 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            if done.recv_timeout(left).is_err() {
-                break;
-            }
-        }
-        st
-    } else {
-        reaped_here
-    };
-    let Some(st) = step_end else {
-        // The step was reaped before (by the supervisor): its status is
-        // not known here, so nothing can be judged from it.
-        crate::job::act::job_end(
-            &mut journal,
-            code,
-            &format!(
-                "the job-level supervisor died ({}) after its step ended",
-                status.describe()
-            ),
-        );
-        return Next::Exit(code);
-    };
-    // The step ended without its supervisor: judged and decided on as the
-    // supervisor would have (relaunch, requeue, stop, or the job's end).
-    let (stopped, pre_timeout) = {
-        let s = shared.lock().unwrap_or_else(|p| p.into_inner());
-        (s.stopped, s.pre_timeout)
-    };
-    decide(
-        d,
-        &h,
-        st,
-        &tail.last_lines(200),
-        stopped,
-        pre_timeout,
-        &mut journal,
-    )
+    }
+    st
 }
 
 /// Judge the end of the step the guardian saw through, and decide what

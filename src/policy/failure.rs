@@ -386,45 +386,64 @@ pub fn finished_line(tail: &[String]) -> Option<&str> {
 
 /// Classify one rank's end.
 pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
-    let v = |class, reason: &str, evidence: Option<&str>| Verdict {
+    if let Some(v) = by_state(end).or_else(|| after_training(end)) {
+        return v;
+    }
+    let strongest = p.strongest(&end.tail);
+    by_output(strongest)
+        .or_else(|| by_signal(end.signal))
+        .unwrap_or_else(|| unexplained(end, p, strongest.map(|(_, line)| line)))
+}
+
+fn verdict(class: Class, reason: &str, evidence: Option<&str>) -> Verdict {
+    Verdict {
         class,
         reason: reason.to_string(),
         evidence: evidence.map(str::to_string),
-    };
+    }
+}
+
+/// What resilio itself saw or did decides first: a clean exit, a failed
+/// health check, a stall, a numerical stop, a stop from outside.
+fn by_state(end: &RankEnd) -> Option<Verdict> {
     if end.exit_code == 0 && !end.stalled {
-        return v(Class::Clean, EXITED_0, None);
+        return Some(verdict(Class::Clean, EXITED_0, None));
     }
     if end.health_check_failed {
-        return v(
+        return Some(verdict(
             Class::Infrastructure,
             "the node's health check failed",
             None,
-        );
+        ));
     }
     if end.stalled {
-        return v(Class::Hang, "stopped for making no progress", None);
+        return Some(verdict(Class::Hang, "stopped for making no progress", None));
     }
     if let Some(seen) = &end.numerical {
-        return v(
+        return Some(verdict(
             Class::Numerical,
             "stopped: its loss went to NaN or Inf",
             Some(seen),
-        );
+        ));
     }
     // Death by SIGTERM, SIGINT or SIGHUP is a stop from outside (Slurm's
     // teardown, an operator) even when resilio did not see the signal itself.
     if end.stop_requested || matches!(end.signal, Some(1) | Some(2) | Some(15)) {
-        return v(
+        return Some(verdict(
             Class::Preempted,
             "stopped on request (Slurm time limit, preemption or an operator)",
             None,
-        );
+        ));
     }
-    // Training is over: what follows is an exit-time crash, reported and
-    // never a reason to train again.
+    None
+}
+
+/// Training is over: what follows is an exit-time crash, reported and never
+/// a reason to train again.
+fn after_training(end: &RankEnd) -> Option<Verdict> {
     if let Some(done) = finished_line(&end.tail) {
         let last = end.tail.last().map_or(done, String::as_str);
-        return Verdict {
+        return Some(Verdict {
             class: Class::Clean,
             reason: FINISHED_THEN_CRASHED.to_string(),
             evidence: Some(format!(
@@ -433,80 +452,70 @@ pub fn classify(end: &RankEnd, p: &Patterns) -> Verdict {
                 done.chars().take(120).collect::<String>(),
                 last.chars().take(200).collect::<String>()
             )),
-        };
+        });
     }
-    if let Some(line) = aborted_at_teardown(end) {
-        return v(Class::Unknown, EXIT_TIME_ABORT, Some(line));
-    }
-    let strongest = p.strongest(&end.tail);
-    match strongest {
-        Some((LineClass::Infrastructure, line)) => {
-            return v(
-                Class::Infrastructure,
-                "infrastructure signature in the output",
-                Some(line),
-            )
-        }
-        Some((LineClass::Ambiguous, line)) => {
-            return v(
-                Class::Unknown,
-                "an error as often the GPU's or its driver's as the code's (one restart; the same again at the same step stops)",
-                Some(line),
-            )
-        }
-        Some((LineClass::User, line)) => {
-            return v(Class::UserError, "the trainer's own error", Some(line))
-        }
-        Some((LineClass::Secondary, line)) => {
-            return v(
-                Class::Secondary,
-                "a peer's failure (connection to another rank lost)",
-                Some(line),
-            )
-        }
-        _ => {}
-    }
-    match end.signal {
-        Some(9) => {
-            return v(
-                Class::Infrastructure,
-                "killed by SIGKILL (node, OOM killer or Slurm)",
-                None,
-            )
-        }
-        Some(7) => {
-            return v(
-                Class::Infrastructure,
-                "killed by SIGBUS (memory or device fault)",
-                None,
-            )
-        }
-        _ => {}
-    }
-    if let Some((_, line)) = strongest {
-        // The last exception line says more than the traceback header.
-        let last = end
-            .tail
-            .iter()
-            .rev()
-            .find(|l| {
-                p.line_class(l) == Some(LineClass::Generic)
-                    && !without_rank_prefix(l).starts_with("Traceback")
-            })
-            .map_or(line, |s| s.as_str());
-        return v(
-            Class::Unknown,
-            "an exception no pattern explains (one restart; the same again stops)",
-            Some(last),
-        );
-    }
-    v(
-        Class::Unknown,
-        &format!(
-            "exit code {} with no known signature (one restart; the same again stops)",
-            end.exit_code
+    aborted_at_teardown(end).map(|line| verdict(Class::Unknown, EXIT_TIME_ABORT, Some(line)))
+}
+
+/// The strongest known signature in the rank's last lines, if any but a
+/// generic exception.
+fn by_output(strongest: Option<(LineClass, &str)>) -> Option<Verdict> {
+    let (class, reason) = match strongest? {
+        (LineClass::Infrastructure, _) => (
+            Class::Infrastructure,
+            "infrastructure signature in the output",
         ),
-        None,
+        (LineClass::Ambiguous, _) => (
+            Class::Unknown,
+            "an error as often the GPU's or its driver's as the code's (one restart; the same again at the same step stops)",
+        ),
+        (LineClass::User, _) => (Class::UserError, "the trainer's own error"),
+        (LineClass::Secondary, _) => (
+            Class::Secondary,
+            "a peer's failure (connection to another rank lost)",
+        ),
+        _ => return None,
+    };
+    Some(verdict(class, reason, strongest.map(|(_, line)| line)))
+}
+
+/// A fatal signal that names its cause.
+fn by_signal(signal: Option<i32>) -> Option<Verdict> {
+    let reason = match signal? {
+        9 => "killed by SIGKILL (node, OOM killer or Slurm)",
+        7 => "killed by SIGBUS (memory or device fault)",
+        _ => return None,
+    };
+    Some(verdict(Class::Infrastructure, reason, None))
+}
+
+/// Nothing explains the end: an unknown exception (quoted by its last line)
+/// or a bare exit code.
+fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
+    let Some(line) = generic else {
+        return verdict(
+            Class::Unknown,
+            &format!(
+                "exit code {} with no known signature (one restart; the same again stops)",
+                end.exit_code
+            ),
+            None,
+        );
+    };
+    // The last exception line says more than the traceback header.
+    let last = end
+        .tail
+        .iter()
+        .rev()
+        .find(|l| {
+            p.line_class(l) == Some(LineClass::Generic)
+                && !without_rank_prefix(l).starts_with("Traceback")
+        })
+        .map_or(line, |s| s.as_str());
+    verdict(
+        Class::Unknown,
+        "an exception no pattern explains (one restart; the same again stops)",
+        Some(last),
     )
 }
 

@@ -279,32 +279,8 @@ fn decide_scoped(
     requeue_allowed: bool,
     scope: Scope,
 ) -> Action {
-    let stop = |reason: String| Action::Stop { reason };
-    let not_done = match scope {
-        Scope::Slurm => "not requeued",
-        Scope::Local => "not restarted",
-    };
-    match current.class {
-        Class::Clean => return Action::Finish,
-        Class::UserError => {
-            return stop(format!(
-                "user error ({}): {not_done}, a restart would fail the same way",
-                current.detail
-            ))
-        }
-        Class::Numerical if !current.is_rollback() => {
-            return stop(format!(
-                "numerical failure ({}): {not_done}, the same checkpoint and data would diverge the same way",
-                current.detail
-            ))
-        }
-        Class::Preempted if scope == Scope::Local => {
-            return stop(
-                "stopped from outside (a signal to resilio or to the trainer): not restarted"
-                    .into(),
-            )
-        }
-        _ => {}
+    if let Some(action) = by_class(current, scope) {
+        return action;
     }
     if !requeue_allowed {
         return stop(NOT_REQUEUEABLE.into());
@@ -316,60 +292,10 @@ fn decide_scoped(
             reason: "stopped by Slurm (time limit or preemption): requeued to continue".into(),
         };
     }
-    let failures: Vec<&AttemptOutcome> = earlier
-        .iter()
-        .filter(|a| (a.class.retryable() || a.is_rollback()) && a.class != Class::Preempted)
-        .collect();
-    if failures.len() as u32 >= max_restarts {
-        return stop(format!(
-            "restart budget exhausted: {} failed attempt(s) before this one, --max-restarts {max_restarts}",
-            failures.len()
-        ));
-    }
-    // Launch trouble (a step that started no rank) is not the trainer's:
-    // it neither is nor ends a crash loop; only the budget holds.
-    let trainer_failures: Vec<&AttemptOutcome> = failures
-        .iter()
-        .copied()
-        .filter(|a| !a.is_launch_trouble())
-        .collect();
-    let failures = if current.is_launch_trouble() {
-        Vec::new()
-    } else {
-        trainer_failures
-    };
-    if current.class == Class::Unknown {
-        if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
-            return stop(format!(
-                "crash loop: the same unexplained failure ({}) as attempt {}: taken for the trainer's own error",
-                current.shown(),
-                prev.attempt
-            ));
-        }
-    }
-    if let Some(prev) = failures.last() {
-        if current.signature == prev.signature && current.last_step == prev.last_step {
-            return stop(format!(
-                "crash loop: the same failure ({}) at the same step as attempt {}",
-                current.shown(),
-                prev.attempt
-            ));
-        }
-        // "No new step" needs a step in this attempt: an attempt that failed
-        // before its first step (a node failing its health check) is no loop.
-        let best_before = earlier
-            .iter()
-            .filter(|a| !a.is_launch_trouble())
-            .filter_map(|a| a.last_step)
-            .max();
-        if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before
-        {
-            return stop(format!(
-                "crash loop: no new step since attempt {} (best step {})",
-                prev.attempt,
-                best_before.map_or("-".into(), |s| s.to_string())
-            ));
-        }
+    if let Some(action) =
+        beyond_budget(earlier, max_restarts).or_else(|| crash_loop(current, earlier))
+    {
+        return action;
     }
     if scope == Scope::Local {
         return Action::RestartInPlace {
@@ -389,6 +315,96 @@ fn decide_scoped(
         ),
         exclude,
     }
+}
+
+fn stop(reason: String) -> Action {
+    Action::Stop { reason }
+}
+
+/// The classes that decide by themselves: a clean end finishes; a user
+/// error, a numerical failure (unless it asked for a rollback) and, locally,
+/// a stop from outside stop.
+fn by_class(current: &AttemptOutcome, scope: Scope) -> Option<Action> {
+    let not_done = match scope {
+        Scope::Slurm => "not requeued",
+        Scope::Local => "not restarted",
+    };
+    match current.class {
+        Class::Clean => Some(Action::Finish),
+        Class::UserError => Some(stop(format!(
+            "user error ({}): {not_done}, a restart would fail the same way",
+            current.detail
+        ))),
+        Class::Numerical if !current.is_rollback() => Some(stop(format!(
+            "numerical failure ({}): {not_done}, the same checkpoint and data would diverge the same way",
+            current.detail
+        ))),
+        Class::Preempted if scope == Scope::Local => Some(stop(
+            "stopped from outside (a signal to resilio or to the trainer): not restarted".into(),
+        )),
+        _ => None,
+    }
+}
+
+/// The failed attempts before this one that count against the budget.
+fn budgeted(earlier: &[AttemptOutcome]) -> impl Iterator<Item = &AttemptOutcome> {
+    earlier
+        .iter()
+        .filter(|a| (a.class.retryable() || a.is_rollback()) && a.class != Class::Preempted)
+}
+
+fn beyond_budget(earlier: &[AttemptOutcome], max_restarts: u32) -> Option<Action> {
+    let failed = budgeted(earlier).count();
+    (failed as u32 >= max_restarts).then(|| {
+        stop(format!(
+            "restart budget exhausted: {failed} failed attempt(s) before this one, --max-restarts {max_restarts}"
+        ))
+    })
+}
+
+/// A crash loop: the same unexplained failure again, the same failure at
+/// the same step, or no new step since the last failure.
+fn crash_loop(current: &AttemptOutcome, earlier: &[AttemptOutcome]) -> Option<Action> {
+    // Launch trouble (a step that started no rank) is not the trainer's:
+    // it neither is nor ends a crash loop; only the budget holds.
+    if current.is_launch_trouble() {
+        return None;
+    }
+    let failures: Vec<&AttemptOutcome> = budgeted(earlier)
+        .filter(|a| !a.is_launch_trouble())
+        .collect();
+    if current.class == Class::Unknown {
+        if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
+            return Some(stop(format!(
+                "crash loop: the same unexplained failure ({}) as attempt {}: taken for the trainer's own error",
+                current.shown(),
+                prev.attempt
+            )));
+        }
+    }
+    let prev = failures.last()?;
+    if current.signature == prev.signature && current.last_step == prev.last_step {
+        return Some(stop(format!(
+            "crash loop: the same failure ({}) at the same step as attempt {}",
+            current.shown(),
+            prev.attempt
+        )));
+    }
+    // "No new step" needs a step in this attempt: an attempt that failed
+    // before its first step (a node failing its health check) is no loop.
+    let best_before = earlier
+        .iter()
+        .filter(|a| !a.is_launch_trouble())
+        .filter_map(|a| a.last_step)
+        .max();
+    if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before {
+        return Some(stop(format!(
+            "crash loop: no new step since attempt {} (best step {})",
+            prev.attempt,
+            best_before.map_or("-".into(), |s| s.to_string())
+        )));
+    }
+    None
 }
 
 #[cfg(test)]

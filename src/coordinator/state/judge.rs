@@ -9,15 +9,43 @@ impl JobView {
         let Some(first) = self.failing.as_ref().map(|f| f.rank) else {
             return;
         };
-        let t0 = self.started;
-        let views: Vec<RankView> = self
+        let views = self.rank_views();
+        let finished = self
             .ranks
+            .values()
+            .filter(|e| e.report.exit.as_ref().is_some_and(|x| x.code == 0))
+            .count();
+        let unseen = (self.world_size as usize).saturating_sub(views.len() + finished) as u32;
+        // Ranks that crashed at exit while the rest were found still at
+        // work finished too (`exit_crash_over`).
+        let (crashed_done, views): (Vec<RankView>, Vec<RankView>) = views
+            .into_iter()
+            .partition(|w| w.exited && self.finishing.contains(&w.rank));
+        let v = hang::finishing(&views, finished + crashed_done.len())
+            .unwrap_or_else(|| hang::judge(&views, self.step_tolerance(), unseen));
+        out.push(self.hang_record(&views, &v, first));
+        if (v.rule == "busy" || v.rule == "finishing") && self.carry_on_while_busy(now, &views, &v)
+        {
+            return;
+        }
+        let rank = v.blamed_ranks.first().copied().unwrap_or(first);
+        let node = self
+            .ranks
+            .get(&rank)
+            .map(|e| e.report.node.clone())
+            .unwrap_or_default();
+        let reason = format!("hang: {}", v.reason);
+        self.fail(rank, &node, reason, Some(v), now, out);
+    }
+
+    /// What the hang policy sees of each rank still in the hang: every rank
+    /// but those that finished cleanly (one that exited after the hang began
+    /// is judged on its progress).
+    fn rank_views(&self) -> Vec<RankView> {
+        let t0 = self.started;
+        self.ranks
             .iter()
-            .filter(|(_, e)| {
-                // A rank that exited after the hang began is judged on its
-                // progress; one that finished cleanly is not part of it.
-                e.report.exit.as_ref().is_none_or(|x| x.code != 0)
-            })
+            .filter(|(_, e)| e.report.exit.as_ref().is_none_or(|x| x.code != 0))
             .map(|(r, e)| RankView {
                 rank: *r,
                 node: e.report.node.clone(),
@@ -35,27 +63,23 @@ impl JobView {
                 busy: e.report.busy,
                 idle: e.report.idle,
             })
-            .collect();
+            .collect()
+    }
+
+    /// How far apart two ranks' last steps may be and still count as the
+    /// same moment: half the median step interval, at least 0.25 s.
+    fn step_tolerance(&self) -> f64 {
         let intervals: Vec<f64> = self
             .ranks
             .values()
             .filter(|e| e.report.intervals.0 > 0)
             .map(|e| e.report.intervals.1 / e.report.intervals.0 as f64)
             .collect();
-        let tolerance = median(intervals).map_or(0.5, |m| (0.5 * m).max(0.25));
-        let finished = self
-            .ranks
-            .values()
-            .filter(|e| e.report.exit.as_ref().is_some_and(|x| x.code == 0))
-            .count();
-        let unseen = (self.world_size as usize).saturating_sub(views.len() + finished) as u32;
-        // Ranks that crashed at exit while the rest were found still at
-        // work finished too (`exit_crash_over`).
-        let (crashed_done, views): (Vec<RankView>, Vec<RankView>) = views
-            .into_iter()
-            .partition(|w| w.exited && self.finishing.contains(&w.rank));
-        let v = hang::finishing(&views, finished + crashed_done.len())
-            .unwrap_or_else(|| hang::judge(&views, tolerance, unseen));
+        median(intervals).map_or(0.5, |m| (0.5 * m).max(0.25))
+    }
+
+    /// The `hang` record: the verdict and every judged rank's evidence.
+    fn hang_record(&self, views: &[RankView], v: &hang::HangVerdict, first: u32) -> Effect {
         let ranks = views
             .iter()
             .map(|w| ev::HangRank {
@@ -71,51 +95,39 @@ impl JobView {
                 ..Default::default()
             })
             .collect();
-        out.push(journal(
+        journal(
             ev::Hang {
-                verdict: Some((&v).into()),
+                verdict: Some(v.into()),
                 first_reported_by: Some(first),
                 ranks: Some(ranks),
             },
             true,
-        ));
-        if v.rule == "busy" || v.rule == "finishing" {
-            let since = *self.busy_since.get_or_insert(now);
-            if now.saturating_duration_since(since) < self.cfg.busy_limit {
-                // Nobody is hung: the stalled ranks wait for a working one.
-                // They carry on, watched; the next stall is judged afresh
-                // (until the busy ranks have worked an evaluation's limit).
-                let stalled: Vec<u32> =
-                    views.iter().filter(|w| w.stalled).map(|w| w.rank).collect();
-                self.failing = None;
-                if !stalled.is_empty() {
-                    self.push(
-                        stalled,
-                        CommandKind::CarryOn {
-                            reason: v.reason.clone(),
-                        },
-                    );
-                }
-                return;
-            }
+        )
+    }
+
+    /// Nobody is hung: the stalled ranks wait for a working one. They carry
+    /// on, watched, and the next stall is judged afresh, until the busy
+    /// ranks have worked an evaluation's limit. False once that is spent.
+    fn carry_on_while_busy(
+        &mut self,
+        now: Instant,
+        views: &[RankView],
+        v: &hang::HangVerdict,
+    ) -> bool {
+        let since = *self.busy_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= self.cfg.busy_limit {
+            return false;
         }
-        let (rank, node) = match v.blamed_ranks.first() {
-            Some(r) => (
-                *r,
-                self.ranks
-                    .get(r)
-                    .map(|e| e.report.node.clone())
-                    .unwrap_or_default(),
-            ),
-            None => (
-                first,
-                self.ranks
-                    .get(&first)
-                    .map(|e| e.report.node.clone())
-                    .unwrap_or_default(),
-            ),
-        };
-        let reason = format!("hang: {}", v.reason);
-        self.fail(rank, &node, reason, Some(v), now, out);
+        let stalled: Vec<u32> = views.iter().filter(|w| w.stalled).map(|w| w.rank).collect();
+        self.failing = None;
+        if !stalled.is_empty() {
+            self.push(
+                stalled,
+                CommandKind::CarryOn {
+                    reason: v.reason.clone(),
+                },
+            );
+        }
+        true
     }
 }
