@@ -7,7 +7,7 @@ use crate::coordinator::protocol::RankState;
 use crate::event as ev;
 use crate::journal::Writer;
 use crate::policy::stall::{Phase, PhaseClass, StallPolicy};
-use crate::progress::tracker::{Namer, StepRole};
+use crate::progress::tracker::{Namer, Observation, StepRole};
 use crate::progress::{self, Event, Kind};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -142,20 +142,7 @@ fn on_step(
         );
     let o = plog.tracker.on_step(source, step, role);
     if let Some((from, to)) = o.namer_changed {
-        let reason = match to {
-            Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
-            Namer::Output => "steps read from the trainer's output name the step",
-            Namer::File => "the progress file names the step until the output or the socket does",
-        };
-        journal.write_at(
-            clock.wall(at),
-            ev::ProgressSource {
-                steps_from: Some(to.name().into()),
-                before: from.map(|f| f.name().into()),
-                reason: Some(reason.into()),
-            },
-            false,
-        );
+        note_namer(journal, clock, at, from, to);
     }
     let sent_compute = metrics.iter().any(|(k, _)| k == "compute_s");
     if sent_compute {
@@ -177,48 +164,7 @@ fn on_step(
         policy.on_progress_timed(at, o.step, o.named_advanced, origin(source), step_time);
     }
     if let Some(out) = k.outbox {
-        // compute_s may come on the socket after the same step was
-        // read from the output: counted once per step either way.
-        let compute = metrics
-            .iter()
-            .find(|(k, _)| k == "compute_s")
-            .map(|(_, v)| *v)
-            .filter(|c| c.is_finite() && *c >= 0.0)
-            .filter(|_| out.take_compute_step(step));
-        let last = policy.last_step();
-        let stepped = o.named_advanced;
-        let long = matches!(policy.phase(), Phase::Named(..));
-        out.update(|r| {
-            if o.alive {
-                if r.state == RankState::Starting {
-                    r.state = RankState::Running;
-                }
-                r.silent = false;
-                r.step = last;
-                r.long_phase = long;
-            }
-            if stepped {
-                if let Some(p) = prev {
-                    r.intervals.0 += 1;
-                    r.intervals.1 += at.saturating_duration_since(p).as_secs_f64();
-                }
-            }
-            if let Some(c) = compute {
-                r.compute.0 += 1;
-                r.compute.1 += c;
-            }
-            for (name, v) in &metrics {
-                let known = crate::progress::figures::NAMES.contains(&name.as_str())
-                    || r.figures.contains_key(name)
-                    || r.figures.len() < crate::coordinator::protocol::MAX_FIGURES;
-                if v.is_finite() && known && crate::progress::figures::is_name(name) {
-                    r.figures.insert(name.clone(), *v);
-                }
-            }
-        });
-        if o.alive {
-            *out.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
-        }
+        to_outbox(out, policy, &o, prev, at, step, &metrics);
     }
     if o.named_advanced {
         plog.last_named_at = Some(at);
@@ -236,6 +182,79 @@ fn on_step(
                 metrics,
             },
         );
+    }
+}
+
+/// The namer changed: say which source names the step now, and why.
+fn note_namer(journal: &mut Writer, clock: &Clock, at: Instant, from: Option<Namer>, to: Namer) {
+    let reason = match to {
+        Namer::Socket => "the trainer reports its steps on RESILIO_SOCKET: they name the step; numbers in its output still count as progress",
+        Namer::Output => "steps read from the trainer's output name the step",
+        Namer::File => "the progress file names the step until the output or the socket does",
+    };
+    journal.write_at(
+        clock.wall(at),
+        ev::ProgressSource {
+            steps_from: Some(to.name().into()),
+            before: from.map(|f| f.name().into()),
+            reason: Some(reason.into()),
+        },
+        false,
+    );
+}
+
+/// The step into the report for the coordinator: the state, the step, the
+/// intervals and compute time, the trainer's figures.
+fn to_outbox(
+    out: &Outbox,
+    policy: &StallPolicy,
+    o: &Observation,
+    prev: Option<Instant>,
+    at: Instant,
+    step: Option<u64>,
+    metrics: &[(String, f64)],
+) {
+    // compute_s may come on the socket after the same step was
+    // read from the output: counted once per step either way.
+    let compute = metrics
+        .iter()
+        .find(|(k, _)| k == "compute_s")
+        .map(|(_, v)| *v)
+        .filter(|c| c.is_finite() && *c >= 0.0)
+        .filter(|_| out.take_compute_step(step));
+    let last = policy.last_step();
+    let stepped = o.named_advanced;
+    let long = matches!(policy.phase(), Phase::Named(..));
+    out.update(|r| {
+        if o.alive {
+            if r.state == RankState::Starting {
+                r.state = RankState::Running;
+            }
+            r.silent = false;
+            r.step = last;
+            r.long_phase = long;
+        }
+        if stepped {
+            if let Some(p) = prev {
+                r.intervals.0 += 1;
+                r.intervals.1 += at.saturating_duration_since(p).as_secs_f64();
+            }
+        }
+        if let Some(c) = compute {
+            r.compute.0 += 1;
+            r.compute.1 += c;
+        }
+        for (name, v) in metrics {
+            let known = crate::progress::figures::NAMES.contains(&name.as_str())
+                || r.figures.contains_key(name)
+                || r.figures.len() < crate::coordinator::protocol::MAX_FIGURES;
+            if v.is_finite() && known && crate::progress::figures::is_name(name) {
+                r.figures.insert(name.clone(), *v);
+            }
+        }
+    });
+    if o.alive {
+        *out.last_step_at.lock().unwrap_or_else(|e| e.into_inner()) = Some(at);
     }
 }
 

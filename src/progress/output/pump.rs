@@ -233,7 +233,7 @@ pub fn take_stderr_mid_line() -> bool {
 /// `dst_fd` is resilio's own stdout or stderr (1 or 2), borrowed for as long
 /// as the thread runs.
 pub fn spawn_pump(
-    mut pipe: std::fs::File,
+    pipe: std::fs::File,
     dst_fd: RawFd,
     source: Source,
     parser: Parser,
@@ -241,163 +241,217 @@ pub fn spawn_pump(
     tx: Sender,
     lines: Lines,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let (line_atomic, label) = match lines {
-        Lines::Raw => (false, None),
-        Lines::Whole { label } => (true, label),
-    };
     std::thread::Builder::new()
         .name(format!("pump-{}", source.name()))
-        .spawn(move || {
-            // Failure just keeps the default size.
-            let dst = output_fd(dst_fd);
-            grow_pipe(pipe.as_fd(), PIPE_SIZE);
-            let mut buf = vec![0u8; CHUNK];
-            let mut scanner = LineScanner::default();
-            let mut out_ok = true;
-            let send = |marks: Vec<Mark>| {
-                let at = Instant::now();
-                // Figures go with the step they come with, else on their own.
-                let mut figures: Option<Figures> = None;
-                for mark in marks {
-                    let kind = match mark {
-                        Mark::Figures(Seen(f)) => {
-                            figures = Some(f);
-                            continue;
-                        }
-                        Mark::EpochBar {
-                            epoch,
-                            count,
-                            total,
-                        } => Kind::Step {
-                            step: Some(epoch.saturating_mul(total).saturating_add(count)),
-                            metrics: named(figures.take().unwrap_or_default()),
-                            with_phase: None,
-                        },
-                        Mark::Step(s) | Mark::Bar { count: s, .. } => Kind::Step {
-                            step: Some(s),
-                            metrics: named(figures.take().unwrap_or_default()),
-                            with_phase: None,
-                        },
-                        Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
-                        Mark::CheckpointDone(step) => Kind::CheckpointDone { step: Some(step) },
-                        Mark::Phase(p) => Kind::Phase {
-                            name: p.to_string(),
-                            step: None,
-                        },
-                        Mark::SyncSave(step) => {
-                            tx.send(Event {
-                                at,
-                                source,
-                                kind: Kind::Phase {
-                                    name: "checkpoint".into(),
-                                    step: None,
-                                },
-                            });
-                            Kind::SyncSave { step }
-                        }
-                    };
-                    tx.send(Event { at, source, kind });
-                }
-                if let Some(f) = figures {
-                    tx.send(Event {
-                        at,
-                        source,
-                        kind: Kind::Figures(named(f)),
-                    });
-                }
-            };
-            // Line-atomic mode (several ranks share one terminal, as in local
-            // mode): write whole lines only, so that ranks' lines do not cut
-            // into each other; a partial line waits at most 100 ms.
-            let mut carry: Vec<u8> = Vec::new();
-            let mut at_start = true;
-            let mut put = |bytes: &[u8]| {
-                note_line_end(dst_fd, bytes);
-                match &label {
-                    Some(l) => write_all_fd(dst, &labelled(l, bytes, &mut at_start)),
-                    None => write_all_fd(dst, bytes),
-                }
-            };
-            if let Some(zc) = (!line_atomic)
-                .then(|| ZeroCopy::new(pipe.as_fd(), dst))
-                .flatten()
-            {
-                let mut scan = |bytes: &[u8]| {
-                    let marks = scanner.feed(&parser, bytes);
-                    if !marks.is_empty() {
-                        send(marks);
-                    }
-                    tail.push(bytes);
-                    note_line_end(dst_fd, bytes);
-                };
-                // Until the end of the stream, an error, or our output gone:
-                // then the plain loop below takes over.
-                while let Ok(true) = zc.round(pipe.as_fd(), dst, &mut buf, &mut out_ok, &mut scan) {
-                }
-            }
-            loop {
-                if line_atomic
-                    && !carry.is_empty()
-                    && wait_for(pipe.as_fd(), PollFlags::POLLIN, 100)
-                {
-                    if out_ok && put(&carry).is_err() {
-                        out_ok = false;
-                    }
-                    carry.clear();
-                    continue;
-                }
-                let n = match pipe.read(&mut buf) {
-                    Ok(0) => break,
-                    Ok(n) => n,
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                    Err(_) => break,
-                };
-                let chunk = &buf[..n];
-                // Progress first: a slow reader of resilio's own output
-                // (a stalled filesystem, a paused terminal) must not delay it.
-                let marks = scanner.feed(&parser, chunk);
-                if !marks.is_empty() {
-                    send(marks);
-                }
-                if line_atomic && out_ok {
-                    let whole = match chunk.iter().rposition(|&b| b == b'\n') {
-                        Some(i) => {
-                            carry.extend_from_slice(&chunk[..=i]);
-                            let w = put(&carry);
-                            carry.clear();
-                            carry.extend_from_slice(&chunk[i + 1..]);
-                            w
-                        }
-                        None => {
-                            carry.extend_from_slice(chunk);
-                            if carry.len() >= CHUNK {
-                                let w = put(&carry);
-                                carry.clear();
-                                w
-                            } else {
-                                Ok(())
-                            }
-                        }
-                    };
-                    if whole.is_err() {
-                        out_ok = false;
-                    }
-                } else if out_ok && write_all_fd(dst, chunk).is_err() {
-                    // Our own output is gone; keep draining so the trainer never blocks.
-                    out_ok = false;
-                }
-                tail.push(chunk);
-                if !line_atomic {
-                    note_line_end(dst_fd, chunk);
-                }
-            }
-            // (Line-atomic mode notes what `put` writes.)
-            if out_ok && !carry.is_empty() {
-                let _ = put(&carry);
-            }
-            let marks = scanner.finish(&parser);
+        .spawn(move || pump(pipe, dst_fd, source, &parser, &tail, &tx, lines))
+}
+
+/// The pump thread's body: zero-copy while it can, then the plain loop.
+fn pump(
+    mut pipe: std::fs::File,
+    dst_fd: RawFd,
+    source: Source,
+    parser: &Parser,
+    tail: &Tail,
+    tx: &Sender,
+    lines: Lines,
+) {
+    // Failure just keeps the default size.
+    let dst = output_fd(dst_fd);
+    grow_pipe(pipe.as_fd(), PIPE_SIZE);
+    let mut buf = vec![0u8; CHUNK];
+    let mut scanner = LineScanner::default();
+    let mut out_ok = true;
+    let send = |marks: Vec<Mark>| send_marks(tx, source, marks);
+    // Line-atomic mode (several ranks share one terminal, as in local
+    // mode): write whole lines only, so that ranks' lines do not cut into
+    // each other; a partial line waits at most 100 ms.
+    let mut whole = match lines {
+        Lines::Raw => None,
+        Lines::Whole { label } => Some(WholeLines::new(dst_fd, label)),
+    };
+    if let Some(zc) = whole
+        .is_none()
+        .then(|| ZeroCopy::new(pipe.as_fd(), dst))
+        .flatten()
+    {
+        let mut scan = |bytes: &[u8]| {
+            let marks = scanner.feed(parser, bytes);
             if !marks.is_empty() {
                 send(marks);
             }
-        })
+            tail.push(bytes);
+            note_line_end(dst_fd, bytes);
+        };
+        // Until the end of the stream, an error, or our output gone: then
+        // the plain loop below takes over.
+        while let Ok(true) = zc.round(pipe.as_fd(), dst, &mut buf, &mut out_ok, &mut scan) {}
+    }
+    loop {
+        if let Some(w) = whole.as_mut() {
+            if w.waiting() && wait_for(pipe.as_fd(), PollFlags::POLLIN, 100) {
+                if !out_ok {
+                    w.carry.clear();
+                } else if w.flush().is_err() {
+                    out_ok = false;
+                }
+                continue;
+            }
+        }
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let chunk = &buf[..n];
+        // Progress first: a slow reader of resilio's own output (a stalled
+        // filesystem, a paused terminal) must not delay it.
+        let marks = scanner.feed(parser, chunk);
+        if !marks.is_empty() {
+            send(marks);
+        }
+        match whole.as_mut() {
+            Some(w) if out_ok => {
+                if w.push(chunk).is_err() {
+                    out_ok = false;
+                }
+            }
+            Some(_) => {}
+            None => {
+                if out_ok && write_all_fd(dst, chunk).is_err() {
+                    // Our own output is gone; keep draining so the trainer
+                    // never blocks.
+                    out_ok = false;
+                }
+                // (Line-atomic mode notes what it writes.)
+                note_line_end(dst_fd, chunk);
+            }
+        }
+        tail.push(chunk);
+    }
+    if let Some(w) = whole.as_mut() {
+        if out_ok {
+            let _ = w.flush();
+        }
+    }
+    let marks = scanner.finish(parser);
+    if !marks.is_empty() {
+        send(marks);
+    }
+}
+
+/// The progress marks of one chunk as events; figures go with the step
+/// they come with, else on their own.
+fn send_marks(tx: &Sender, source: Source, marks: Vec<Mark>) {
+    let at = Instant::now();
+    let mut figures: Option<Figures> = None;
+    for mark in marks {
+        let kind = match mark {
+            Mark::Figures(Seen(f)) => {
+                figures = Some(f);
+                continue;
+            }
+            Mark::EpochBar {
+                epoch,
+                count,
+                total,
+            } => Kind::Step {
+                step: Some(epoch.saturating_mul(total).saturating_add(count)),
+                metrics: named(figures.take().unwrap_or_default()),
+                with_phase: None,
+            },
+            Mark::Step(s) | Mark::Bar { count: s, .. } => Kind::Step {
+                step: Some(s),
+                metrics: named(figures.take().unwrap_or_default()),
+                with_phase: None,
+            },
+            Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
+            Mark::CheckpointDone(step) => Kind::CheckpointDone { step: Some(step) },
+            Mark::Phase(p) => Kind::Phase {
+                name: p.to_string(),
+                step: None,
+            },
+            Mark::SyncSave(step) => {
+                tx.send(Event {
+                    at,
+                    source,
+                    kind: Kind::Phase {
+                        name: "checkpoint".into(),
+                        step: None,
+                    },
+                });
+                Kind::SyncSave { step }
+            }
+        };
+        tx.send(Event { at, source, kind });
+    }
+    if let Some(f) = figures {
+        tx.send(Event {
+            at,
+            source,
+            kind: Kind::Figures(named(f)),
+        });
+    }
+}
+
+/// Whole-line output: complete lines are written at once (labelled when
+/// asked), a partial line is carried until its end, a full chunk, or 100 ms
+/// without input.
+struct WholeLines {
+    dst_fd: RawFd,
+    label: Option<Vec<u8>>,
+    carry: Vec<u8>,
+    at_start: bool,
+}
+
+impl WholeLines {
+    fn new(dst_fd: RawFd, label: Option<Vec<u8>>) -> Self {
+        WholeLines {
+            dst_fd,
+            label,
+            carry: Vec::new(),
+            at_start: true,
+        }
+    }
+
+    /// A partial line is waiting to be written.
+    fn waiting(&self) -> bool {
+        !self.carry.is_empty()
+    }
+
+    /// Write what is carried, whole lines or not.
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.carry.is_empty() {
+            return Ok(());
+        }
+        note_line_end(self.dst_fd, &self.carry);
+        let dst = output_fd(self.dst_fd);
+        let w = match &self.label {
+            Some(l) => write_all_fd(dst, &labelled(l, &self.carry, &mut self.at_start)),
+            None => write_all_fd(dst, &self.carry),
+        };
+        self.carry.clear();
+        w
+    }
+
+    /// A chunk read: write up to its last line end, carry the rest.
+    fn push(&mut self, chunk: &[u8]) -> std::io::Result<()> {
+        match chunk.iter().rposition(|&b| b == b'\n') {
+            Some(i) => {
+                self.carry.extend_from_slice(&chunk[..=i]);
+                let w = self.flush();
+                self.carry.extend_from_slice(&chunk[i + 1..]);
+                w
+            }
+            None => {
+                self.carry.extend_from_slice(chunk);
+                if self.carry.len() >= CHUNK {
+                    self.flush()
+                } else {
+                    Ok(())
+                }
+            }
+        }
+    }
 }
