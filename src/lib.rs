@@ -41,6 +41,9 @@
 //! `docs/architecture.md` follows one event from a trainer's output line to
 //! a journal record.
 
+#[macro_use]
+mod names;
+
 pub mod analysis;
 pub mod cli;
 pub mod config;

@@ -198,7 +198,9 @@ fn marks_of(records: &[Record]) -> Marks {
             Some(Event::Stall(_)) => m.stalls.push(r.ts),
             Some(Event::CheckpointDone(_)) => m.checkpoints.push(r.ts),
             Some(Event::Numerical(_)) => m.numerical.push(r.ts),
-            Some(Event::Slowdown(s)) if s.state.as_deref() == Some("started") => {
+            Some(Event::Slowdown(s))
+                if s.state == Some(crate::policy::slowdown::SlowdownState::Started) =>
+            {
                 let back =
                     chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);
                 m.slow.push((r.ts - back, None));

@@ -58,9 +58,9 @@ pub fn health(records: &[Record]) -> Option<LossHealth> {
                     "attempt {} rank {}: {} {} ({})",
                     r.attempt,
                     r.rank.map_or("-".into(), |x| x.to_string()),
-                    n.finding.as_deref().unwrap_or("?"),
+                    crate::names::or_unknown(&n.finding),
                     n.detail.as_deref().unwrap_or(""),
-                    n.action.as_deref().unwrap_or("record"),
+                    n.action.unwrap_or(crate::policy::numerical::Act::Record),
                 ));
             }
             _ => {}

@@ -15,6 +15,10 @@
 //! `tests/fixtures/journals/` holds journals written by earlier builds; a
 //! test reads every record of them through this schema.
 
+use crate::policy::numerical::{Act, FindingKind, Metric};
+use crate::policy::slowdown::{Blame, SlowAction, SlowdownState};
+use crate::policy::stall::StallMode;
+use crate::policy::straggler::{Basis, StragglerScope};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
@@ -119,8 +123,7 @@ events! {
         world_size: u32,
         startup_timeout_s: f64,
         stall_timeout_s: f64,
-        /// `adaptive` or `fixed`.
-        stall_mode: String,
+        stall_mode: StallMode,
         socket: String,
         progress_file: String,
         progress_file_watch: String,
@@ -142,10 +145,8 @@ events! {
     /// A numerical failure: the loss (or grad norm) NaN/Inf for several
     /// reports, or a loss spike (`policy::numerical`).
     Numerical = "numerical" {
-        /// `nan` or `spike`.
-        finding: String,
-        /// `loss` or `grad_norm`.
-        metric: String,
+        finding: FindingKind,
+        metric: Metric,
         /// The value, as text (`nan`, `inf`, `31.5`).
         value: String,
         step: u64,
@@ -153,16 +154,14 @@ events! {
         consecutive: u32,
         /// A spike's running median.
         baseline: f64,
-        /// `stop` or `record`.
-        action: String,
+        action: Act,
         detail: String,
     }
 
     /// The job's step time rose above its own baseline for a while, or
     /// came back (`policy::slowdown`, judged by the coordinator).
     Slowdown = "slowdown" {
-        /// `started` or `ended`.
-        state: String,
+        state: SlowdownState,
         /// The job's step time in the last window, and its baseline.
         step_s: f64,
         baseline_s: f64,
@@ -171,14 +170,12 @@ events! {
         slow_for_s: f64,
         /// `ended`: from its first slow window to the first normal one.
         lasted_s: f64,
-        /// `rank`, `node`, `ranks`, `all_ranks`, `waiting`, `unknown`.
-        attribution: String,
+        attribution: Blame,
         /// The ranks whose compute time rose, and their node.
         ranks: Vec<u32>,
         straggler_node: String,
         compute_ratio: f64,
-        /// `record`, `checkpoint`, `exclude`.
-        action: String,
+        action: SlowAction,
         detail: String,
     }
 
@@ -691,14 +688,12 @@ events! {
 
     /// A rank or node slower than the others.
     Straggler = "straggler" {
-        /// `rank` or `node`.
-        scope: String,
+        scope: StragglerScope,
         who: String,
         straggler_node: String,
         about_rank: u32,
         flagged: bool,
-        /// `compute_time` or `step_interval`.
-        basis: String,
+        basis: Basis,
         value_s: f64,
         median_s: f64,
         ratio: f64,

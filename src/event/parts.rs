@@ -47,7 +47,7 @@ pub struct Outcome {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HangVerdict {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<String>,
+    pub rule: Option<crate::policy::hang::HangRule>,
     #[serde(default)]
     pub blamed_ranks: Vec<u32>,
     #[serde(default)]
@@ -130,7 +130,7 @@ impl Outcome {
 impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
     fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdict {
         HangVerdict {
-            rule: Some(v.rule.to_string()),
+            rule: Some(v.rule),
             blamed_ranks: v.blamed_ranks.clone(),
             blamed_nodes: v.blamed_nodes.clone(),
             stalled_ranks: v.stalled_ranks.clone(),
@@ -138,39 +138,6 @@ impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
             more: Map::new(),
         }
     }
-}
-
-/// A journal field that takes one of a few names: a serde enum of them,
-/// with `Unknown` for a name a later build writes, and the name back.
-macro_rules! names {
-    ($( $(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal ),* $(,)? } )*) => {
-        $(
-            $(#[$meta])*
-            #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-            pub enum $name {
-                $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
-                /// A name this build does not know (a later build's).
-                #[serde(other)]
-                Unknown,
-            }
-
-            impl $name {
-                /// The name as the journal writes it.
-                pub fn name(self) -> &'static str {
-                    match self {
-                        $( $name::$variant => $text, )*
-                        $name::Unknown => "unknown",
-                    }
-                }
-            }
-
-            impl std::fmt::Display for $name {
-                fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str(self.name())
-                }
-            }
-        )*
-    };
 }
 
 names! {

@@ -92,7 +92,8 @@ pub fn leave_rollback(
     let attempt = d.outcome.attempt;
     let finding = records.iter().rev().find_map(|r| match r.event() {
         Some(ev::Event::Numerical(n))
-            if r.attempt == attempt && n.action.as_deref() == Some("rollback") =>
+            if r.attempt == attempt
+                && n.action == Some(crate::policy::numerical::Act::Rollback) =>
         {
             Some(n)
         }

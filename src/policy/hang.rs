@@ -72,12 +72,30 @@ pub struct RankView {
     pub idle: bool,
 }
 
+names! {
+    /// The rule a hang verdict rests on (`hang.verdict.rule`).
+    HangRule {
+        /// A rank works without a word while the others wait: nobody is hung.
+        Busy = "busy",
+        /// Every other rank finished: the stalled ones are finishing the run.
+        Finishing = "finishing",
+        /// The only rank heard from.
+        Alone = "alone",
+        /// Steps behind the others.
+        Behind = "behind",
+        /// Stopped stepping first.
+        StoppedFirst = "stopped_first",
+        /// Not waiting on a peer while others were.
+        NotWaiting = "not_waiting",
+        /// No rank can be told from the others.
+        Undetermined = "undetermined",
+    }
+}
+
 /// The judgment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HangVerdict {
-    /// alone | behind | stopped_first | not_waiting | busy | finishing |
-    /// undetermined
-    pub rule: &'static str,
+    pub rule: HangRule,
     pub blamed_ranks: Vec<u32>,
     pub blamed_nodes: Vec<String>,
     /// Every rank its agent called stalled (the other view).
@@ -96,7 +114,11 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         .filter(|r| r.busy && !r.stalled && !r.exited && r.waiting_on_peer != Some(true))
         .collect();
     let (rule, blamed, reason) = if ranks.is_empty() {
-        ("undetermined", vec![], "no ranks reported".to_string())
+        (
+            HangRule::Undetermined,
+            vec![],
+            "no ranks reported".to_string(),
+        )
     } else if !working.is_empty()
         && ranks.iter().any(|r| {
             r.waiting_on_peer == Some(true) || r.stalled && r.idle && r.waiting_on_peer.is_none()
@@ -108,7 +130,7 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             "rank(s) {} are working without a word (their CPU time moves, they wait on no peer): busy and silent, the others wait for them; nobody is hung",
             list(&working)
         );
-        ("busy", vec![], reason)
+        (HangRule::Busy, vec![], reason)
     } else if let [only] = ranks {
         alone(only, unseen)
     } else {
@@ -148,7 +170,7 @@ pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
     }
     let left: Vec<&RankView> = ranks.iter().collect();
     Some(HangVerdict {
-        rule: "finishing",
+        rule: HangRule::Finishing,
         blamed_ranks: vec![],
         blamed_nodes: vec![],
         stalled_ranks: ranks.iter().map(|r| r.rank).collect(),
@@ -160,7 +182,7 @@ pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
 }
 
 /// A rule's finding: its name, the ranks it blames, why.
-type Finding<'a> = (&'static str, Vec<&'a RankView>, String);
+type Finding<'a> = (HangRule, Vec<&'a RankView>, String);
 
 /// A finding without the ranks shown waiting on a peer (never a culprit);
 /// `None` when none is left.
@@ -180,7 +202,7 @@ fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
             "rank {} is the only rank the coordinator heard from ({unseen} other rank(s) never reported): nobody blamed",
             only.rank
         );
-        return ("undetermined", vec![], reason);
+        return (HangRule::Undetermined, vec![], reason);
     }
     let steps = match (only.silent, only.last_step) {
         (false, Some(s)) => format!("at step {s}"),
@@ -190,7 +212,7 @@ fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
         "rank {} stopped {steps} with no other rank still running to compare it with",
         only.rank
     );
-    ("alone", vec![only], reason)
+    (HangRule::Alone, vec![only], reason)
 }
 
 /// The ranks at the lowest step, when others got further.
@@ -209,7 +231,7 @@ fn behind<'a>(stepping: &[&'a RankView]) -> Option<Finding<'a>> {
         "rank(s) {} stopped at step {min} while others reached step {max}",
         list(&behind),
     );
-    Some(("behind", behind, reason))
+    Some((HangRule::Behind, behind, reason))
 }
 
 /// At the same step: the ranks whose last step came first, by more than the
@@ -245,7 +267,7 @@ fn stopped_first<'a>(stepping: &[&'a RankView], tolerance_s: f64) -> Option<Find
         list(&first),
         next - earliest
     );
-    Some(("stopped_first", first, reason))
+    Some((HangRule::StoppedFirst, first, reason))
 }
 
 /// Nothing in the steps: the probes decide (a rank not waiting on a peer
@@ -272,7 +294,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
             list(&not_waiting),
             waiting
         );
-        return ("not_waiting", not_waiting, reason);
+        return (HangRule::NotWaiting, not_waiting, reason);
     }
     let unknown: Vec<&RankView> = live
         .iter()
@@ -299,7 +321,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
                 String::new()
             }
         );
-        return ("not_waiting", shown, reason);
+        return (HangRule::NotWaiting, shown, reason);
     }
     let evidence = if !unknown.is_empty() {
         format!(
@@ -325,7 +347,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
             ranks.len()
         )
     };
-    ("undetermined", vec![], reason)
+    (HangRule::Undetermined, vec![], reason)
 }
 
 fn list(rs: &[&RankView]) -> String {
@@ -359,7 +381,7 @@ mod tests {
     fn a_rank_stalled_after_every_other_one_finished_is_finishing() {
         let saving = view(0, Some(60), 10.0, Some(false));
         let v = finishing(std::slice::from_ref(&saving), 1).expect("finishing");
-        assert_eq!(v.rule, "finishing");
+        assert_eq!(v.rule, HangRule::Finishing);
         assert!(v.blamed_ranks.is_empty());
         // Nobody finished: a hang like any other.
         assert!(finishing(std::slice::from_ref(&saving), 0).is_none());
@@ -375,13 +397,13 @@ mod tests {
     #[test]
     fn the_only_rank_left_is_blamed() {
         let v = judge(&[view(3, Some(18), 5.0, None)], 0.5, 0);
-        assert_eq!(v.rule, "alone");
+        assert_eq!(v.rule, HangRule::Alone);
         assert_eq!(v.blamed_ranks, vec![3]);
         assert_eq!(v.blamed_nodes, vec!["n1".to_string()]);
         assert!(v.reason.contains("step 18"), "{}", v.reason);
         // A rank that never reported may be the one that hung: nobody blamed.
         let v = judge(&[view(3, Some(18), 5.0, None)], 0.5, 1);
-        assert_eq!(v.rule, "undetermined");
+        assert_eq!(v.rule, HangRule::Undetermined);
         assert!(v.blamed_ranks.is_empty());
     }
 
@@ -396,7 +418,7 @@ mod tests {
             0.5,
             0,
         );
-        assert_eq!(v.rule, "behind");
+        assert_eq!(v.rule, HangRule::Behind);
         assert_eq!(v.blamed_ranks, vec![1]);
         assert_eq!(v.blamed_nodes, vec!["n0".to_string()]);
         assert_eq!(v.stalled_ranks, vec![0, 1, 2]);
@@ -406,7 +428,7 @@ mod tests {
             0.5,
             0,
         );
-        assert_eq!(v.rule, "undetermined");
+        assert_eq!(v.rule, HangRule::Undetermined);
         assert!(
             v.reason.contains("could not tell what rank(s) 1"),
             "{}",
@@ -428,7 +450,7 @@ mod tests {
             0,
         );
         assert_eq!(v.blamed_ranks, vec![0], "{}", v.reason);
-        assert_eq!(v.rule, "not_waiting");
+        assert_eq!(v.rule, HangRule::NotWaiting);
     }
 
     #[test]
@@ -442,7 +464,7 @@ mod tests {
             0.5,
             0,
         );
-        assert_eq!(v.rule, "busy");
+        assert_eq!(v.rule, HangRule::Busy);
         assert!(v.blamed_ranks.is_empty(), "{}", v.reason);
         // Nobody shown waiting (NCCL spinning: every rank burns CPU): no
         // busy verdict.
@@ -451,11 +473,11 @@ mod tests {
             0.5,
             0,
         );
-        assert_ne!(v.rule, "busy");
+        assert_ne!(v.rule, HangRule::Busy);
         // Not working (asleep in its own code): the usual evidence.
         working.busy = false;
         let v = judge(&[view(0, Some(30), 10.0, Some(true)), working], 0.5, 0);
-        assert_eq!((v.rule, v.blamed_ranks), ("not_waiting", vec![1]));
+        assert_eq!((v.rule, v.blamed_ranks), (HangRule::NotWaiting, vec![1]));
     }
 
     #[test]
@@ -468,19 +490,19 @@ mod tests {
         let mut idle = view(0, Some(30), 10.0, None);
         idle.idle = true;
         let v = judge(&[idle.clone(), working.clone()], 0.5, 0);
-        assert_eq!(v.rule, "busy", "{}", v.reason);
+        assert_eq!(v.rule, HangRule::Busy, "{}", v.reason);
         assert!(v.blamed_ranks.is_empty());
         // Its CPU time not known still (an accelerator's node, where NCCL
         // spins): the evidence is missing, nobody blamed, nothing held.
         idle.idle = false;
         let v = judge(&[idle.clone(), working.clone()], 0.5, 0);
-        assert_eq!(v.rule, "undetermined", "{}", v.reason);
+        assert_eq!(v.rule, HangRule::Undetermined, "{}", v.reason);
         // Idle but shown not waiting (a stack in its own code): the stack
         // wins over the CPU time; nobody shown waiting, no busy verdict.
         idle.idle = true;
         idle.waiting_on_peer = Some(false);
         let v = judge(&[idle, working], 0.5, 0);
-        assert_ne!(v.rule, "busy", "{}", v.reason);
+        assert_ne!(v.rule, HangRule::Busy, "{}", v.reason);
     }
 
     #[test]
@@ -490,7 +512,7 @@ mod tests {
         let mut hung = view(1, None, 0.0, Some(false));
         hung.silent = true;
         let v = judge(&[view(0, Some(30), 10.0, None), hung.clone()], 0.5, 0);
-        assert_eq!(v.rule, "not_waiting");
+        assert_eq!(v.rule, HangRule::NotWaiting);
         assert_eq!(v.blamed_ranks, vec![1], "{}", v.reason);
         assert!(
             v.reason.contains("could not tell what rank(s) 0"),
@@ -501,7 +523,7 @@ mod tests {
         // least of all the rank that could not be read.
         hung.not_waiting_shown = false;
         let v = judge(&[view(0, Some(30), 10.0, None), hung.clone()], 0.5, 0);
-        assert_eq!(v.rule, "undetermined");
+        assert_eq!(v.rule, HangRule::Undetermined);
         assert!(v.blamed_ranks.is_empty());
         // A rank shown waiting is never blamed, whatever the others show.
         hung.not_waiting_shown = true;
@@ -528,7 +550,7 @@ mod tests {
             0.5,
             0,
         );
-        assert_eq!(v.rule, "not_waiting");
+        assert_eq!(v.rule, HangRule::NotWaiting);
         assert_eq!(v.blamed_ranks, vec![1]);
         assert!(!v.reason.contains("never"), "{}", v.reason);
         // The printing rank hung; the silent one waits for it.
@@ -553,7 +575,7 @@ mod tests {
         let mut unknown = silent;
         unknown.waiting_on_peer = None;
         let v = judge(&[view(0, Some(11), 50.0, None), unknown], 0.5, 0);
-        assert_eq!(v.rule, "undetermined");
+        assert_eq!(v.rule, HangRule::Undetermined);
         assert!(
             v.reason.contains("stacks need ptrace allowed"),
             "{}",
@@ -577,7 +599,7 @@ mod tests {
             0.5,
             0,
         );
-        assert_eq!(v.rule, "stopped_first");
+        assert_eq!(v.rule, HangRule::StoppedFirst);
         assert_eq!(v.blamed_ranks, vec![1]);
     }
 
@@ -587,7 +609,7 @@ mod tests {
             .map(|r| view(r, Some(10), 100.0 + r as f64 * 0.01, Some(r != 1)))
             .collect();
         let v = judge(&ranks, 0.5, 0);
-        assert_eq!(v.rule, "not_waiting");
+        assert_eq!(v.rule, HangRule::NotWaiting);
         assert_eq!(v.blamed_ranks, vec![1]);
         assert_eq!(v.blamed_nodes, vec!["n0".to_string()]);
     }
@@ -599,7 +621,7 @@ mod tests {
             .map(|r| view(r, Some(10), 100.0, Some(false)))
             .collect();
         let v = judge(&ranks, 0.5, 0);
-        assert_eq!(v.rule, "undetermined");
+        assert_eq!(v.rule, HangRule::Undetermined);
         assert!(v.blamed_ranks.is_empty() && v.blamed_nodes.is_empty());
         assert_eq!(v.stalled_ranks.len(), 4);
         // A culprit already stopped still counts by its probe.
@@ -613,6 +635,6 @@ mod tests {
             .map(|r| view(r, Some(10), 100.0, Some(true)))
             .collect();
         ranks[1].waiting_on_peer = None;
-        assert_eq!(judge(&ranks, 0.5, 0).rule, "undetermined");
+        assert_eq!(judge(&ranks, 0.5, 0).rule, HangRule::Undetermined);
     }
 }

@@ -20,31 +20,39 @@
 
 use std::collections::VecDeque;
 
-/// What to do about a finding.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Act {
-    /// Journal it; the run goes on.
-    Record,
-    /// Stop the rank; the job is not restarted (class `numerical`).
-    Stop,
-    /// Stop the rank; the job restarts (within its budget) from the last
-    /// checkpoint taken before the bad values began, told which steps'
-    /// data to skip (`RESILIO_ROLLBACK_STEP`, `RESILIO_SKIP_STEPS`).
-    Rollback,
+names! {
+    /// What to do about a finding (`[numerical] nan_action`, `spike_action`;
+    /// `numerical.action`).
+    Act {
+        /// Journal it; the run goes on.
+        Record = "record",
+        /// Stop the rank; the job is not restarted (class `numerical`).
+        Stop = "stop",
+        /// Stop the rank; the job restarts (within its budget) from the last
+        /// checkpoint taken before the bad values began, told which steps'
+        /// data to skip (`RESILIO_ROLLBACK_STEP`, `RESILIO_SKIP_STEPS`).
+        Rollback = "rollback",
+    }
+
+    /// What was found (`numerical.finding`).
+    FindingKind {
+        /// NaN or Inf for several reports in a row.
+        Nan = "nan",
+        /// The loss several times its running median for several reports.
+        Spike = "spike",
+    }
+
+    /// The figure watched (`numerical.metric`).
+    Metric {
+        Loss = "loss",
+        GradNorm = "grad_norm",
+    }
 }
 
 /// How a rollback's evidence begins (the verdict and the decision read it).
 pub const ROLLBACK: &str = "rollback: ";
 
 impl Act {
-    pub fn name(self) -> &'static str {
-        match self {
-            Act::Record => "record",
-            Act::Stop => "stop",
-            Act::Rollback => "rollback",
-        }
-    }
-
     /// `"record"`, `"stop"` or `"rollback"`.
     pub fn parse(s: &str) -> Option<Act> {
         match s {
@@ -89,10 +97,8 @@ impl Default for NumericalConfig {
 /// A finding, for the journal and the stop.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Finding {
-    /// `nan` or `spike`.
-    pub kind: &'static str,
-    /// `loss` or `grad_norm`.
-    pub metric: String,
+    pub kind: FindingKind,
+    pub metric: Metric,
     /// The value that decided it (NaN, Inf, or the spiking loss).
     pub value: f64,
     /// The step it was seen at, when known.
@@ -113,7 +119,7 @@ impl Finding {
             .since_step
             .map_or(String::new(), |s| format!(" since step {s}"));
         match self.kind {
-            "spike" => format!(
+            FindingKind::Spike => format!(
                 "{} {:.4} is {:.1}x its running median {:.4}{since} ({} steps in a row)",
                 self.metric,
                 self.value,
@@ -205,7 +211,7 @@ impl Watch {
         if !self.fresh(loss, grad) {
             return None;
         }
-        let bad = [("loss", loss), ("grad_norm", grad)]
+        let bad = [(Metric::Loss, loss), (Metric::GradNorm, grad)]
             .into_iter()
             .find_map(|(n, v)| v.filter(|v| !v.is_finite()).map(|v| (n, v)));
         match bad {
@@ -215,8 +221,8 @@ impl Watch {
                 if self.bad_run >= self.cfg.nan_steps.max(1) && !self.said_nan {
                     self.said_nan = true;
                     return Some(Finding {
-                        kind: "nan",
-                        metric: metric.into(),
+                        kind: FindingKind::Nan,
+                        metric,
                         value,
                         step,
                         consecutive: self.bad_run,
@@ -284,8 +290,8 @@ impl Watch {
             if self.spike_run >= self.cfg.spike_steps.max(1) && !self.said_spike {
                 self.said_spike = true;
                 return Some(Finding {
-                    kind: "spike",
-                    metric: "loss".into(),
+                    kind: FindingKind::Spike,
+                    metric: Metric::Loss,
                     value: loss,
                     step,
                     consecutive: self.spike_run,
@@ -324,7 +330,7 @@ mod tests {
         let f = w.observe(Some(6), &m(f64::NAN)).unwrap();
         assert_eq!(
             (f.kind, f.act, f.consecutive, f.since_step),
-            ("nan", Act::Stop, 3, Some(4))
+            (FindingKind::Nan, Act::Stop, 3, Some(4))
         );
         assert_eq!(f.describe(), "loss nan since step 4 (3 steps in a row)");
         assert_eq!(w.observe(Some(7), &m(f64::NAN)), None);
@@ -360,7 +366,10 @@ mod tests {
             }
         }
         let (at, f) = found.expect("a NaN that persists");
-        assert_eq!((f.kind, f.consecutive, f.since_step), ("nan", 3, Some(74)));
+        assert_eq!(
+            (f.kind, f.consecutive, f.since_step),
+            (FindingKind::Nan, 3, Some(74))
+        );
         assert_eq!(at, 94, "once per run of five: 74, 84, 94");
     }
 
@@ -391,7 +400,7 @@ mod tests {
                 &[("grad_norm".into(), f64::NAN), ("loss".into(), 2.0)],
             )
             .unwrap();
-        assert_eq!(f.metric, "grad_norm");
+        assert_eq!(f.metric, Metric::GradNorm);
     }
 
     #[test]
@@ -408,7 +417,7 @@ mod tests {
         let f = w.observe(Some(44), &m(32.0)).unwrap();
         assert_eq!(
             (f.kind, f.act, f.since_step),
-            ("spike", Act::Record, Some(42))
+            (FindingKind::Spike, Act::Record, Some(42))
         );
         assert!(f.baseline.unwrap() < 2.0);
     }

@@ -26,28 +26,43 @@ use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// What a slowdown does besides its record.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlowAction {
-    /// Journal it (and show it in the report).
-    Record,
-    /// Ask every rank for a coordinated checkpoint.
-    Checkpoint,
-    /// When one node is to blame and a spare can take its place: a
-    /// checkpoint, then the step relaunched without it (as a confirmed
-    /// straggler is).
-    Exclude,
+names! {
+    /// What a slowdown does besides its record (`[slowdown] action`,
+    /// `slowdown.action`).
+    SlowAction {
+        /// Journal it (and show it in the report).
+        Record = "record",
+        /// Ask every rank for a coordinated checkpoint.
+        Checkpoint = "checkpoint",
+        /// When one node is to blame and a spare can take its place: a
+        /// checkpoint, then the step relaunched without it (as a confirmed
+        /// straggler is).
+        Exclude = "exclude",
+    }
+
+    /// Who or what a slowdown is blamed on (`slowdown.attribution`); no
+    /// rank sending `compute_s` is `unknown`.
+    Blame {
+        /// One rank's compute time rose.
+        Rank = "rank",
+        /// The ranks of one node, and only they.
+        Node = "node",
+        /// Several ranks, not one node's.
+        Ranks = "ranks",
+        /// Every rank computes slower.
+        AllRanks = "all_ranks",
+        /// Compute time did not rise: communication or input.
+        Waiting = "waiting",
+    }
+
+    /// A slowdown's record: it began or ended (`slowdown.state`).
+    SlowdownState {
+        Started = "started",
+        Ended = "ended",
+    }
 }
 
 impl SlowAction {
-    pub fn name(self) -> &'static str {
-        match self {
-            SlowAction::Record => "record",
-            SlowAction::Checkpoint => "checkpoint",
-            SlowAction::Exclude => "exclude",
-        }
-    }
-
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "record" => Some(SlowAction::Record),
@@ -90,8 +105,7 @@ impl Default for SlowdownConfig {
 /// Who or what a slowdown is blamed on.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Attribution {
-    /// `rank`, `node`, `ranks`, `all_ranks`, `waiting`, `unknown`.
-    pub kind: &'static str,
+    pub kind: Blame,
     /// The ranks whose compute time rose.
     pub ranks: Vec<u32>,
     /// Their node, when they share one.
@@ -107,15 +121,15 @@ impl Attribution {
             .compute_ratio
             .map_or(String::new(), |r| format!(" ({r:.2}x its compute time)"));
         match self.kind {
-            "rank" => format!(
+            Blame::Rank => format!(
                 "rank {} on {}{ratio}",
                 self.ranks.first().copied().unwrap_or_default(),
                 self.node.as_deref().unwrap_or("?")
             ),
-            "node" => format!("node {}{ratio}", self.node.as_deref().unwrap_or("?")),
-            "ranks" => format!("ranks {:?}{ratio}", self.ranks),
-            "all_ranks" => format!("every rank computes slower{ratio}"),
-            "waiting" => {
+            Blame::Node => format!("node {}{ratio}", self.node.as_deref().unwrap_or("?")),
+            Blame::Ranks => format!("ranks {:?}{ratio}", self.ranks),
+            Blame::AllRanks => format!("every rank computes slower{ratio}"),
+            Blame::Waiting => {
                 "compute time is unchanged: the time went to communication or input (data loading)"
                     .into()
             }
@@ -285,7 +299,7 @@ impl Watch {
             .collect();
         if ratios.is_empty() {
             return Attribution {
-                kind: "unknown",
+                kind: Blame::Unknown,
                 ranks: Vec::new(),
                 node: None,
                 compute_ratio: None,
@@ -306,17 +320,20 @@ impl Watch {
                 && ratios.iter().any(|(_, n, _)| *n != node)
         };
         let (kind, node) = if rose.is_empty() {
-            ("waiting", None)
+            (Blame::Waiting, None)
         } else if rose.len() == ratios.len() && ratios.len() > 1 {
-            ("all_ranks", None)
+            (Blame::AllRanks, None)
         } else if rose.len() == 1 {
-            ("rank", Some(rose[0].1.to_string()))
+            (Blame::Rank, Some(rose[0].1.to_string()))
         } else if nodes.len() == 1 && node_of_all(rose[0].1) {
-            ("node", Some(rose[0].1.to_string()))
+            (Blame::Node, Some(rose[0].1.to_string()))
         } else if rose.len() == ratios.len() {
-            ("all_ranks", None)
+            (Blame::AllRanks, None)
         } else {
-            ("ranks", (nodes.len() == 1).then(|| rose[0].1.to_string()))
+            (
+                Blame::Ranks,
+                (nodes.len() == 1).then(|| rose[0].1.to_string()),
+            )
         };
         Attribution {
             kind,
@@ -413,7 +430,7 @@ mod tests {
         };
         assert_eq!(*i, 2);
         assert_eq!((*step_s, *baseline_s), (1.8, 1.0));
-        assert_eq!(attribution.kind, "rank");
+        assert_eq!(attribution.kind, Blame::Rank);
         assert_eq!(attribution.ranks, vec![3]);
         assert_eq!(attribution.node.as_deref(), Some("n1"));
         assert_eq!(attribution.compute_ratio, Some(2.0));
@@ -436,10 +453,10 @@ mod tests {
             }
         };
         let a = attribution(|r| Some(if r >= 2 { 1.3 } else { 0.8 }));
-        assert_eq!((a.kind, a.node.as_deref()), ("node", Some("n1")));
-        assert_eq!(attribution(|_| Some(1.3)).kind, "all_ranks");
-        assert_eq!(attribution(|_| Some(0.8)).kind, "waiting");
-        assert_eq!(attribution(|_| None).kind, "unknown");
+        assert_eq!((a.kind, a.node.as_deref()), (Blame::Node, Some("n1")));
+        assert_eq!(attribution(|_| Some(1.3)).kind, Blame::AllRanks);
+        assert_eq!(attribution(|_| Some(0.8)).kind, Blame::Waiting);
+        assert_eq!(attribution(|_| None).kind, Blame::Unknown);
     }
 
     #[test]

@@ -43,6 +43,16 @@ use std::time::{Duration, Instant};
 const LATE_FACTOR: f64 = 4.0;
 const LATE_SLACK_S: f64 = 1.0;
 
+names! {
+    /// How the step limit is set (`rank_start.stall_mode`).
+    StallMode {
+        /// Learnt from the step intervals.
+        Adaptive = "adaptive",
+        /// A fixed limit (`--stall-timeout`, `[stall] timeout`).
+        Fixed = "fixed",
+    }
+}
+
 /// Parameters of the stall policy.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StallConfig {
@@ -94,6 +104,15 @@ pub enum PhaseClass {
     InStep { known: bool },
     /// A long phase with its own limit.
     Long(Duration),
+}
+
+impl StallConfig {
+    pub fn mode(&self) -> StallMode {
+        match self.fixed_timeout {
+            Some(_) => StallMode::Fixed,
+            None => StallMode::Adaptive,
+        }
+    }
 }
 
 impl Default for StallConfig {

@@ -53,29 +53,25 @@ pub struct Totals {
     pub compute: (u64, f64),
 }
 
-/// Which measure a judgment used.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Basis {
-    ComputeTime,
-    StepInterval,
-}
+names! {
+    /// Which measure a judgment used (`straggler.basis`).
+    Basis {
+        ComputeTime = "compute_time",
+        StepInterval = "step_interval",
+    }
 
-impl Basis {
-    /// Name as written in the journal.
-    pub fn name(self) -> &'static str {
-        match self {
-            Basis::ComputeTime => "compute_time",
-            Basis::StepInterval => "step_interval",
-        }
+    /// What a straggler is: one rank, or a node's ranks together
+    /// (`straggler.scope`).
+    StragglerScope {
+        Rank = "rank",
+        Node = "node",
     }
 }
 
 /// A change of straggler status.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Change {
-    /// `rank` or `node`.
-    pub scope: &'static str,
+    pub scope: StragglerScope,
     /// The rank number or the node name.
     pub who: String,
     /// The node of the rank (or the node itself).
@@ -195,7 +191,7 @@ impl StragglerPolicy {
             .iter()
             .map(|(t, v)| (t.rank.to_string(), t.node.clone(), *v))
             .collect();
-        self.judge("rank", &rank_values, basis, &mut out);
+        self.judge(StragglerScope::Rank, &rank_values, basis, &mut out);
         let mut per_node: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         for (t, v) in &values {
             per_node.entry(&t.node).or_default().push(*v);
@@ -205,20 +201,20 @@ impl StragglerPolicy {
             .filter_map(|(n, vs)| median(vs).map(|m| (n.to_string(), n.to_string(), m)))
             .collect();
         if node_values.len() >= 2 {
-            self.judge("node", &node_values, basis, &mut out);
+            self.judge(StragglerScope::Node, &node_values, basis, &mut out);
         }
         out
     }
 
     fn judge(
         &mut self,
-        scope: &'static str,
+        scope: StragglerScope,
         values: &[(String, String, f64)],
         basis: Basis,
         out: &mut Vec<Change>,
     ) {
         let need = self.cfg.windows.max(1);
-        let streaks = if scope == "rank" {
+        let streaks = if scope == StragglerScope::Rank {
             &mut self.ranks
         } else {
             &mut self.nodes
@@ -297,14 +293,20 @@ mod tests {
         assert!(p.on_window(&window(1, 2.0, true)).is_empty());
         assert!(p.on_window(&window(2, 2.0, true)).is_empty());
         let c = p.on_window(&window(3, 2.0, true));
-        let ranks: Vec<&Change> = c.iter().filter(|c| c.scope == "rank").collect();
+        let ranks: Vec<&Change> = c
+            .iter()
+            .filter(|c| c.scope == StragglerScope::Rank)
+            .collect();
         assert_eq!(ranks.len(), 1, "{c:?}");
         assert_eq!(ranks[0].who, "3");
         assert!(ranks[0].flagged);
         assert_eq!(ranks[0].basis, Basis::ComputeTime);
         assert!((ranks[0].ratio - 2.0).abs() < 1e-9);
         // Node b's median (ranks 2 and 3: 0.2 and 0.4) is 0.3 against 0.2.
-        let nodes: Vec<&Change> = c.iter().filter(|c| c.scope == "node").collect();
+        let nodes: Vec<&Change> = c
+            .iter()
+            .filter(|c| c.scope == StragglerScope::Node)
+            .collect();
         assert_eq!(nodes.len(), 1);
         assert_eq!(nodes[0].who, "b");
         assert_eq!(p.flagged(), (vec!["3".to_string()], vec!["b".to_string()]));
@@ -338,9 +340,9 @@ mod tests {
         };
         assert!(p.on_window(&w(1)).is_empty());
         let c = p.on_window(&w(2));
-        assert!(c
-            .iter()
-            .any(|c| c.scope == "rank" && c.who == "1" && c.basis == Basis::StepInterval));
+        assert!(c.iter().any(|c| c.scope == StragglerScope::Rank
+            && c.who == "1"
+            && c.basis == Basis::StepInterval));
     }
 
     #[test]

@@ -478,21 +478,21 @@ impl<'a> Agent<'a> {
         };
         self.rank.journal.write(
             ev::Numerical {
-                finding: Some(f.kind.into()),
-                metric: Some(f.metric.clone()),
+                finding: Some(f.kind),
+                metric: Some(f.metric),
                 value: Some(value),
                 step: f.step,
                 since_step: f.since_step,
                 consecutive: Some(f.consecutive),
                 baseline: f.baseline,
-                action: Some(f.act.name().into()),
+                action: Some(f.act),
                 detail: Some(detail.clone()),
             },
             true,
         );
         tracing::warn!("numerical failure: {detail}");
         let evidence = match f.act {
-            Act::Record => return,
+            Act::Record | Act::Unknown => return,
             Act::Stop => detail,
             Act::Rollback => format!("{}{detail}", crate::policy::numerical::ROLLBACK),
         };

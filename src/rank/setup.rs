@@ -578,14 +578,7 @@ impl Rank {
             world_size: Some(self.id.world_size),
             startup_timeout_s: Some(cfg.stall.startup_timeout.as_secs_f64()),
             stall_timeout_s: cfg.stall.fixed_timeout.map(|d| d.as_secs_f64()),
-            stall_mode: Some(
-                if cfg.stall.fixed_timeout.is_some() {
-                    "fixed"
-                } else {
-                    "adaptive"
-                }
-                .into(),
-            ),
+            stall_mode: Some(cfg.stall.mode()),
             socket: self.socket_ok.then(|| path(&self.sock_path)),
             progress_file: cfg.progress.file.as_deref().map(path),
             progress_file_watch: file_mode,

@@ -85,11 +85,12 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
             }
             Event::Stall(_) => ("stall", row_of(r, by_node)),
             Event::Straggler(x) if x.flagged == Some(true) => {
-                let row = if by_node || x.scope.as_deref() == Some("node") {
-                    x.straggler_node.clone()
-                } else {
-                    x.about_rank.map(|n| format!("rank {n}"))
-                };
+                let row =
+                    if by_node || x.scope == Some(crate::policy::straggler::StragglerScope::Node) {
+                        x.straggler_node.clone()
+                    } else {
+                        x.about_rank.map(|n| format!("rank {n}"))
+                    };
                 ("straggler", row.filter(|row| rows.contains(row)))
             }
             Event::Judgment(j) => {

@@ -171,7 +171,7 @@ pub(super) fn hang_blame(
     let view = view.unwrap_or(&empty);
     let hang = view.hang.as_ref().map(|(_, h)| h);
     let verdict = hang.and_then(|h| h.verdict.as_ref());
-    let rule = verdict.and_then(|v| v.rule.as_deref());
+    let rule = verdict.and_then(|v| v.rule);
     // The ranks the job-wide verdict blamed on this node, else the judgment's own.
     let mut ranks: Vec<u32> = hang
         .iter()
@@ -216,7 +216,7 @@ pub(super) fn hang_blame(
         .join(",");
     // The verdict's rule, unless all it rested on was ranks running.
     let only_running = !found.is_empty() && found.iter().all(|(_, x, _)| *x == Seen::Running);
-    if rule == Some("not_waiting") && !only_running {
+    if rule == Some(crate::policy::hang::HangRule::NotWaiting) && !only_running {
         return Some((
             HANG_USER_CODE,
             format!("rank(s) {ranks_list} were not waiting on a peer while others were (rule not_waiting): the trainer's own code"),

@@ -3,6 +3,7 @@
 
 use crate::event::{self as e, Event};
 use crate::journal::Record;
+use crate::names::or_unknown;
 use serde_json::Value;
 
 /// A record's line, from its event read once (`None`: a kind this build
@@ -104,7 +105,7 @@ fn rank_start(x: &e::RankStart) -> String {
     format!(
         "launched pid {} ({} stall timeout): {}",
         x.pid.unwrap_or(0),
-        text(&x.stall_mode),
+        or_unknown(&x.stall_mode),
         x.argv.as_deref().unwrap_or_default().join(" ")
     )
 }
@@ -142,8 +143,8 @@ fn stall(x: &e::Stall) -> String {
 }
 
 fn slowdown(x: &e::Slowdown) -> String {
-    if x.state.as_deref() == Some("started") {
-        format!("SLOWDOWN: {} ({})", text(&x.detail), text(&x.action))
+    if x.state == Some(crate::policy::slowdown::SlowdownState::Started) {
+        format!("SLOWDOWN: {} ({})", text(&x.detail), or_unknown(&x.action))
     } else {
         format!(
             "slowdown over after {:.0}s: {:.3}s per step, baseline {:.3}s",
@@ -157,10 +158,10 @@ fn slowdown(x: &e::Slowdown) -> String {
 fn numerical(x: &e::Numerical) -> String {
     format!(
         "NUMERICAL {}: {} ({})",
-        text(&x.finding),
+        or_unknown(&x.finding),
         text(&x.detail),
-        match x.action.as_deref() {
-            Some("stop") => "stopping the rank, not restarted",
+        match x.action {
+            Some(crate::policy::numerical::Act::Stop) => "stopping the rank, not restarted",
             _ => "recorded",
         }
     )
@@ -263,7 +264,7 @@ fn hang(x: &e::Hang) -> String {
         .join(",");
     format!(
         "HANG judged job-wide ({}): {}{}",
-        text(&v.rule),
+        or_unknown(&v.rule),
         text(&v.reason),
         if blamed.is_empty() {
             String::new()
@@ -384,7 +385,7 @@ fn relaunched(x: &e::Relaunched) -> String {
 fn straggler(x: &e::Straggler) -> String {
     format!(
         "STRAGGLER {} {} {}: {:.3}s per step vs median {:.3}s ({})",
-        text(&x.scope),
+        or_unknown(&x.scope),
         text(&x.who),
         if x.flagged == Some(true) {
             "flagged"
@@ -393,7 +394,7 @@ fn straggler(x: &e::Straggler) -> String {
         },
         x.value_s.unwrap_or(0.0),
         x.median_s.unwrap_or(0.0),
-        text(&x.basis)
+        or_unknown(&x.basis)
     )
 }
 

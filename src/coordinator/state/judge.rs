@@ -24,7 +24,8 @@ impl JobView {
         let v = hang::finishing(&views, finished + crashed_done.len())
             .unwrap_or_else(|| hang::judge(&views, self.step_tolerance(), unseen));
         out.push(self.hang_record(&views, &v, first));
-        if (v.rule == "busy" || v.rule == "finishing") && self.carry_on_while_busy(now, &views, &v)
+        if matches!(v.rule, hang::HangRule::Busy | hang::HangRule::Finishing)
+            && self.carry_on_while_busy(now, &views, &v)
         {
             return;
         }

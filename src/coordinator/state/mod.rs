@@ -990,7 +990,10 @@ mod tests {
         match &e[2] {
             Effect::Failed { rank, hang, .. } => {
                 assert_eq!(*rank, 1);
-                assert_eq!(hang.as_ref().unwrap().rule, "not_waiting");
+                assert_eq!(
+                    hang.as_ref().unwrap().rule,
+                    crate::policy::hang::HangRule::NotWaiting
+                );
                 assert_eq!(hang.as_ref().unwrap().stalled_ranks, vec![0]);
             }
             other => panic!("{other:?}"),

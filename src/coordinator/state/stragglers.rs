@@ -2,6 +2,7 @@
 //! flagged again after a restart, left out after a checkpoint.
 
 use super::*;
+use crate::policy::straggler::StragglerScope;
 
 impl JobView {
     /// One straggler window: flag or clear ranks and nodes, confirm a node
@@ -21,13 +22,13 @@ impl JobView {
         let mut ask = false;
         let mut exclude_now = false;
         for c in self.straggler.on_window(&totals) {
-            let confirmed = c.scope == "node"
+            let confirmed = c.scope == StragglerScope::Node
                 && c.flagged
                 && self
                     .slow_nodes_by_attempt
                     .iter()
                     .any(|(a, ns)| *a < self.attempt && ns.contains(&c.node));
-            if c.scope == "node" && c.flagged {
+            if c.scope == StragglerScope::Node && c.flagged {
                 self.slow_nodes_by_attempt
                     .entry(self.attempt)
                     .or_default()
@@ -45,7 +46,8 @@ impl JobView {
                     c.median_s,
                     match c.basis {
                         crate::policy::straggler::Basis::ComputeTime => "compute time",
-                        crate::policy::straggler::Basis::StepInterval => "step interval",
+                        crate::policy::straggler::Basis::StepInterval
+                        | crate::policy::straggler::Basis::Unknown => "step interval",
                     },
                     c.windows,
                     self.attempt
@@ -55,14 +57,14 @@ impl JobView {
             }
             out.push(journal(
                 ev::Straggler {
-                    scope: Some(c.scope.to_string()),
+                    scope: Some(c.scope),
                     who: Some(c.who.clone()),
                     straggler_node: Some(c.node.clone()),
-                    about_rank: (c.scope == "rank")
+                    about_rank: (c.scope == StragglerScope::Rank)
                         .then(|| c.who.parse::<u32>().ok())
                         .flatten(),
                     flagged: Some(c.flagged),
-                    basis: Some(c.basis.name().to_string()),
+                    basis: Some(c.basis),
                     value_s: Some(c.value_s),
                     median_s: Some(c.median_s),
                     ratio: Some(c.ratio),
@@ -88,7 +90,7 @@ impl JobView {
     /// The job's step time against its baseline: a slowdown's start and
     /// end journaled, and its action (`[slowdown] action`) carried out.
     fn slowdown_window(&mut self, totals: &[Totals], now: Instant, out: &mut Vec<Effect>) {
-        use crate::policy::slowdown::{Change, SlowAction};
+        use crate::policy::slowdown::{Blame, Change, SlowAction, SlowdownState};
         let Some(change) = self.slowdown.on_window(now, totals) else {
             return;
         };
@@ -108,16 +110,16 @@ impl JobView {
                 );
                 out.push(journal(
                     ev::Slowdown {
-                        state: Some("started".into()),
+                        state: Some(SlowdownState::Started),
                         step_s: Some(step_s),
                         baseline_s: Some(baseline_s),
                         ratio: Some(step_s / baseline_s),
                         slow_for_s: Some(now.saturating_duration_since(since).as_secs_f64()),
-                        attribution: Some(attribution.kind.into()),
+                        attribution: Some(attribution.kind),
                         ranks: Some(attribution.ranks.clone()),
                         straggler_node: attribution.node.clone(),
                         compute_ratio: attribution.compute_ratio,
-                        action: Some(action.name().into()),
+                        action: Some(action),
                         detail: Some(detail.clone()),
                         ..Default::default()
                     },
@@ -126,7 +128,7 @@ impl JobView {
                 let blamed = attribution
                     .node
                     .clone()
-                    .filter(|_| matches!(attribution.kind, "rank" | "node"));
+                    .filter(|_| matches!(attribution.kind, Blame::Rank | Blame::Node));
                 if action == SlowAction::Exclude
                     && self.excluding.is_none()
                     && self.failing.is_none()
@@ -150,7 +152,7 @@ impl JobView {
                 lasted,
             } => out.push(journal(
                 ev::Slowdown {
-                    state: Some("ended".into()),
+                    state: Some(SlowdownState::Ended),
                     step_s: Some(step_s),
                     baseline_s: Some(baseline_s),
                     ratio: Some(step_s / baseline_s),
@@ -169,7 +171,7 @@ impl JobView {
             let crate::event::Event::Straggler(s) = event else {
                 continue;
             };
-            let node_flagged = s.scope.as_deref() == Some("node") && s.flagged == Some(true);
+            let node_flagged = s.scope == Some(StragglerScope::Node) && s.flagged == Some(true);
             let (true, Some(node)) = (
                 node_flagged && r.attempt < self.attempt,
                 s.straggler_node.clone(),
@@ -267,7 +269,7 @@ mod straggler_exclusion_tests {
         let node = if flagged_before { "n1" } else { "n0" };
         w.write(
             ev::Straggler {
-                scope: Some("node".into()),
+                scope: Some(StragglerScope::Node),
                 who: Some(node.into()),
                 straggler_node: Some(node.into()),
                 flagged: Some(true),
