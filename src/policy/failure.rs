@@ -237,7 +237,9 @@ impl Patterns {
     }
 
     /// The strongest line of a tail: infrastructure > ambiguous > user >
-    /// secondary > generic.
+    /// secondary > generic. Of two as strong, the first, unless it is a
+    /// traceback's quoted source line (`    raise RuntimeError("CUDA
+    /// error: ...")`): the exception's own line follows it.
     pub fn strongest<'a>(&self, tail: &'a [String]) -> Option<(LineClass, &'a str)> {
         let rank = |c: LineClass| match c {
             LineClass::Infrastructure => 4,
@@ -249,7 +251,9 @@ impl Patterns {
         let mut best: Option<(LineClass, &str)> = None;
         for line in tail {
             if let Some(c) = self.line_class(line) {
-                if best.is_none_or(|(b, _)| rank(c) > rank(b)) {
+                if best.is_none_or(|(b, l)| {
+                    rank(c) > rank(b) || rank(c) == rank(b) && is_quoted_source(l)
+                }) {
                     best = Some((c, line));
                 }
             }
@@ -517,6 +521,16 @@ fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
         "an exception no pattern explains (one restart; the same again stops)",
         Some(last),
     )
+}
+
+/// A traceback's quoted source line: indented, and a `raise` statement.
+fn is_quoted_source(line: &str) -> bool {
+    let t = line.trim_start();
+    let l = match t.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
+        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => rest,
+        _ => line,
+    };
+    l.starts_with(char::is_whitespace) && l.trim_start().starts_with("raise ")
 }
 
 /// A line without torch's `[rank1]: ` prefix (every line of a rank's
@@ -919,5 +933,41 @@ mod tests {
         assert_eq!((j.primary, j.class), (1, Class::Infrastructure));
         assert!(j.blamed_nodes.is_empty());
         assert!(primary(&[fail(0, "n1", 1.0, Class::Clean)]).is_none());
+    }
+
+    #[test]
+    fn the_evidence_is_the_exceptions_line_not_its_quoted_source() {
+        for prefix in ["", "[rank1]: "] {
+            let e = end(
+                1,
+                &[
+                    &format!("{prefix}Traceback (most recent call last):"),
+                    &format!("{prefix}  File \"/w/pl_train.py\", line 40, in training_step"),
+                    &format!("{prefix}    raise RuntimeError(\"CUDA error: an illegal memory access was encountered\")"),
+                    &format!("{prefix}RuntimeError: CUDA error: an illegal memory access was encountered"),
+                    "one more line",
+                ],
+            );
+            let v = classify(&e, &Patterns::defaults());
+            assert_eq!(
+                v.evidence.as_deref(),
+                Some(format!("{prefix}RuntimeError: CUDA error: an illegal memory access was encountered").as_str()),
+                "{v:?}"
+            );
+        }
+        // Two lines as strong, neither quoted source: the first.
+        let e = end(
+            1,
+            &[
+                "NCCL error: unhandled system error",
+                "NCCL error: remote process exited",
+            ],
+        );
+        let v = classify(&e, &Patterns::defaults());
+        assert_eq!(
+            v.evidence.as_deref(),
+            Some("NCCL error: unhandled system error"),
+            "{v:?}"
+        );
     }
 }

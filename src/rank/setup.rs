@@ -343,8 +343,7 @@ fn trainer_env(
     if cfg.progress.python_unbuffered && !env_is_set("PYTHONUNBUFFERED") {
         env.push(("PYTHONUNBUFFERED".into(), "1".into()));
     }
-    let torchrun =
-        crate::slurm::env::trainer_env(&b.slurm, &b.id.job, b.id.attempt, &|k| env_is_set(k));
+    let torchrun = crate::slurm::env::trainer_env(&b.slurm, b.id.attempt, &|k| env_is_set(k));
     env.extend(
         torchrun
             .iter()

@@ -208,13 +208,14 @@ impl SlurmContext {
 ///   NODE_RANK, GROUP_RANK from Slurm (authoritative: an outer resilio or
 ///   shell may have leaked other values), MASTER_ADDR (first node of the step)
 ///   and MASTER_PORT (from the job id and attempt) unless already set.
-/// - Outside Slurm (one local rank): the single-process values, each only if
-///   not already set, so `torch.distributed.init_process_group("gloo")` works.
+/// - Outside Slurm: nothing. Several local ranks have them from the local
+///   launcher (`--ntasks N`), as torchrun's ranks do; one rank runs as it
+///   would without resilio (a framework that starts its own processes,
+///   Lightning's, takes `LOCAL_RANK` for a launcher that started them).
 /// - In a batch script that is not a step: nothing (its environment would
 ///   leak into every `srun` task).
 pub fn trainer_env(
     ctx: &SlurmContext,
-    job: &str,
     attempt: u32,
     is_set: &dyn Fn(&str) -> bool,
 ) -> Vec<(&'static str, String)> {
@@ -223,23 +224,8 @@ pub fn trainer_env(
             .into_iter()
             .filter(|(k, _)| !(matches!(*k, "MASTER_ADDR" | "MASTER_PORT") && is_set(k)))
             .collect()
-    } else if ctx.in_job() {
-        Vec::new()
     } else {
-        let port = SlurmContext::master_port(job, attempt).to_string();
-        [
-            ("RANK", "0".to_string()),
-            ("LOCAL_RANK", "0".into()),
-            ("WORLD_SIZE", "1".into()),
-            ("LOCAL_WORLD_SIZE", "1".into()),
-            ("NODE_RANK", "0".into()),
-            ("GROUP_RANK", "0".into()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port),
-        ]
-        .into_iter()
-        .filter(|(k, _)| !is_set(k))
-        .collect()
+        Vec::new()
     }
 }
 
@@ -346,18 +332,17 @@ mod tests {
         ])
         .unwrap();
         let set = |k: &str| matches!(k, "MASTER_PORT" | "RANK");
-        let env: BTreeMap<_, _> = trainer_env(&step, "5", 0, &set).into_iter().collect();
+        let env: BTreeMap<_, _> = trainer_env(&step, 0, &set).into_iter().collect();
         assert_eq!(env["RANK"], "1", "Slurm's rank wins over a leaked RANK");
         assert!(!env.contains_key("MASTER_PORT"), "the user's port is kept");
         assert_eq!(env["MASTER_ADDR"], "n1");
         let local = ctx(&[]).unwrap();
-        let env: BTreeMap<_, _> = trainer_env(&local, "local-1", 0, &set)
-            .into_iter()
-            .collect();
-        assert_eq!(env["WORLD_SIZE"], "1");
-        assert!(!env.contains_key("RANK"));
+        assert!(
+            trainer_env(&local, 0, &set).is_empty(),
+            "outside Slurm the local launcher gives them, to several ranks only"
+        );
         let batch = ctx(&[("SLURM_JOB_ID", "5"), ("SLURM_JOB_NODELIST", "n1")]).unwrap();
-        assert!(trainer_env(&batch, "5", 0, &set).is_empty());
+        assert!(trainer_env(&batch, 0, &set).is_empty());
     }
 
     #[test]

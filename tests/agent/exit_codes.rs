@@ -233,17 +233,17 @@ fn configuration_layers_system_then_user_then_flags() {
     );
 }
 
-fn trainer_env_seen(extra: &[(&str, &str)]) -> String {
+fn trainer_env_seen(extra: &[(&str, &str)], more: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut c = resilio_run(dir.path(), "env");
     for (k, v) in extra {
         c.env(k, v);
     }
-    c.args([
+    c.args(more).args([
         "--",
         "sh",
         "-c",
-        "echo $RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $NODE_RANK $MASTER_ADDR $MASTER_PORT $RESILIO_JOB_ID",
+        "echo \"$RANK $LOCAL_RANK $WORLD_SIZE $LOCAL_WORLD_SIZE $NODE_RANK $MASTER_ADDR $MASTER_PORT $RESILIO_JOB_ID\"",
     ]);
     let (o, _) = output_within(&mut c, Duration::from_secs(10));
     assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
@@ -251,31 +251,44 @@ fn trainer_env_seen(extra: &[(&str, &str)]) -> String {
 }
 
 #[test]
-fn torchrun_variables_outside_slurm() {
-    let seen = trainer_env_seen(&[]);
-    let f: Vec<&str> = seen.split(' ').collect();
-    assert_eq!(f[..6], ["0", "0", "1", "1", "0", "127.0.0.1"], "{seen}");
-    assert!(f[6].parse::<u16>().unwrap() >= 20000);
-    // A user's own MASTER_PORT is kept.
-    let seen = trainer_env_seen(&[("MASTER_PORT", "29555")]);
-    assert!(seen.contains(" 29555 "), "{seen}");
+fn one_local_rank_gets_no_torchrun_variables_and_several_get_them_all() {
+    // One rank runs as without resilio: Lightning and the HF Trainer take
+    // LOCAL_RANK for a launcher that started their processes.
+    let seen = trainer_env_seen(&[], &[]);
+    assert_eq!(seen, "env", "only resilio's own variables: {seen:?}");
+    let seen = trainer_env_seen(&[("MASTER_PORT", "29555")], &[]);
+    assert_eq!(seen, "29555 env", "a user's own is kept, nothing added");
+    // Several ranks: torchrun's variables, one rendezvous for all.
+    let seen = trainer_env_seen(&[], &["--ntasks", "2"]);
+    let mut lines: Vec<Vec<&str>> = seen.lines().map(|l| l.split(' ').collect()).collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{seen}");
+    for (r, f) in lines.iter().enumerate() {
+        let r = r.to_string();
+        assert_eq!(f[..6], [&r, &r, "2", "2", "0", "127.0.0.1"], "{seen}");
+        assert!(f[6].parse::<u16>().unwrap() >= 20000, "{seen}");
+        assert_eq!(f[6], lines[0][6], "one MASTER_PORT: {seen}");
+    }
 }
 
 #[test]
 fn torchrun_variables_from_a_simulated_slurm_step_environment() {
     // SIMULATED: the SLURM_* variables of task 5 of a 2x3 step, set by the test
     // (the real cluster's srun is exercised in tests/slurm).
-    let seen = trainer_env_seen(&[
-        ("SLURM_JOB_ID", "4242"),
-        ("SLURM_STEP_ID", "0"),
-        ("SLURM_PROCID", "5"),
-        ("SLURM_LOCALID", "2"),
-        ("SLURM_NODEID", "1"),
-        ("SLURM_STEP_NODELIST", "gpu[007-008]"),
-        ("SLURM_STEP_NUM_TASKS", "6"),
-        ("SLURM_STEP_TASKS_PER_NODE", "3(x2)"),
-        ("RANK", "0"), // leaked from elsewhere: Slurm's value wins
-    ]);
+    let seen = trainer_env_seen(
+        &[
+            ("SLURM_JOB_ID", "4242"),
+            ("SLURM_STEP_ID", "0"),
+            ("SLURM_PROCID", "5"),
+            ("SLURM_LOCALID", "2"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_STEP_NODELIST", "gpu[007-008]"),
+            ("SLURM_STEP_NUM_TASKS", "6"),
+            ("SLURM_STEP_TASKS_PER_NODE", "3(x2)"),
+            ("RANK", "0"), // leaked from elsewhere: Slurm's value wins
+        ],
+        &[],
+    );
     let f: Vec<&str> = seen.split(' ').collect();
     assert_eq!(f[..6], ["5", "2", "6", "3", "1", "gpu007"], "{seen}");
     assert_eq!(f[7], "env", "an explicit --job-id wins over SLURM_JOB_ID");
@@ -287,7 +300,7 @@ fn a_ctrl_c_every_rank_ends_cleanly_on_exits_0_as_with_one_rank() {
     let ready = tmp.path().join("ready");
     // Each rank says it is ready, then ends with 0 on SIGINT.
     let script = format!(
-        "trap 'exit 0' INT; touch {}.$RANK; while :; do sleep 0.05; done",
+        "trap 'exit 0' INT; touch {}.${{RANK:-0}}; while :; do sleep 0.05; done",
         ready.display()
     );
     for n in ["1", "2"] {

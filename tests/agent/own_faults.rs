@@ -16,7 +16,7 @@ use std::time::Duration;
 fn with_sleeping_child(state: &Path, job: &str, dir: &Path) -> Command {
     let mut c = resilio_run(state, job);
     let script = format!(
-        "sleep 1000 & echo $! > {dir}/sleep-$RANK-$RESILIO_ATTEMPT; exec python3 {trainer} \
+        "sleep 1000 & echo $! > {dir}/sleep-${{RANK:-0}}-$RESILIO_ATTEMPT; exec python3 {trainer} \
          --total 30 --step-time 0.1 --ckpt-every 5 --ckpt-dir {dir}/ck",
         dir = dir.display(),
         trainer = lockstep().display(),

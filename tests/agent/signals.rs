@@ -121,7 +121,7 @@ fn sigquit_to_the_launcher_stops_every_rank_and_leaves_no_process() {
     let log = dir.path().join("signals.log");
     // A child pid file per rank: the trainer is started through a shell.
     let script = format!(
-        "exec python3 {} --steps 100000 --interval 0.05 --signal-log {} --group-child-pid-file {}/child-$RANK",
+        "exec python3 {} --steps 100000 --interval 0.05 --signal-log {} --group-child-pid-file {}/child-${{RANK:-0}}",
         trainer().display(),
         log.display(),
         dir.path().display()
@@ -191,7 +191,7 @@ fn a_double_ctrl_c_to_the_launcher_leaves_no_process() {
     // Trainers that ignore SIGINT, each with a child that ignores it too
     // (a shell's background job).
     let script = format!(
-        "sleep 1000 & echo $! > {}/child-$RANK; exec python3 {} --steps 100000 --interval 0.05 --signal-log {} --ignore INT --ready-file {0}/ready-$RANK",
+        "sleep 1000 & echo $! > {}/child-${{RANK:-0}}; exec python3 {} --steps 100000 --interval 0.05 --signal-log {} --ignore INT --ready-file {0}/ready-${{RANK:-0}}",
         dir.path().display(),
         trainer().display(),
         log.display(),

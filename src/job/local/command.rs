@@ -11,7 +11,10 @@ pub(super) fn output_label(r: u32, n: u32) -> String {
 }
 
 impl Local {
-    /// The agent of rank `r`, with the torchrun variables.
+    /// The agent of rank `r`, with the torchrun variables when there are
+    /// several ranks. One rank gets none: the command runs as it would
+    /// without resilio (Lightning and the Hugging Face Trainer take
+    /// `LOCAL_RANK` for a launcher that started their processes).
     pub(super) fn rank_command(
         &self,
         r: u32,
@@ -25,13 +28,22 @@ impl Local {
             .args(&self.agent_args)
             .arg("--")
             .args(&self.argv)
+            .envs(
+                [
+                    ("RANK", r.to_string()),
+                    ("LOCAL_RANK", r.to_string()),
+                    ("WORLD_SIZE", n.to_string()),
+                    ("LOCAL_WORLD_SIZE", n.to_string()),
+                    ("GROUP_RANK", "0".into()),
+                    ("NODE_RANK", "0".into()),
+                    ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.to_string()),
+                ]
+                .into_iter()
+                .filter(|_| !single),
+            )
             .envs([
-                ("RANK", r.to_string()),
-                ("LOCAL_RANK", r.to_string()),
-                ("WORLD_SIZE", n.to_string()),
-                ("LOCAL_WORLD_SIZE", n.to_string()),
-                ("GROUP_RANK", "0".into()),
-                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
                 ("RESILIO_JOB_ID", self.job.clone()),
                 ("RESILIO_ATTEMPT", attempt.to_string()),
                 (
@@ -62,15 +74,6 @@ impl Local {
         // as a plain wrapper's trainer would be; several ranks train on,
         // their agents notice (docs/coordinator.md).
         own_group(&mut cmd, single.then_some(Signal::SIGTERM), self.take_tty);
-        // A user's own rendezvous address is kept for one rank (nothing
-        // else on this machine joins it).
-        let keep_master = |k: &str| single && std::env::var_os(k).is_some_and(|v| !v.is_empty());
-        if !keep_master("MASTER_ADDR") {
-            cmd.env("MASTER_ADDR", "127.0.0.1");
-        }
-        if !keep_master("MASTER_PORT") {
-            cmd.env("MASTER_PORT", port.to_string());
-        }
         if let Some(c) = c {
             cmd.envs(c.env());
         }
