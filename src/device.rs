@@ -6,7 +6,7 @@
 //! unless the name says PCIe or NVL. A device not in it has no peak:
 //! set `[throughput] peak_tflops`.
 
-use crate::util::cmd::{self, Options, Status};
+use crate::util::cmd::{self, Options, Termination};
 use regex::Regex;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -55,7 +55,7 @@ pub fn gpu_name() -> Option<String> {
     let argv = ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"];
     let out = cmd::run(&argv, &Options::new(Duration::from_secs(5))).ok()?;
     match out.status {
-        Status::Finished(st) if st.success() => {}
+        Termination::Finished(st) if st.success() => {}
         _ => return None,
     }
     let text = out.stdout.text();

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 /// The frameworks a template is written for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum Kind {
+pub enum Framework {
     /// torch.distributed DDP/FSDP in a plain script (torchrun's variables)
     Ddp,
     /// Megatron-LM, or NeMo's Megatron models
@@ -24,8 +24,8 @@ pub enum Kind {
 
 /// What the script is generated from.
 #[derive(Clone, Debug)]
-pub struct Settings {
-    pub kind: Kind,
+pub struct Spec {
+    pub kind: Framework,
     pub job_name: String,
     /// Nodes of the training step.
     pub nodes: u32,
@@ -47,32 +47,32 @@ pub struct Settings {
     pub command: Vec<String>,
 }
 
-impl Kind {
+impl Framework {
     fn name(self) -> &'static str {
         match self {
-            Kind::Ddp => "ddp",
-            Kind::Megatron => "megatron",
-            Kind::Lightning => "lightning",
-            Kind::Accelerate => "accelerate",
+            Framework::Ddp => "ddp",
+            Framework::Megatron => "megatron",
+            Framework::Lightning => "lightning",
+            Framework::Accelerate => "accelerate",
         }
     }
 
     /// The usual command and what it says about resuming.
     fn default_command(self) -> (&'static str, &'static str) {
         match self {
-            Kind::Ddp => (
+            Framework::Ddp => (
                 "python train.py --resume auto",
                 "train.py reads RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (init_process_group(\"nccl\")) and resumes from its latest checkpoint when told --resume auto",
             ),
-            Kind::Megatron => (
+            Framework::Megatron => (
                 "python pretrain_gpt.py --load $CKPT --save $CKPT --save-interval 1000 \"$@\"",
                 "Megatron-LM reads the torch.distributed variables; --load of the --save directory resumes from its latest_checkpointed_iteration.txt (NeMo: exp_manager.resume_if_exists=true)",
             ),
-            Kind::Lightning => (
+            Framework::Lightning => (
                 "python train.py fit --ckpt_path last",
                 "Lightning takes its ranks from Slurm's variables (SLURMEnvironment) with one task per GPU, and --ckpt_path last resumes from the last checkpoint",
             ),
-            Kind::Accelerate => (
+            Framework::Accelerate => (
                 "python train.py --resume auto",
                 "Accelerator() reads the torch.distributed variables (no `accelerate launch` per node under srun); resume with accelerator.load_state(latest) when told --resume auto",
             ),
@@ -81,7 +81,7 @@ impl Kind {
 }
 
 /// Why settings cannot make a script.
-pub fn check(s: &Settings) -> Result<(), String> {
+pub fn check(s: &Spec) -> Result<(), String> {
     if s.nodes == 0 {
         return Err("template: --nodes must be at least 1".into());
     }
@@ -132,7 +132,7 @@ fn shell_word(a: &str) -> String {
 }
 
 /// The script.
-pub fn render(s: &Settings) -> String {
+pub fn render(s: &Spec) -> String {
     let mut o = String::new();
     let total = s.nodes + s.spares;
     let per_node = s.gpus_per_node.max(1);
@@ -249,7 +249,7 @@ pub fn render(s: &Settings) -> String {
             );
         }
     }
-    if s.kind == Kind::Megatron && s.command.is_empty() {
+    if s.kind == Framework::Megatron && s.command.is_empty() {
         let _ = writeln!(
             o,
             "# Megatron saves and resumes here (the same directory for --save and --load)."
@@ -304,8 +304,8 @@ pub fn render(s: &Settings) -> String {
 mod tests {
     use super::*;
 
-    fn settings(kind: Kind) -> Settings {
-        Settings {
+    fn settings(kind: Framework) -> Spec {
+        Spec {
             kind,
             job_name: "pretrain".into(),
             nodes: 4,
@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_ddp_job_with_a_spare() {
-        let t = render(&settings(Kind::Ddp));
+        let t = render(&settings(Framework::Ddp));
         for want in [
             "#SBATCH --nodes=5 ",
             "#SBATCH --ntasks-per-node=8 ",
@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn no_spare_no_gpus_no_signal_and_a_command_of_ones_own() {
-        let mut s = settings(Kind::Lightning);
+        let mut s = settings(Framework::Lightning);
         s.spares = 0;
         s.gpus_per_node = 0;
         s.signal_lead_s = 0;
@@ -369,26 +369,26 @@ mod tests {
 
     #[test]
     fn each_kind_has_its_command_and_resume() {
-        assert!(render(&settings(Kind::Megatron)).contains("--load $CKPT --save $CKPT"));
-        assert!(render(&settings(Kind::Megatron)).contains("export CKPT="));
-        assert!(render(&settings(Kind::Lightning)).contains("--ckpt_path last"));
-        assert!(render(&settings(Kind::Accelerate)).contains("Accelerator()"));
+        assert!(render(&settings(Framework::Megatron)).contains("--load $CKPT --save $CKPT"));
+        assert!(render(&settings(Framework::Megatron)).contains("export CKPT="));
+        assert!(render(&settings(Framework::Lightning)).contains("--ckpt_path last"));
+        assert!(render(&settings(Framework::Accelerate)).contains("Accelerator()"));
     }
 
     #[test]
     fn bad_settings_are_refused() {
-        let mut s = settings(Kind::Ddp);
+        let mut s = settings(Framework::Ddp);
         s.job_name = "a b".into();
         assert!(check(&s).unwrap_err().contains("--job-name"));
-        let mut s = settings(Kind::Ddp);
+        let mut s = settings(Framework::Ddp);
         s.time = "tomorrow".into();
         assert!(check(&s).unwrap_err().contains("--time"));
-        let mut s = settings(Kind::Ddp);
+        let mut s = settings(Framework::Ddp);
         s.nodes = 0;
         assert!(check(&s).is_err());
-        let mut s = settings(Kind::Ddp);
+        let mut s = settings(Framework::Ddp);
         s.state_dir = Some("/x\"; rm -rf /".into());
         assert!(check(&s).is_err());
-        assert!(check(&settings(Kind::Ddp)).is_ok());
+        assert!(check(&settings(Framework::Ddp)).is_ok());
     }
 }

@@ -1,5 +1,5 @@
 //! The host's side of checkpoint-interval advice: what the coordinator's
-//! [`Advice`](crate::coordinator::Advice) is handed. It reads the job's own
+//! [`Advice`](crate::coordinator::IntervalAdvisor) is handed. It reads the job's own
 //! journal (checkpoint cost, failures so far: `report::advised_interval`)
 //! and, once per attempt, the node history's failure rate for jobs of this
 //! size (`node_history::fleet_rate`), so that the live coordinator never

@@ -3,7 +3,7 @@
 //! and MFU, each a line per attempt, with the stalls, slowdowns,
 //! checkpoints and numerical findings marked. Inline SVG, no script.
 
-use crate::analysis::report::Report;
+use crate::analysis::report::JobReport;
 use crate::event::Event;
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
@@ -45,7 +45,7 @@ fn chart_rank(records: &[Record]) -> Option<u32> {
     })
 }
 
-fn series(records: &[Record], report: &Report) -> Vec<Chart> {
+fn series(records: &[Record], report: &JobReport) -> Vec<Chart> {
     let Some(rank) = chart_rank(records) else {
         return Vec::new();
     };
@@ -136,7 +136,7 @@ fn series(records: &[Record], report: &Report) -> Vec<Chart> {
 
 /// Each attempt's devices, and its tokens per step where its throughput
 /// gives both tokens and steps per second.
-fn attempt_scales(report: &Report) -> (BTreeMap<u32, f64>, BTreeMap<u32, f64>) {
+fn attempt_scales(report: &JobReport) -> (BTreeMap<u32, f64>, BTreeMap<u32, f64>) {
     let devices: BTreeMap<u32, f64> = report
         .attempts
         .iter()
@@ -182,7 +182,7 @@ fn number(v: f64, percent: bool) -> String {
 
 /// What every chart marks: stalls, slowdowns, checkpoints, findings.
 #[derive(Default)]
-struct Marks {
+struct ChartMarks {
     stalls: Vec<DateTime<Utc>>,
     checkpoints: Vec<DateTime<Utc>>,
     numerical: Vec<DateTime<Utc>>,
@@ -191,8 +191,8 @@ struct Marks {
     slow: Vec<(DateTime<Utc>, Option<DateTime<Utc>>)>,
 }
 
-fn marks_of(records: &[Record]) -> Marks {
-    let mut m = Marks::default();
+fn marks_of(records: &[Record]) -> ChartMarks {
+    let mut m = ChartMarks::default();
     for r in records {
         match r.event() {
             Some(Event::Stall(_)) => m.stalls.push(r.ts),
@@ -220,7 +220,7 @@ fn marks_of(records: &[Record]) -> Marks {
 /// axis; their SVG and height (0 when there is nothing to chart).
 pub fn render(
     records: &[Record],
-    report: &Report,
+    report: &JobReport,
     x: &dyn Fn(DateTime<Utc>) -> f64,
     top: f64,
     label_w: f64,
@@ -270,7 +270,7 @@ pub fn render(
 /// over), stalls, checkpoints and findings as dashed lines.
 fn write_marks(
     h: &mut String,
-    marks: &Marks,
+    marks: &ChartMarks,
     x: &dyn Fn(DateTime<Utc>) -> f64,
     y: f64,
     end: Option<DateTime<Utc>>,

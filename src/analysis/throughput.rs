@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 /// The run's own numbers for what the trainer does not print
 /// (`[throughput]`, written in rank 0's `rank_start`).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Settings {
+pub struct ThroughputSettings {
     /// Tokens in one global step (global batch × sequence length).
     pub tokens_per_step: Option<f64>,
     /// Model FLOPs per token of training (about 6 × parameters for a dense transformer).
@@ -84,8 +84,8 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 }
 
 /// The settings of an attempt: the first `rank_start` that has them.
-pub fn settings_of(records: &[&Record]) -> Settings {
-    let mut s = Settings::default();
+pub fn settings_of(records: &[&Record]) -> ThroughputSettings {
+    let mut s = ThroughputSettings::default();
     for r in records {
         if let Some(Event::RankStart(x)) = r.event() {
             s.tokens_per_step = s.tokens_per_step.or(x.tokens_per_step);
@@ -231,7 +231,7 @@ fn socket_tokens(by_rank: &BTreeMap<u32, Vec<Sample>>, world: u32) -> Option<f64
 fn tokens_per_s(
     figure: &impl Fn(&str) -> Option<f64>,
     socket_tokens: Option<f64>,
-    settings: &Settings,
+    settings: &ThroughputSettings,
     rate: Option<f64>,
     devices: u32,
     note: &mut impl FnMut(&str),
@@ -261,7 +261,7 @@ fn tokens_per_s(
 fn device_figures(
     figure: &impl Fn(&str) -> Option<f64>,
     tokens_per_s: Option<f64>,
-    settings: &Settings,
+    settings: &ThroughputSettings,
     devices: u32,
     note: &mut impl FnMut(&str),
 ) -> (Option<f64>, Option<f64>) {

@@ -25,14 +25,14 @@ mod template;
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Verb,
     /// More of resilio's own diagnostics (-v debug, -vv trace); RESILIO_LOG overrides
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
 }
 
 #[derive(Subcommand, Debug)]
-enum Command {
+enum Verb {
     /// Supervise a training command: resilio run [OPTIONS] -- COMMAND [ARGS...]
     Run(run::RunArgs),
     /// ETTR and where the time went, from the job's journal
@@ -149,7 +149,7 @@ fn state_dir_of(flag: &Option<PathBuf>) -> Result<PathBuf> {
 fn dispatch(cli: Cli) -> Result<i32> {
     if !matches!(
         cli.command,
-        Command::Run(_) | Command::Demo(_) | Command::Coordinator(_) | Command::DemoTrainer(_)
+        Verb::Run(_) | Verb::Demo(_) | Verb::Coordinator(_) | Verb::DemoTrainer(_)
     ) {
         // Commands that only print: a reader that goes away (`| head`) ends
         // them quietly, as it would any Unix tool, instead of a panic in
@@ -161,20 +161,20 @@ fn dispatch(cli: Cli) -> Result<i32> {
         }
     }
     match cli.command {
-        Command::Run(a) => run::run_cmd(a),
-        Command::Report(a) => report::report_cmd(&a, false),
-        Command::Timeline(a) => report::timeline_cmd(&a),
-        Command::Nodes(a) => nodes::nodes_cmd(&a),
-        Command::Status(a) => status::status_cmd(&a),
-        Command::Checkpoint(a) => status::checkpoint_cmd(&a),
-        Command::Demo(a) => crate::demo::run(a.state_dir),
-        Command::Template(a) => template::template_cmd(a),
-        Command::Config(a) => config::config_cmd(a),
-        Command::Completions(a) => man::completions_cmd(&a),
-        Command::Man(a) => man::man_cmd(a),
-        Command::Admin(a) => admin::admin_cmd(a),
-        Command::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
-        Command::Coordinator(a) => coordinator::coordinator_cmd(a),
+        Verb::Run(a) => run::run_cmd(a),
+        Verb::Report(a) => report::report_cmd(&a, false),
+        Verb::Timeline(a) => report::timeline_cmd(&a),
+        Verb::Nodes(a) => nodes::nodes_cmd(&a),
+        Verb::Status(a) => status::status_cmd(&a),
+        Verb::Checkpoint(a) => status::checkpoint_cmd(&a),
+        Verb::Demo(a) => crate::demo::run(a.state_dir),
+        Verb::Template(a) => template::template_cmd(a),
+        Verb::Config(a) => config::config_cmd(a),
+        Verb::Completions(a) => man::completions_cmd(&a),
+        Verb::Man(a) => man::man_cmd(a),
+        Verb::Admin(a) => admin::admin_cmd(a),
+        Verb::DemoTrainer(a) => Ok(crate::demo::trainer(a)),
+        Verb::Coordinator(a) => coordinator::coordinator_cmd(a),
     }
 }
 

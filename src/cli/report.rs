@@ -124,7 +124,7 @@ impl Shown {
         v
     }
 
-    fn report(&self, slurm: Option<&crate::analysis::accounting::SlurmTimes>) -> report::Report {
+    fn report(&self, slurm: Option<&crate::analysis::accounting::SlurmTimes>) -> report::JobReport {
         let mut r = report::build(&self.job, &self.records, self.bad_lines, slurm);
         r.skipped_lines = self.skipped.clone();
         r.left_out = self.left_out.clone();

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 pub(super) struct TemplateArgs {
     /// The framework the job trains with
     #[arg(value_enum)]
-    kind: crate::template::Kind,
+    kind: crate::template::Framework,
     /// Nodes of the training step
     #[arg(long, default_value_t = 2)]
     nodes: u32,
@@ -43,7 +43,7 @@ pub(super) struct TemplateArgs {
 
 /// `resilio template`: the script on stdout, or in a file.
 pub(super) fn template_cmd(a: TemplateArgs) -> Result<i32> {
-    let s = crate::template::Settings {
+    let s = crate::template::Spec {
         kind: a.kind,
         job_name: a.job_name,
         nodes: a.nodes,

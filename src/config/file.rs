@@ -10,7 +10,7 @@ use toml::Spanned;
 impl Config {
     /// Apply TOML text (named `path` in errors) on top of `self`.
     pub fn apply_str(&mut self, text: &str, path: &Path) -> Result<()> {
-        let src = Source { path, text };
+        let src = ConfigText { path, text };
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
             src.error(offset, e.message().trim().replace('\n', " "))
@@ -53,12 +53,12 @@ impl From<String> for Bad {
 type Stored = std::result::Result<(), Bad>;
 
 /// The file being applied, for errors that name `file:line`.
-struct Source<'a> {
+struct ConfigText<'a> {
     path: &'a Path,
     text: &'a str,
 }
 
-impl Source<'_> {
+impl ConfigText<'_> {
     fn error(&self, offset: usize, message: String) -> Error {
         Error::Config {
             path: self.path.to_path_buf(),
@@ -90,7 +90,7 @@ macro_rules! section {
 
         impl $Section {
             /// Store the keys this file sets; the first refused value is the error.
-            fn apply(self, cfg: &mut Config, src: &Source) -> Result<()> {
+            fn apply(self, cfg: &mut Config, src: &ConfigText) -> Result<()> {
                 $(if let Some(value) = self.$key {
                     let start = value.span().start;
                     let key = concat!($name, ".", stringify!($key));
@@ -233,7 +233,7 @@ section!(@keys FailureSection "failure" {
 impl FailureSection {
     /// A list set replaces the built-in one (the others stay built in);
     /// they are checked in the classifier's order, infrastructure first.
-    fn apply(self, cfg: &mut Config, src: &Source) -> Result<()> {
+    fn apply(self, cfg: &mut Config, src: &ConfigText) -> Result<()> {
         let FailureSection {
             ignore_patterns,
             ambiguous_patterns,

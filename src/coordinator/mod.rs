@@ -342,7 +342,7 @@ impl Coordinator {
 
 /// `[coordinator] checkpoint_every = "advised"`: Daly's interval from what
 /// this job (and the node history) measured so far. Evaluated when the host
-/// starts an attempt and again every [`Advice::EVERY`] while it runs, so that
+/// starts an attempt and again every [`IntervalAdvisor::EVERY`] while it runs, so that
 /// a first attempt picks up advice once its first checkpoint has been timed
 /// rather than only after a restart. The re-evaluations run on a thread of
 /// their own (they read the whole journal: the host's loop must not wait on
@@ -350,7 +350,7 @@ impl Coordinator {
 /// journal, is taken once per attempt. A revision is applied (and journaled
 /// as `checkpoint_interval_advised`) only when it differs by more than 5%;
 /// an interval in force is never withdrawn in the middle of an attempt.
-pub struct Advice {
+pub struct IntervalAdvisor {
     source: Arc<dyn AdviceSource>,
     due: Option<Instant>,
     /// What is in force: `None` before the first evaluation.
@@ -378,12 +378,12 @@ pub trait AdviceSource: Send + Sync + 'static {
     fn again(&self) -> Evaluation;
 }
 
-impl Advice {
+impl IntervalAdvisor {
     /// How often the journal is read again while an attempt runs.
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(300);
 
-    pub fn new(source: Arc<dyn AdviceSource>) -> Advice {
-        Advice {
+    pub fn new(source: Arc<dyn AdviceSource>) -> IntervalAdvisor {
+        IntervalAdvisor {
             source,
             due: None,
             current: None,
@@ -391,7 +391,7 @@ impl Advice {
         }
     }
 
-    /// Evaluate at the next [`Advice::poll`] whatever the time (a new attempt).
+    /// Evaluate at the next [`IntervalAdvisor::poll`] whatever the time (a new attempt).
     pub fn now(&mut self) {
         self.due = None;
     }
@@ -793,7 +793,7 @@ mod tests {
         let view = JobView::new("j", 1, 0, Default::default(), t0);
         let w = Writer::open(&dir, "coordinator.jsonl", 0, None, Some("n1".into()));
         let c = Coordinator::start(view, "127.0.0.1:0".parse().unwrap(), w, None).unwrap();
-        let mut advice = Advice::new(std::sync::Arc::new(
+        let mut advice = IntervalAdvisor::new(std::sync::Arc::new(
             crate::analysis::advice::JournalAdvice::new(state.path(), "j"),
         ));
         advice.poll(&c, t0);
@@ -837,7 +837,7 @@ mod tests {
         // Not due yet: nothing read.
         advice.poll(&c, t0 + Duration::from_secs(10));
         assert!(advice.running.is_none());
-        let due = t0 + Advice::EVERY + Duration::from_secs(1);
+        let due = t0 + IntervalAdvisor::EVERY + Duration::from_secs(1);
         advice.poll(&c, due);
         assert!(advice.running.is_some(), "evaluated on a thread");
         advice.settle(&c, due);

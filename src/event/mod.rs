@@ -681,7 +681,7 @@ events! {
 
     /// The job-wide hang judgment.
     Hang = "hang" {
-        verdict: HangVerdict,
+        verdict: HangVerdictRecord,
         first_reported_by: u32,
         ranks: Vec<HangRank>,
     }

@@ -45,7 +45,7 @@ pub struct Outcome {
 
 /// The coordinator's hang verdict (`hang.verdict`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct HangVerdict {
+pub struct HangVerdictRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rule: Option<crate::policy::hang::HangRule>,
     #[serde(default)]
@@ -127,9 +127,9 @@ impl Outcome {
     }
 }
 
-impl From<&crate::policy::hang::HangVerdict> for HangVerdict {
-    fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdict {
-        HangVerdict {
+impl From<&crate::policy::hang::HangVerdict> for HangVerdictRecord {
+    fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdictRecord {
+        HangVerdictRecord {
             rule: Some(v.rule),
             blamed_ranks: v.blamed_ranks.clone(),
             blamed_nodes: v.blamed_nodes.clone(),

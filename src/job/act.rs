@@ -19,7 +19,7 @@ pub enum Next {
     /// Exit with this code (finished, stopped, or requeued: Slurm starts the next attempt).
     Exit(i32),
     /// Relaunch the step inside the allocation.
-    Relaunch(crate::slurm::step::Relaunch),
+    Relaunch(crate::slurm::step::NextAttempt),
 }
 
 /// What the node history asks of a job at its start.
@@ -209,7 +209,7 @@ pub fn carry_out(
         } => {
             let newly = exclude.iter().filter(|n| !before.contains(n));
             journal_excluded(journal, newly, Some("step"), class, &d.evidence);
-            let next = crate::slurm::step::Relaunch {
+            let next = crate::slurm::step::NextAttempt {
                 attempt: attempt + 1,
                 failed_at_us: (d.primary.at * 1e6) as i64,
                 nodes,

@@ -155,7 +155,7 @@ pub fn wanted(in_batch_script: bool) -> bool {
 
 /// What the guardian shares between its threads.
 #[derive(Default)]
-struct Shared {
+struct GuardianState {
     /// Where signals go: the supervisor, then (once it died) the step.
     target: i32,
     /// The step the supervisor runs now, with its output's read ends.
@@ -245,7 +245,7 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
     drop(theirs);
     let supervisor = child.id() as i32;
     drop(child);
-    let shared = Arc::new(Mutex::new(Shared {
+    let shared = Arc::new(Mutex::new(GuardianState {
         target: supervisor,
         ..Default::default()
     }));
@@ -289,7 +289,7 @@ pub fn run(d: Decide<'_>) -> Option<crate::job::batch::Next> {
 
 /// Take in the steps the supervisor reports, until its end of the link
 /// closes.
-fn receive_handoffs(link: OwnedFd, shared: Arc<Mutex<Shared>>) {
+fn receive_handoffs(link: OwnedFd, shared: Arc<Mutex<GuardianState>>) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let mut cspace = nix::cmsg_space!([RawFd; 2]);
@@ -337,7 +337,11 @@ fn is_our_child(pid: i32) -> bool {
 
 /// Reap until the supervisor ends; then, if its step still runs, see the
 /// step through.
-fn watch(supervisor: i32, shared: Arc<Mutex<Shared>>, d: &Decide<'_>) -> crate::job::batch::Next {
+fn watch(
+    supervisor: i32,
+    shared: Arc<Mutex<GuardianState>>,
+    d: &Decide<'_>,
+) -> crate::job::batch::Next {
     use crate::job::batch::Next;
     let Some((status, step_status)) = reap_until(supervisor) else {
         return Next::Exit(1);
@@ -459,7 +463,7 @@ fn see_through(
     h: &Handoff,
     out: OwnedFd,
     err: OwnedFd,
-    shared: &Mutex<Shared>,
+    shared: &Mutex<GuardianState>,
     tail: &Arc<crate::progress::output::Tail>,
 ) -> Option<Exit> {
     let coordinator = h.coordinator.as_ref().and_then(bring_back);
@@ -524,7 +528,7 @@ fn decide(
     let slurm = crate::slurm::SlurmContext::from_env().unwrap_or_default();
     let step_out = std::env::var(crate::slurm::step::ENV_RELAUNCH)
         .ok()
-        .and_then(|t| crate::slurm::step::Relaunch::parse(&t).ok())
+        .and_then(|t| crate::slurm::step::NextAttempt::parse(&t).ok())
         .map(|r| (r.exclude, r.nodes));
     let alloc = super::batch::allocation(d.cfg, &slurm.job_nodes, d.argv, step_out.as_ref());
     crate::job::batch::after_attempt(
@@ -588,13 +592,13 @@ fn relay<W: Write + Send + 'static>(
 ) {
     std::thread::spawn(move || {
         // Said when the pipe ends, whichever way this thread returns.
-        struct Done(std::sync::mpsc::Sender<()>);
-        impl Drop for Done {
+        struct Notify(std::sync::mpsc::Sender<()>);
+        impl Drop for Notify {
             fn drop(&mut self) {
                 let _ = self.0.send(());
             }
         }
-        let _done = Done(done);
+        let _done = Notify(done);
         let mut f = std::fs::File::from(from);
         let mut buf = vec![0u8; 64 * 1024];
         loop {

@@ -82,11 +82,11 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         tracing::warn!("cannot become child subreaper: {e}");
     }
     let advice = local.cfg.coordinator.policy.checkpoint_advised.then(|| {
-        crate::coordinator::Advice::new(std::sync::Arc::new(
+        crate::coordinator::IntervalAdvisor::new(std::sync::Arc::new(
             crate::analysis::advice::JournalAdvice::new(&local.cfg.state_dir, &local.job),
         ))
     });
-    let mut run = Run {
+    let mut run = LocalRun {
         log,
         coordinator,
         advice,
@@ -109,7 +109,7 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
     Ok(final_code)
 }
 
-struct Rank {
+struct LocalRank {
     rank: u32,
     pid: Pid,
     exit: Option<i32>,
@@ -161,12 +161,12 @@ struct Local {
 }
 
 /// The run's moving parts, carried from attempt to attempt.
-struct Run {
+struct LocalRun {
     log: Writer,
     coordinator: Option<Coordinator>,
     /// `checkpoint_every = "advised"`: re-evaluated at each attempt's start
     /// and every few minutes while it runs.
-    advice: Option<crate::coordinator::Advice>,
+    advice: Option<crate::coordinator::IntervalAdvisor>,
     signals: Signals,
     attempt: u32,
     /// A stop from outside (the signal's name): no restart follows.
@@ -183,8 +183,8 @@ struct Run {
 }
 
 /// One attempt while it is supervised.
-struct Attempt {
-    ranks: Vec<Rank>,
+struct LocalAttempt {
+    ranks: Vec<LocalRank>,
     started: Instant,
     failed_at: Option<Instant>,
     failure_note: Option<String>,
@@ -195,8 +195,8 @@ struct Attempt {
     exit_crash_until: Option<Instant>,
 }
 
-impl Attempt {
-    fn running(&self) -> impl Iterator<Item = &Rank> {
+impl LocalAttempt {
+    fn running(&self) -> impl Iterator<Item = &LocalRank> {
         self.ranks.iter().filter(|r| r.exit.is_none())
     }
 
@@ -303,19 +303,19 @@ impl Local {
     }
 
     /// Start every rank's agent for the run's current attempt.
-    fn start_attempt(&self, run: &mut Run) -> Attempt {
+    fn start_attempt(&self, run: &mut LocalRun) -> LocalAttempt {
         if let (Some(c), Some(a)) = (&run.coordinator, run.advice.as_mut()) {
             a.now();
             a.poll(c, Instant::now());
         }
         let port = command::free_port();
         let started = Instant::now();
-        let mut ranks: Vec<Rank> = Vec::new();
+        let mut ranks: Vec<LocalRank> = Vec::new();
         let mut spawn_error = None;
         for r in 0..self.n {
             let mut cmd = self.rank_command(r, run.attempt, port, run.coordinator.as_ref());
             match cmd.spawn() {
-                Ok(child) => ranks.push(Rank {
+                Ok(child) => ranks.push(LocalRank {
                     rank: r,
                     pid: Pid::from_raw(child.id() as i32),
                     exit: None,
@@ -342,7 +342,7 @@ impl Local {
             },
             true,
         );
-        let mut a = Attempt {
+        let mut a = LocalAttempt {
             ranks,
             started,
             failed_at: None,
@@ -360,7 +360,7 @@ impl Local {
     }
 
     /// Supervise the attempt until every agent is gone.
-    async fn supervise(&self, run: &mut Run, a: &mut Attempt) {
+    async fn supervise(&self, run: &mut LocalRun, a: &mut LocalAttempt) {
         loop {
             self.look(run, a);
             if a.ranks.iter().all(|r| r.exit.is_some()) && !run.orphans.pending() {
@@ -390,7 +390,7 @@ impl Local {
 
     /// Reap the agents that ended, and hear the coordinator: the first
     /// failure is noted (not after a stop from outside).
-    fn look(&self, run: &mut Run, a: &mut Attempt) {
+    fn look(&self, run: &mut LocalRun, a: &mut LocalAttempt) {
         for r in a.ranks.iter_mut().filter(|r| r.exit.is_none()) {
             if let Ok(st) = waitpid(r.pid, Some(WaitPidFlag::WNOHANG)) {
                 if let Some(c) = code_of(st) {
@@ -456,7 +456,7 @@ impl Local {
     /// alone: its agent is ending it already (after a stall, once the
     /// diagnostics are taken, and not at all when the trainer finishes on
     /// its own meanwhile).
-    fn tear_down(&self, run: &mut Run, a: &mut Attempt, now: Instant) {
+    fn tear_down(&self, run: &mut LocalRun, a: &mut LocalAttempt, now: Instant) {
         a.teardown_sent = true;
         if self.cfg.observe {
             if let Some(note) = &a.failure_note {
@@ -486,7 +486,7 @@ impl Local {
         }
     }
 
-    fn on_wake(&self, run: &mut Run, a: &mut Attempt, wake: Wake) {
+    fn on_wake(&self, run: &mut LocalRun, a: &mut LocalAttempt, wake: Wake) {
         let kill_at = Instant::now() + self.cfg.kill_grace + Duration::from_secs(5);
         match wake {
             Wake::Look => {}

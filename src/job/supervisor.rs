@@ -23,7 +23,7 @@ use crate::journal::{self, Writer};
 use crate::policy::failure;
 use crate::process;
 use crate::rank::{self, Agent, Base, Child, Finished, Hooks, Host, Setup, Who};
-use crate::slurm::step::Relaunch;
+use crate::slurm::step::NextAttempt;
 use crate::slurm::Slurm;
 use chrono::Utc;
 use nix::sys::signal::Signal;
@@ -61,7 +61,7 @@ pub fn run(opts: rank::RunOptions, slurm: &dyn Slurm) -> Result<i32> {
 /// starting over as itself (same pid, same arguments: Slurm still sees the
 /// batch script's process) with the hand-over in `RESILIO_RELAUNCH`. Runs
 /// once the runtime, the coordinator and every file of this attempt are gone.
-pub fn relaunch(r: &Relaunch) -> i32 {
+pub fn relaunch(r: &NextAttempt) -> i32 {
     use std::os::unix::process::CommandExt;
     let mut cmd = crate::util::own_binary();
     cmd.args(crate::util::args_os().into_iter().skip(1))
@@ -91,7 +91,7 @@ pub(crate) struct Level {
 
 /// The attempt, the journal as this allocation found it, and a relaunch's
 /// hand-over.
-fn attempt_of(who: &mut Who) -> (Vec<journal::Record>, Option<Relaunch>) {
+fn attempt_of(who: &mut Who) -> (Vec<journal::Record>, Option<NextAttempt>) {
     // Attempts count steps: a relaunch inside the allocation hands its
     // attempt over; a fresh allocation continues after the journal's.
     let earlier = journal::read_job(&who.job_dir)
@@ -100,7 +100,7 @@ fn attempt_of(who: &mut Who) -> (Vec<journal::Record>, Option<Relaunch>) {
     let relaunched = std::env::var(crate::slurm::step::ENV_RELAUNCH)
         .ok()
         .and_then(|text| {
-            Relaunch::parse(&text)
+            NextAttempt::parse(&text)
                 .map_err(|e| tracing::warn!("ignoring {e}"))
                 .ok()
         });
@@ -205,7 +205,7 @@ fn setup(
 }
 
 /// `job_start`, durable: it maps the allocation to its attempts.
-fn job_start(b: &mut Base, relaunched: Option<&Relaunch>) {
+fn job_start(b: &mut Base, relaunched: Option<&NextAttempt>) {
     let start = ev::JobStart {
         world_size: Some(b.id.world_size),
         mode: Some(ev::JobMode::Batch),

@@ -182,11 +182,11 @@ pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
 }
 
 /// A rule's finding: its name, the ranks it blames, why.
-type Finding<'a> = (HangRule, Vec<&'a RankView>, String);
+type RuleFinding<'a> = (HangRule, Vec<&'a RankView>, String);
 
 /// A finding without the ranks shown waiting on a peer (never a culprit);
 /// `None` when none is left.
-fn blamable(f: Finding<'_>) -> Option<Finding<'_>> {
+fn blamable(f: RuleFinding<'_>) -> Option<RuleFinding<'_>> {
     let (rule, blamed, reason) = f;
     let kept: Vec<&RankView> = blamed
         .into_iter()
@@ -196,7 +196,7 @@ fn blamable(f: Finding<'_>) -> Option<Finding<'_>> {
 }
 
 /// One rank heard from: blamed if it is the job's only one.
-fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
+fn alone(only: &RankView, unseen: u32) -> RuleFinding<'_> {
     if unseen > 0 {
         let reason = format!(
             "rank {} is the only rank the coordinator heard from ({unseen} other rank(s) never reported): nobody blamed",
@@ -216,7 +216,7 @@ fn alone(only: &RankView, unseen: u32) -> Finding<'_> {
 }
 
 /// The ranks at the lowest step, when others got further.
-fn behind<'a>(stepping: &[&'a RankView]) -> Option<Finding<'a>> {
+fn behind<'a>(stepping: &[&'a RankView]) -> Option<RuleFinding<'a>> {
     let min = stepping.iter().filter_map(|r| r.last_step).min()?;
     let max = stepping.iter().filter_map(|r| r.last_step).max()?;
     if min >= max {
@@ -236,7 +236,7 @@ fn behind<'a>(stepping: &[&'a RankView]) -> Option<Finding<'a>> {
 
 /// At the same step: the ranks whose last step came first, by more than the
 /// tolerance.
-fn stopped_first<'a>(stepping: &[&'a RankView], tolerance_s: f64) -> Option<Finding<'a>> {
+fn stopped_first<'a>(stepping: &[&'a RankView], tolerance_s: f64) -> Option<RuleFinding<'a>> {
     let timed: Vec<&RankView> = stepping
         .iter()
         .copied()
@@ -272,7 +272,7 @@ fn stopped_first<'a>(stepping: &[&'a RankView], tolerance_s: f64) -> Option<Find
 
 /// Nothing in the steps: the probes decide (a rank not waiting on a peer
 /// while others are), or nobody is blamed.
-fn by_probes(ranks: &[RankView], tolerance_s: f64) -> Finding<'_> {
+fn by_probes(ranks: &[RankView], tolerance_s: f64) -> RuleFinding<'_> {
     // Ranks gone without a probe (a peer's echo, say) cannot say: judge the
     // rest. A rank probed before it was stopped still counts.
     let live: Vec<&RankView> = ranks

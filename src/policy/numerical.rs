@@ -150,7 +150,7 @@ const RUNS_KEPT: usize = 15;
 
 /// The watch over one rank's figures.
 #[derive(Clone, Debug)]
-pub struct Watch {
+pub struct NumericalWatch {
     cfg: NumericalConfig,
     /// The last step printed (with figures or without).
     seen_step: Option<u64>,
@@ -171,9 +171,9 @@ pub struct Watch {
     said_spike: bool,
 }
 
-impl Watch {
+impl NumericalWatch {
     pub fn new(cfg: NumericalConfig) -> Self {
-        Watch {
+        NumericalWatch {
             cfg,
             seen_step: None,
             last_step: None,
@@ -318,7 +318,7 @@ mod tests {
 
     #[test]
     fn nan_must_persist_and_is_said_once() {
-        let mut w = Watch::new(NumericalConfig::default());
+        let mut w = NumericalWatch::new(NumericalConfig::default());
         assert_eq!(w.observe(Some(1), &m(2.0)), None);
         // One fp16 overflow step: not yet.
         assert_eq!(w.observe(Some(2), &m(f64::NAN)), None);
@@ -341,7 +341,7 @@ mod tests {
         // tqdm's postfix set every 10 steps, frames every 2: the values
         // repeat five times. The trainer skipped one NaN step (its log line
         // and the bar say nan), and the bar kept showing it.
-        let mut w = Watch::new(NumericalConfig::default());
+        let mut w = NumericalWatch::new(NumericalConfig::default());
         let mut step = 0;
         for refresh in 0..6 {
             for _ in 0..5 {
@@ -375,7 +375,7 @@ mod tests {
 
     #[test]
     fn figures_without_a_step_belong_to_the_last_step_printed() {
-        let mut w = Watch::new(NumericalConfig::default());
+        let mut w = NumericalWatch::new(NumericalConfig::default());
         // A bar names the step, the loss comes in a line of its own.
         for s in 1..=2 {
             assert_eq!(w.observe(Some(s), &[]), None);
@@ -390,7 +390,7 @@ mod tests {
 
     #[test]
     fn grad_norm_nan_counts_too() {
-        let mut w = Watch::new(NumericalConfig {
+        let mut w = NumericalWatch::new(NumericalConfig {
             nan_steps: 1,
             ..Default::default()
         });
@@ -405,7 +405,7 @@ mod tests {
 
     #[test]
     fn a_spike_is_above_k_times_the_running_median_for_several_steps() {
-        let mut w = Watch::new(NumericalConfig::default());
+        let mut w = NumericalWatch::new(NumericalConfig::default());
         for s in 0..40 {
             assert_eq!(w.observe(Some(s), &m(2.0 - s as f64 * 0.01)), None);
         }
@@ -424,11 +424,11 @@ mod tests {
 
     #[test]
     fn no_history_no_spike_and_factor_zero_is_off() {
-        let mut w = Watch::new(NumericalConfig::default());
+        let mut w = NumericalWatch::new(NumericalConfig::default());
         for s in 0..5 {
             assert_eq!(w.observe(Some(s), &m(100.0 * (s + 1) as f64)), None);
         }
-        let mut off = Watch::new(NumericalConfig {
+        let mut off = NumericalWatch::new(NumericalConfig {
             spike_factor: 0.0,
             ..Default::default()
         });

@@ -140,7 +140,7 @@ impl Attribution {
 
 /// A slowdown began or ended.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Change {
+pub enum SlowdownChange {
     Started {
         /// The end of its first slow window.
         since: Instant,
@@ -165,7 +165,7 @@ struct Window {
 
 /// The slowdown watch of one attempt.
 #[derive(Debug)]
-pub struct Watch {
+pub struct SlowdownWatch {
     cfg: SlowdownConfig,
     prev: BTreeMap<u32, Totals>,
     windows: u32,
@@ -186,9 +186,9 @@ fn median(v: impl IntoIterator<Item = f64>) -> Option<f64> {
     Some(v[v.len() / 2])
 }
 
-impl Watch {
+impl SlowdownWatch {
     pub fn new(cfg: SlowdownConfig) -> Self {
-        Watch {
+        SlowdownWatch {
             cfg,
             prev: BTreeMap::new(),
             windows: 0,
@@ -205,7 +205,7 @@ impl Watch {
     }
 
     /// The end of one window, with every running rank's totals.
-    pub fn on_window(&mut self, now: Instant, totals: &[Totals]) -> Option<Change> {
+    pub fn on_window(&mut self, now: Instant, totals: &[Totals]) -> Option<SlowdownChange> {
         let ranks = self.window(totals);
         self.windows += 1;
         if self.cfg.threshold <= 0.0 || self.windows <= self.cfg.warmup_windows {
@@ -224,7 +224,7 @@ impl Watch {
                 now.saturating_duration_since(since) + Duration::from_nanos(1) > self.cfg.sustain;
             if self.active.is_none() && sustained {
                 self.active = Some((since, baseline));
-                return Some(Change::Started {
+                return Some(SlowdownChange::Started {
                     since,
                     step_s: step,
                     baseline_s: baseline,
@@ -234,11 +234,14 @@ impl Watch {
             return None;
         }
         self.slow_since = None;
-        let ended = self.active.take().map(|(since, baseline)| Change::Ended {
-            step_s: step,
-            baseline_s: baseline,
-            lasted: now.saturating_duration_since(since),
-        });
+        let ended = self
+            .active
+            .take()
+            .map(|(since, baseline)| SlowdownChange::Ended {
+                step_s: step,
+                baseline_s: baseline,
+                lasted: now.saturating_duration_since(since),
+            });
         self.remember(step, &ranks, keep);
         ended
     }
@@ -389,13 +392,13 @@ mod tests {
 
     /// Feed `n` windows 30 s apart from `t`; the changes, with their window.
     fn run(
-        w: &mut Watch,
+        w: &mut SlowdownWatch,
         f: &mut Feed,
         t: &mut Instant,
         n: usize,
         step: f64,
         compute: impl Fn(u32) -> Option<f64> + Copy,
-    ) -> Vec<(usize, Change)> {
+    ) -> Vec<(usize, SlowdownChange)> {
         let mut out = Vec::new();
         for i in 0..n {
             *t += Duration::from_secs(30);
@@ -408,7 +411,7 @@ mod tests {
 
     #[test]
     fn one_slow_rank_is_found_from_its_compute_time_after_the_sustain() {
-        let (mut w, mut f, mut t) = (Watch::new(cfg()), Feed::new(), Instant::now());
+        let (mut w, mut f, mut t) = (SlowdownWatch::new(cfg()), Feed::new(), Instant::now());
         assert!(run(&mut w, &mut f, &mut t, 10, 1.0, |_| Some(0.8)).is_empty());
         // Rank 3 computes twice as long; every rank waits for it.
         let changes = run(&mut w, &mut f, &mut t, 6, 1.8, |r| {
@@ -418,7 +421,7 @@ mod tests {
         // Slow from the first window; 60 s sustained at the third.
         let (
             i,
-            Change::Started {
+            SlowdownChange::Started {
                 step_s,
                 baseline_s,
                 attribution,
@@ -438,17 +441,17 @@ mod tests {
         // Back to normal: it ends, and is said once.
         let changes = run(&mut w, &mut f, &mut t, 2, 1.0, |_| Some(0.8));
         assert!(
-            matches!(changes.as_slice(), [(0, Change::Ended { lasted, .. })] if *lasted == Duration::from_secs(180))
+            matches!(changes.as_slice(), [(0, SlowdownChange::Ended { lasted, .. })] if *lasted == Duration::from_secs(180))
         );
     }
 
     #[test]
     fn a_slow_node_every_rank_and_waiting_are_told_apart() {
         let attribution = |compute: fn(u32) -> Option<f64>| {
-            let (mut w, mut f, mut t) = (Watch::new(cfg()), Feed::new(), Instant::now());
+            let (mut w, mut f, mut t) = (SlowdownWatch::new(cfg()), Feed::new(), Instant::now());
             run(&mut w, &mut f, &mut t, 8, 1.0, |_| Some(0.8));
             match run(&mut w, &mut f, &mut t, 4, 1.5, compute).first() {
-                Some((_, Change::Started { attribution, .. })) => attribution.clone(),
+                Some((_, SlowdownChange::Started { attribution, .. })) => attribution.clone(),
                 other => panic!("{other:?}"),
             }
         };
@@ -461,7 +464,7 @@ mod tests {
 
     #[test]
     fn short_dips_warmup_and_stalls_are_not_slowdowns() {
-        let (mut w, mut f, mut t) = (Watch::new(cfg()), Feed::new(), Instant::now());
+        let (mut w, mut f, mut t) = (SlowdownWatch::new(cfg()), Feed::new(), Instant::now());
         // Slow warm-up windows do not make the baseline.
         assert!(run(&mut w, &mut f, &mut t, 2, 5.0, |_| None).is_empty());
         assert!(run(&mut w, &mut f, &mut t, 6, 1.0, |_| None).is_empty());

@@ -70,7 +70,7 @@ names! {
 
 /// A change of straggler status.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Change {
+pub struct StragglerChange {
     pub scope: StragglerScope,
     /// The rank number or the node name.
     pub who: String,
@@ -150,7 +150,7 @@ impl StragglerPolicy {
     }
 
     /// Close a window with every live rank's cumulative totals.
-    pub fn on_window(&mut self, totals: &[Totals]) -> Vec<Change> {
+    pub fn on_window(&mut self, totals: &[Totals]) -> Vec<StragglerChange> {
         let min = self.cfg.min_samples.max(1);
         let mut compute = Vec::new();
         let mut interval = Vec::new();
@@ -211,7 +211,7 @@ impl StragglerPolicy {
         scope: StragglerScope,
         values: &[(String, String, f64)],
         basis: Basis,
-        out: &mut Vec<Change>,
+        out: &mut Vec<StragglerChange>,
     ) {
         let need = self.cfg.windows.max(1);
         let streaks = if scope == StragglerScope::Rank {
@@ -246,7 +246,7 @@ impl StragglerPolicy {
                 None
             };
             if let Some((flagged, windows)) = change {
-                out.push(Change {
+                out.push(StragglerChange {
                     scope,
                     who: who.clone(),
                     node: node.clone(),
@@ -293,7 +293,7 @@ mod tests {
         assert!(p.on_window(&window(1, 2.0, true)).is_empty());
         assert!(p.on_window(&window(2, 2.0, true)).is_empty());
         let c = p.on_window(&window(3, 2.0, true));
-        let ranks: Vec<&Change> = c
+        let ranks: Vec<&StragglerChange> = c
             .iter()
             .filter(|c| c.scope == StragglerScope::Rank)
             .collect();
@@ -303,7 +303,7 @@ mod tests {
         assert_eq!(ranks[0].basis, Basis::ComputeTime);
         assert!((ranks[0].ratio - 2.0).abs() < 1e-9);
         // Node b's median (ranks 2 and 3: 0.2 and 0.4) is 0.3 against 0.2.
-        let nodes: Vec<&Change> = c
+        let nodes: Vec<&StragglerChange> = c
             .iter()
             .filter(|c| c.scope == StragglerScope::Node)
             .collect();

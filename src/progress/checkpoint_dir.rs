@@ -10,7 +10,7 @@
 //! filesystems, a directory created later). Paths present at start are
 //! known, not news.
 
-use super::{Event, Kind, Sender, Source};
+use super::{Kind, ProgressEvent, Sender, Source};
 use regex::Regex;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -217,12 +217,12 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                     if seen.insert(path.clone()) {
                         // Found now; judged whole after it settled.
                         let at = Instant::now();
-                        tx.send(Event {
+                        tx.send(ProgressEvent {
                             at,
                             source: Source::CheckpointDir,
                             kind: Kind::CheckpointFiles(inspect(&dir, &path, step, SETTLE)),
                         });
-                        tx.send(Event {
+                        tx.send(ProgressEvent {
                             at,
                             source: Source::CheckpointDir,
                             kind: Kind::CheckpointDone { step },

@@ -14,7 +14,7 @@
 
 use super::output::Parser;
 use super::patterns::PollMode;
-use super::{Event, Kind, Sender, Source};
+use super::{Kind, ProgressEvent, Sender, Source};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -115,7 +115,7 @@ impl Reader {
 }
 
 fn send(tx: &Sender, kind: Kind) -> bool {
-    tx.send(Event {
+    tx.send(ProgressEvent {
         at: Instant::now(),
         source: Source::File,
         kind,

@@ -6,7 +6,7 @@
 //!   `key=value` messages, protocol in `docs/progress-protocol.md`.
 //! - [`file`]: a file the trainer rewrites, watched with inotify or polled.
 //!
-//! Each source turns what it sees into [`Event`]s on one channel; the agent
+//! Each source turns what it sees into [`ProgressEvent`]s on one channel; the agent
 //! feeds them to the [`tracker`] (liveness and the step's name), the stall
 //! policy and the journal.
 
@@ -96,7 +96,7 @@ pub enum Kind {
 
 /// One observation, stamped when it was made.
 #[derive(Clone, Debug)]
-pub struct Event {
+pub struct ProgressEvent {
     /// When resilio saw it.
     pub at: Instant,
     /// Where from.
@@ -119,11 +119,11 @@ const WAKE_AT: usize = 1024;
 /// checkpoints, faults) wakes the agent at once, as does a long queue.
 #[derive(Clone, Default)]
 pub struct Sender {
-    inner: std::sync::Arc<Shared>,
+    inner: std::sync::Arc<Queue>,
 }
 
-struct Shared {
-    queue: std::sync::Mutex<Vec<Event>>,
+struct Queue {
+    queue: std::sync::Mutex<Vec<ProgressEvent>>,
     wake: tokio::sync::Notify,
     closed: std::sync::atomic::AtomicBool,
     base: Instant,
@@ -131,9 +131,9 @@ struct Shared {
     step_wake_before: std::sync::atomic::AtomicU64,
 }
 
-impl Default for Shared {
+impl Default for Queue {
     fn default() -> Self {
-        Shared {
+        Queue {
             queue: Default::default(),
             wake: Default::default(),
             closed: Default::default(),
@@ -150,7 +150,7 @@ impl Sender {
     }
 
     /// Queue an event. Returns false once the agent has closed the queue.
-    pub fn send(&self, ev: Event) -> bool {
+    pub fn send(&self, ev: ProgressEvent) -> bool {
         if self.is_closed() {
             return false;
         }
@@ -202,7 +202,7 @@ impl Sender {
     }
 
     /// Take every queued event, oldest first.
-    pub fn drain(&self) -> Vec<Event> {
+    pub fn drain(&self) -> Vec<ProgressEvent> {
         std::mem::take(&mut *self.inner.queue.lock().unwrap_or_else(|e| e.into_inner()))
     }
 

@@ -4,7 +4,7 @@
 //! token is `key=value` or a bare flag. Full description with examples:
 //! `docs/progress-protocol.md`.
 
-use super::{Event, Kind, Sender, Source};
+use super::{Kind, ProgressEvent, Sender, Source};
 use std::path::Path;
 use std::time::Instant;
 
@@ -132,7 +132,7 @@ pub fn spawn_listener(
                         }
                         let at = Instant::now();
                         for kind in parse(&buf[..n]) {
-                            tx.send(Event {
+                            tx.send(ProgressEvent {
                                 at,
                                 source: Source::Socket,
                                 kind,
@@ -141,7 +141,7 @@ pub fn spawn_listener(
                     }
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                     Err(e) => {
-                        tx.send(Event {
+                        tx.send(ProgressEvent {
                             at: Instant::now(),
                             source: Source::Socket,
                             kind: Kind::SourceFailed(format!("progress socket: {e}")),

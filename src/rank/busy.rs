@@ -3,7 +3,7 @@
 //! waiting on no peer is busy and silent (an evaluation nobody announced, a
 //! long step), not hung.
 
-use super::lifecycle::{Action, Lifecycle};
+use super::lifecycle::{Lifecycle, Order};
 use crate::process;
 use crate::rank::diagnostics::{self};
 use nix::unistd::Pid;
@@ -58,7 +58,7 @@ impl Busy {
         pid: Pid,
         skip: &[i32],
         now: Instant,
-    ) -> Vec<Action> {
+    ) -> Vec<Order> {
         if !lc.policy.busy_lookable() {
             self.look = None;
             return Vec::new();

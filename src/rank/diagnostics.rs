@@ -93,7 +93,7 @@ fn run_py_spy(
     };
     let output = out.stdout.text();
     match out.status {
-        cmd::Status::Finished(s) => PySpyDump {
+        cmd::Termination::Finished(s) => PySpyDump {
             pid,
             ok: s.success(),
             // py-spy's errors end with its own Rust backtrace: not ours to
@@ -103,7 +103,7 @@ fn run_py_spy(
                 _ => output,
             },
         },
-        cmd::Status::TimedOut | cmd::Status::Lost => {
+        cmd::Termination::TimedOut | cmd::Termination::Lost => {
             fail(format!("py-spy timed out after {:?}\n{output}", timeout))
         }
     }

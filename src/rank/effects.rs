@@ -3,7 +3,7 @@
 //! checkpoint requests, the coordinator's report.
 
 use super::busy::{BUSY_SHARE, BUSY_WINDOW};
-use super::lifecycle::Action;
+use super::lifecycle::Order;
 use super::records::{on_stall, record_of, stop_stalled, write_control};
 use super::run::Agent;
 use crate::coordinator::protocol::RankState;
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 impl Agent<'_> {
     /// Carry the actions out, in order; `false`: the loop ends (given up).
-    pub(super) fn carry_out(&mut self, actions: Vec<Action>) -> bool {
+    pub(super) fn carry_out(&mut self, actions: Vec<Order>) -> bool {
         for a in actions {
             if !self.act(a) {
                 return false;
@@ -24,50 +24,50 @@ impl Agent<'_> {
         true
     }
 
-    pub(super) fn act(&mut self, a: Action) -> bool {
+    pub(super) fn act(&mut self, a: Order) -> bool {
         let pid = self.rank.pid;
         if let Some((event, durable)) = record_of(&a) {
             self.rank.journal.write(event, durable);
         }
         match a {
-            Action::Forward(sig) => process::signal_group(pid, sig),
-            Action::KillOnSecondInt => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
-            Action::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
-            Action::CheckpointSignal { received, forward } => {
+            Order::Forward(sig) => process::signal_group(pid, sig),
+            Order::KillOnSecondInt => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
+            Order::PreTimeoutCheckpoint { received } => self.pre_timeout_checkpoint(received),
+            Order::CheckpointSignal { received, forward } => {
                 self.checkpoint_signal(received, forward)
             }
-            Action::Stalled { stall, at } => self.stalled(&stall, at),
-            Action::StopStalled { grace } => {
+            Order::Stalled { stall, at } => self.stalled(&stall, at),
+            Order::StopStalled { grace } => {
                 let skip = self.skip();
                 stop_stalled(&mut self.rank.journal, pid, &skip, grace);
             }
-            Action::StopForCoordinator { .. } | Action::StopForNumerical { .. } => {
+            Order::StopForCoordinator { .. } | Order::StopForNumerical { .. } => {
                 process::terminate(pid, None)
             }
-            Action::Probe { reason } => self.probe(reason),
-            Action::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
-            Action::LiveOnJobProgress => self.live_on_job_progress(),
-            Action::CoordinatorLost { error } => tracing::warn!(
+            Order::Probe { reason } => self.probe(reason),
+            Order::Checkpoint { id, step, reason } => self.checkpoint(id, step, reason),
+            Order::LiveOnJobProgress => self.live_on_job_progress(),
+            Order::CoordinatorLost { error } => tracing::warn!(
                 "coordinator unreachable ({error}); supervising this rank locally, retrying"
             ),
-            Action::CoordinateCheckpoint => self.coordinate_checkpoint(),
-            Action::StopForPreTimeout { checkpoint_step } => {
+            Order::CoordinateCheckpoint => self.coordinate_checkpoint(),
+            Order::StopForPreTimeout { checkpoint_step } => {
                 self.stop_for_pre_timeout(checkpoint_step)
             }
-            Action::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
-            Action::Kill { .. } => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
-            Action::GiveUp => {
+            Order::TermRemaining => process::signal_tree(pid, Signal::SIGTERM, &self.skip()),
+            Order::Kill { .. } => process::signal_tree(pid, Signal::SIGKILL, &self.skip()),
+            Order::GiveUp => {
                 self.give_up();
                 return false;
             }
-            Action::LeftToSlurm(_)
-            | Action::Deferred(_)
-            | Action::StopJudged { .. }
-            | Action::DeferStallStop { .. }
-            | Action::CoordinatorBack { .. }
-            | Action::Resumed { .. }
-            | Action::TrainerStopped => {}
-            Action::CarryOn { reason } => {
+            Order::LeftToSlurm(_)
+            | Order::Deferred(_)
+            | Order::StopJudged { .. }
+            | Order::DeferStallStop { .. }
+            | Order::CoordinatorBack { .. }
+            | Order::Resumed { .. }
+            | Order::TrainerStopped => {}
+            Order::CarryOn { reason } => {
                 tracing::warn!(
                     "rank {}: stall withdrawn: {reason}; watched on",
                     self.rank.id.rank
@@ -75,7 +75,7 @@ impl Agent<'_> {
                 self.rank.outbox.update(|r| r.state = RankState::Running);
                 self.rank.outbox.urgent.notify_one();
             }
-            Action::Observed { would, .. } => {
+            Order::Observed { would, .. } => {
                 tracing::warn!(
                     "observe mode: would {would}; nothing done, rank {} watched on",
                     self.rank.id.rank
@@ -83,7 +83,7 @@ impl Agent<'_> {
                 self.rank.outbox.update(|r| r.state = RankState::Running);
                 self.rank.outbox.urgent.notify_one();
             }
-            Action::BusySilent {
+            Order::BusySilent {
                 cpu_s,
                 io_bytes,
                 window_s,

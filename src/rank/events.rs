@@ -1,14 +1,14 @@
 //! Progress events from the queue, carried into the stall policy, the
 //! sampled progress log, the journal and the coordinator's report.
 
-use super::progress_log::{Clock, Observed, ProgressLog};
+use super::progress_log::{Clock, ProgressLog, ProgressSample};
 use crate::coordinator::client::Outbox;
 use crate::coordinator::protocol::RankState;
 use crate::event as ev;
 use crate::journal::Writer;
 use crate::policy::stall::{Phase, PhaseClass, StallPolicy};
 use crate::progress::tracker::{Namer, Observation, StepRole};
-use crate::progress::{self, Event, Kind};
+use crate::progress::{self, Kind, ProgressEvent};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -30,7 +30,7 @@ pub(crate) struct Sinks<'a> {
     /// The report for the coordinator, when linked.
     pub outbox: Option<&'a Outbox>,
     /// The numerical watch (none at the batch level), and what it found.
-    pub numerical: Option<&'a mut crate::policy::numerical::Watch>,
+    pub numerical: Option<&'a mut crate::policy::numerical::NumericalWatch>,
     pub findings: &'a mut Vec<crate::policy::numerical::Finding>,
 }
 
@@ -45,7 +45,7 @@ fn origin(source: progress::Source) -> &'static str {
     Namer::of(source).map_or(source.name(), Namer::name)
 }
 
-fn handle_event(ev: Event, k: &mut Sinks<'_>) {
+fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
     let (at, source) = (ev.at, ev.source);
     match ev.kind {
         Kind::Step {
@@ -175,7 +175,7 @@ fn on_step(
         plog.observe(
             journal,
             clock,
-            Observed {
+            ProgressSample {
                 at,
                 step: o.step,
                 source: source.name(),

@@ -3,7 +3,7 @@
 //! and after it failed. A failing check blames the node.
 
 use crate::config::HealthConfig;
-use crate::util::cmd::{self, Options, Status};
+use crate::util::cmd::{self, Options, Termination};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -42,8 +42,8 @@ pub fn run(cfg: &HealthConfig) -> Option<HealthResult> {
         .collect::<Vec<_>>()
         .join("\n");
     let (ok, status) = match out.status {
-        Status::Finished(st) if st.success() => (true, "exit 0".to_string()),
-        Status::Finished(st) => (
+        Termination::Finished(st) if st.success() => (true, "exit 0".to_string()),
+        Termination::Finished(st) => (
             false,
             match st.code() {
                 Some(c) => format!("exit {c}"),
@@ -51,7 +51,9 @@ pub fn run(cfg: &HealthConfig) -> Option<HealthResult> {
             },
         ),
         // Lost (reaped elsewhere) reads as before: no status by the deadline.
-        Status::TimedOut | Status::Lost => (false, format!("timed out after {:?}", cfg.timeout)),
+        Termination::TimedOut | Termination::Lost => {
+            (false, format!("timed out after {:?}", cfg.timeout))
+        }
     };
     Some(HealthResult {
         ok,

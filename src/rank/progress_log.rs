@@ -22,7 +22,7 @@ impl Clock {
 }
 
 /// One counted progress observation, for the journal's sampled records.
-pub(crate) struct Observed {
+pub(crate) struct ProgressSample {
     /// When resilio saw it.
     pub at: Instant,
     /// The step's number after it (from the source that names the step).
@@ -38,7 +38,7 @@ pub(crate) struct ProgressLog {
     pub interval: Duration,
     pub last_written: Option<Instant>,
     /// Latest counted progress not yet written: (at, step, source, metrics).
-    pub pending: Option<Observed>,
+    pub pending: Option<ProgressSample>,
     pub first_at: Option<Instant>,
     pub last_at: Option<Instant>,
     /// When the named step last advanced (step intervals for the coordinator).
@@ -80,7 +80,7 @@ impl ProgressLog {
     /// seen since the previous record (a NaN among them makes it NaN,
     /// written `null`): a record every 10 s stands for all the steps in
     /// between, not only the last.
-    fn write(&mut self, journal: &mut Writer, clock: &Clock, p: &Observed, first: bool) {
+    fn write(&mut self, journal: &mut Writer, clock: &Clock, p: &ProgressSample, first: bool) {
         let sums = std::mem::take(&mut self.sums);
         let printed = self.loss_printed.take();
         let metrics = (!sums.is_empty()).then(|| {
@@ -137,7 +137,7 @@ impl ProgressLog {
         }
     }
 
-    pub fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: Observed) {
+    pub fn observe(&mut self, journal: &mut Writer, clock: &Clock, p: ProgressSample) {
         let at = p.at;
         self.last_at = Some(at);
         self.accumulate(&p.metrics);

@@ -1,7 +1,7 @@
 //! What the agent writes besides single records: the stall's record and
 //! message, the diagnostics file, the control file, the stop of a stalled rank.
 
-use super::lifecycle::Action;
+use super::lifecycle::Order;
 use super::progress_log::{Clock, ProgressLog};
 use crate::context::Identity;
 use crate::event as ev;
@@ -170,14 +170,14 @@ pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: 
 
 /// The journal record an action of the lifecycle makes, when it makes one
 /// (durable or not): one place that says what each action leaves behind.
-pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
+pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
     let signal = |s: &str| ev::Signal {
         signal: Some(s.into()),
         forwarded: Some(false),
         ..Default::default()
     };
     Some(match a {
-        Action::Forward(sig) => (
+        Order::Forward(sig) => (
             ev::Signal {
                 forwarded: Some(true),
                 ..signal(sig.as_str())
@@ -185,7 +185,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::LeftToSlurm(sig) => (
+        Order::LeftToSlurm(sig) => (
             ev::Signal {
                 delivered_by: Some("slurm".into()),
                 ..signal(sig.as_str())
@@ -193,7 +193,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::Deferred(sig) => (
+        Order::Deferred(sig) => (
             ev::Signal {
                 deferred: Some("stall diagnostics in progress".into()),
                 ..signal(sig.as_str())
@@ -201,7 +201,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::KillOnSecondInt => (
+        Order::KillOnSecondInt => (
             ev::Signal {
                 action: Some("second SIGINT: SIGKILL".into()),
                 ..signal("SIGINT")
@@ -209,14 +209,14 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::StopJudged { detail } => (
+        Order::StopJudged { detail } => (
             ev::StopJudged {
                 detail: Some(detail.clone()),
             }
             .into(),
             false,
         ),
-        Action::DeferStallStop { max_wait } => (
+        Order::DeferStallStop { max_wait } => (
             ev::StopDeferred {
                 reason: Some("stall".into()),
                 until: Some("the coordinator's judgment".into()),
@@ -225,26 +225,27 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::StopForCoordinator { detail, grace }
-        | Action::StopForNumerical { detail, grace } => (
-            ev::Stop {
-                reason: Some(
-                    if matches!(a, Action::StopForNumerical { .. }) {
-                        "numerical"
-                    } else {
-                        "coordinator"
-                    }
-                    .into(),
-                ),
-                detail: Some(detail.clone()),
-                signal: Some("SIGTERM".into()),
-                grace_s: Some(grace.as_secs_f64()),
-                ..Default::default()
-            }
-            .into(),
-            true,
-        ),
-        Action::CoordinatorLost { error } => (
+        Order::StopForCoordinator { detail, grace } | Order::StopForNumerical { detail, grace } => {
+            (
+                ev::Stop {
+                    reason: Some(
+                        if matches!(a, Order::StopForNumerical { .. }) {
+                            "numerical"
+                        } else {
+                            "coordinator"
+                        }
+                        .into(),
+                    ),
+                    detail: Some(detail.clone()),
+                    signal: Some("SIGTERM".into()),
+                    grace_s: Some(grace.as_secs_f64()),
+                    ..Default::default()
+                }
+                .into(),
+                true,
+            )
+        }
+        Order::CoordinatorLost { error } => (
             ev::CoordinatorUnreachable {
                 error: Some(error.to_string()),
                 note: None,
@@ -252,7 +253,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::CoordinatorBack {
+        Order::CoordinatorBack {
             gap_s,
             failed_requests,
         } => (
@@ -263,7 +264,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::Resumed { late } => (
+        Order::Resumed { late } => (
             ev::Resumed {
                 late_s: Some(late.as_secs_f64()),
                 ..Default::default()
@@ -271,14 +272,14 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::CarryOn { reason } => (
+        Order::CarryOn { reason } => (
             ev::StallWithdrawn {
                 reason: Some(reason.clone()),
             }
             .into(),
             true,
         ),
-        Action::Observed { would, reason } => (
+        Order::Observed { would, reason } => (
             ev::Observed {
                 would: Some(would.clone()),
                 reason: Some(reason.clone()),
@@ -286,7 +287,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             true,
         ),
-        Action::BusySilent {
+        Order::BusySilent {
             cpu_s,
             io_bytes,
             window_s,
@@ -303,7 +304,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::TrainerStopped => (
+        Order::TrainerStopped => (
             ev::Resumed {
                 trainer_stopped: Some(true),
                 ..Default::default()
@@ -311,7 +312,7 @@ pub(crate) fn record_of(a: &Action) -> Option<(ev::Event, bool)> {
             .into(),
             false,
         ),
-        Action::Kill {
+        Order::Kill {
             record: Some(grace),
         } => (
             ev::Stop {
@@ -376,7 +377,7 @@ mod tests {
     use super::*;
     use nix::sys::signal::Signal;
 
-    fn kind(a: Action) -> Option<(&'static str, bool)> {
+    fn kind(a: Order) -> Option<(&'static str, bool)> {
         record_of(&a).map(|(e, durable)| (e.kind(), durable))
     }
 
@@ -384,56 +385,53 @@ mod tests {
     fn each_action_leaves_its_record() {
         let d = Duration::from_secs(5);
         assert_eq!(
-            kind(Action::Forward(Signal::SIGUSR1)),
+            kind(Order::Forward(Signal::SIGUSR1)),
             Some(("signal", false))
         );
         assert_eq!(
-            kind(Action::LeftToSlurm(Signal::SIGTERM)),
+            kind(Order::LeftToSlurm(Signal::SIGTERM)),
             Some(("signal", false))
         );
         assert_eq!(
-            kind(Action::Deferred(Signal::SIGTERM)),
+            kind(Order::Deferred(Signal::SIGTERM)),
             Some(("signal", false))
         );
-        assert_eq!(kind(Action::KillOnSecondInt), Some(("signal", false)));
+        assert_eq!(kind(Order::KillOnSecondInt), Some(("signal", false)));
         assert_eq!(
-            kind(Action::StopJudged { detail: "x".into() }),
+            kind(Order::StopJudged { detail: "x".into() }),
             Some(("stop_judged", false))
         );
         assert_eq!(
-            kind(Action::DeferStallStop { max_wait: d }),
+            kind(Order::DeferStallStop { max_wait: d }),
             Some(("stop_deferred", false))
         );
         assert_eq!(
-            kind(Action::StopForCoordinator {
+            kind(Order::StopForCoordinator {
                 detail: "x".into(),
                 grace: d
             }),
             Some(("stop", true))
         );
         assert_eq!(
-            kind(Action::CoordinatorLost { error: "e".into() }),
+            kind(Order::CoordinatorLost { error: "e".into() }),
             Some(("coordinator_unreachable", false))
         );
-        assert_eq!(kind(Action::Resumed { late: d }), Some(("resumed", false)));
-        assert_eq!(
-            kind(Action::Kill { record: Some(d) }),
-            Some(("stop", false))
-        );
+        assert_eq!(kind(Order::Resumed { late: d }), Some(("resumed", false)));
+        assert_eq!(kind(Order::Kill { record: Some(d) }), Some(("stop", false)));
         // Carried out with records of their own (or none).
-        assert_eq!(kind(Action::Kill { record: None }), None);
-        assert_eq!(kind(Action::TermRemaining), None);
-        assert_eq!(kind(Action::GiveUp), None);
-        assert_eq!(kind(Action::LiveOnJobProgress), None);
+        assert_eq!(kind(Order::Kill { record: None }), None);
+        assert_eq!(kind(Order::TermRemaining), None);
+        assert_eq!(kind(Order::GiveUp), None);
+        assert_eq!(kind(Order::LiveOnJobProgress), None);
     }
 
     #[test]
     fn a_forwarded_signal_says_so_and_one_left_to_slurm_says_who() {
-        let fields = |a: Action| record_of(&a).unwrap().0.into_fields();
-        let f = fields(Action::Forward(Signal::SIGUSR1));
+        let fields = |a: Order| record_of(&a).unwrap().0.into_fields();
+        let f = fields(Order::Forward(Signal::SIGUSR1));
         assert_eq!(f["signal"], "SIGUSR1");
         assert_eq!(f["forwarded"], true);
-        let f = fields(Action::LeftToSlurm(Signal::SIGTERM));
+        let f = fields(Order::LeftToSlurm(Signal::SIGTERM));
         assert_eq!(f["forwarded"], false);
         assert_eq!(f["delivered_by"], "slurm");
     }

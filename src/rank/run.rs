@@ -1,11 +1,11 @@
 //! The rank agent's loop: it waits on signals, progress, the coordinator's
 //! notes, diagnostics and a timer, hands what came to the [`Lifecycle`],
-//! and carries out the [`Action`]s it returns (signals to the trainer,
+//! and carries out the [`Order`]s it returns (signals to the trainer,
 //! journal records, diagnostics threads, the coordinator's report).
 
 use super::busy::{Busy, BUSY_SHARE};
 use super::events::{drain_events, Sinks, SourceFaults};
-use super::lifecycle::{Action, Checked, Lifecycle, Settings, Sig};
+use super::lifecycle::{Checked, Lifecycle, Order, Settings, Sig};
 use super::progress_log::ProgressLog;
 use super::records::{dump_record, truncate_lines, write_diag_file};
 use super::supervised::{Inputs, Rank};
@@ -52,7 +52,7 @@ pub(crate) struct Agent<'a> {
     pub faults: SourceFaults,
     /// Loss gone to NaN, loss spikes (none for a step: its ranks' agents
     /// watch their own).
-    pub numerical: Option<crate::policy::numerical::Watch>,
+    pub numerical: Option<crate::policy::numerical::NumericalWatch>,
     pub(super) helpers: Helpers,
     pub(super) diag_tx: UnboundedSender<Diagnostics>,
     pub(super) probe_tx: UnboundedSender<ProbeDone>,
@@ -135,7 +135,7 @@ impl<'a> Agent<'a> {
             .and_then(|p| std::path::Path::new(p).file_name())
             .is_some_and(|n| n == "srun");
         let numerical = (!r.supervises_step)
-            .then(|| crate::policy::numerical::Watch::new(r.cfg.numerical.clone()));
+            .then(|| crate::policy::numerical::NumericalWatch::new(r.cfg.numerical.clone()));
         let agent = Agent {
             plog: ProgressLog::new(r.cfg.journal_progress_interval),
             scratch: r.job_dir.join("diag"),
@@ -369,7 +369,7 @@ impl<'a> Agent<'a> {
         self.carry_out(actions);
     }
 
-    fn on_note(&mut self, note: Note) -> Vec<Action> {
+    fn on_note(&mut self, note: Note) -> Vec<Order> {
         match note {
             Note::Unreachable { error } => self.lifecycle.on_coordinator_lost(error),
             Note::Reachable {

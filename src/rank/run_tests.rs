@@ -89,7 +89,7 @@ fn the_pre_timeout_stop_signals_srun_steps_through_slurm() {
     let mut child = trainer();
     let fake = FakeSlurm::default();
     let (mut agent, _done) = Agent::new(rank(dir.path(), &child, &["srun", "train"]), &fake);
-    assert!(agent.act(Action::StopForPreTimeout {
+    assert!(agent.act(Order::StopForPreTimeout {
         checkpoint_step: Some(Some(7))
     }));
     assert_eq!(fake.calls(), vec!["signal_steps 77 SIGTERM".to_string()]);
@@ -110,7 +110,7 @@ fn when_slurm_refuses_the_pre_timeout_stop_goes_to_the_group() {
     let fake = FakeSlurm::default();
     fake.fail("signal_steps", "scancel: error");
     let (mut agent, _done) = Agent::new(rank(dir.path(), &child, &["srun", "train"]), &fake);
-    agent.act(Action::StopForPreTimeout {
+    agent.act(Order::StopForPreTimeout {
         checkpoint_step: None,
     });
     assert_eq!(ended_by_signal(&mut child), Some(libc::SIGTERM));
@@ -126,7 +126,7 @@ fn a_trainer_the_script_runs_itself_is_stopped_without_slurm() {
     let mut child = trainer();
     let fake = FakeSlurm::default();
     let (mut agent, _done) = Agent::new(rank(dir.path(), &child, &["python3", "train.py"]), &fake);
-    agent.act(Action::StopForPreTimeout {
+    agent.act(Order::StopForPreTimeout {
         checkpoint_step: None,
     });
     assert!(fake.calls().is_empty());

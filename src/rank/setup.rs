@@ -10,7 +10,7 @@ use super::supervised::{Inputs, Rank};
 use crate::config::Config;
 use crate::context::{env_is_set, Identity};
 use crate::coordinator::client::{Link, Note, Outbox, Target};
-use crate::coordinator::{Advice, Coordinator};
+use crate::coordinator::{Coordinator, IntervalAdvisor};
 use crate::error::{Error, Result};
 use crate::event as ev;
 use crate::journal::{self, Writer};
@@ -136,7 +136,7 @@ fn coordinator(
     b: &Base,
     host: Option<Host>,
     link_hosted: bool,
-    advice: &mut Option<Advice>,
+    advice: &mut Option<IntervalAdvisor>,
     monitor_errors: &mut Vec<String>,
 ) -> (Option<Coordinator>, Option<Target>) {
     if !cfg.coordinator.enabled {
@@ -218,7 +218,7 @@ fn host_coordinator(cfg: &Config, b: &Base, h: Host) -> std::io::Result<Coordina
 /// signals, the progress socket, the child's environment.
 pub(crate) struct Parts {
     pub hosted: Option<Coordinator>,
-    pub advice: Option<Advice>,
+    pub advice: Option<IntervalAdvisor>,
     pub outbox: Arc<Outbox>,
     pub link: Option<Link>,
     pub inputs: Inputs,
@@ -253,7 +253,7 @@ pub(crate) fn prepare(
 ) -> Result<Parts> {
     let mut monitor_errors: Vec<String> = Vec::new();
     let mut advice = cfg.coordinator.policy.checkpoint_advised.then(|| {
-        Advice::new(Arc::new(crate::analysis::advice::JournalAdvice::new(
+        IntervalAdvisor::new(Arc::new(crate::analysis::advice::JournalAdvice::new(
             &cfg.state_dir,
             &b.id.job,
         )))

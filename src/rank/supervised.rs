@@ -5,7 +5,7 @@ use super::progress_log::Clock;
 use crate::config::Config;
 use crate::context::Identity;
 use crate::coordinator::client::{Link, Note, Outbox};
-use crate::coordinator::{Advice, Coordinator};
+use crate::coordinator::{Coordinator, IntervalAdvisor};
 use crate::journal::Writer;
 use crate::process;
 use crate::progress::{self, output};
@@ -37,7 +37,7 @@ pub(crate) struct Rank {
     pub checks_node: bool,
     pub journal: Writer,
     pub hosted: Option<Coordinator>,
-    pub advice: Option<Advice>,
+    pub advice: Option<IntervalAdvisor>,
     pub outbox: Arc<Outbox>,
     pub link: Option<Link>,
     pub tx: progress::Sender,

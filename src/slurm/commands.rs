@@ -6,7 +6,7 @@ use super::{
     hostlist, validate_job_id, AcctRecord, JobInfo, NodeInfo, NodeState, QueueEntry, Slurm,
     SlurmError,
 };
-use crate::util::cmd::{self, Options, Status};
+use crate::util::cmd::{self, Options, Termination};
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -230,9 +230,9 @@ impl SlurmCli {
             },
         })?;
         let status = match out.status {
-            Status::Finished(s) => s,
+            Termination::Finished(s) => s,
             // Lost (reaped elsewhere) reads as before: no status by the deadline.
-            Status::TimedOut | Status::Lost => {
+            Termination::TimedOut | Termination::Lost => {
                 return Err(SlurmError::Timeout(cmdline, self.timeout))
             }
         };

@@ -11,7 +11,7 @@ pub const ENV_RELAUNCH: &str = "RESILIO_RELAUNCH";
 
 /// What one attempt hands to the next inside the allocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Relaunch {
+pub struct NextAttempt {
     pub attempt: u32,
     /// When the failure that ended the previous attempt happened (Unix µs).
     pub failed_at_us: i64,
@@ -21,7 +21,7 @@ pub struct Relaunch {
     pub exclude: Vec<String>,
 }
 
-impl Relaunch {
+impl NextAttempt {
     pub fn encode(&self) -> String {
         format!(
             "attempt={} failed_at_us={} nodes={} exclude={}",
@@ -32,8 +32,8 @@ impl Relaunch {
         )
     }
 
-    pub fn parse(text: &str) -> Result<Relaunch, String> {
-        let mut r = Relaunch::default();
+    pub fn parse(text: &str) -> Result<NextAttempt, String> {
+        let mut r = NextAttempt::default();
         let mut attempt = None;
         for pair in text.split_whitespace() {
             let (k, v) = pair
@@ -644,21 +644,21 @@ mod tests {
 
     #[test]
     fn relaunch_round_trips_and_rejects_garbage() {
-        let r = Relaunch {
+        let r = NextAttempt {
             attempt: 2,
             failed_at_us: 1_790_000_000_000_000,
             nodes: 3,
             exclude: vec!["n2".into(), "gpu-a01".into()],
         };
-        assert_eq!(Relaunch::parse(&r.encode()).unwrap(), r);
-        let none = Relaunch {
+        assert_eq!(NextAttempt::parse(&r.encode()).unwrap(), r);
+        let none = NextAttempt {
             attempt: 1,
             ..Default::default()
         };
-        assert_eq!(Relaunch::parse(&none.encode()).unwrap(), none);
-        assert!(Relaunch::parse("attempt=x").is_err());
-        assert!(Relaunch::parse("nodes=3").is_err());
-        assert!(Relaunch::parse("attempt=1 exclude=n1;rm").is_err());
-        assert!(Relaunch::parse("attempt=1 colour=red").is_err());
+        assert_eq!(NextAttempt::parse(&none.encode()).unwrap(), none);
+        assert!(NextAttempt::parse("attempt=x").is_err());
+        assert!(NextAttempt::parse("nodes=3").is_err());
+        assert!(NextAttempt::parse("attempt=1 exclude=n1;rm").is_err());
+        assert!(NextAttempt::parse("attempt=1 colour=red").is_err());
     }
 }

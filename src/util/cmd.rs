@@ -85,7 +85,7 @@ impl Captured {
 
 /// How the command ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
+pub enum Termination {
     /// It ended by itself: an exit code, or a signal sent by someone else
     /// (see [`Output::code`] and [`Output::signal`]).
     Finished(ExitStatus),
@@ -100,7 +100,7 @@ pub enum Status {
 /// A command that ran.
 #[derive(Clone, Debug)]
 pub struct Output {
-    pub status: Status,
+    pub status: Termination,
     /// Its stdout (with stderr in it under [`Options::merge_stderr`]).
     pub stdout: Captured,
     pub stderr: Captured,
@@ -111,13 +111,13 @@ pub struct Output {
 impl Output {
     /// It exited with code 0.
     pub fn success(&self) -> bool {
-        matches!(self.status, Status::Finished(s) if s.success())
+        matches!(self.status, Termination::Finished(s) if s.success())
     }
 
     /// Its exit code, when it exited by itself.
     pub fn code(&self) -> Option<i32> {
         match self.status {
-            Status::Finished(s) => s.code(),
+            Termination::Finished(s) => s.code(),
             _ => None,
         }
     }
@@ -125,7 +125,7 @@ impl Output {
     /// The signal that ended it, when someone else sent it.
     pub fn signal(&self) -> Option<i32> {
         match self.status {
-            Status::Finished(s) => s.signal(),
+            Termination::Finished(s) => s.signal(),
             _ => None,
         }
     }
@@ -181,7 +181,7 @@ pub fn own_group(
 }
 
 /// What the threads watching a command report.
-enum Event {
+enum Notice {
     /// The command exited; `true` when it is still there to be reaped here
     /// (`false`: someone else reaped it).
     Exited(bool),
@@ -189,16 +189,16 @@ enum Event {
     Drained,
 }
 
-struct Watch {
+struct Watched {
     exited: Option<bool>,
     open_pipes: usize,
 }
 
-impl Watch {
-    fn apply(&mut self, e: Event) {
+impl Watched {
+    fn apply(&mut self, e: Notice) {
         match e {
-            Event::Exited(ours) => self.exited = Some(ours),
-            Event::Drained => self.open_pipes -= 1,
+            Notice::Exited(ours) => self.exited = Some(ours),
+            Notice::Drained => self.open_pipes -= 1,
         }
     }
 
@@ -207,7 +207,7 @@ impl Watch {
     }
 
     /// Take events until `enough` or `until`, whichever comes first.
-    fn until(&mut self, rx: &Receiver<Event>, until: Instant, enough: fn(&Watch) -> bool) {
+    fn until(&mut self, rx: &Receiver<Notice>, until: Instant, enough: fn(&Watched) -> bool) {
         while !enough(self) {
             let Some(left) = until.checked_duration_since(Instant::now()) else {
                 return;
@@ -229,7 +229,7 @@ fn drain(
     mut pipe: impl Read + Send + 'static,
     into: Arc<Mutex<Captured>>,
     cap: usize,
-    done: Sender<Event>,
+    done: Sender<Notice>,
 ) {
     std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
@@ -246,7 +246,7 @@ fn drain(
                 Err(_) => break,
             }
         }
-        let _ = done.send(Event::Drained);
+        let _ = done.send(Notice::Drained);
     });
 }
 
@@ -318,7 +318,7 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
     let (tx, rx) = mpsc::channel();
     let stdout = Arc::new(Mutex::new(Captured::default()));
     let stderr = Arc::new(Mutex::new(Captured::default()));
-    let mut watch = Watch {
+    let mut watch = Watched {
         exited: None,
         open_pipes: 0,
     };
@@ -341,10 +341,10 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
                 r => break r.is_ok(),
             }
         };
-        let _ = tx.send(Event::Exited(ours));
+        let _ = tx.send(Notice::Exited(ours));
     });
 
-    watch.until(&rx, deadline, Watch::done);
+    watch.until(&rx, deadline, Watched::done);
     let timed_out = watch.exited.is_none();
     if !watch.done() && watch.exited != Some(false) {
         // Not reaped yet, so the group id is still the command's own.
@@ -364,9 +364,9 @@ pub fn run<S: AsRef<OsStr>>(argv: &[S], opts: &Options) -> Result<Output, SpawnE
         _ => None,
     };
     let status = match reaped {
-        _ if timed_out => Status::TimedOut,
-        Some(s) => Status::Finished(s),
-        None => Status::Lost,
+        _ if timed_out => Termination::TimedOut,
+        Some(s) => Termination::Finished(s),
+        None => Termination::Lost,
     };
     if let Some(h) = opts.helpers {
         h.with(|pids| pids.retain(|p| *p != pid.as_raw()));
@@ -458,7 +458,7 @@ mod tests {
         assert_eq!(out.stderr.text(), "oops\n");
         let out = sh("kill -KILL $$", Duration::from_secs(60));
         assert!(
-            matches!(out.status, Status::Finished(_)),
+            matches!(out.status, Termination::Finished(_)),
             "{:?}",
             out.status
         );
@@ -470,7 +470,7 @@ mod tests {
         let timeout = Duration::from_secs(1);
         // The shell's pid and its background sleep's, then it waits.
         let out = sh("sleep 30 & echo $$ $!; wait", timeout);
-        assert_eq!(out.status, Status::TimedOut);
+        assert_eq!(out.status, Termination::TimedOut);
         assert!(
             out.elapsed < timeout + Duration::from_secs(2),
             "{:?}",

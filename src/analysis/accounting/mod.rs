@@ -64,7 +64,7 @@ const SLURM_SLACK_S: i64 = 600;
 /// it ended, by more than [`SLURM_SLACK_S`]. By allocation index, with why.
 fn mismatched_allocations(
     attempts: &[Marks],
-    allocs: &BTreeMap<u32, Allocation>,
+    allocs: &BTreeMap<u32, RecordedAllocation>,
 ) -> Vec<(u32, String)> {
     let slack = chrono::Duration::seconds(SLURM_SLACK_S);
     let fmt = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M:%S").to_string();
@@ -101,7 +101,7 @@ fn mismatched_allocations(
 
 /// One allocation of the job as Slurm recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Allocation {
+pub struct RecordedAllocation {
     pub start: DateTime<Utc>,
     /// `None` while it runs.
     pub end: Option<DateTime<Utc>>,
@@ -113,7 +113,7 @@ pub struct Allocation {
 pub struct SlurmTimes {
     /// `sacct` or `scontrol`.
     pub source: String,
-    pub allocations: BTreeMap<u32, Allocation>,
+    pub allocations: BTreeMap<u32, RecordedAllocation>,
 }
 
 /// One stretch of wall time in one bucket.
@@ -402,10 +402,10 @@ fn time_source_of(slurm: Option<&SlurmTimes>, mismatch: Option<&str>) -> String 
 /// Slurm's allocations, looked up by an attempt's allocation: recorded by
 /// the batch-level supervisor, else Slurm's requeue count, which was the
 /// attempt number.
-struct Allocs<'a>(&'a BTreeMap<u32, Allocation>);
+struct Allocs<'a>(&'a BTreeMap<u32, RecordedAllocation>);
 
 impl Allocs<'_> {
-    fn of(&self, m: &Marks) -> Option<&Allocation> {
+    fn of(&self, m: &Marks) -> Option<&RecordedAllocation> {
         self.0.get(&m.allocation.unwrap_or(m.attempt))
     }
     fn start(&self, m: &Marks) -> Option<DateTime<Utc>> {
@@ -581,10 +581,10 @@ fn totals(
 /// Slurm's times from `sacct -D` rows (one per allocation), in the local
 /// time zone Slurm prints.
 pub fn from_sacct(rows: &[crate::slurm::AcctRecord]) -> Option<SlurmTimes> {
-    let mut allocations: Vec<Allocation> = rows
+    let mut allocations: Vec<RecordedAllocation> = rows
         .iter()
         .filter_map(|r| {
-            Some(Allocation {
+            Some(RecordedAllocation {
                 start: slurm_time(&r.start)?,
                 end: slurm_time(&r.end),
             })
@@ -603,7 +603,7 @@ pub fn from_show_job(info: &crate::slurm::JobInfo) -> Option<SlurmTimes> {
     let mut allocations = BTreeMap::new();
     allocations.insert(
         info.restarts,
-        Allocation {
+        RecordedAllocation {
             start,
             // A live job's EndTime is its time limit, a projection.
             end: slurm_time(&info.end_time)
@@ -946,11 +946,11 @@ mod tests {
         let slurm = SlurmTimes {
             source: "sacct".into(),
             allocations: [
-                Allocation {
+                RecordedAllocation {
                     start: "2026-11-22T00:00:00Z".parse().unwrap(),
                     end: Some("2026-11-22T00:00:12Z".parse().unwrap()),
                 },
-                Allocation {
+                RecordedAllocation {
                     start: "2026-11-22T00:00:20Z".parse().unwrap(),
                     end: Some("2026-11-22T00:00:28Z".parse().unwrap()),
                 },
@@ -1144,7 +1144,7 @@ mod tests {
             source: "sacct".into(),
             allocations: [(
                 0,
-                Allocation {
+                RecordedAllocation {
                     start: "2026-11-22T02:00:00Z".parse().unwrap(),
                     end: Some("2026-11-22T02:00:30Z".parse().unwrap()),
                 },
@@ -1164,7 +1164,7 @@ mod tests {
             source: "sacct".into(),
             allocations: [(
                 0,
-                Allocation {
+                RecordedAllocation {
                     start: "2026-11-21T23:59:59Z".parse().unwrap(),
                     end: Some("2026-11-22T00:00:06Z".parse().unwrap()),
                 },

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 /// A point event on a row (or on every row when `row` is `None`).
-pub(super) struct Mark {
+pub(super) struct TimelineMark {
     pub(super) at: DateTime<Utc>,
     pub(super) row: Option<String>,
     pub(super) kind: &'static str,
@@ -55,7 +55,7 @@ fn tooltip_of(r: &Record) -> String {
 /// Marks: failures on their rows; the supervisor's actions on every row;
 /// the judged cause on the blamed rank's row. A failure of another rank
 /// than the one judged the cause is its echo (grey).
-pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Vec<Mark> {
+pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Vec<TimelineMark> {
     let judged: BTreeMap<u32, (Option<u32>, Option<String>)> = records
         .iter()
         .filter_map(|r| match r.event() {
@@ -63,7 +63,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
             _ => None,
         })
         .collect();
-    let mut marks: Vec<Mark> = Vec::new();
+    let mut marks: Vec<TimelineMark> = Vec::new();
     for r in records {
         let Some(event) = r.event() else { continue };
         let mut class = None;
@@ -101,7 +101,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
                     j.primary_rank.map(|n| format!("rank {n}"))
                 };
                 if let Some(row) = blamed.filter(|row| rows.contains(row)) {
-                    marks.push(Mark {
+                    marks.push(TimelineMark {
                         at: r.ts,
                         row: Some(row),
                         kind: "failure",
@@ -120,7 +120,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
             | Event::StragglerExclusion(_) => ("action", None),
             _ => continue,
         };
-        marks.push(Mark {
+        marks.push(TimelineMark {
             at: r.ts,
             row,
             kind,

@@ -11,7 +11,7 @@ mod marks;
 mod rows;
 mod svg;
 
-use crate::analysis::report::Report;
+use crate::analysis::report::JobReport;
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
 use marks::marks_of;
@@ -77,13 +77,13 @@ fn human(s: f64) -> String {
 }
 
 /// Render the page.
-pub fn render(job: &str, records: &[Record], report: &Report) -> String {
+pub fn render(job: &str, records: &[Record], report: &JobReport) -> String {
     render_with(job, records, report, true)
 }
 
 /// [`render`], with or without the charts under the rows (the frozen
 /// journals' pages were made before there were any).
-pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool) -> String {
+pub fn render_with(job: &str, records: &[Record], report: &JobReport, charts: bool) -> String {
     let (Some(t0), Some(t1)) = (report.start, report.end) else {
         return format!(
             "<!doctype html><html><head><meta charset=\"utf-8\"><title>resilio: job {0}</title></head><body><p>job {0}: no records</p></body></html>\n",
@@ -147,7 +147,7 @@ pub fn render_with(job: &str, records: &[Record], report: &Report, charts: bool)
 
 /// The page's frame: the time it spans, its rows, where things go.
 struct Page<'a> {
-    report: &'a Report,
+    report: &'a JobReport,
     t0: DateTime<Utc>,
     t1: DateTime<Utc>,
     total: f64,

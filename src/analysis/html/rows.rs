@@ -2,7 +2,7 @@
 //! node's) states, attempt by attempt.
 
 use super::MAX_RANK_ROWS;
-use crate::analysis::report::Report;
+use crate::analysis::report::JobReport;
 use crate::event::Event;
 use crate::journal::Record;
 use chrono::{DateTime, Utc};
@@ -123,7 +123,7 @@ pub(super) fn rows_of(records: &[Record]) -> (bool, Vec<String>) {
 pub(super) fn spans_of(
     records: &[Record],
     by_node: bool,
-    report: &Report,
+    report: &JobReport,
     t1: DateTime<Utc>,
 ) -> BTreeMap<String, Vec<Span>> {
     let mut per: BTreeMap<(String, Option<u32>, u32), Vec<&Record>> = BTreeMap::new();

@@ -1,10 +1,10 @@
 //! The page written out, section by section: its head, the accounting,
 //! the legend and time axis, the job's bar, the rows and the marks.
 
-use super::marks::Mark;
+use super::marks::TimelineMark;
 use super::rows::Span;
 use super::{colour, esc, human, secs, Page, LABEL_W, PLOT_W, ROW_GAP, ROW_H};
-use crate::analysis::report::Report;
+use crate::analysis::report::JobReport;
 use chrono::{DateTime, Utc};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -63,7 +63,7 @@ pub(super) fn write_head(h: &mut String, p: &Page) {
 }
 
 /// The accounting buckets, each with its share of the wall time.
-pub(super) fn write_buckets(h: &mut String, report: &Report) {
+pub(super) fn write_buckets(h: &mut String, report: &JobReport) {
     h.push_str("<ul class=\"buckets\">");
     let mut buckets: Vec<(&str, f64)> = vec![("productive", report.productive_s)];
     for b in &crate::analysis::accounting::BUCKETS[1..] {
@@ -234,7 +234,7 @@ pub(super) fn write_rows(
 
 /// The marks, on top: failures, stalls, stragglers on their rows; the
 /// supervisor's actions across all rows.
-pub(super) fn write_marks(h: &mut String, p: &Page, marks: &[Mark]) {
+pub(super) fn write_marks(h: &mut String, p: &Page, marks: &[TimelineMark]) {
     let (rows, first_row_y, job_row_y) = (&p.rows, p.first_row_y, p.job_row_y);
     let x = |t: DateTime<Utc>| p.x(t);
     let row_y = |name: &str| p.row_y(name);

@@ -81,7 +81,7 @@ pub(super) fn probe_words(probe: &serde_json::Value) -> Option<String> {
 /// (`rank::diagnostics`: `PID COMM: what` per process, the stacks' verdicts
 /// `PID stack: ...`, a collective's timeout as `output: ...`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Seen {
+pub(super) enum Sighting {
     /// In uninterruptible sleep (state D): a wait in the kernel or a driver.
     Kernel,
     /// Stopped (SIGSTOP, Slurm's suspend, a debugger).
@@ -100,11 +100,14 @@ pub(super) enum Seen {
 
 /// The words of each finding, most telling first (a stack before a
 /// system call).
-const SEEN: &[(Seen, &[&str])] = &[
-    (Seen::Kernel, &["uninterruptible sleep"]),
-    (Seen::Stopped, &["stopped (SIGSTOP", "stopped by a tracer"]),
+const SEEN: &[(Sighting, &[&str])] = &[
+    (Sighting::Kernel, &["uninterruptible sleep"]),
     (
-        Seen::Peer,
+        Sighting::Stopped,
+        &["stopped (SIGSTOP", "stopped by a tracer"],
+    ),
+    (
+        Sighting::Peer,
         &[
             "blocked reading socket fd",
             "blocked polling, with sockets open",
@@ -113,7 +116,7 @@ const SEEN: &[(Seen, &[&str])] = &[
         ],
     ),
     (
-        Seen::Own,
+        Sighting::Own,
         &[
             "stack: not waiting in",
             ": sleeping",
@@ -121,11 +124,14 @@ const SEEN: &[(Seen, &[&str])] = &[
             "(not a socket)",
         ],
     ),
-    (Seen::Running, &["running on a CPU", "not in a system call"]),
+    (
+        Sighting::Running,
+        &["running on a CPU", "not in a system call"],
+    ),
 ];
 
 /// The most telling finding of a probe, and the words (one process's) that say it.
-pub(super) fn seen_in(probe: &str) -> (Seen, &str) {
+pub(super) fn seen_in(probe: &str) -> (Sighting, &str) {
     for (seen, words) in SEEN {
         for w in *words {
             if let Some(part) = probe.split("; ").find(|part| part.contains(w)) {
@@ -133,7 +139,7 @@ pub(super) fn seen_in(probe: &str) -> (Seen, &str) {
             }
         }
     }
-    (Seen::Nothing, "")
+    (Sighting::Nothing, "")
 }
 
 /// Whether the hang judged in `attempt` on `node` (its primary rank
@@ -187,15 +193,15 @@ pub(super) fn hang_blame(
     {
         ranks.push(primary);
     }
-    let found: Vec<(u32, Seen, &str)> = ranks
+    let found: Vec<(u32, Sighting, &str)> = ranks
         .iter()
         .map(|&r| {
-            let (seen, words) = view.probe(r).map_or((Seen::Nothing, ""), seen_in);
+            let (seen, words) = view.probe(r).map_or((Sighting::Nothing, ""), seen_in);
             (r, seen, words)
         })
         .collect();
-    let first = |s: Seen| found.iter().find(|(_, x, _)| *x == s);
-    if let Some((r, _, words)) = first(Seen::Kernel) {
+    let first = |s: Sighting| found.iter().find(|(_, x, _)| *x == s);
+    if let Some((r, _, words)) = first(Sighting::Kernel) {
         return Some((
             HANG_KERNEL,
             format!(
@@ -203,7 +209,7 @@ pub(super) fn hang_blame(
             ),
         ));
     }
-    if let Some((r, _, words)) = first(Seen::Stopped) {
+    if let Some((r, _, words)) = first(Sighting::Stopped) {
         return Some((
             HANG_STOPPED,
             format!("rank {r} was stopped ({words}): someone paused it, not the node"),
@@ -215,15 +221,15 @@ pub(super) fn hang_blame(
         .collect::<Vec<_>>()
         .join(",");
     // The verdict's rule, unless all it rested on was ranks running.
-    let only_running = !found.is_empty() && found.iter().all(|(_, x, _)| *x == Seen::Running);
+    let only_running = !found.is_empty() && found.iter().all(|(_, x, _)| *x == Sighting::Running);
     if rule == Some(crate::policy::hang::HangRule::NotWaiting) && !only_running {
         return Some((
             HANG_USER_CODE,
             format!("rank(s) {ranks_list} were not waiting on a peer while others were (rule not_waiting): the trainer's own code"),
         ));
     }
-    if first(Seen::Peer).is_none() {
-        if let Some((r, _, words)) = first(Seen::Own) {
+    if first(Sighting::Peer).is_none() {
+        if let Some((r, _, words)) = first(Sighting::Own) {
             return Some((
                 HANG_USER_CODE,
                 format!("rank {r} was in its own code ({words}): the trainer's own code"),
@@ -233,7 +239,7 @@ pub(super) fn hang_blame(
     let how = rule.map_or("no job-wide hang verdict".to_string(), |r| {
         format!("rule {r}")
     });
-    let probe = match first(Seen::Peer) {
+    let probe = match first(Sighting::Peer) {
         Some((r, _, words)) => format!("rank {r} was waiting on a peer ({words})"),
         None if ranks.is_empty() => "no blamed rank ran on it".to_string(),
         None => format!("no probe of rank(s) {ranks_list} told what they were doing"),

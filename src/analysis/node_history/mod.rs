@@ -138,7 +138,7 @@ pub fn class_counts(class: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::hang::{seen_in, Seen};
+    use super::hang::{seen_in, Sighting};
     use super::*;
     use crate::journal::Record;
     use serde_json::json;
@@ -650,36 +650,42 @@ mod tests {
         for (words, want) in [
             (
                 "1 python3: uninterruptible sleep (disk or driver)",
-                Seen::Kernel,
+                Sighting::Kernel,
             ),
             (
                 "1 python3: sleeping; 2 python3: uninterruptible sleep (disk or driver)",
-                Seen::Kernel,
+                Sighting::Kernel,
             ),
-            ("1 python3: stopped (SIGSTOP or the like)", Seen::Stopped),
+            (
+                "1 python3: stopped (SIGSTOP or the like)",
+                Sighting::Stopped,
+            ),
             (
                 "1 python3: sleeping; 2 python3: blocked reading socket fd 3",
-                Seen::Peer,
+                Sighting::Peer,
             ),
             (
                 "1 python3: running on a CPU; output: Watchdog caught collective operation timeout",
-                Seen::Peer,
+                Sighting::Peer,
             ),
             (
                 "1 python3: sleeping (paused by resilio's own py-spy)",
-                Seen::Own,
+                Sighting::Own,
             ),
-            ("1 python3: blocked reading fd 4 (not a socket)", Seen::Own),
+            (
+                "1 python3: blocked reading fd 4 (not a socket)",
+                Sighting::Own,
+            ),
             (
                 "1 python3: blocked on a lock or condition (futex); no stacks: py-spy not on PATH",
-                Seen::Nothing,
+                Sighting::Nothing,
             ),
-            ("1 python3: blocked in system call 16", Seen::Nothing),
+            ("1 python3: blocked in system call 16", Sighting::Nothing),
             // Running shows no code of its own: NCCL spins there too.
-            ("1 python3: running on a CPU", Seen::Running),
+            ("1 python3: running on a CPU", Sighting::Running),
             (
                 "1 python3: running on a CPU; 1 stack: not waiting in step (train.py:31)",
-                Seen::Own,
+                Sighting::Own,
             ),
         ] {
             assert_eq!(seen_in(words).0, want, "{words}");

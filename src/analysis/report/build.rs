@@ -2,8 +2,8 @@
 //! judgments, checkpoints and the accounting of its time.
 
 use super::{
-    secs, Attempt, Checkpoints, Failure, Judged, Observed, RankExit, Report, Restorable,
-    SupervisorLoss,
+    secs, Attempt, Checkpoints, ExitRow, FailureRow, JobReport, Judged, Restorable, SupervisorLoss,
+    WouldHave,
 };
 use crate::event::Event;
 use crate::journal::Record;
@@ -185,7 +185,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         stalls: stalls.len(),
         exits: exits
             .iter()
-            .map(|(r, x)| RankExit {
+            .map(|(r, x)| ExitRow {
                 rank: r.rank,
                 node: r.node.clone(),
                 exit_code: x.exit_code.map(i64::from),
@@ -206,7 +206,7 @@ pub fn build(
     records: &[Record],
     bad_lines: usize,
     slurm: Option<&crate::analysis::accounting::SlurmTimes>,
-) -> Report {
+) -> JobReport {
     let acc = crate::analysis::accounting::account(records, slurm);
     let mut attempts = accounted_attempts(records, &acc);
     let (start, end, wall) = (acc.start, acc.end, acc.wall_s);
@@ -221,7 +221,7 @@ pub fn build(
     let checkpoints = checkpoint_stats(records);
     let failed_attempts = failed_attempts_of(&attempts, &events, &failures);
     let mttf_s = (failed_attempts > 0).then(|| wall / failed_attempts as f64);
-    let mut report = Report {
+    let mut report = JobReport {
         job: job.to_string(),
         checkpoints,
         mttf_s,
@@ -325,7 +325,7 @@ fn exit_code_of(events: &[(&Record, &Event)]) -> Option<i64> {
 fn failed_attempts_of(
     attempts: &[Attempt],
     events: &[(&Record, &Event)],
-    failures: &[Failure],
+    failures: &[FailureRow],
 ) -> usize {
     // An attempt whose trainer reported the end of training and then
     // crashed at exit finished: its failure records are that crash.
@@ -348,13 +348,13 @@ fn failed_attempts_of(
     attempts
         .iter()
         .filter(|a| !finished_then_crashed.contains(&a.attempt))
-        .filter(|a| failures.iter().any(|f: &Failure| f.attempt == a.attempt))
+        .filter(|a| failures.iter().any(|f: &FailureRow| f.attempt == a.attempt))
         .count()
 }
 
 /// What is derived from the report's own figures: the goodput, the
 /// checkpoint advice from this job alone, whether the ETTR is unknown.
-fn finish(report: &mut Report) {
+fn finish(report: &mut JobReport) {
     let per_attempt: Vec<(f64, Option<&crate::analysis::throughput::Throughput>)> = report
         .attempts
         .iter()
@@ -374,11 +374,11 @@ fn finish(report: &mut Report) {
         report.last_step.is_none() && report.ettr == 0.0 && !report.attempts.is_empty();
 }
 
-fn observed_of(events: &[(&Record, &Event)]) -> Vec<Observed> {
+fn observed_of(events: &[(&Record, &Event)]) -> Vec<WouldHave> {
     events
         .iter()
         .filter_map(|(r, e)| match e {
-            Event::Observed(o) => Some(Observed {
+            Event::Observed(o) => Some(WouldHave {
                 ts: r.ts,
                 attempt: r.attempt,
                 rank: r.rank,
@@ -457,7 +457,7 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
         .collect()
 }
 
-fn failures_of(events: &[(&Record, &Event)]) -> Vec<Failure> {
+fn failures_of(events: &[(&Record, &Event)]) -> Vec<FailureRow> {
     // Each attempt's judged primary rank, where the judgment names one.
     let primary: Vec<(u32, u32)> = events
         .iter()
@@ -470,10 +470,10 @@ fn failures_of(events: &[(&Record, &Event)]) -> Vec<Failure> {
         let (_, p) = primary.iter().find(|(a, _)| *a == attempt)?;
         Some(if rank == Some(*p) { "primary" } else { "echo" })
     };
-    let out: Vec<Failure> = events
+    let out: Vec<FailureRow> = events
         .iter()
         .filter_map(|(r, e)| match e {
-            Event::Failure(f) => Some(Failure {
+            Event::Failure(f) => Some(FailureRow {
                 ts: r.ts,
                 attempt: f.about_attempt.unwrap_or(r.attempt),
                 kind: f

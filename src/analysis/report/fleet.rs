@@ -1,12 +1,12 @@
 //! The report's failure rate pooled with the node history's, and the
 //! checkpoint interval advised from it.
 
-use super::{build, Report};
+use super::{build, JobReport};
 use serde_json::Value;
 
 /// Pool this job's failure rate with the fleet's (the node history of the
 /// other jobs) for a job of this job's size, and advise on that.
-pub fn apply_fleet(r: &mut Report, fleet: crate::analysis::node_history::FleetRate) {
+pub fn apply_fleet(r: &mut JobReport, fleet: crate::analysis::node_history::FleetRate) {
     let nodes = r
         .attempts
         .iter()

@@ -40,7 +40,7 @@ pub struct Judged {
 
 /// One failure, as listed in the report.
 #[derive(Clone, Debug, Serialize)]
-pub struct Failure {
+pub struct FailureRow {
     pub ts: DateTime<Utc>,
     pub attempt: u32,
     pub kind: String,
@@ -60,7 +60,7 @@ pub struct Failure {
 
 /// One rank's exit.
 #[derive(Clone, Debug, Serialize)]
-pub struct RankExit {
+pub struct ExitRow {
     pub rank: Option<u32>,
     pub node: Option<String>,
     pub exit_code: Option<i64>,
@@ -82,7 +82,7 @@ pub struct Attempt {
     pub last_progress_at: Option<DateTime<Utc>>,
     pub last_step: Option<u64>,
     pub stalls: usize,
-    pub exits: Vec<RankExit>,
+    pub exits: Vec<ExitRow>,
     pub wall_s: f64,
     pub productive_s: f64,
     pub lost_s: BTreeMap<String, f64>,
@@ -94,7 +94,7 @@ pub struct Attempt {
 
 /// The whole report.
 #[derive(Clone, Debug, Serialize)]
-pub struct Report {
+pub struct JobReport {
     pub job: String,
     pub attempts: Vec<Attempt>,
     pub start: Option<DateTime<Utc>>,
@@ -103,7 +103,7 @@ pub struct Report {
     pub productive_s: f64,
     pub ettr: f64,
     pub lost_s: BTreeMap<String, f64>,
-    pub failures: Vec<Failure>,
+    pub failures: Vec<FailureRow>,
     /// Each failed attempt's judgment: who was blamed, what was decided.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub judgments: Vec<Judged>,
@@ -113,7 +113,7 @@ pub struct Report {
     pub ettr_unknown: bool,
     /// Observe mode: what resilio would have done (nothing was done).
     #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub observed: Vec<Observed>,
+    pub observed: Vec<WouldHave>,
     pub stalls: usize,
     pub last_step: Option<u64>,
     pub exit_code: Option<i64>,
@@ -229,7 +229,7 @@ pub struct Restorable {
     pub changing: Vec<String>,
 }
 
-impl Report {
+impl JobReport {
     /// What a restart costs besides the lost work (for the interval advice).
     pub(super) fn restart_cost(&self) -> f64 {
         if self.failed_attempts == 0 {
@@ -244,7 +244,7 @@ impl Report {
 
 /// Observe mode's records: what would have been done, when, about which rank.
 #[derive(Clone, Debug, Serialize)]
-pub struct Observed {
+pub struct WouldHave {
     pub ts: DateTime<Utc>,
     pub attempt: u32,
     pub rank: Option<u32>,

@@ -1,10 +1,10 @@
 //! The report for humans.
 
-use super::{secs, Failure, Report};
+use super::{secs, FailureRow, JobReport};
 use std::fmt::Write as _;
 
 /// The one-line summary: `ETTR 91.4%: 5.2% startup, 2.1% stalled, ...`.
-pub fn summary_line(r: &Report) -> String {
+pub fn summary_line(r: &JobReport) -> String {
     let mut parts: Vec<(f64, &str)> = r
         .lost_s
         .iter()
@@ -39,7 +39,7 @@ const NO_STEPS_HINT: &str = "no step number was read from the trainer, so no tim
 
 /// The checkpoint that can be restored, checkpoints found incomplete, and
 /// saves that take too much of the time between them.
-fn render_checkpoint_health(s: &mut String, r: &Report) {
+fn render_checkpoint_health(s: &mut String, r: &JobReport) {
     let c = &r.checkpoints;
     let size = |b: u64| {
         if b >= 1 << 30 {
@@ -104,7 +104,7 @@ fn render_checkpoint_health(s: &mut String, r: &Report) {
 /// hung rank the coordinator stopped: only its waiting peers
 /// stalled): listed from its judgment, so that the list centres on
 /// it (not counted among the failure records).
-fn judged_without_failure(r: &Report) -> Vec<Failure> {
+fn judged_without_failure(r: &JobReport) -> Vec<FailureRow> {
     r.judgments
         .iter()
         .filter_map(|j| {
@@ -113,7 +113,7 @@ fn judged_without_failure(r: &Report) -> Vec<Failure> {
                 .failures
                 .iter()
                 .any(|f| f.attempt == j.attempt && f.rank == Some(rank));
-            (!listed).then(|| Failure {
+            (!listed).then(|| FailureRow {
                 ts: j.ts,
                 attempt: j.attempt,
                 kind: "judgment".into(),
@@ -130,7 +130,7 @@ fn judged_without_failure(r: &Report) -> Vec<Failure> {
 }
 
 /// Whether the loss stayed healthy, when one was seen.
-fn render_loss(s: &mut String, r: &Report) {
+fn render_loss(s: &mut String, r: &JobReport) {
     if let Some(l) = &r.loss {
         let num = |v: Option<f64>| v.map_or("-".into(), |x| format!("{x:.4}"));
         if l.healthy {
@@ -168,7 +168,7 @@ fn render_loss(s: &mut String, r: &Report) {
 
 /// The throughput section: one line per attempt that has figures, its
 /// step rate as a sparkline, then the goodput.
-fn render_throughput(s: &mut String, r: &Report) {
+fn render_throughput(s: &mut String, r: &JobReport) {
     use crate::analysis::throughput::sparkline;
     if r.attempts.iter().all(|a| a.throughput.is_none()) {
         return;
@@ -231,7 +231,7 @@ fn render_throughput(s: &mut String, r: &Report) {
 }
 
 /// Render the report for humans.
-pub fn render_text(r: &Report) -> String {
+pub fn render_text(r: &JobReport) -> String {
     let mut s = String::new();
     render_header(&mut s, r);
     render_accounting(&mut s, r);
@@ -251,7 +251,7 @@ pub fn render_text(r: &Report) -> String {
 }
 
 /// The heading: the job, its run, the summary, its times and counts.
-fn render_header(s: &mut String, r: &Report) {
+fn render_header(s: &mut String, r: &JobReport) {
     let _ = writeln!(s, "job {}", r.job);
     if let Some(note) = r
         .run
@@ -295,7 +295,7 @@ fn render_header(s: &mut String, r: &Report) {
 }
 
 /// Where the time went, bucket by bucket.
-fn render_accounting(s: &mut String, r: &Report) {
+fn render_accounting(s: &mut String, r: &JobReport) {
     let _ = writeln!(s, "\ntime accounting:");
     let _ = writeln!(
         s,
@@ -320,7 +320,7 @@ fn render_accounting(s: &mut String, r: &Report) {
 }
 
 /// One line per attempt, its exits.
-fn render_attempts(s: &mut String, r: &Report) {
+fn render_attempts(s: &mut String, r: &JobReport) {
     let _ = writeln!(s, "\nattempts:");
     for a in &r.attempts {
         // The rank the attempt's judgment blamed, marked: its own exit may
@@ -368,7 +368,7 @@ fn render_attempts(s: &mut String, r: &Report) {
 }
 
 /// The checkpoints confirmed, their health and the interval advised.
-fn render_checkpoints(s: &mut String, r: &Report) {
+fn render_checkpoints(s: &mut String, r: &JobReport) {
     if r.checkpoints.count > 0 {
         let _ = writeln!(
             s,
@@ -410,7 +410,7 @@ fn render_checkpoints(s: &mut String, r: &Report) {
 }
 
 /// The failures, centred on the rank judged the cause.
-fn render_failures(s: &mut String, r: &Report) {
+fn render_failures(s: &mut String, r: &JobReport) {
     let judged = judged_without_failure(r);
     if !r.failures.is_empty() {
         let _ = writeln!(
@@ -428,7 +428,7 @@ fn render_failures(s: &mut String, r: &Report) {
                 ""
             }
         );
-        let mut all: Vec<&Failure> = r.failures.iter().chain(&judged).collect();
+        let mut all: Vec<&FailureRow> = r.failures.iter().chain(&judged).collect();
         all.sort_by_key(|f| f.ts);
         for f in all {
             let _ = writeln!(
@@ -455,7 +455,7 @@ fn render_failures(s: &mut String, r: &Report) {
 }
 
 /// Each failed attempt's judgment: who was blamed, what was decided.
-fn render_judgments(s: &mut String, r: &Report) {
+fn render_judgments(s: &mut String, r: &JobReport) {
     if !r.judgments.is_empty() {
         let _ = writeln!(s, "\njudgments:");
         for j in &r.judgments {
@@ -491,7 +491,7 @@ fn render_judgments(s: &mut String, r: &Report) {
 }
 
 /// Observe mode: what resilio would have done.
-fn render_observed(s: &mut String, r: &Report) {
+fn render_observed(s: &mut String, r: &JobReport) {
     if !r.observed.is_empty() {
         let _ = writeln!(
             s,
@@ -516,7 +516,7 @@ fn render_observed(s: &mut String, r: &Report) {
 }
 
 /// Stretches the journal could not be written.
-fn render_journal_gaps(s: &mut String, r: &Report) {
+fn render_journal_gaps(s: &mut String, r: &JobReport) {
     if !r.journal_gaps.is_empty() {
         let _ = writeln!(
             s,
@@ -540,7 +540,7 @@ fn render_journal_gaps(s: &mut String, r: &Report) {
 }
 
 /// resilio's own parts that died during the job.
-fn render_supervisor_losses(s: &mut String, r: &Report) {
+fn render_supervisor_losses(s: &mut String, r: &JobReport) {
     if !r.supervisor_losses.is_empty() {
         let _ = writeln!(s, "\nresilio's own faults (the ranks trained on):");
         for l in &r.supervisor_losses {

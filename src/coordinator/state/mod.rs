@@ -149,7 +149,7 @@ pub struct JobView {
     seq: u64,
     straggler: StragglerPolicy,
     /// Slowdowns against the job's own step time, this attempt.
-    slowdown: crate::policy::slowdown::Watch,
+    slowdown: crate::policy::slowdown::SlowdownWatch,
     next_window: Instant,
     /// Nodes flagged as stragglers in each attempt (confirmation across restarts).
     slow_nodes_by_attempt: BTreeMap<u32, Vec<String>>,
@@ -210,7 +210,7 @@ impl JobView {
             commands: Vec::new(),
             seq: 0,
             straggler: StragglerPolicy::new(cfg.straggler.clone()),
-            slowdown: crate::policy::slowdown::Watch::new(cfg.slowdown.clone()),
+            slowdown: crate::policy::slowdown::SlowdownWatch::new(cfg.slowdown.clone()),
             next_window: now + cfg.straggler.window,
             slow_nodes_by_attempt: BTreeMap::new(),
             pending: None,
@@ -284,7 +284,7 @@ impl JobView {
         self.restarts += 1;
         self.relaunch_measured = false;
         self.straggler.reset_totals();
-        self.slowdown = crate::policy::slowdown::Watch::new(self.cfg.slowdown.clone());
+        self.slowdown = crate::policy::slowdown::SlowdownWatch::new(self.cfg.slowdown.clone());
         self.next_window = now + self.cfg.straggler.window;
         vec![journal(
             ev::CoordinatorAttempt {

@@ -90,13 +90,13 @@ impl JobView {
     /// The job's step time against its baseline: a slowdown's start and
     /// end journaled, and its action (`[slowdown] action`) carried out.
     fn slowdown_window(&mut self, totals: &[Totals], now: Instant, out: &mut Vec<Effect>) {
-        use crate::policy::slowdown::{Blame, Change, SlowAction, SlowdownState};
+        use crate::policy::slowdown::{Blame, SlowAction, SlowdownChange, SlowdownState};
         let Some(change) = self.slowdown.on_window(now, totals) else {
             return;
         };
         let action = self.cfg.slowdown.action;
         match change {
-            Change::Started {
+            SlowdownChange::Started {
                 since,
                 step_s,
                 baseline_s,
@@ -146,7 +146,7 @@ impl JobView {
                     self.exclude_straggler(None, now, out);
                 }
             }
-            Change::Ended {
+            SlowdownChange::Ended {
                 step_s,
                 baseline_s,
                 lasted,

@@ -11,12 +11,12 @@ use crate::policy::failure::{Class, Verdict};
 use crate::policy::restart::Action;
 use std::time::Instant;
 
-use super::{Attempt, Local, Rank, Run};
+use super::{Local, LocalAttempt, LocalRank, LocalRun};
 
 impl Local {
     /// The attempt has ended: journal it, and either end the job (its exit
     /// code) or restart in place (`None`).
-    pub(super) fn after_attempt(&self, run: &mut Run, a: Attempt) -> Option<i32> {
+    pub(super) fn after_attempt(&self, run: &mut LocalRun, a: LocalAttempt) -> Option<i32> {
         if self.take_tty {
             for r in &a.ranks {
                 crate::process::reclaim_terminal(r.pid);
@@ -65,7 +65,7 @@ impl Local {
     /// finished attempt ([`crate::policy::failure::attempt_finished`]: a
     /// trainer reported the end of training, or every rank aborted at
     /// interpreter exit).
-    pub(super) fn finished_at_exit(&self, run: &mut Run, a: &Attempt) -> bool {
+    pub(super) fn finished_at_exit(&self, run: &mut LocalRun, a: &LocalAttempt) -> bool {
         if a.ranks.iter().any(|r| r.exit == Some(0)) {
             return true;
         }
@@ -84,8 +84,8 @@ impl Local {
     /// does: how the job ends, or `None` when it restarts in place.
     fn after_failure(
         &self,
-        run: &mut Run,
-        a: &Attempt,
+        run: &mut LocalRun,
+        a: &LocalAttempt,
         worst: i32,
         teardown_s: Option<f64>,
     ) -> Option<(i32, String)> {
@@ -176,7 +176,7 @@ impl Local {
         }
     }
 
-    fn restart_in_place(&self, run: &mut Run, reason: &str, teardown_s: Option<f64>) {
+    fn restart_in_place(&self, run: &mut LocalRun, reason: &str, teardown_s: Option<f64>) {
         run.attempt += 1;
         let attempt = run.attempt;
         if self.single {
@@ -226,7 +226,7 @@ fn fallback_verdict(worst: i32, failure_note: Option<&str>) -> Verdict {
 
 /// The job's exit code after a failure ([`decide::failure_exit_code`]),
 /// else the worst.
-fn exit_code(d: Option<&Decision>, ranks: &[Rank], worst: i32) -> i32 {
+fn exit_code(d: Option<&Decision>, ranks: &[LocalRank], worst: i32) -> i32 {
     let fallback = if worst == 0 { 1 } else { worst };
     d.map_or(fallback, |d| {
         let primary = ranks.iter().find(|r| r.rank == d.primary.rank);

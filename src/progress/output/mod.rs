@@ -10,7 +10,7 @@
 //! draining the pipe so the trainer never blocks on a full pipe: fail open.
 
 use super::figures::{self, Figures};
-use super::{Event, Kind, Sender, Source};
+use super::{Kind, ProgressEvent, Sender, Source};
 use regex::bytes::Regex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;

@@ -4,7 +4,7 @@
 
 use super::figures::Figures;
 use super::*;
-use super::{Event, Kind, Sender, Source};
+use super::{Kind, ProgressEvent, Sender, Source};
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, splice, tee, FcntlArg, SpliceFFlags};
 use nix::poll::{poll, PollFd, PollFlags};
@@ -373,7 +373,7 @@ fn send_marks(tx: &Sender, source: Source, marks: Vec<Mark>) {
                 step: None,
             },
             Mark::SyncSave(step) => {
-                tx.send(Event {
+                tx.send(ProgressEvent {
                     at,
                     source,
                     kind: Kind::Phase {
@@ -384,10 +384,10 @@ fn send_marks(tx: &Sender, source: Source, marks: Vec<Mark>) {
                 Kind::SyncSave { step }
             }
         };
-        tx.send(Event { at, source, kind });
+        tx.send(ProgressEvent { at, source, kind });
     }
     if let Some(f) = figures {
-        tx.send(Event {
+        tx.send(ProgressEvent {
             at,
             source,
             kind: Kind::Figures(named(f)),

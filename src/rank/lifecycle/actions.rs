@@ -21,7 +21,7 @@ pub enum Sig {
 
 /// What the agent does; carried out in order by `rank::run`.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Action {
+pub enum Order {
     /// Forward the signal to the trainer's group and record it.
     Forward(Signal),
     /// Record that Slurm delivers the signal to the trainer itself.

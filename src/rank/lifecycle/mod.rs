@@ -2,7 +2,7 @@
 //! signal, a coordinator's word, the end of diagnostics, the main child's
 //! exit and the passing of time. It never sleeps, never reads the clock
 //! (every `Instant` is handed in) and touches no process or file: it
-//! returns [`Action`]s, which `rank::run` carries out.
+//! returns [`Order`]s, which `rank::run` carries out.
 //!
 //! ```text
 //! Monitoring ─ stall ─▶ Stalled: Diagnosing ─ done ─▶ Stopped (alone, coordinator lost, stop asked)
@@ -14,7 +14,7 @@
 //! ```
 
 pub use super::ending::{Ending, StopReason};
-pub use actions::{Action, Checked, Sig};
+pub use actions::{Checked, Order, Sig};
 
 mod actions;
 mod signals;
@@ -208,10 +208,10 @@ impl Lifecycle {
         }
     }
 
-    fn stop_stalled(&mut self, now: Instant, out: &mut Vec<Action>) {
+    fn stop_stalled(&mut self, now: Instant, out: &mut Vec<Order>) {
         if self.s.observe {
             // Watched on: the clock restarts, a later stall is judged again.
-            out.push(Action::Observed {
+            out.push(Order::Observed {
                 would: format!(
                     "stop this rank (stalled): SIGTERM, then SIGKILL after {}",
                     crate::duration::format(self.s.stall_grace)
@@ -222,7 +222,7 @@ impl Lifecycle {
             self.policy.on_resume(now);
             return;
         }
-        out.push(Action::StopStalled {
+        out.push(Order::StopStalled {
             grace: self.s.stall_grace,
         });
         if let Some(step) = self.stall_step() {
@@ -235,15 +235,15 @@ impl Lifecycle {
     }
 
     /// The coordinator cannot be reached.
-    pub fn on_coordinator_lost(&mut self, error: String) -> Vec<Action> {
+    pub fn on_coordinator_lost(&mut self, error: String) -> Vec<Order> {
         self.coordinator_down = true;
-        vec![Action::CoordinatorLost { error }]
+        vec![Order::CoordinatorLost { error }]
     }
 
     /// The coordinator answers again.
-    pub fn on_coordinator_back(&mut self, gap_s: f64, failed_requests: u64) -> Vec<Action> {
+    pub fn on_coordinator_back(&mut self, gap_s: f64, failed_requests: u64) -> Vec<Order> {
         self.coordinator_down = false;
-        vec![Action::CoordinatorBack {
+        vec![Order::CoordinatorBack {
             gap_s,
             failed_requests,
         }]
@@ -251,12 +251,12 @@ impl Lifecycle {
 
     /// A numerical failure to stop for: SIGTERM now, SIGKILL after
     /// `kill_grace` (the trainer's own grace: it may save what it can).
-    pub fn on_numerical(&mut self, detail: String, now: Instant) -> Vec<Action> {
+    pub fn on_numerical(&mut self, detail: String, now: Instant) -> Vec<Order> {
         if !self.monitoring() {
             return Vec::new();
         }
         if self.s.observe {
-            return vec![Action::Observed {
+            return vec![Order::Observed {
                 would: "stop this rank (numerical): SIGTERM".into(),
                 reason: detail,
             }];
@@ -266,7 +266,7 @@ impl Lifecycle {
             self.grace_used = self.s.grace;
         }
         self.kill_at.get_or_insert(now + self.s.grace);
-        vec![Action::StopForNumerical {
+        vec![Order::StopForNumerical {
             detail,
             grace: self.s.grace,
         }]
@@ -277,25 +277,25 @@ impl Lifecycle {
         &mut self,
         kind: crate::coordinator::protocol::CommandKind,
         now: Instant,
-    ) -> Vec<Action> {
+    ) -> Vec<Order> {
         use crate::coordinator::protocol::CommandKind;
         let mut out = Vec::new();
         match kind {
             CommandKind::Checkpoint { id, step, reason } => {
-                out.push(Action::Checkpoint { id, step, reason })
+                out.push(Order::Checkpoint { id, step, reason })
             }
             CommandKind::Stop { reason } => {
                 let (alive, monitoring) = (self.main_exit.is_none(), self.monitoring());
                 match self.stall_step() {
                     Some(StallStep::Diagnosing { stop_asked }) => *stop_asked = true,
                     Some(step) if alive && *step != StallStep::Stopped => {
-                        out.push(Action::StopJudged { detail: reason });
+                        out.push(Order::StopJudged { detail: reason });
                         self.stop_stalled(now, &mut out);
                     }
                     _ if monitoring => {
                         // The attempt failed elsewhere: this rank is most
                         // likely blocked in a collective with the failed one.
-                        out.push(Action::StopForCoordinator {
+                        out.push(Order::StopForCoordinator {
                             detail: reason,
                             grace: self.s.stall_grace,
                         });
@@ -325,7 +325,7 @@ impl Lifecycle {
                 // trainer in its own dump signal's handler (writing, not
                 // waiting) and overwrite the first.
                 if self.main_exit.is_none() && !self.stalled() {
-                    out.push(Action::Probe { reason });
+                    out.push(Order::Probe { reason });
                 }
             }
         }
@@ -334,17 +334,17 @@ impl Lifecycle {
 
     /// The job's freshest progress (from the coordinator's reply). A rank
     /// with no progress of its own (`own_progress` false) lives on it.
-    pub fn on_job_progress(&mut self, at: Instant, own_progress: bool) -> Vec<Action> {
+    pub fn on_job_progress(&mut self, at: Instant, own_progress: bool) -> Vec<Order> {
         if own_progress || at <= self.policy.launched() {
             return Vec::new();
         }
         self.silent_known = true;
         self.policy.on_peer_progress(at);
-        vec![Action::LiveOnJobProgress]
+        vec![Order::LiveOnJobProgress]
     }
 
     /// The stall's diagnostics are done (and recorded).
-    pub fn on_diagnostics_done(&mut self, now: Instant) -> Vec<Action> {
+    pub fn on_diagnostics_done(&mut self, now: Instant) -> Vec<Order> {
         let mut out = Vec::new();
         let stop_asked = matches!(
             self.stall_step(),
@@ -361,7 +361,7 @@ impl Lifecycle {
                 if let Some(step) = self.stall_step() {
                     *step = StallStep::AwaitingJudgment { until: now + wait };
                 }
-                out.push(Action::DeferStallStop { max_wait: wait });
+                out.push(Order::DeferStallStop { max_wait: wait });
             } else {
                 self.stop_stalled(now, &mut out);
             }
@@ -376,11 +376,11 @@ impl Lifecycle {
 
     /// The main child exited; `others_alive`: descendants remain (they get
     /// TERM now, KILL after the grace).
-    pub fn on_main_exit(&mut self, exit: Exit, now: Instant, others_alive: bool) -> Vec<Action> {
+    pub fn on_main_exit(&mut self, exit: Exit, now: Instant, others_alive: bool) -> Vec<Order> {
         self.main_exit = Some((exit, now));
         if others_alive {
             self.drain_kill_at = Some(now + self.s.grace);
-            vec![Action::TermRemaining]
+            vec![Order::TermRemaining]
         } else {
             Vec::new()
         }
@@ -447,7 +447,7 @@ impl Lifecycle {
     /// suspend` of its tasks): the time it spends stopped is nobody's
     /// stall, and its clock restarts. Recorded once per stop; `false` when
     /// it is found running again.
-    pub fn trainer_stopped(&mut self, now: Instant, stopped: bool) -> Vec<Action> {
+    pub fn trainer_stopped(&mut self, now: Instant, stopped: bool) -> Vec<Order> {
         if !stopped {
             self.trainer_was_stopped = false;
             return Vec::new();
@@ -456,16 +456,16 @@ impl Lifecycle {
         if std::mem::replace(&mut self.trainer_was_stopped, true) {
             Vec::new()
         } else {
-            vec![Action::TrainerStopped]
+            vec![Order::TrainerStopped]
         }
     }
 
     /// The coordinator found a peer working without a word: the stall is
     /// withdrawn, the rank watched on with its clock restarted.
-    fn carry_on_now(&mut self, reason: String, now: Instant) -> Vec<Action> {
+    fn carry_on_now(&mut self, reason: String, now: Instant) -> Vec<Order> {
         self.state = State::Monitoring;
         self.policy.on_resume(now);
-        vec![Action::CarryOn { reason }]
+        vec![Order::CarryOn { reason }]
     }
 
     /// The stall under way, in words (observe mode's record).
@@ -491,11 +491,11 @@ impl Lifecycle {
         (cpu_s, io_bytes): (f64, u64),
         window_s: f64,
         probe: String,
-    ) -> Vec<Action> {
+    ) -> Vec<Order> {
         if !self.policy.on_busy(now) {
             return Vec::new();
         }
-        vec![Action::BusySilent {
+        vec![Order::BusySilent {
             cpu_s,
             io_bytes,
             window_s,
@@ -506,7 +506,7 @@ impl Lifecycle {
 
     /// Time passed: `now`, after the events of this round were handled;
     /// `checked` is the answer to [`Self::checkpoint_query`].
-    pub fn tick(&mut self, now: Instant, checked: Checked) -> Vec<Action> {
+    pub fn tick(&mut self, now: Instant, checked: Checked) -> Vec<Order> {
         let mut out = Vec::new();
         // Woken long after the planned time: resilio itself was stopped
         // (suspend, SIGSTOP) or starved. Time it did not observe is not a
@@ -514,7 +514,7 @@ impl Lifecycle {
         if let Some((wake, true)) = self.planned {
             if now > wake + Duration::from_millis(1500) {
                 self.policy.on_resume(now);
-                out.push(Action::Resumed {
+                out.push(Order::Resumed {
                     late: now.duration_since(wake),
                 });
             }
@@ -534,7 +534,7 @@ impl Lifecycle {
                     at: now,
                     step: StallStep::Diagnosing { stop_asked: false },
                 };
-                out.push(Action::Stalled { stall: s, at: now });
+                out.push(Order::Stalled { stall: s, at: now });
             }
         }
         self.pre_timeout_tick(now, checked, &mut out);
@@ -542,7 +542,7 @@ impl Lifecycle {
         out
     }
 
-    fn pre_timeout_tick(&mut self, now: Instant, checked: Checked, out: &mut Vec<Action>) {
+    fn pre_timeout_tick(&mut self, now: Instant, checked: Checked, out: &mut Vec<Order>) {
         let hosts = self.s.hosts_coordinator;
         if let Some(p) = self
             .pre_timeout
@@ -551,7 +551,7 @@ impl Lifecycle {
         {
             // Besides the signal: the ranks' agents tell their trainers the step.
             p.coordinated = true;
-            out.push(Action::CoordinateCheckpoint);
+            out.push(Order::CoordinateCheckpoint);
         }
         let Some(p) = self.pre_timeout.as_mut() else {
             return;
@@ -565,14 +565,14 @@ impl Lifecycle {
             return;
         }
         p.done = true;
-        out.push(Action::StopForPreTimeout {
+        out.push(Order::StopForPreTimeout {
             checkpoint_step: done,
         });
         self.state = State::Stopping(StopReason::Signal("pre-timeout"));
         self.kill_at.get_or_insert(now + self.s.grace);
     }
 
-    fn deadlines_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+    fn deadlines_tick(&mut self, now: Instant, out: &mut Vec<Order>) {
         let due = |t: Option<Instant>| t.is_some_and(|t| now >= t);
         let judgment_due = matches!(self.state, State::Stalled { step: StallStep::AwaitingJudgment { until }, .. } if now >= until);
         if judgment_due && self.main_exit.is_none() {
@@ -586,7 +586,7 @@ impl Lifecycle {
                 record = Some(self.grace_used);
             }
             // Again each time round: a process can appear during the sweep.
-            out.push(Action::Kill { record });
+            out.push(Order::Kill { record });
         }
         // A descendant that survives SIGKILL (uninterruptible sleep in a
         // driver or a hung filesystem) must not keep resilio from reporting.
@@ -595,7 +595,7 @@ impl Lifecycle {
                 .killed_at
                 .is_some_and(|t| now.duration_since(t) > Duration::from_secs(10))
         {
-            out.push(Action::GiveUp);
+            out.push(Order::GiveUp);
         }
     }
 

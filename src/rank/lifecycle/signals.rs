@@ -5,16 +5,16 @@
 use super::*;
 
 impl Lifecycle {
-    fn forward_unless(&self, sig: Signal) -> Action {
+    fn forward_unless(&self, sig: Signal) -> Order {
         if self.s.slurm_delivers {
-            Action::LeftToSlurm(sig)
+            Order::LeftToSlurm(sig)
         } else {
-            Action::Forward(sig)
+            Order::Forward(sig)
         }
     }
 
     /// A signal to resilio, at `now` (`wall`: the wall clock then).
-    pub fn on_signal(&mut self, sig: Sig, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+    pub fn on_signal(&mut self, sig: Sig, now: Instant, wall: DateTime<Utc>) -> Vec<Order> {
         match sig {
             Sig::Term | Sig::Int | Sig::Stop(_) => self.on_stop_signal(sig, now),
             Sig::Hup => vec![self.forward_unless(Signal::SIGHUP)],
@@ -29,7 +29,7 @@ impl Lifecycle {
         }
     }
 
-    fn on_stop_signal(&mut self, sig: Sig, now: Instant) -> Vec<Action> {
+    fn on_stop_signal(&mut self, sig: Sig, now: Instant) -> Vec<Order> {
         let (signal, name) = match sig {
             Sig::Int => (Signal::SIGINT, "SIGINT"),
             Sig::Stop(s) => (s, s.as_str()),
@@ -41,13 +41,13 @@ impl Lifecycle {
         }
         if sig == Sig::Int && self.ints >= 2 {
             self.killed = true;
-            out.push(Action::KillOnSecondInt);
+            out.push(Order::KillOnSecondInt);
         } else if let Some(StallStep::Diagnosing { stop_asked }) = self.stall_step() {
             // The stall's evidence is being taken (srun stopping the step
             // because a peer failed, say): the stop follows as soon as it
             // is done, within the grace.
             *stop_asked = true;
-            out.push(Action::Deferred(signal));
+            out.push(Order::Deferred(signal));
         } else {
             out.push(self.forward_unless(signal));
             self.kill_at.get_or_insert(now + self.s.grace);
@@ -65,7 +65,7 @@ impl Lifecycle {
     /// checkpoint signal is journaled as a request (Slurm delivered it to
     /// the trainer already). Anything else is forwarded (or, in a step,
     /// left to Slurm's delivery).
-    fn on_user_signal(&mut self, sig: Signal, now: Instant, wall: DateTime<Utc>) -> Vec<Action> {
+    fn on_user_signal(&mut self, sig: Signal, now: Instant, wall: DateTime<Utc>) -> Vec<Order> {
         if self.s.supervises_step && sig == self.s.pre_timeout_signal {
             if self.pre_timeout.is_none() {
                 self.pre_timeout = Some(PreTimeout {
@@ -75,10 +75,10 @@ impl Lifecycle {
                     coordinated: false,
                 });
             }
-            return vec![Action::PreTimeoutCheckpoint { received: sig }];
+            return vec![Order::PreTimeoutCheckpoint { received: sig }];
         }
         if self.s.in_step && Some(sig) == self.s.checkpoint_signal {
-            return vec![Action::CheckpointSignal {
+            return vec![Order::CheckpointSignal {
                 received: sig,
                 forward: !self.s.slurm_delivers,
             }];

@@ -47,7 +47,7 @@ fn machine(s: Settings) -> (Lifecycle, Instant) {
     (Lifecycle::new(s, StallPolicy::new(cfg, t0), t0), t0)
 }
 
-fn tick(m: &mut Lifecycle, at: Instant) -> Vec<Action> {
+fn tick(m: &mut Lifecycle, at: Instant) -> Vec<Order> {
     m.tick(at, Checked::NotLooked)
 }
 
@@ -62,7 +62,7 @@ fn stalled(s: Settings) -> (Lifecycle, Instant) {
     let (mut m, t0) = machine(s);
     let at = t0 + STARTUP;
     let a = tick(&mut m, at);
-    assert!(matches!(a.as_slice(), [Action::Stalled { .. }]), "{a:?}");
+    assert!(matches!(a.as_slice(), [Order::Stalled { .. }]), "{a:?}");
     (m, at)
 }
 
@@ -107,20 +107,20 @@ fn alone_the_stalled_rank_is_stopped_when_diagnostics_are_done_then_killed_after
     let t = at + secs(2);
     assert_eq!(
         m.on_diagnostics_done(t),
-        vec![Action::StopStalled { grace: STALL_GRACE }]
+        vec![Order::StopStalled { grace: STALL_GRACE }]
     );
     assert!(!m.diagnosing());
     assert!(tick(&mut m, t + secs(4)).is_empty());
     assert_eq!(
         tick(&mut m, t + STALL_GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(STALL_GRACE)
         }]
     );
     // Again each time round, recorded once.
     assert_eq!(
         tick(&mut m, t + STALL_GRACE + secs(1)),
-        vec![Action::Kill { record: None }]
+        vec![Order::Kill { record: None }]
     );
 }
 
@@ -178,28 +178,28 @@ fn linked_the_stop_waits_for_the_coordinators_judgment() {
     let (mut m, at) = stalled(linked());
     assert_eq!(
         m.on_diagnostics_done(at),
-        vec![Action::DeferStallStop { max_wait: JUDGMENT }]
+        vec![Order::DeferStallStop { max_wait: JUDGMENT }]
     );
     assert!(tick(&mut m, at + secs(10)).is_empty());
     assert_eq!(
         m.on_command(stop("rank 3 hung first"), at + secs(11)),
         vec![
-            Action::StopJudged {
+            Order::StopJudged {
                 detail: "rank 3 hung first".into()
             },
-            Action::StopStalled { grace: STALL_GRACE }
+            Order::StopStalled { grace: STALL_GRACE }
         ]
     );
     assert_eq!(
         tick(&mut m, at + secs(11) + STALL_GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(STALL_GRACE)
         }]
     );
     // The judgment's deadline no longer stops it again.
     assert_eq!(
         tick(&mut m, at + JUDGMENT),
-        vec![Action::Kill { record: None }]
+        vec![Order::Kill { record: None }]
     );
 }
 
@@ -211,7 +211,7 @@ fn linked_without_a_judgment_the_stalled_rank_is_stopped_when_the_wait_runs_out(
     assert!(plan.wake <= at + JUDGMENT);
     assert_eq!(
         tick(&mut m, at + JUDGMENT),
-        vec![Action::StopStalled { grace: STALL_GRACE }]
+        vec![Order::StopStalled { grace: STALL_GRACE }]
     );
     assert!(tick(&mut m, at + JUDGMENT + secs(1)).is_empty());
 }
@@ -229,13 +229,13 @@ fn linked_but_the_coordinator_lost_the_stalled_rank_stops_on_its_own() {
     let (mut m, at) = stalled(linked());
     assert_eq!(
         m.on_coordinator_lost("refused".into()),
-        vec![Action::CoordinatorLost {
+        vec![Order::CoordinatorLost {
             error: "refused".into()
         }]
     );
     assert_eq!(
         m.on_diagnostics_done(at),
-        vec![Action::StopStalled { grace: STALL_GRACE }]
+        vec![Order::StopStalled { grace: STALL_GRACE }]
     );
 }
 
@@ -244,13 +244,13 @@ fn a_stop_during_diagnostics_is_deferred_then_not_waited_for_judgment() {
     let (mut m, at) = stalled(linked());
     assert_eq!(
         m.on_signal(Sig::Term, at, wall()),
-        vec![Action::Deferred(Signal::SIGTERM)]
+        vec![Order::Deferred(Signal::SIGTERM)]
     );
     // No kill deadline while the evidence is taken.
     assert!(tick(&mut m, at + GRACE + secs(1)).is_empty());
     assert_eq!(
         m.on_diagnostics_done(at + secs(20)),
-        vec![Action::StopStalled { grace: STALL_GRACE }]
+        vec![Order::StopStalled { grace: STALL_GRACE }]
     );
 }
 
@@ -260,7 +260,7 @@ fn a_coordinator_stop_during_diagnostics_is_deferred_too() {
     assert!(m.on_command(stop("peer failed"), at).is_empty());
     assert_eq!(
         m.on_diagnostics_done(at),
-        vec![Action::StopStalled { grace: STALL_GRACE }]
+        vec![Order::StopStalled { grace: STALL_GRACE }]
     );
 }
 
@@ -316,19 +316,19 @@ fn sigterm_is_forwarded_and_killed_after_the_grace() {
     let t = t0 + secs(5);
     assert_eq!(
         m.on_signal(Sig::Term, t, wall()),
-        vec![Action::Forward(Signal::SIGTERM)]
+        vec![Order::Forward(Signal::SIGTERM)]
     );
     assert!(m.stopping());
     assert_eq!(
         tick(&mut m, t + GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(GRACE)
         }]
     );
     // Stopping: no stall is judged any more.
     assert_eq!(
         tick(&mut m, t0 + STARTUP + secs(1)),
-        vec![Action::Kill { record: None }]
+        vec![Order::Kill { record: None }]
     );
     m.on_main_exit(Exit::Signal(9, false), t + GRACE, false);
     assert_eq!(m.ending(None).unwrap().cause(), "stopped by SIGTERM");
@@ -343,11 +343,11 @@ fn sigterm_in_a_step_is_left_to_slurm() {
     });
     assert_eq!(
         m.on_signal(Sig::Term, t0, wall()),
-        vec![Action::LeftToSlurm(Signal::SIGTERM)]
+        vec![Order::LeftToSlurm(Signal::SIGTERM)]
     );
     assert_eq!(
         tick(&mut m, t0 + GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(GRACE)
         }]
     );
@@ -360,7 +360,7 @@ fn a_second_sigterm_keeps_the_first_kill_deadline() {
     m.on_signal(Sig::Term, t0 + secs(8), wall());
     assert_eq!(
         tick(&mut m, t0 + GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(GRACE)
         }]
     );
@@ -371,17 +371,14 @@ fn sigint_twice_kills_at_once() {
     let (mut m, t0) = machine(settings());
     assert_eq!(
         m.on_signal(Sig::Int, t0, wall()),
-        vec![Action::Forward(Signal::SIGINT)]
+        vec![Order::Forward(Signal::SIGINT)]
     );
     assert_eq!(
         m.on_signal(Sig::Int, t0 + secs(1), wall()),
-        vec![Action::KillOnSecondInt]
+        vec![Order::KillOnSecondInt]
     );
     // Already killed: the grace's SIGKILL is sent, not recorded again.
-    assert_eq!(
-        tick(&mut m, t0 + GRACE),
-        vec![Action::Kill { record: None }]
-    );
+    assert_eq!(tick(&mut m, t0 + GRACE), vec![Order::Kill { record: None }]);
     m.on_main_exit(Exit::Signal(9, false), t0 + GRACE, false);
     assert_eq!(m.ending(None).unwrap().cause(), "stopped by SIGINT");
 }
@@ -392,14 +389,14 @@ fn sigquit_and_the_other_ending_signals_are_passed_on_and_stop_like_sigterm() {
         let (mut m, t0) = machine(settings());
         assert_eq!(
             m.on_signal(Sig::Stop(sig), t0, wall()),
-            vec![Action::Forward(sig)],
+            vec![Order::Forward(sig)],
             "{sig}"
         );
         assert!(!m.monitoring());
         // The trainer ignores it: SIGKILL after the grace, as for SIGTERM.
         assert_eq!(
             tick(&mut m, t0 + GRACE),
-            vec![Action::Kill {
+            vec![Order::Kill {
                 record: Some(GRACE)
             }]
         );
@@ -415,7 +412,7 @@ fn sigquit_and_the_other_ending_signals_are_passed_on_and_stop_like_sigterm() {
     });
     assert_eq!(
         m.on_signal(Sig::Stop(Signal::SIGQUIT), t0, wall()),
-        vec![Action::LeftToSlurm(Signal::SIGQUIT)]
+        vec![Order::LeftToSlurm(Signal::SIGQUIT)]
     );
 }
 
@@ -424,7 +421,7 @@ fn sighup_is_forwarded_without_stopping() {
     let (mut m, t0) = machine(settings());
     assert_eq!(
         m.on_signal(Sig::Hup, t0, wall()),
-        vec![Action::Forward(Signal::SIGHUP)]
+        vec![Order::Forward(Signal::SIGHUP)]
     );
     assert!(m.monitoring());
 }
@@ -435,12 +432,12 @@ fn sigcont_restarts_the_stall_clock() {
     let resumed = t0 + secs(90);
     assert_eq!(
         m.on_signal(Sig::Cont, resumed, wall()),
-        vec![Action::Forward(Signal::SIGCONT)]
+        vec![Order::Forward(Signal::SIGCONT)]
     );
     assert!(tick(&mut m, t0 + STARTUP).is_empty());
     assert!(matches!(
         tick(&mut m, resumed + STARTUP).as_slice(),
-        [Action::Stalled { .. }]
+        [Order::Stalled { .. }]
     ));
 }
 
@@ -449,11 +446,11 @@ fn user_signals_are_forwarded_outside_slurm() {
     let (mut m, t0) = machine(settings());
     assert_eq!(
         m.on_signal(Sig::Usr1, t0, wall()),
-        vec![Action::Forward(Signal::SIGUSR1)]
+        vec![Order::Forward(Signal::SIGUSR1)]
     );
     assert_eq!(
         m.on_signal(Sig::Usr2, t0, wall()),
-        vec![Action::Forward(Signal::SIGUSR2)]
+        vec![Order::Forward(Signal::SIGUSR2)]
     );
     assert!(m.monitoring());
 }
@@ -467,14 +464,14 @@ fn the_checkpoint_signal_in_a_step_is_a_request() {
     });
     assert_eq!(
         m.on_signal(Sig::Usr2, t0, wall()),
-        vec![Action::CheckpointSignal {
+        vec![Order::CheckpointSignal {
             received: Signal::SIGUSR2,
             forward: false
         }]
     );
     assert_eq!(
         m.on_signal(Sig::Usr1, t0, wall()),
-        vec![Action::LeftToSlurm(Signal::SIGUSR1)]
+        vec![Order::LeftToSlurm(Signal::SIGUSR1)]
     );
     let (mut m, t0) = machine(Settings {
         in_step: true,
@@ -482,7 +479,7 @@ fn the_checkpoint_signal_in_a_step_is_a_request() {
     });
     assert_eq!(
         m.on_signal(Sig::Usr2, t0, wall()),
-        vec![Action::CheckpointSignal {
+        vec![Order::CheckpointSignal {
             received: Signal::SIGUSR2,
             forward: true
         }]
@@ -496,7 +493,7 @@ fn pre_timeout_asks_for_a_checkpoint_then_stops_the_step_when_it_is_done() {
     let (mut m, t0) = machine(batch());
     assert_eq!(
         m.on_signal(Sig::Usr1, t0, wall()),
-        vec![Action::PreTimeoutCheckpoint {
+        vec![Order::PreTimeoutCheckpoint {
             received: Signal::SIGUSR1
         }]
     );
@@ -511,7 +508,7 @@ fn pre_timeout_asks_for_a_checkpoint_then_stops_the_step_when_it_is_done() {
     assert!(m.checkpoint_query(t).is_some());
     assert_eq!(
         m.tick(t, Checked::Done(Some(120))),
-        vec![Action::StopForPreTimeout {
+        vec![Order::StopForPreTimeout {
             checkpoint_step: Some(Some(120))
         }]
     );
@@ -519,7 +516,7 @@ fn pre_timeout_asks_for_a_checkpoint_then_stops_the_step_when_it_is_done() {
     m.plan(t + GRACE);
     assert_eq!(
         tick(&mut m, t + GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(GRACE)
         }]
     );
@@ -537,7 +534,7 @@ fn pre_timeout_stops_the_step_at_the_deadline_without_a_checkpoint() {
     assert!(m.checkpoint_query(t).is_some());
     assert_eq!(
         m.tick(t, Checked::NotDone),
-        vec![Action::StopForPreTimeout {
+        vec![Order::StopForPreTimeout {
             checkpoint_step: None
         }]
     );
@@ -562,7 +559,7 @@ fn an_agent_hosting_its_step_coordinates_the_pre_timeout_checkpoint_once() {
         ..batch()
     });
     m.on_signal(Sig::Usr1, t0, wall());
-    assert_eq!(tick(&mut m, t0), vec![Action::CoordinateCheckpoint]);
+    assert_eq!(tick(&mut m, t0), vec![Order::CoordinateCheckpoint]);
     assert!(tick(&mut m, t0 + secs(1)).is_empty());
 }
 
@@ -581,7 +578,7 @@ fn a_coordinator_stop_tears_a_running_rank_down() {
     let (mut m, t0) = machine(linked());
     assert_eq!(
         m.on_command(stop("rank 1 failed"), t0),
-        vec![Action::StopForCoordinator {
+        vec![Order::StopForCoordinator {
             detail: "rank 1 failed".into(),
             grace: STALL_GRACE
         }]
@@ -589,7 +586,7 @@ fn a_coordinator_stop_tears_a_running_rank_down() {
     assert!(m.stopping());
     assert_eq!(
         tick(&mut m, t0 + STALL_GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(STALL_GRACE)
         }]
     );
@@ -618,7 +615,7 @@ fn a_probe_is_taken_while_the_trainer_lives() {
     };
     assert_eq!(
         m.on_command(probe(), t0),
-        vec![Action::Probe {
+        vec![Order::Probe {
             reason: "rank 2 stalled".into()
         }]
     );
@@ -639,7 +636,7 @@ fn an_operator_checkpoint_reaches_the_trainer() {
     );
     assert_eq!(
         a,
-        vec![Action::Checkpoint {
+        vec![Order::Checkpoint {
             id: 4,
             step: 300,
             reason: "operator".into()
@@ -653,7 +650,7 @@ fn a_silent_rank_lives_on_the_jobs_progress() {
     let (mut m, t0) = machine(linked());
     assert_eq!(
         m.on_job_progress(t0 + secs(90), false),
-        vec![Action::LiveOnJobProgress]
+        vec![Order::LiveOnJobProgress]
     );
     assert!(tick(&mut m, t0 + STARTUP + secs(10)).is_empty());
 }
@@ -665,7 +662,7 @@ fn a_rank_with_progress_of_its_own_or_news_from_before_its_start_ignores_the_job
     assert!(m.on_job_progress(t0, false).is_empty());
     assert!(matches!(
         tick(&mut m, t0 + STARTUP).as_slice(),
-        [Action::Stalled { .. }]
+        [Order::Stalled { .. }]
     ));
 }
 
@@ -678,7 +675,7 @@ fn a_silent_rank_that_lost_the_coordinator_is_not_stopped_for_its_silence() {
     assert!(tick(&mut m, late).is_empty());
     assert_eq!(
         m.on_coordinator_back(12.5, 3),
-        vec![Action::CoordinatorBack {
+        vec![Order::CoordinatorBack {
             gap_s: 12.5,
             failed_requests: 3
         }]
@@ -686,7 +683,7 @@ fn a_silent_rank_that_lost_the_coordinator_is_not_stopped_for_its_silence() {
     assert!(tick(&mut m, late + STARTUP - secs(1)).is_empty());
     assert!(matches!(
         tick(&mut m, late + STARTUP).as_slice(),
-        [Action::Stalled { .. }]
+        [Order::Stalled { .. }]
     ));
 }
 
@@ -696,7 +693,7 @@ fn a_rank_with_progress_of_its_own_stalls_even_with_the_coordinator_lost() {
     m.on_coordinator_lost("timeout".into());
     assert!(matches!(
         tick(&mut m, t0 + STARTUP).as_slice(),
-        [Action::Stalled { .. }]
+        [Order::Stalled { .. }]
     ));
 }
 
@@ -707,13 +704,13 @@ fn an_exit_with_descendants_left_terms_them_then_kills_after_the_grace() {
     let (mut m, t0) = machine(settings());
     assert_eq!(
         m.on_main_exit(Exit::Code(0), t0, true),
-        vec![Action::TermRemaining]
+        vec![Order::TermRemaining]
     );
     assert!(!m.finished(true));
     assert_eq!(m.plan(t0).wake, t0 + secs(1));
     assert_eq!(
         tick(&mut m, t0 + GRACE),
-        vec![Action::Kill {
+        vec![Order::Kill {
             record: Some(GRACE)
         }]
     );
@@ -729,11 +726,11 @@ fn descendants_that_survive_sigkill_are_given_up_on() {
     tick(&mut m, t0 + GRACE);
     assert_eq!(
         tick(&mut m, t0 + GRACE + secs(10)),
-        vec![Action::Kill { record: None }]
+        vec![Order::Kill { record: None }]
     );
     assert_eq!(
         tick(&mut m, t0 + GRACE + secs(11)),
-        vec![Action::Kill { record: None }, Action::GiveUp]
+        vec![Order::Kill { record: None }, Order::GiveUp]
     );
 }
 
@@ -777,7 +774,7 @@ fn a_late_wake_while_monitoring_restarts_the_clock() {
     let (mut m, t0) = machine(settings());
     let wake = m.plan(t0 + secs(50)).wake;
     let now = wake + secs(60);
-    assert_eq!(tick(&mut m, now), vec![Action::Resumed { late: secs(60) }]);
+    assert_eq!(tick(&mut m, now), vec![Order::Resumed { late: secs(60) }]);
     // The time not observed is not a stall.
     assert_eq!(m.policy.deadline(), now + STARTUP);
     // A little late is not a suspension.
@@ -793,7 +790,7 @@ fn observing_a_stalled_rank_is_journaled_as_a_stop_that_would_have_been_and_watc
     });
     let out = m.on_diagnostics_done(at);
     assert!(
-        matches!(&out[..], [Action::Observed { would, reason }]
+        matches!(&out[..], [Order::Observed { would, reason }]
             if would.starts_with("stop this rank (stalled)") && reason.contains("step")),
         "{out:?}"
     );
@@ -802,7 +799,7 @@ fn observing_a_stalled_rank_is_journaled_as_a_stop_that_would_have_been_and_watc
     assert!(tick(&mut m, at + secs(1)).is_empty());
     // A numerical failure is observed too.
     let out = m.on_numerical("loss nan".into(), at + secs(2));
-    assert!(matches!(&out[..], [Action::Observed { .. }]), "{out:?}");
+    assert!(matches!(&out[..], [Order::Observed { .. }]), "{out:?}");
     assert!(m.monitoring());
 }
 
@@ -817,7 +814,7 @@ fn a_rank_stalled_itself_takes_no_second_probe_for_the_coordinator() {
     let (mut m, at) = machine(linked());
     assert_eq!(
         m.on_command(diagnose, at),
-        vec![Action::Probe {
+        vec![Order::Probe {
             reason: "rank 1 stalled".into()
         }]
     );
