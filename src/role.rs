@@ -22,6 +22,15 @@ pub enum Role {
     /// rank agents and their coordinator, restarts them in place
     /// ([`crate::job::local`]).
     LocalLauncher { ntasks: u32 },
+    /// A role that supervises what Slurm (or a launcher) started: run by
+    /// [`run`].
+    Supervising(Supervisor),
+}
+
+/// The roles [`run`] runs, from the resolved options (the local launcher
+/// runs from the command line's own).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Supervisor {
     /// The batch script's own process: holds the job up while the job-level
     /// supervisor, its child, may die ([`crate::job::guardian`]).
     Guardian,
@@ -51,13 +60,13 @@ pub fn of(ntasks: Option<u32>) -> Result<Role> {
     let guarded = crate::job::guardian::take_link();
     let in_batch_script =
         crate::slurm::env::SlurmContext::from_env().is_ok_and(|s| s.in_batch_script());
-    Ok(if !in_batch_script {
-        Role::Rank
+    Ok(Role::Supervising(if !in_batch_script {
+        Supervisor::Rank
     } else if !guarded && crate::job::guardian::wanted(true) {
-        Role::Guardian
+        Supervisor::Guardian
     } else {
-        Role::JobLevel
-    })
+        Supervisor::JobLevel
+    }))
 }
 
 /// Whether a plain `resilio run` (no `--ntasks`) is a job of its own on
@@ -78,11 +87,10 @@ fn runs_locally() -> bool {
         && world <= 1
 }
 
-/// Run a supervising role (every role but the local launcher, whose
-/// options are the command line's). Returns resilio's exit code.
-pub fn run(role: Role, opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
+/// Run a supervising role. Returns resilio's exit code.
+pub fn run(role: Supervisor, opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
     match role {
-        Role::Guardian => {
+        Supervisor::Guardian => {
             let d = crate::job::guardian::Decide {
                 argv: &opts.argv,
                 cfg: &opts.config,
@@ -100,15 +108,12 @@ pub fn run(role: Role, opts: RunOptions, slurm: &dyn Slurm) -> Result<i32> {
                 None => crate::job::supervisor::run(opts, slurm),
             }
         }
-        Role::JobLevel => crate::job::supervisor::run(opts, slurm),
-        Role::Rank => crate::util::runtime()?.block_on(async {
+        Supervisor::JobLevel => crate::job::supervisor::run(opts, slurm),
+        Supervisor::Rank => crate::util::runtime()?.block_on(async {
             Ok(match crate::rank::supervise(opts, slurm).await? {
                 crate::rank::Ended::Early(code) => code,
                 crate::rank::Ended::Finished(fin) => crate::job::decider::after_rank(*fin).await,
             })
         }),
-        Role::LocalLauncher { .. } => Err(Error::Other(
-            "the local launcher runs from the command line's options".into(),
-        )),
     }
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """How src/ stands against the layout's limits: files over 700 lines,
 functions over 100 (non-test code: everything before a file's test module),
-and import circles, between top-level modules and between files (comments
-ignored; a folder's `mod.rs` re-exports are its face, not a dependency).
+import circles, between top-level modules and between files (comments
+ignored; a folder's `mod.rs` re-exports are its face, not a dependency),
+and type names defined more than once (one meaning per name; a journal
+record's struct, made by `event!`, takes the name of what it records).
 
     python3 tools/measure-layout.py [SRC_DIR]
     python3 tools/measure-layout.py --check [SRC_DIR]
@@ -11,7 +13,7 @@ ignored; a folder's `mod.rs` re-exports are its face, not a dependency).
 `--update-doc` writes these lines into docs/architecture.md (the fenced block
 of "Where the layout stands"), which tests/layout.rs holds to them.
 
-`--check` fails (exit 1) on any circle, and on any file or function over its
+`--check` fails (exit 1) on any circle, any type name defined twice, and on any file or function over its
 limit that tools/layout-allowances.txt does not list, or that grew past the
 size listed there; a listed one that is now within the limit must be taken
 off the list. Each line of that file: `file PATH LINES why` or
@@ -31,6 +33,7 @@ here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.normpath(args[0] if args else os.path.join(here, "..", "src"))
 
 files, fns = [], []
+types = collections.defaultdict(list)
 deps = collections.defaultdict(set)
 texts = {}
 for d, _, names in os.walk(root):
@@ -56,6 +59,8 @@ for d, _, names in os.walk(root):
                 j += 1
             name = rel[:-3].replace("/mod", "").replace("/", "::") + "::" + m.group(1)
             fns.append((body[m.start():j].count("\n") + 1, name))
+        for m in re.finditer(r"^[ \t]*(?:pub(?:\([a-z]+\))? )?(?:struct|enum|type|trait) ([A-Z][A-Za-z0-9_]*)", body, re.M):
+            types[m.group(1)].append(rel)
         top = rel.split("/")[0].removesuffix(".rs")
         if top in ("main", "lib"):
             continue
@@ -159,11 +164,14 @@ big_files = [(p, n) for n, p in files if n > FILE_LIMIT]
 big_fns = [(p, n) for n, p in fns if n > FN_LIMIT]
 module_circles = circles_of(deps)
 file_circles = circles_of(file_deps)
+twice = {t: ps for t, ps in types.items() if len(ps) > 1}
 report = "\n".join([
     f"files over {FILE_LIMIT} lines: " + (", ".join(f"{p} {n}" for p, n in big_files) or "none"),
     f"functions over {FN_LIMIT} lines: " + (", ".join(f"{p} {n}" for p, n in big_fns) or "none"),
     f"import circles between modules: {module_circles or 'none'}",
     f"import circles between files: {file_circles or 'none'}",
+    "type names defined more than once: "
+    + (", ".join(f"{t} ({' '.join(sorted(ps))})" for t, ps in sorted(twice.items())) or "none"),
 ])
 print(report)
 if update_doc:
@@ -190,6 +198,8 @@ for no, line in enumerate(open(listing), 1):
 problems = []
 for c in module_circles + file_circles:
     problems.append(f"import circle: {' <-> '.join(c)}")
+for t, ps in sorted(twice.items()):
+    problems.append(f"type name {t} defined in {', '.join(sorted(ps))}: one meaning per name")
 for kind, found in (("file", big_files), ("fn", big_fns)):
     for name, n in found:
         cap = allowed.pop((kind, name), None)

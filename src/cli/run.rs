@@ -194,7 +194,7 @@ pub(super) fn run_cmd(a: RunArgs) -> Result<i32> {
                 label: a.label && a.ntasks.is_some(),
             })
         }
-        role => crate::role::run(
+        crate::role::Role::Supervising(role) => crate::role::run(
             role,
             RunOptions {
                 argv: a.command,

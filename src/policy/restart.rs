@@ -135,17 +135,6 @@ impl Action {
             Action::Unknown => "unknown",
         }
     }
-
-    /// Why, in words (none for finishing).
-    pub fn reason(&self) -> Option<&str> {
-        match self {
-            Action::Requeue { reason, .. }
-            | Action::RestartInAllocation { reason, .. }
-            | Action::RestartInPlace { reason }
-            | Action::Stop { reason } => Some(reason),
-            Action::Finish | Action::Unknown => None,
-        }
-    }
 }
 
 /// Where the job runs again after a failure, which decides the words.
@@ -785,7 +774,13 @@ mod tests {
             "infrastructure: NCCL timeout after # ms on rank #"
         );
         assert_eq!(first.detail, "NCCL timeout after 600023 ms on rank 3");
-        let reasons = |a: Action| a.reason().unwrap_or_default().to_string();
+        let reasons = |a: Action| match a {
+            Action::Requeue { reason, .. }
+            | Action::RestartInAllocation { reason, .. }
+            | Action::RestartInPlace { reason }
+            | Action::Stop { reason } => reason,
+            Action::Finish | Action::Unknown => String::new(),
+        };
         let r = reasons(decide(&first, &[], 3, true));
         assert!(r.contains("600023 ms on rank 3") && !r.contains('#'), "{r}");
         // The crash loop is recognised on the masked signature, told in the original words.
