@@ -104,7 +104,7 @@ events! {
         /// The batch level: `SLURM_RESTART_COUNT` of this allocation.
         allocation: u32,
         /// The batch level, relaunched inside its allocation: what the step left out.
-        relaunch_in_allocation: Value,
+        relaunch_in_allocation: RelaunchInAllocation,
     }
 
     /// The job ended.
@@ -377,7 +377,7 @@ events! {
     /// The site's health check ran.
     HealthCheck = "health_check" {
         when: HealthWhen,
-        result: Value,
+        result: HealthOutcome,
     }
 
     /// Processes that outlived SIGKILL.

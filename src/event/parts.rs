@@ -21,6 +21,35 @@ impl From<CheckpointIntervalAdvised> for Event {
     }
 }
 
+/// What a step relaunched inside its allocation left out
+/// (`job_start.relaunch_in_allocation`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RelaunchInAllocation {
+    #[serde(default)]
+    pub exclude: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<u32>,
+    #[serde(flatten)]
+    pub more: Map<String, Value>,
+}
+
+/// What the site's health check found (`health_check.result`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct HealthOutcome {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ok: Option<bool>,
+    /// `exit N`, `signal N`, `timed out`, or why it could not run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
+    /// The first lines of its output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_s: Option<f64>,
+    #[serde(flatten)]
+    pub more: Map<String, Value>,
+}
+
 /// What an attempt came to (`decision.outcome`): the restart policy's
 /// [`AttemptOutcome`], every field optional as journals of every build
 /// have it.

@@ -158,11 +158,7 @@ pub fn decide_local(
 ) -> Option<Decision> {
     let unhealthy = journal::events(records).any(|(r, e)| match e {
         Event::HealthCheck(h) if r.attempt == attempt => {
-            h.result
-                .as_ref()
-                .and_then(|h| h.get("ok"))
-                .and_then(|ok| ok.as_bool())
-                == Some(false)
+            h.result.as_ref().and_then(|h| h.ok) == Some(false)
         }
         _ => false,
     });

@@ -27,7 +27,6 @@ use crate::slurm::step::NextAttempt;
 use crate::slurm::Slurm;
 use chrono::Utc;
 use nix::sys::signal::Signal;
-use serde_json::json;
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
@@ -210,8 +209,11 @@ fn job_start(b: &mut Base, relaunched: Option<&NextAttempt>) {
         world_size: Some(b.id.world_size),
         mode: Some(ev::JobMode::Batch),
         allocation: Some(b.slurm.restart_count),
-        relaunch_in_allocation: relaunched
-            .map(|r| json!({ "exclude": r.exclude, "nodes": r.nodes })),
+        relaunch_in_allocation: relaunched.map(|r| ev::RelaunchInAllocation {
+            exclude: r.exclude.clone(),
+            nodes: Some(r.nodes),
+            ..Default::default()
+        }),
         ..Default::default()
     };
     b.journal.write(start, true);

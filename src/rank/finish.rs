@@ -80,7 +80,7 @@ impl<'a> Agent<'a> {
                 r.journal.write(
                     ev::HealthCheck {
                         when: Some(ev::HealthWhen::AfterFailure),
-                        result: serde_json::to_value(h).ok(),
+                        result: Some(h.into()),
                     },
                     true,
                 );

@@ -21,6 +21,18 @@ pub struct HealthResult {
     pub duration_s: f64,
 }
 
+impl From<&HealthResult> for crate::event::HealthOutcome {
+    fn from(h: &HealthResult) -> Self {
+        crate::event::HealthOutcome {
+            ok: Some(h.ok),
+            status: Some(h.status.clone()),
+            output: Some(h.output.clone()),
+            duration_s: Some(h.duration_s),
+            ..Default::default()
+        }
+    }
+}
+
 /// Run the configured check (None when none is configured).
 pub fn run(cfg: &HealthConfig) -> Option<HealthResult> {
     let argv = cfg.command.as_ref()?;

@@ -505,7 +505,7 @@ fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     journal.write(
         ev::HealthCheck {
             when: Some(ev::HealthWhen::BeforeStart),
-            result: serde_json::to_value(&h).ok(),
+            result: Some((&h).into()),
         },
         true,
     );

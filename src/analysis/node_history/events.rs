@@ -110,13 +110,10 @@ fn health_check_blame(
     push: &mut impl FnMut(&str, &Record, &str, String, String),
 ) {
     let result = h.result.as_ref();
-    let failed = result.and_then(|v| v.get("ok")).and_then(|v| v.as_bool()) == Some(false);
+    let failed = result.and_then(|v| v.ok) == Some(false);
     if failed {
         if let Some(node) = &r.node {
-            let out = result
-                .and_then(|v| v.get("output"))
-                .and_then(|v| v.as_str())
-                .unwrap_or("");
+            let out = result.and_then(|v| v.output.as_deref()).unwrap_or("");
             push(
                 node,
                 r,

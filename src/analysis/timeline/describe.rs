@@ -83,11 +83,7 @@ fn describe_event(event: &Event) -> Option<String> {
 fn job_start(x: &e::JobStart) -> String {
     match &x.relaunch_in_allocation {
         Some(v) => {
-            let out: Vec<&str> = v
-                .get("exclude")
-                .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).collect())
-                .unwrap_or_default();
+            let out = &v.exclude;
             if out.is_empty() {
                 "step relaunched inside the allocation".into()
             } else {
