@@ -21,7 +21,7 @@ use crate::policy::stall::StallMode;
 use crate::policy::straggler::{Basis, StragglerScope};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Version of the record schema written by this build.
@@ -29,68 +29,11 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 pub use crate::policy::failure::Class;
 
+#[macro_use]
+mod macros;
+mod fields;
 mod parts;
 pub use parts::*;
-
-macro_rules! events {
-    (
-        $(
-            $(#[$meta:meta])*
-            $variant:ident = $name:literal {
-                $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)?
-            }
-        )*
-        ;
-        $( $(#[$xmeta:meta])* $xvariant:ident = $xname:literal => $xty:ty ),* $(,)?
-    ) => {
-        $(
-            $(#[$meta])*
-            #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-            pub struct $variant {
-                $(
-                    $(#[$fmeta])*
-                    #[serde(default, skip_serializing_if = "Option::is_none")]
-                    pub $field: Option<$ty>,
-                )*
-            }
-
-            impl From<$variant> for Event {
-                fn from(e: $variant) -> Event {
-                    Event::$variant(e)
-                }
-            }
-        )*
-
-        /// One journal record's kind and fields.
-        #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-        #[serde(tag = "kind")]
-        pub enum Event {
-            $(
-                $(#[$meta])*
-                #[serde(rename = $name)]
-                $variant($variant),
-            )*
-            $(
-                $(#[$xmeta])*
-                #[serde(rename = $xname)]
-                $xvariant($xty),
-            )*
-        }
-
-        impl Event {
-            /// The kind as written in the journal.
-            pub fn kind(&self) -> &'static str {
-                match self {
-                    $( Event::$variant(_) => $name, )*
-                    $( Event::$xvariant(_) => $xname, )*
-                }
-            }
-        }
-
-        /// Every kind this build writes or reads.
-        pub const KINDS: &[&str] = &[ $( $name, )* $( $xname, )* ];
-    };
-}
 
 events! {
     // ----- the job -----------------------------------------------------------
@@ -717,58 +660,10 @@ events! {
     CheckpointIncomplete = "checkpoint_incomplete" => CheckpointSettled,
 }
 
-impl Event {
-    /// The attempt a record written later is about (a verdict on an
-    /// earlier attempt), when it says so.
-    pub fn about_attempt(&self) -> Option<u32> {
-        match self {
-            Event::Failure(x) => x.about_attempt,
-            Event::Decision(x) => x.about_attempt,
-            Event::PreviousAttempt(x) => x.about_attempt,
-            _ => None,
-        }
-    }
-
-    /// The fields of the record, without `kind`.
-    pub fn into_fields(self) -> Map<String, Value> {
-        match serde_json::to_value(self) {
-            Ok(Value::Object(mut m)) => {
-                m.remove("kind");
-                m
-            }
-            _ => Map::new(),
-        }
-    }
-
-    /// Read a record's kind and fields; `None` for a kind this build does not
-    /// know or fields of the wrong type.
-    pub fn from_fields(kind: &str, fields: &Map<String, Value>) -> Option<Event> {
-        Event::parse(kind, fields).ok()
-    }
-
-    /// The same, saying what did not read.
-    pub fn parse(kind: &str, fields: &Map<String, Value>) -> Result<Event, String> {
-        if !KINDS.contains(&kind) {
-            return Err(format!("unknown kind '{kind}'"));
-        }
-        // Read in place (no copy of the fields): the tag, then the fields
-        // but the run key, which is the envelope's (stamped on every record).
-        use serde::de::value::MapDeserializer;
-        let tag = Value::String(kind.into());
-        let entries = std::iter::once(("kind", &tag)).chain(
-            fields
-                .iter()
-                .filter(|(k, _)| k.as_str() != "run")
-                .map(|(k, v)| (k.as_str(), v)),
-        );
-        let de = MapDeserializer::<_, serde_json::Error>::new(entries);
-        Event::deserialize(de).map_err(|e| format!("{kind}: {e}"))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Map;
 
     /// Numbers compare by value (`5` and `5.0`); nulls count as absent.
     /// The same data: numbers by value, and a null or an empty list the

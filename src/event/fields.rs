@@ -1,0 +1,54 @@
+//! An [`Event`] to and from a record's fields.
+
+use super::{Event, KINDS};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+impl Event {
+    /// The attempt a record written later is about (a verdict on an
+    /// earlier attempt), when it says so.
+    pub fn about_attempt(&self) -> Option<u32> {
+        match self {
+            Event::Failure(x) => x.about_attempt,
+            Event::Decision(x) => x.about_attempt,
+            Event::PreviousAttempt(x) => x.about_attempt,
+            _ => None,
+        }
+    }
+
+    /// The fields of the record, without `kind`.
+    pub fn into_fields(self) -> Map<String, Value> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(mut m)) => {
+                m.remove("kind");
+                m
+            }
+            _ => Map::new(),
+        }
+    }
+
+    /// Read a record's kind and fields; `None` for a kind this build does not
+    /// know or fields of the wrong type.
+    pub fn from_fields(kind: &str, fields: &Map<String, Value>) -> Option<Event> {
+        Event::parse(kind, fields).ok()
+    }
+
+    /// The same, saying what did not read.
+    pub fn parse(kind: &str, fields: &Map<String, Value>) -> Result<Event, String> {
+        if !KINDS.contains(&kind) {
+            return Err(format!("unknown kind '{kind}'"));
+        }
+        // Read in place (no copy of the fields): the tag, then the fields
+        // but the run key, which is the envelope's (stamped on every record).
+        use serde::de::value::MapDeserializer;
+        let tag = Value::String(kind.into());
+        let entries = std::iter::once(("kind", &tag)).chain(
+            fields
+                .iter()
+                .filter(|(k, _)| k.as_str() != "run")
+                .map(|(k, v)| (k.as_str(), v)),
+        );
+        let de = MapDeserializer::<_, serde_json::Error>::new(entries);
+        Event::deserialize(de).map_err(|e| format!("{kind}: {e}"))
+    }
+}
