@@ -53,19 +53,28 @@ fn check(marks: &[Mark]) {
         .cloned()
         .collect();
     let marks = &marks[..];
-    // Activity (another bar, a log dict's epoch) comes at most once: last,
-    // or where a step stands right before the phase marker (a bar that is
-    // not the training bar, drawn before a save's banner: activity, then
-    // the save, in the order printed).
+    // Activity (another bar, a log dict's epoch) comes at most once on each
+    // side of the phase marker: each one last, or right before the marker
+    // (a bar that is not the training bar, drawn before a save's banner:
+    // activity, then the save, in the order printed; then, after the
+    // banner, activity again).
     let is_activity = |m: &Mark| matches!(m, Mark::Activity(_) | Mark::Epoch(_));
-    let activity = marks.iter().filter(|m| is_activity(m)).count();
-    assert!(activity <= 1, "{marks:?}");
-    if activity == 1 {
-        let at = marks.iter().position(is_activity).unwrap();
+    let acts: Vec<usize> = (0..marks.len()).filter(|&i| is_activity(&marks[i])).collect();
+    assert!(acts.len() <= 2, "{marks:?}");
+    for &at in &acts {
         let before_marker = marks
             .get(at + 1)
             .is_some_and(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
         assert!(at + 1 == marks.len() || before_marker, "{marks:?}");
+    }
+    if let [first, second] = acts[..] {
+        let marker = marks
+            .iter()
+            .position(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)));
+        assert!(
+            marker.is_some_and(|p| first < p && p < second),
+            "two activities, not one on each side of the marker: {marks:?}"
+        );
     }
     // At most one phase marker, with at most one step on each side of it
     // (the stall policy says whether the later one ends the phase).
