@@ -24,6 +24,15 @@ macro_rules! names {
                         $name::Unknown => "unknown",
                     }
                 }
+
+                /// The value a name stands for; `None` for any other (a
+                /// configuration's word: `unknown` is no value there).
+                pub fn parse(s: &str) -> Option<$name> {
+                    match s {
+                        $( $text => Some($name::$variant), )*
+                        _ => None,
+                    }
+                }
             }
 
             impl $crate::names::Named for $name {
@@ -49,4 +58,20 @@ pub trait Named: Copy {
 /// The name of a field that may be absent: `?` when it is.
 pub fn or_unknown<T: Named>(v: &Option<T>) -> &'static str {
     v.map_or("?", Named::name)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::policy::numerical::Act;
+
+    #[test]
+    fn a_name_parses_to_its_value_and_back_and_unknown_is_no_value() {
+        for a in [Act::Record, Act::Stop, Act::Rollback] {
+            assert_eq!(Act::parse(a.name()), Some(a));
+        }
+        assert_eq!(Act::parse("unknown"), None);
+        assert_eq!(Act::parse("Stop"), None);
+        let read: Act = serde_json::from_str("\"halt\"").unwrap();
+        assert_eq!((read, read.name()), (Act::Unknown, "unknown"));
+    }
 }

@@ -52,18 +52,6 @@ names! {
 /// How a rollback's evidence begins (the verdict and the decision read it).
 pub const ROLLBACK: &str = "rollback: ";
 
-impl Act {
-    /// `"record"`, `"stop"` or `"rollback"`.
-    pub fn parse(s: &str) -> Option<Act> {
-        match s {
-            "record" => Some(Act::Record),
-            "stop" => Some(Act::Stop),
-            "rollback" => Some(Act::Rollback),
-            _ => None,
-        }
-    }
-}
-
 /// `[numerical]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NumericalConfig {

@@ -62,17 +62,6 @@ names! {
     }
 }
 
-impl SlowAction {
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "record" => Some(SlowAction::Record),
-            "checkpoint" => Some(SlowAction::Checkpoint),
-            "exclude" => Some(SlowAction::Exclude),
-            _ => None,
-        }
-    }
-}
-
 /// `[slowdown]`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SlowdownConfig {
