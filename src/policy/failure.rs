@@ -525,22 +525,23 @@ fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
 
 /// A traceback's quoted source line: indented, and a `raise` statement.
 fn is_quoted_source(line: &str) -> bool {
-    let t = line.trim_start();
-    let l = match t.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
-        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => rest,
-        _ => line,
-    };
+    let l = after_rank_prefix(line.trim_start()).unwrap_or(line);
     l.starts_with(char::is_whitespace) && l.trim_start().starts_with("raise ")
+}
+
+/// What follows torch's `[rank1]: ` prefix, as it is (indent kept).
+fn after_rank_prefix(line: &str) -> Option<&str> {
+    match line.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
+        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => Some(rest),
+        _ => None,
+    }
 }
 
 /// A line without torch's `[rank1]: ` prefix (every line of a rank's
 /// traceback carries it).
 fn without_rank_prefix(line: &str) -> &str {
     let t = line.trim_start();
-    match t.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
-        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => rest,
-        _ => t,
-    }
+    after_rank_prefix(t).unwrap_or(t)
 }
 
 /// One failed rank in a cross-rank judgment.
