@@ -308,7 +308,8 @@ impl Local {
             a.now();
             a.poll(c, Instant::now());
         }
-        let port = command::free_port();
+        // A rendezvous for several ranks only (see `rank_command`).
+        let port = (!self.single).then(command::free_port);
         let started = Instant::now();
         let mut ranks: Vec<LocalRank> = Vec::new();
         let mut spawn_error = None;
@@ -329,7 +330,7 @@ impl Local {
             }
         }
         tracing::debug!(
-            "attempt {}: {} rank agent(s) started (pids {:?}), MASTER_PORT {port}",
+            "attempt {}: {} rank agent(s) started (pids {:?}), MASTER_PORT {port:?}",
             run.attempt,
             ranks.len(),
             ranks.iter().map(|r| r.pid.as_raw()).collect::<Vec<_>>()
@@ -337,7 +338,7 @@ impl Local {
         run.log.write(
             ev::Launch {
                 ranks: Some(self.n),
-                master_port: Some(port),
+                master_port: port,
                 agent_pids: Some(ranks.iter().map(|r| r.pid.as_raw()).collect()),
             },
             true,

@@ -272,6 +272,22 @@ fn one_local_rank_gets_no_torchrun_variables_and_several_get_them_all() {
 }
 
 #[test]
+fn one_local_rank_has_no_rendezvous_port_in_its_launch_record() {
+    let dir = tempfile::tempdir().unwrap();
+    for (job, more) in [("one", &[][..]), ("two", &["--ntasks", "2"][..])] {
+        let mut c = resilio_run(dir.path(), job);
+        c.args(more).args(["--", "true"]);
+        let (o, _) = output_within(&mut c, Duration::from_secs(10));
+        assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+        let recs = records(dir.path(), job);
+        let launch = kinds(&recs, "launch");
+        assert_eq!(launch.len(), 1, "{recs:#?}");
+        let port = launch[0].u64("master_port");
+        assert_eq!(port.is_some(), job == "two", "{:?}", launch[0]);
+    }
+}
+
+#[test]
 fn torchrun_variables_from_a_simulated_slurm_step_environment() {
     // SIMULATED: the SLURM_* variables of task 5 of a 2x3 step, set by the test
     // (the real cluster's srun is exercised in tests/slurm).

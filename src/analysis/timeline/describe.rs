@@ -323,11 +323,11 @@ fn probe(x: &e::Probe) -> String {
 }
 
 fn launch(x: &e::Launch) -> String {
-    format!(
-        "launched {} rank(s), MASTER_PORT {}",
-        num(x.ranks),
-        num(x.master_port)
-    )
+    // One rank has no rendezvous (no torchrun variables): no port to show.
+    match x.master_port {
+        Some(port) => format!("launched {} rank(s), MASTER_PORT {port}", num(x.ranks)),
+        None => format!("launched {} rank(s)", num(x.ranks)),
+    }
 }
 
 fn judgment(x: &e::Judgment) -> String {

@@ -11,15 +11,16 @@ pub(super) fn output_label(r: u32, n: u32) -> String {
 }
 
 impl Local {
-    /// The agent of rank `r`, with the torchrun variables when there are
-    /// several ranks. One rank gets none: the command runs as it would
-    /// without resilio (Lightning and the Hugging Face Trainer take
-    /// `LOCAL_RANK` for a launcher that started their processes).
+    /// The agent of rank `r`, with the torchrun variables and the
+    /// rendezvous `port` when there are several ranks. One rank gets none
+    /// (`port` is `None`): the command runs as it would without resilio
+    /// (Lightning and the Hugging Face Trainer take `LOCAL_RANK` for a
+    /// launcher that started their processes).
     pub(super) fn rank_command(
         &self,
         r: u32,
         attempt: u32,
-        port: u16,
+        port: Option<u16>,
         c: Option<&Coordinator>,
     ) -> Command {
         let (n, single) = (self.n, self.single);
@@ -27,49 +28,47 @@ impl Local {
         cmd.arg("run")
             .args(&self.agent_args)
             .arg("--")
-            .args(&self.argv)
-            .envs(
-                [
-                    ("RANK", r.to_string()),
-                    ("LOCAL_RANK", r.to_string()),
-                    ("WORLD_SIZE", n.to_string()),
-                    ("LOCAL_WORLD_SIZE", n.to_string()),
-                    ("GROUP_RANK", "0".into()),
-                    ("NODE_RANK", "0".into()),
-                    ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
-                    ("MASTER_ADDR", "127.0.0.1".into()),
-                    ("MASTER_PORT", port.to_string()),
-                ]
-                .into_iter()
-                .filter(|_| !single),
-            )
-            .envs([
-                ("RESILIO_JOB_ID", self.job.clone()),
-                ("RESILIO_ATTEMPT", attempt.to_string()),
-                (
-                    "RESILIO_STATE_DIR",
-                    self.cfg.state_dir.to_string_lossy().into_owned(),
-                ),
-                (
-                    ENV_LAUNCHER,
-                    if single { LAUNCHER_SINGLE } else { "1" }.into(),
-                ),
-            ])
-            .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
-            .envs((self.label && !single).then(|| (crate::context::ENV_LABEL, output_label(r, n))))
-            // The launcher's clock: the agents' records agree with its own,
-            // even for agents started after a step of the wall clock.
-            .envs(crate::util::clock::env_value().map(|v| (crate::util::clock::ENV, v)))
-            .envs(crate::log::child_env())
-            // Ranks run in process groups of their own (so a Ctrl-C
-            // reaches them once, through the launcher). Several ranks
-            // are not in the terminal's foreground, so none may read
-            // it; one rank gets stdin and the terminal.
-            .stdin(if single {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            });
+            .args(&self.argv);
+        if let Some(port) = port {
+            cmd.envs([
+                ("RANK", r.to_string()),
+                ("LOCAL_RANK", r.to_string()),
+                ("WORLD_SIZE", n.to_string()),
+                ("LOCAL_WORLD_SIZE", n.to_string()),
+                ("GROUP_RANK", "0".into()),
+                ("NODE_RANK", "0".into()),
+                ("TORCHELASTIC_RESTART_COUNT", attempt.to_string()),
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.to_string()),
+            ]);
+        }
+        cmd.envs([
+            ("RESILIO_JOB_ID", self.job.clone()),
+            ("RESILIO_ATTEMPT", attempt.to_string()),
+            (
+                "RESILIO_STATE_DIR",
+                self.cfg.state_dir.to_string_lossy().into_owned(),
+            ),
+            (
+                ENV_LAUNCHER,
+                if single { LAUNCHER_SINGLE } else { "1" }.into(),
+            ),
+        ])
+        .envs(self.run_key.iter().map(|k| (crate::runs::ENV_RUN, k)))
+        .envs((self.label && !single).then(|| (crate::context::ENV_LABEL, output_label(r, n))))
+        // The launcher's clock: the agents' records agree with its own,
+        // even for agents started after a step of the wall clock.
+        .envs(crate::util::clock::env_value().map(|v| (crate::util::clock::ENV, v)))
+        .envs(crate::log::child_env())
+        // Ranks run in process groups of their own (so a Ctrl-C
+        // reaches them once, through the launcher). Several ranks
+        // are not in the terminal's foreground, so none may read
+        // it; one rank gets stdin and the terminal.
+        .stdin(if single {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        });
         // The launcher gone (even by SIGKILL): one rank is stopped with it,
         // as a plain wrapper's trainer would be; several ranks train on,
         // their agents notice (docs/coordinator.md).
