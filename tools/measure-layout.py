@@ -4,7 +4,7 @@ functions over 100 (non-test code: everything before a file's test module),
 import circles, between top-level modules and between files (comments
 ignored; a folder's `mod.rs` re-exports are its face, not a dependency),
 and type names defined more than once (one meaning per name; a journal
-record's struct, made by `event!`, takes the name of what it records).
+record's struct, made by `events!`, takes the name of what it records).
 
     python3 tools/measure-layout.py [SRC_DIR]
     python3 tools/measure-layout.py --check [SRC_DIR]
@@ -61,6 +61,10 @@ for d, _, names in os.walk(root):
             fns.append((body[m.start():j].count("\n") + 1, name))
         for m in re.finditer(r"^[ \t]*(?:pub(?:\([a-z]+\))? )?(?:struct|enum|type|trait) ([A-Z][A-Za-z0-9_]*)", body, re.M):
             types[m.group(1)].append(rel)
+        # The enums a `names!` block declares (`    Name {` at its top level).
+        for block in re.finditer(r"^names! \{\n(.*?)^\}", body, re.M | re.S):
+            for m in re.finditer(r"^    ([A-Z][A-Za-z0-9_]*) \{$", block.group(1), re.M):
+                types[m.group(1)].append(rel)
         top = rel.split("/")[0].removesuffix(".rs")
         if top in ("main", "lib"):
             continue
