@@ -1156,6 +1156,37 @@ mod tests {
     }
 
     #[test]
+    fn another_bar_and_an_epoch_in_one_read_are_one_activity() {
+        // The training bar is the first bar's total; a later bar of another
+        // total (an evaluation's) is activity, and so is a log dict's epoch
+        // when a bar names the steps: one read with both says one activity,
+        // the last printed (found by the fuzzer: two in a row).
+        let p = parser();
+        let mut s = LineScanner::default();
+        let marks = no_figures(s.feed(&p, b" 10%|#  | 10/100 [00:01<00:09, 9.9it/s]\n"));
+        assert_eq!(marks, vec![Mark::Step(10)]);
+        let text = " 30%|###  | 5/16 [00:01<00:02, 3.5it/s]\n{'loss': 0.09, 'epoch': 0.38}\n";
+        let marks = no_figures(s.feed(&p, text.as_bytes()));
+        assert_eq!(marks, vec![Mark::Activity(380_000)], "{marks:?}");
+        // On each side of a save's banner, one each, in the order printed.
+        let text = " 40%|####  | 6/16 [00:01<00:02, 3.5it/s]\n{'loss': 0.09, 'epoch': 0.4}\nSaving model checkpoint to /x\n 50%|#####  | 8/16 [00:01<00:02, 3.5it/s]\n{'loss': 0.08, 'epoch': 0.5}\n";
+        let marks = no_figures(s.feed(&p, text.as_bytes()));
+        assert_eq!(
+            marks
+                .iter()
+                .filter(|m| matches!(m, Mark::Activity(_)))
+                .count(),
+            marks.len() - 1,
+            "{marks:?}"
+        );
+        assert!(
+            marks.len() <= 3 && marks.contains(&Mark::Phase("checkpoint")),
+            "{marks:?}"
+        );
+        assert_eq!(marks.last(), Some(&Mark::Activity(500_000)), "{marks:?}");
+    }
+
+    #[test]
     fn a_log_dict_with_an_epoch_is_activity() {
         // HF with disable_tqdm=True: the log dicts are all there is
         // (transformers 5 quotes the values, 4 does not).

@@ -143,7 +143,7 @@ impl LineScanner {
                 };
             }
         }
-        marks
+        settle_activity(marks)
     }
 
     fn feed_lines(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
@@ -211,6 +211,39 @@ impl LineScanner {
             self.carry.extend_from_slice(bytes);
         }
     }
+}
+
+/// Activity at most once on each side of the phase marker, last on its
+/// side: a bar that is not the training bar is life, as a log dict's epoch
+/// is, and when a read shows both, the one printed last says it (as
+/// [`compact`] keeps one activity of several).
+fn settle_activity(marks: Vec<Mark>) -> Vec<Mark> {
+    let is_activity = |m: &Mark| matches!(m, Mark::Activity(_));
+    let marker = marks
+        .iter()
+        .position(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_)))
+        .unwrap_or(marks.len());
+    let settled = |side: &[Mark]| {
+        side.iter().filter(|m| is_activity(m)).count() <= 1
+            && side
+                .iter()
+                .position(is_activity)
+                .is_none_or(|i| i + 1 == side.len())
+    };
+    let after = (marker + 1).min(marks.len());
+    if settled(&marks[..marker]) && settled(&marks[after..]) {
+        return marks;
+    }
+    let side = |part: &[Mark]| {
+        let last = part.iter().rfind(|m| is_activity(m)).cloned();
+        let mut out: Vec<Mark> = part.iter().filter(|m| !is_activity(m)).cloned().collect();
+        out.extend(last);
+        out
+    };
+    let mut out = side(&marks[..marker]);
+    out.extend(marks.get(marker).cloned());
+    out.extend(side(&marks[after..]));
+    out
 }
 
 /// What several scans of one read said, as one scan of the whole would
