@@ -132,7 +132,9 @@ pub enum CommandKind {
     CarryOn { reason: String },
 }
 
-/// A command with its sequence number; `ranks` empty means every rank.
+/// A command with its sequence number; `ranks` empty means every rank,
+/// otherwise the ranks it is for, in ascending order (a reply names only
+/// the rank it goes to).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Command {
     pub seq: u64,
@@ -145,7 +147,8 @@ pub struct Command {
 
 impl Command {
     pub fn for_rank(&self, rank: u32, attempt: u32) -> bool {
-        self.attempt == attempt && (self.ranks.is_empty() || self.ranks.contains(&rank))
+        self.attempt == attempt
+            && (self.ranks.is_empty() || self.ranks.binary_search(&rank).is_ok())
     }
 }
 

@@ -67,6 +67,7 @@ impl JobView {
             asked: now,
             deadline: now + self.cfg.checkpoint_wait,
             confirmed: BTreeMap::new(),
+            confirmed_live: 0,
         });
         self.push(
             Vec::new(),
@@ -97,22 +98,18 @@ impl JobView {
         out: &mut Vec<Effect>,
     ) {
         let Some(p) = &self.pending else { return };
-        let live: Vec<u32> = self
-            .ranks
-            .iter()
-            .filter(|(_, e)| !e.lost)
-            .filter(|(r, e)| e.report.state != RankState::Exited || p.confirmed.contains_key(r))
-            .map(|(r, _)| *r)
-            .collect();
-        let missing: Vec<u32> = live
-            .iter()
-            .copied()
-            .filter(|r| !p.confirmed.contains_key(r))
-            .collect();
-        let complete = missing.is_empty() && !p.confirmed.is_empty();
+        // Every live rank confirmed: counted as reports come (a report
+        // costs the same at any size), the missing listed once, here.
+        let complete = self.tally.live == p.confirmed_live && !p.confirmed.is_empty();
         if !complete && !timed_out {
             return;
         }
+        let missing: Vec<u32> = self
+            .ranks
+            .iter()
+            .filter(|(r, e)| Facts::of(e).live && !p.confirmed.contains_key(r))
+            .map(|(r, _)| *r)
+            .collect();
         let p = self.pending.take().expect("checked");
         let confirmed: Vec<u32> = p.confirmed.keys().copied().collect();
         let last = p

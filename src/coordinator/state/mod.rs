@@ -11,6 +11,7 @@ mod checks;
 mod judge;
 mod reports;
 mod stragglers;
+mod tally;
 
 use crate::event::{self as ev, Event};
 use crate::policy::hang::{HangVerdict, RankView};
@@ -18,6 +19,7 @@ use crate::policy::straggler::{StragglerConfig, StragglerPolicy, Totals};
 pub use checks::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tally::{Facts, Ranks, Tally};
 
 /// How long a rank's abort with no signature waits for the others to finish
 /// before the step is torn down.
@@ -114,6 +116,9 @@ struct Pending {
     asked: Instant,
     deadline: Instant,
     confirmed: BTreeMap<u32, Instant>,
+    /// How many of the confirmed ranks are live ([`Facts::live`]): the
+    /// checkpoint is complete when that is every live rank.
+    confirmed_live: usize,
 }
 
 struct Failing {
@@ -144,7 +149,9 @@ pub struct JobView {
     rank_limit: u32,
     attempt: u32,
     started: Instant,
-    ranks: BTreeMap<u32, Entry>,
+    ranks: Ranks,
+    /// The sums over `ranks` a report needs, kept as entries change.
+    tally: Tally,
     commands: Vec<Command>,
     seq: u64,
     straggler: StragglerPolicy,
@@ -184,6 +191,29 @@ pub struct JobView {
     last_tick: Option<(Instant, bool)>,
 }
 
+/// A rank's facts changed: the tally, and the pending checkpoint's count
+/// of live ranks among those that confirmed it.
+fn retally(
+    tally: &mut Tally,
+    pending: &mut Option<Pending>,
+    rank: u32,
+    before: Option<Facts>,
+    after: Option<Facts>,
+) {
+    tally.change(rank, before, after);
+    let (was, is) = (
+        before.is_some_and(|f| f.live),
+        after.is_some_and(|f| f.live),
+    );
+    if let Some(p) = pending.as_mut().filter(|p| p.confirmed.contains_key(&rank)) {
+        match (was, is) {
+            (false, true) => p.confirmed_live += 1,
+            (true, false) => p.confirmed_live -= 1,
+            _ => {}
+        }
+    }
+}
+
 fn median(mut xs: Vec<f64>) -> Option<f64> {
     if xs.is_empty() {
         return None;
@@ -206,7 +236,8 @@ impl JobView {
             rank_limit: world_size,
             attempt,
             started: now,
-            ranks: BTreeMap::new(),
+            ranks: Ranks::default(),
+            tally: Tally::default(),
             commands: Vec::new(),
             seq: 0,
             straggler: StragglerPolicy::new(cfg.straggler.clone()),
@@ -240,21 +271,43 @@ impl JobView {
         self.attempt
     }
 
+    /// Rank entries visited by walks over every rank since the view began:
+    /// a report adds none (`tests/coordinator_work.rs` holds it), a tick,
+    /// a judgment or a status walks them once.
+    pub fn ranks_visited(&self) -> u64 {
+        self.ranks.visited()
+    }
+
     /// The latest command sequence number.
     pub fn seq(&self) -> u64 {
         self.seq
     }
 
-    /// Commands for `rank` newer than `after`.
+    /// Commands for `rank` newer than `after`. A command to some ranks
+    /// names only `rank` in the copy it gets (a probe of every other rank
+    /// of a large job would otherwise go out whole in every reply).
     pub fn commands_for(&self, rank: u32, attempt: u32, after: u64) -> Vec<Command> {
-        self.commands
+        let newer = self.commands.partition_point(|c| c.seq <= after);
+        self.commands[newer..]
             .iter()
-            .filter(|c| c.seq > after && c.for_rank(rank, attempt))
-            .cloned()
+            .filter(|c| c.for_rank(rank, attempt))
+            .map(|c| Command {
+                seq: c.seq,
+                attempt: c.attempt,
+                ranks: if c.ranks.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![rank]
+                },
+                kind: c.kind.clone(),
+            })
             .collect()
     }
 
-    fn push(&mut self, ranks: Vec<u32>, kind: CommandKind) {
+    fn push(&mut self, mut ranks: Vec<u32>, kind: CommandKind) {
+        // Sorted, so that `Command::for_rank` finds a rank by halving.
+        ranks.sort_unstable();
+        ranks.dedup();
         self.seq += 1;
         self.commands.push(Command {
             seq: self.seq,
@@ -276,6 +329,7 @@ impl JobView {
     pub fn new_attempt(&mut self, attempt: u32, now: Instant) -> Vec<Effect> {
         self.attempt = attempt;
         self.ranks.clear();
+        self.tally.clear();
         self.failing = None;
         self.pending = None;
         self.excluding = None;
@@ -313,14 +367,30 @@ impl JobView {
     /// progress, seen here a report later than by its agent, must not look
     /// like a peer's).
     pub fn job_progress_age_for(&self, rank: Option<u32>, now: Instant) -> Option<f64> {
-        let others = || self.live().filter(move |(r, _)| Some(**r) != rank);
-        if others().any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running) {
+        let own = rank
+            .and_then(|r| self.ranks.get(&r))
+            .map(Facts::of)
+            .unwrap_or_default();
+        if self.tally.long_phase > usize::from(own.long_phase) {
             return Some(0.0);
         }
-        others()
-            .filter_map(|(_, e)| e.last_step_at)
-            .max()
+        self.tally
+            .newest_progress(rank)
             .map(|t| now.saturating_duration_since(t).as_secs_f64())
+    }
+
+    /// Rank `rank`'s entry is now `entry`: the tally follows (and a
+    /// pending checkpoint's count of live confirmed ranks).
+    fn set_entry(&mut self, rank: u32, entry: Entry) {
+        let after = Facts::of(&entry);
+        let before = self.ranks.insert(rank, entry).map(|e| Facts::of(&e));
+        retally(
+            &mut self.tally,
+            &mut self.pending,
+            rank,
+            before,
+            Some(after),
+        );
     }
 
     fn fail(
@@ -485,7 +555,16 @@ impl JobView {
                 && e.report.state != RankState::Exited
                 && now.duration_since(e.heard) >= lost_after
             {
+                let before = Facts::of(e);
                 e.lost = true;
+                let after = Facts::of(e);
+                retally(
+                    &mut self.tally,
+                    &mut self.pending,
+                    *r,
+                    Some(before),
+                    Some(after),
+                );
                 out.push(journal(
                     ev::RankLost {
                         about_rank: Some(*r),

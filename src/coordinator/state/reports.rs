@@ -36,7 +36,7 @@ impl JobView {
         let state = r.state;
         let exit = r.exit.clone();
         let checkpoints = r.checkpoints.clone();
-        self.ranks.insert(
+        self.set_entry(
             rank,
             Entry {
                 report: r,
@@ -49,6 +49,9 @@ impl JobView {
         if let Some(p) = self.pending.as_mut() {
             if checkpoints.contains(&p.step) && !p.confirmed.contains_key(&rank) {
                 p.confirmed.insert(rank, now);
+                if state != RankState::Exited {
+                    p.confirmed_live += 1;
+                }
             }
         }
         self.settle_checkpoint(now, false, &mut out);
@@ -231,8 +234,7 @@ impl JobView {
 
     /// Every live rank has answered the probe (a probe that could not tell
     /// is an answer too: waiting for it longer would tell nothing more).
-    fn probes_complete(&self) -> bool {
-        self.live()
-            .all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some())
+    pub(super) fn probes_complete(&self) -> bool {
+        self.tally.answered == self.tally.live
     }
 }

@@ -1,0 +1,252 @@
+//! What a reply and the per-report checks need to know about all the ranks
+//! (the job's newest progress, whether a peer is in a long phase, how many
+//! live ranks have answered a probe or confirmed a checkpoint), kept up to
+//! date as each rank's entry changes: a report costs the same at 64 ranks
+//! as at 65,536, never a walk over every rank.
+
+use super::Entry;
+use crate::coordinator::protocol::RankState;
+use std::cell::Cell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+/// What one rank's entry adds to the tally.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Facts {
+    /// Neither exited nor taken for lost.
+    pub live: bool,
+    /// When it last made progress (live ranks only).
+    pub progress: Option<Instant>,
+    /// Live, running, and in a long phase (an evaluation, a save).
+    pub long_phase: bool,
+    /// Live, and answered a probe (or showed whether it waits on a peer).
+    pub answered: bool,
+}
+
+impl Facts {
+    pub fn of(e: &Entry) -> Facts {
+        let live = e.report.state != RankState::Exited && !e.lost;
+        Facts {
+            live,
+            progress: e.last_step_at.filter(|_| live),
+            long_phase: live && e.report.long_phase && e.report.state == RankState::Running,
+            answered: live && (e.report.probed || e.report.waiting_on_peer.is_some()),
+        }
+    }
+}
+
+/// The sums over every rank's [`Facts`].
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    /// Live ranks by their last progress, the newest last.
+    progress: BTreeSet<(Instant, u32)>,
+    pub live: usize,
+    pub long_phase: usize,
+    pub answered: usize,
+}
+
+impl Tally {
+    /// Rank `rank`'s facts went from `before` to `after` (`None`: no entry).
+    pub fn change(&mut self, rank: u32, before: Option<Facts>, after: Option<Facts>) {
+        let (b, a) = (before.unwrap_or_default(), after.unwrap_or_default());
+        if b == a {
+            return;
+        }
+        if b.progress != a.progress {
+            if let Some(t) = b.progress {
+                self.progress.remove(&(t, rank));
+            }
+            if let Some(t) = a.progress {
+                self.progress.insert((t, rank));
+            }
+        }
+        let count = |n: &mut usize, was: bool, is: bool| match (was, is) {
+            (false, true) => *n += 1,
+            (true, false) => *n -= 1,
+            _ => {}
+        };
+        count(&mut self.live, b.live, a.live);
+        count(&mut self.long_phase, b.long_phase, a.long_phase);
+        count(&mut self.answered, b.answered, a.answered);
+    }
+
+    /// The newest progress of a live rank other than `but`.
+    pub fn newest_progress(&self, but: Option<u32>) -> Option<Instant> {
+        self.progress
+            .iter()
+            .rev()
+            .find(|(_, r)| Some(*r) != but)
+            .map(|(t, _)| *t)
+    }
+
+    pub fn clear(&mut self) {
+        *self = Tally::default();
+    }
+}
+
+/// Every rank's entry, and how many entries the walks over them visited:
+/// what the work-counting test reads (a report must not walk every rank;
+/// a tick, a judgment or a status may).
+#[derive(Default)]
+pub(super) struct Ranks {
+    map: BTreeMap<u32, Entry>,
+    visited: Cell<u64>,
+}
+
+impl Ranks {
+    pub fn get(&self, rank: &u32) -> Option<&Entry> {
+        self.map.get(rank)
+    }
+
+    pub fn insert(&mut self, rank: u32, entry: Entry) -> Option<Entry> {
+        self.map.insert(rank, entry)
+    }
+
+    pub fn clear(&mut self) {
+        self.map.clear();
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// A walk over every entry, counted.
+    pub fn iter(&self) -> impl Iterator<Item = (&u32, &Entry)> + '_ {
+        let visited = &self.visited;
+        self.map
+            .iter()
+            .inspect(move |_| visited.set(visited.get() + 1))
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Entry> + '_ {
+        self.iter().map(|(_, e)| e)
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Entry)> + '_ {
+        let visited = &self.visited;
+        self.map
+            .iter_mut()
+            .inspect(move |_| visited.set(visited.get() + 1))
+    }
+
+    /// Entries visited by walks so far.
+    pub fn visited(&self) -> u64 {
+        self.visited.get()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::*;
+    use crate::coordinator::protocol::{ExitInfo, Report, VERSION};
+    use std::time::Duration;
+
+    /// What the tally stands for, by walking every rank as the code did.
+    fn walked(v: &JobView, rank: Option<u32>, now: Instant) -> (Option<f64>, bool, Option<usize>) {
+        let live = || {
+            v.ranks
+                .iter()
+                .filter(|(_, e)| e.report.state != RankState::Exited && !e.lost)
+        };
+        let others = || live().filter(move |(r, _)| Some(**r) != rank);
+        let age =
+            if others().any(|(_, e)| e.report.long_phase && e.report.state == RankState::Running) {
+                Some(0.0)
+            } else {
+                others()
+                    .filter_map(|(_, e)| e.last_step_at)
+                    .max()
+                    .map(|t| now.saturating_duration_since(t).as_secs_f64())
+            };
+        let probed = live().all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some());
+        let missing = v
+            .pending
+            .as_ref()
+            .map(|p| live().filter(|(r, _)| !p.confirmed.contains_key(r)).count());
+        (age, probed, missing)
+    }
+
+    fn counted(v: &JobView, rank: Option<u32>, now: Instant) -> (Option<f64>, bool, Option<usize>) {
+        (
+            v.job_progress_age_for(rank, now),
+            v.probes_complete(),
+            v.pending.as_ref().map(|p| v.tally.live - p.confirmed_live),
+        )
+    }
+
+    /// A pseudo-random walk of reports (running, stalled, exited, in a long
+    /// phase, probed, confirming), ticks that take silent ranks for lost,
+    /// checkpoints asked and settled, and a new attempt: after every move
+    /// the tally answers what a walk over every rank answers.
+    #[test]
+    fn the_tally_answers_what_a_walk_would() {
+        let t0 = Instant::now();
+        let cfg = CoordinatorConfig {
+            lost_after: Duration::from_secs(5),
+            hang_wait: Duration::from_secs(1000),
+            ..Default::default()
+        };
+        let mut v = JobView::new("tally", 12, 0, cfg, t0);
+        let mut now = t0;
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut step = 1;
+        for i in 0..4000 {
+            let rank = next(12) as u32;
+            let state = match next(10) {
+                0 => RankState::Stalled,
+                1 => RankState::Exited,
+                _ => RankState::Running,
+            };
+            let ckpt = v.pending.as_ref().map(|p| p.step);
+            let r = Report {
+                v: VERSION,
+                rank,
+                node: format!("n{}", rank / 4),
+                attempt: v.attempt(),
+                state,
+                step: Some(step),
+                progress_age_s: (next(4) > 0).then(|| next(30) as f64),
+                phase: "train".into(),
+                long_phase: next(6) == 0,
+                probed: next(3) == 0,
+                waiting_on_peer: (next(4) == 0).then_some(true),
+                checkpoints: ckpt.filter(|_| next(2) == 0).into_iter().collect(),
+                exit: (state == RankState::Exited).then(|| ExitInfo {
+                    code: 0,
+                    class: crate::event::Class::Clean,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            };
+            v.on_report(r, now);
+            match next(40) {
+                0..=4 => {
+                    now += Duration::from_secs(1 + next(4));
+                    v.tick(now);
+                }
+                5 => {
+                    v.failing = None;
+                    let _ = v.request_checkpoint("test", now);
+                }
+                6 if i % 7 == 0 => {
+                    v.new_attempt(v.attempt() + 1, now);
+                }
+                _ => {}
+            }
+            step += next(2);
+            for who in [None, Some(rank), Some(next(12) as u32)] {
+                assert_eq!(
+                    counted(&v, who, now),
+                    walked(&v, who, now),
+                    "move {i}, rank {who:?}"
+                );
+            }
+        }
+    }
+}
