@@ -7,6 +7,11 @@
 //! Fail open: an unreachable coordinator is retried with backoff (1 s
 //! doubling to 30 s); the agent keeps supervising locally and journals the
 //! gap (`coordinator_unreachable`, then `coordinator_reachable`).
+//!
+//! Jittered: the first report comes at a random point of the first period,
+//! and each retry between half its backoff and all of it, so that the ranks
+//! of a large job, started (or cut off) at one moment, do not reach the
+//! coordinator at one moment, second after second.
 
 use super::protocol::{Command, Reply, Report};
 use std::path::PathBuf;
@@ -202,7 +207,8 @@ impl Link {
         let ob = outbox.clone();
         let tx = notes.clone();
         tokio::spawn(async move {
-            let mut backoff = me.period;
+            let mut dice = Dice::new(me.period);
+            let mut backoff = me.period.mul_f64(dice.roll().max(0.01));
             let mut down_since: Option<Instant> = None;
             // The gap is the time the coordinator heard nothing from this
             // rank: from the last report that got through (not from the
@@ -246,14 +252,15 @@ impl Link {
                             down_since = Some(last_ok.unwrap_or(sent));
                             let _ = tx.send(Note::Unreachable { error: e });
                         }
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                        backoff = down_backoff(failed).mul_f64(0.5 + 0.5 * dice.roll());
                     }
                 }
             }
         });
         let me = self.clone();
         tokio::spawn(async move {
-            let mut backoff = Duration::from_secs(1);
+            let mut dice = Dice::new(Duration::from_secs(1));
+            let mut failed = 0u64;
             loop {
                 let (rank, attempt, after) = {
                     let r = outbox.report.lock().unwrap_or_else(|e| e.into_inner());
@@ -261,7 +268,7 @@ impl Link {
                 };
                 match me.poll(rank, attempt, after).await {
                     Ok(cmds) => {
-                        backoff = Duration::from_secs(1);
+                        failed = 0;
                         let mut last = after;
                         for c in cmds {
                             last = last.max(c.seq);
@@ -274,11 +281,62 @@ impl Link {
                         }
                     }
                     Err(_) => {
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(30));
+                        failed += 1;
+                        let wait = down_backoff(failed).mul_f64(0.5 + 0.5 * dice.roll());
+                        tokio::time::sleep(wait).await;
                     }
                 }
             }
         });
+    }
+}
+
+/// The wait after `failed` failures in a row: 2 s, 4 s, ... up to 30 s
+/// (before jitter).
+fn down_backoff(failed: u64) -> Duration {
+    Duration::from_secs(1 << failed.clamp(1, 5)).min(Duration::from_secs(30))
+}
+
+/// Uniform numbers in [0, 1) for the jitter: a xorshift seeded from the
+/// process, the thread and the clock (nothing here needs to be secret).
+struct Dice(u64);
+
+impl Dice {
+    fn new(salt: Duration) -> Dice {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        h.write_u128(salt.as_nanos());
+        if let Ok(t) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+            h.write_u128(t.as_nanos());
+        }
+        Dice(h.finish() | 1)
+    }
+
+    fn roll(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retries_back_off_to_30_s_and_the_jitter_spreads_ranks() {
+        let waits: Vec<u64> = (1..=7).map(|n| down_backoff(n).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 30, 30, 30]);
+        // Two agents started at one moment draw different first waits, all
+        // within the period, spread over it.
+        let mut a = Dice::new(Duration::from_secs(1));
+        let mut b = Dice::new(Duration::from_secs(1));
+        let xs: Vec<f64> = (0..1000).map(|_| a.roll()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        let low = xs.iter().filter(|x| **x < 0.5).count();
+        assert!((400..600).contains(&low), "{low} of 1000 below one half");
+        assert_ne!(a.roll(), b.roll());
     }
 }
