@@ -13,6 +13,18 @@
 //! and achieved reports per second, latency percentiles, and the
 //! coordinator's CPU use as a share of one core (goal: sustained on one
 //! core, p99 < 50 ms).
+//!
+//! BENCH_HANG=1 hangs one rank a third of the way into the measured window:
+//! every rank's step stands still from then (the others wait on it in the
+//! collective), the hung rank's agent reports it stalled BENCH_STALL_S
+//! later (default 10, the stall limit), the others answer the probe the
+//! coordinator sends them (waiting on a peer) in their next report, and
+//! the bench prints the time from the stalled report to the teardown (the
+//! first stop in a reply) and the rank the coordinator's verdict blamed.
+//!
+//! BENCH_STORM=1 starts every agent at once (a job's start, or its relaunch
+//! after a failure), not spread over the first second, and prints the time
+//! from the first report sent to the last agent's first report answered.
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -33,6 +45,14 @@ fn cpu_ticks(pid: u32) -> u64 {
     // utime and stime are fields 14 and 15 of the whole line (11, 12 after the state).
     f.get(11).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
         + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
+}
+
+/// The injected hang (BENCH_HANG=1).
+#[derive(Clone, Copy)]
+struct Hang {
+    rank: u32,
+    at: Instant,
+    stall: Duration,
 }
 
 fn main() {
@@ -72,6 +92,17 @@ fn main() {
     let start = Instant::now();
     let measure_from = start + warmup;
     let end = measure_from + Duration::from_secs(secs);
+    // The hang: which rank, when its progress stops, when its agent says so.
+    let hang = (env_num("BENCH_HANG", 0) == 1).then(|| Hang {
+        rank: agents / 2,
+        at: measure_from + Duration::from_secs(secs) / 3,
+        stall: Duration::from_secs(env_num("BENCH_STALL_S", 10)),
+    });
+    let storm = env_num("BENCH_STORM", 0) == 1;
+    let registered = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let last_registered = Arc::new(std::sync::Mutex::new(start));
+    let stalled_sent = Arc::new(std::sync::OnceLock::<Instant>::new());
+    let stop_seen = Arc::new(std::sync::OnceLock::<Instant>::new());
     let addr = url.trim_start_matches("http://").to_string();
     rt.block_on(async {
         let mut tasks = Vec::new();
@@ -83,25 +114,47 @@ fn main() {
             let errors = errors.clone();
             let token = token.clone();
             let addr = addr.clone();
+            let (stalled_sent, stop_seen) = (stalled_sent.clone(), stop_seen.clone());
+            let (registered, last_registered) = (registered.clone(), last_registered.clone());
             tasks.push(tokio::spawn(async move {
                 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
                 let ranks: Vec<u32> = (c as u32..agents).step_by(conns).collect();
+                // Ranks that were asked for a probe (they answer it).
+                let mut asked = vec![false; ranks.len()];
                 let mut stream: Option<tokio::io::BufStream<tokio::net::TcpStream>> = None;
                 let mut round = 0u64;
                 'outer: loop {
                     for (k, rank) in ranks.iter().enumerate() {
-                        let due = start
-                            + Duration::from_secs(round)
-                            + Duration::from_micros(
-                                (*rank as u64 * 1_000_000 / agents as u64 + k as u64) % 1_000_000,
-                            );
+                        let spread = Duration::from_micros(
+                            (*rank as u64 * 1_000_000 / agents as u64 + k as u64) % 1_000_000,
+                        );
+                        let due = if storm && round == 0 {
+                            start
+                        } else {
+                            start + Duration::from_secs(round) + spread
+                        };
                         if due >= end {
                             break 'outer;
                         }
                         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                        let step = 10 * (round + 1);
+                        let mut step = 10 * (round + 1);
+                        let mut age = 0.05;
+                        let mut state = "running";
+                        let mut probe = r#""waiting_on_peer":null,"probed":false"#;
+                        if let Some(h) = hang.filter(|h| due >= h.at) {
+                            // Every rank's step stands where the hang began.
+                            step = 10 * (h.at.duration_since(start).as_secs() + 1);
+                            age = due.duration_since(h.at).as_secs_f64();
+                            if *rank == h.rank && due >= h.at + h.stall {
+                                state = "stalled";
+                                probe = r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#;
+                                let _ = stalled_sent.set(Instant::now());
+                            } else if asked[k] {
+                                probe = r#""waiting_on_peer":true,"probed":true"#;
+                            }
+                        }
                         let body = format!(
-                            r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"running","step":{step},"progress_age_s":0.05,"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,"waiting_on_peer":null,"probe":null,"commands_seen":0}}"#,
+                            r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"{state}","step":{step},"progress_age_s":{age},"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,{probe},"probe":null,"commands_seen":0}}"#,
                             rank / 8,
                             1000 + rank,
                             step as f64 * 0.1,
@@ -137,12 +190,26 @@ fn main() {
                             }
                             let mut b = vec![0u8; len];
                             s.read_exact(&mut b).await?;
+                            let has = |w: &[u8]| b.windows(w.len()).any(|x| x == w);
+                            if hang.is_some() {
+                                if has(br#""kind":"diagnose""#) {
+                                    asked[k] = true;
+                                }
+                                if has(br#""kind":"stop""#) {
+                                    let _ = stop_seen.set(Instant::now());
+                                }
+                            }
                             Ok(ok)
                         }
                         .await;
                         let ok = matches!(ok, Ok(true));
                         if !ok {
                             stream = None;
+                        }
+                        if ok && round == 0 {
+                            registered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let mut l = last_registered.lock().unwrap();
+                            *l = (*l).max(Instant::now());
                         }
                         if t >= measure_from {
                             if ok {
@@ -183,6 +250,35 @@ fn main() {
         println!("  achieved  {:>9.0} reports/s  ({} errors or timeouts)", l.len() as f64 / wall, errs);
         println!("  latency   p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
         println!("  coordinator CPU {:.1}% of one core (the load generator shares this 2-core machine)", cpu * 100.0);
+        let joined = registered.load(std::sync::atomic::Ordering::Relaxed);
+        let took = last_registered.lock().unwrap().saturating_duration_since(start);
+        println!(
+            "  start{}: {joined} of {agents} agents registered in their first second's report, the last {:.2} s after the start",
+            if storm { " (storm: every agent at once)" } else { " (spread over a second)" },
+            took.as_secs_f64()
+        );
+        if let Some(h) = hang {
+            match (stalled_sent.get(), stop_seen.get()) {
+                (Some(s), Some(t)) => println!(
+                    "  hang on rank {}: stalled report to teardown {:.2} s (hang to verdict {:.2} s with a stall limit of {} s)",
+                    h.rank,
+                    t.saturating_duration_since(*s).as_secs_f64(),
+                    t.saturating_duration_since(h.at).as_secs_f64(),
+                    h.stall.as_secs()
+                ),
+                (Some(_), None) => println!("  hang on rank {}: no teardown before the end", h.rank),
+                _ => println!("  hang on rank {}: the stall was never reported (window too short)", h.rank),
+            }
+            let journal = std::fs::read_to_string(dir.join("coordinator.jsonl")).unwrap_or_default();
+            for line in journal.lines().filter(|l| l.contains(r#""kind":"hang""#)) {
+                let v: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+                println!(
+                    "  verdict: blamed {} ({})",
+                    v.pointer("/verdict/blamed_ranks").or(v.get("blamed_ranks")).map_or("?".into(), |b| b.to_string()),
+                    v.get("reason").or(v.pointer("/verdict/reason")).and_then(|r| r.as_str()).unwrap_or("?")
+                );
+            }
+        }
     });
     let _ = nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid as i32),
