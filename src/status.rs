@@ -66,13 +66,22 @@ fn opt<T: std::fmt::Display>(v: Option<T>) -> String {
     v.map_or("-".into(), |x| x.to_string())
 }
 
+/// A list of ranks as `[0, 1, 2]`; one that was cut says how many it had.
+fn ranks_of(listed: &[u32], count: usize) -> String {
+    if count > listed.len() {
+        format!("{listed:?} and {} more", count - listed.len())
+    } else {
+        format!("{listed:?}")
+    }
+}
+
 pub fn render_status(s: &Status) -> String {
     let mut out = String::new();
     out.push_str(&format!(
         "job {}  attempt {}  ranks {}/{}  step {}  {} steps/s  up {:.0}s  restarts {}  stalls {}\n",
         s.job,
         s.attempt,
-        s.ranks.len(),
+        s.ranks_heard.max(s.ranks.len() as u32),
         s.world_size,
         opt(s.step),
         s.steps_per_s.map_or("-".into(), |r| format!("{r:.2}")),
@@ -122,6 +131,27 @@ pub fn render_status(s: &Status) -> String {
             if r.straggler { "yes" } else { "" }
         ));
     }
+    if s.ranks_omitted > 0 {
+        let states: Vec<String> = s
+            .ranks_by_state
+            .iter()
+            .map(|(state, n)| format!("{state} {n}"))
+            .collect();
+        out.push_str(&format!(
+            "({} more ranks not listed: a job of more than {} ranks lists only the ranks worth a look; all ranks by state: {})\n",
+            s.ranks_omitted,
+            crate::coordinator::protocol::STATUS_RANKS,
+            states.join(", ")
+        ));
+    }
+    out.push_str(&job_lines(s));
+    out
+}
+
+/// The job-wide lines under the ranks: stragglers, coordinated
+/// checkpoints, refused requests.
+fn job_lines(s: &Status) -> String {
+    let mut out = String::new();
     let list = |v: &[String]| {
         if v.is_empty() {
             "none".to_string()
@@ -136,23 +166,27 @@ pub fn render_status(s: &Status) -> String {
     ));
     match &s.last_checkpoint {
         Some(c) => out.push_str(&format!(
-            "last coordinated checkpoint: #{} at step {} ({}), confirmed by ranks {:?}{}\n",
+            "last coordinated checkpoint: #{} at step {} ({}), confirmed by ranks {}{}\n",
             c.id,
             c.step,
             c.reason,
-            c.confirmed,
+            ranks_of(&c.confirmed, c.confirmed_count),
             if c.missing.is_empty() {
                 String::new()
             } else {
-                format!(", missing {:?}", c.missing)
+                format!(", missing {}", ranks_of(&c.missing, c.missing_count))
             }
         )),
         None => out.push_str("last coordinated checkpoint: none\n"),
     }
     if let Some(c) = &s.pending_checkpoint {
         out.push_str(&format!(
-            "pending checkpoint: #{} at step {} ({}), asked {:.1}s ago, waiting for ranks {:?}\n",
-            c.id, c.step, c.reason, c.age_s, c.missing
+            "pending checkpoint: #{} at step {} ({}), asked {:.1}s ago, waiting for ranks {}\n",
+            c.id,
+            c.step,
+            c.reason,
+            c.age_s,
+            ranks_of(&c.missing, c.missing_count)
         ));
     }
     if s.unauthorized > 0 {

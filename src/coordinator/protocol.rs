@@ -162,6 +162,10 @@ pub struct Reply {
     pub job_progress_age_s: Option<f64>,
 }
 
+/// How many ranks a status lists at most (a job of more lists only the
+/// ranks worth a look, and counts the others).
+pub const STATUS_RANKS: usize = 256;
+
 /// One rank in `resilio status`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RankStatus {
@@ -191,7 +195,20 @@ pub struct Status {
     pub attempt: u32,
     pub world_size: u32,
     pub uptime_s: f64,
+    /// The ranks: all of them up to [`STATUS_RANKS`]; past that, only
+    /// those worth a look (not running, in a long phase, stragglers,
+    /// silent, lost), at most [`STATUS_RANKS`].
     pub ranks: Vec<RankStatus>,
+    /// Ranks heard from, listed or not.
+    #[serde(default)]
+    pub ranks_heard: u32,
+    /// Ranks heard from but not in `ranks`.
+    #[serde(default)]
+    pub ranks_omitted: u32,
+    /// Ranks heard from by state (`starting`, `running`, `stalled`,
+    /// `exited`, `lost`).
+    #[serde(default)]
+    pub ranks_by_state: BTreeMap<String, u32>,
     pub step: Option<u64>,
     pub steps_per_s: Option<f64>,
     pub straggler_ranks: Vec<String>,
@@ -218,9 +235,16 @@ pub struct CheckpointStatus {
     pub id: u64,
     pub step: u64,
     pub reason: String,
+    /// The ranks that confirmed it (at most [`STATUS_RANKS`] of them).
     pub confirmed: Vec<u32>,
+    /// The live ranks that did not (at most [`STATUS_RANKS`] of them).
     pub missing: Vec<u32>,
     pub age_s: f64,
+    /// How many confirmed, and how many did not (the lists may be cut).
+    #[serde(default)]
+    pub confirmed_count: usize,
+    #[serde(default)]
+    pub missing_count: usize,
 }
 
 /// `POST /v1/checkpoint` body.

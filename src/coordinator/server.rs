@@ -275,7 +275,21 @@ pub fn render_metrics(s: &Shared) -> String {
         f.get_or_create(&job).inc_by(value);
         reg.register(name, help, f);
     };
-    gauge_f(&mut reg, "ranks", "Ranks reporting", st.ranks.len() as f64);
+    gauge_f(
+        &mut reg,
+        "ranks",
+        "Ranks reporting",
+        f64::from(st.ranks_heard),
+    );
+    by_state(&mut reg, &st);
+    if let Some(step) = st.step {
+        gauge_f(
+            &mut reg,
+            "job_step",
+            "Lowest step of the ranks: where the job is",
+            step as f64,
+        );
+    }
     gauge_f(&mut reg, "attempt", "Current attempt", st.attempt as f64);
     gauge_f(&mut reg, "ettr_estimate", "Share of the coordinator's uptime with ranks progressing (the report computes the exact ETTR)", ettr);
     gauge_f(
@@ -340,6 +354,35 @@ pub fn render_metrics(s: &Shared) -> String {
             m,
         );
     }
+    per_rank(&mut reg, &st);
+    let mut out = String::new();
+    if encode(&mut out, &reg).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// Ranks by state, one series each.
+fn by_state(reg: &mut Registry, st: &Status) {
+    let by_state = Family::<Labels, Gauge>::default();
+    for (state, n) in &st.ranks_by_state {
+        let l: Labels = vec![
+            ("job".into(), st.job.clone()),
+            ("state".into(), state.clone()),
+        ];
+        by_state.get_or_create(&l).set(i64::from(*n));
+    }
+    reg.register(
+        "ranks_in_state",
+        "Ranks by state (starting, running, stalled, exited, lost)",
+        by_state,
+    );
+}
+
+/// The series of each rank the status lists (every rank of a small job;
+/// past [`STATUS_RANKS`] ranks, only those worth a look): bounded at any
+/// size.
+fn per_rank(reg: &mut Registry, st: &Status) {
     let figure = Family::<Labels, Gauge<f64, AtomicU64>>::default();
     for r in &st.ranks {
         for (name, v) in &r.figures {
@@ -376,7 +419,11 @@ pub fn render_metrics(s: &Shared) -> String {
             compute.get_or_create(&l).set(x);
         }
     }
-    reg.register("step", "Last step reported by the rank", step);
+    reg.register(
+        "step",
+        "Last step reported by the rank (past 256 ranks, only the ranks worth a look: not running, in a long phase, stragglers, silent, lost)",
+        step,
+    );
     reg.register(
         "step_time_seconds",
         "Mean step interval of the rank in this attempt",
@@ -387,11 +434,6 @@ pub fn render_metrics(s: &Shared) -> String {
         "Mean compute time per step the rank reported (compute_s)",
         compute,
     );
-    let mut out = String::new();
-    if encode(&mut out, &reg).is_err() {
-        out.clear();
-    }
-    out
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {

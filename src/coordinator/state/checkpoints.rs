@@ -107,7 +107,7 @@ impl JobView {
         let missing: Vec<u32> = self
             .ranks
             .iter()
-            .filter(|(r, e)| Facts::of(e).live && !p.confirmed.contains_key(r))
+            .filter(|(r, e)| RankFacts::of(e).live && !p.confirmed.contains_key(r))
             .map(|(r, _)| *r)
             .collect();
         let p = self.pending.take().expect("checked");
@@ -139,6 +139,8 @@ impl JobView {
             self.checkpoints += 1;
         }
         self.last_checkpoint = Some(CheckpointStatus {
+            confirmed_count: confirmed.len(),
+            missing_count: missing.len(),
             id: p.id,
             step: p.step,
             reason: p.reason.clone(),

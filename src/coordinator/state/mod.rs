@@ -10,6 +10,7 @@ mod checkpoints;
 mod checks;
 mod judge;
 mod reports;
+mod status;
 mod stragglers;
 mod tally;
 
@@ -19,7 +20,7 @@ use crate::policy::straggler::{StragglerConfig, StragglerPolicy, Totals};
 pub use checks::*;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use tally::{Facts, Ranks, Tally};
+use tally::{RankFacts, Ranks, Tally};
 
 /// How long a rank's abort with no signature waits for the others to finish
 /// before the step is torn down.
@@ -116,7 +117,7 @@ struct Pending {
     asked: Instant,
     deadline: Instant,
     confirmed: BTreeMap<u32, Instant>,
-    /// How many of the confirmed ranks are live ([`Facts::live`]): the
+    /// How many of the confirmed ranks are live ([`RankFacts::live`]): the
     /// checkpoint is complete when that is every live rank.
     confirmed_live: usize,
 }
@@ -197,8 +198,8 @@ fn retally(
     tally: &mut Tally,
     pending: &mut Option<Pending>,
     rank: u32,
-    before: Option<Facts>,
-    after: Option<Facts>,
+    before: Option<RankFacts>,
+    after: Option<RankFacts>,
 ) {
     tally.change(rank, before, after);
     let (was, is) = (
@@ -369,7 +370,7 @@ impl JobView {
     pub fn job_progress_age_for(&self, rank: Option<u32>, now: Instant) -> Option<f64> {
         let own = rank
             .and_then(|r| self.ranks.get(&r))
-            .map(Facts::of)
+            .map(RankFacts::of)
             .unwrap_or_default();
         if self.tally.long_phase > usize::from(own.long_phase) {
             return Some(0.0);
@@ -382,8 +383,8 @@ impl JobView {
     /// Rank `rank`'s entry is now `entry`: the tally follows (and a
     /// pending checkpoint's count of live confirmed ranks).
     fn set_entry(&mut self, rank: u32, entry: Entry) {
-        let after = Facts::of(&entry);
-        let before = self.ranks.insert(rank, entry).map(|e| Facts::of(&e));
+        let after = RankFacts::of(&entry);
+        let before = self.ranks.insert(rank, entry).map(|e| RankFacts::of(&e));
         retally(
             &mut self.tally,
             &mut self.pending,
@@ -555,9 +556,9 @@ impl JobView {
                 && e.report.state != RankState::Exited
                 && now.duration_since(e.heard) >= lost_after
             {
-                let before = Facts::of(e);
+                let before = RankFacts::of(e);
                 e.lost = true;
-                let after = Facts::of(e);
+                let after = RankFacts::of(e);
                 retally(
                     &mut self.tally,
                     &mut self.pending,
@@ -584,76 +585,6 @@ impl JobView {
             0.0
         } else {
             (self.progressing.as_secs_f64() / up).min(1.0)
-        }
-    }
-
-    pub fn status(&self, now: Instant, unauthorized: u64) -> Status {
-        let (sr, sn) = self.straggler.flagged();
-        let ranks: Vec<RankStatus> = self
-            .ranks
-            .iter()
-            .map(|(r, e)| {
-                let mean = |(n, s): (u64, f64)| (n > 0).then(|| s / n as f64);
-                let heard = now.duration_since(e.heard).as_secs_f64();
-                RankStatus {
-                    rank: *r,
-                    node: e.report.node.clone(),
-                    state: e.report.state,
-                    step: e.report.step,
-                    steps_per_s: mean(e.report.intervals)
-                        .filter(|m| *m > 0.0)
-                        .map(|m| 1.0 / m),
-                    mean_step_s: mean(e.report.intervals),
-                    mean_compute_s: mean(e.report.compute),
-                    phase: e.report.phase.clone(),
-                    progress_age_s: e.last_step_at.map(|t| now.duration_since(t).as_secs_f64()),
-                    last_report_age_s: heard,
-                    straggler: sr.contains(&r.to_string()),
-                    silent: e.report.silent,
-                    figures: e.report.figures.clone(),
-                }
-            })
-            .collect();
-        let pending = self.pending.as_ref().map(|p| CheckpointStatus {
-            id: p.id,
-            step: p.step,
-            reason: p.reason.clone(),
-            confirmed: p.confirmed.keys().copied().collect(),
-            missing: self
-                .live()
-                .map(|(r, _)| *r)
-                .filter(|r| !p.confirmed.contains_key(r))
-                .collect(),
-            age_s: now.duration_since(p.asked).as_secs_f64(),
-        });
-        let figure = |name: &str| -> Vec<f64> {
-            ranks
-                .iter()
-                .filter_map(|r| r.figures.get(name).copied())
-                .collect()
-        };
-        let tokens_per_s =
-            median(figure("tokens_per_s_device")).map(|t| t * self.world_size as f64);
-        let mfu = median(figure("mfu"));
-        let loss = figure("loss").first().copied();
-        Status {
-            tokens_per_s,
-            mfu,
-            loss,
-            job: self.job.clone(),
-            attempt: self.attempt,
-            world_size: self.world_size,
-            uptime_s: now.duration_since(self.started).as_secs_f64(),
-            step: ranks.iter().filter_map(|r| r.step).min(),
-            steps_per_s: median(ranks.iter().filter_map(|r| r.steps_per_s).collect()),
-            ranks,
-            straggler_ranks: sr,
-            straggler_nodes: sn,
-            last_checkpoint: self.last_checkpoint.clone(),
-            pending_checkpoint: pending,
-            restarts: self.restarts,
-            stalls: self.stalls,
-            unauthorized,
         }
     }
 }

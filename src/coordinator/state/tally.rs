@@ -12,7 +12,7 @@ use std::time::Instant;
 
 /// What one rank's entry adds to the tally.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct Facts {
+pub(super) struct RankFacts {
     /// Neither exited nor taken for lost.
     pub live: bool,
     /// When it last made progress (live ranks only).
@@ -23,10 +23,10 @@ pub(super) struct Facts {
     pub answered: bool,
 }
 
-impl Facts {
-    pub fn of(e: &Entry) -> Facts {
+impl RankFacts {
+    pub fn of(e: &Entry) -> RankFacts {
         let live = e.report.state != RankState::Exited && !e.lost;
-        Facts {
+        RankFacts {
             live,
             progress: e.last_step_at.filter(|_| live),
             long_phase: live && e.report.long_phase && e.report.state == RankState::Running,
@@ -35,7 +35,7 @@ impl Facts {
     }
 }
 
-/// The sums over every rank's [`Facts`].
+/// The sums over every rank's [`RankFacts`].
 #[derive(Debug, Default)]
 pub(super) struct Tally {
     /// Live ranks by their last progress, the newest last.
@@ -47,7 +47,7 @@ pub(super) struct Tally {
 
 impl Tally {
     /// Rank `rank`'s facts went from `before` to `after` (`None`: no entry).
-    pub fn change(&mut self, rank: u32, before: Option<Facts>, after: Option<Facts>) {
+    pub fn change(&mut self, rank: u32, before: Option<RankFacts>, after: Option<RankFacts>) {
         let (b, a) = (before.unwrap_or_default(), after.unwrap_or_default());
         if b == a {
             return;
@@ -108,6 +108,10 @@ impl Ranks {
 
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// A walk over every entry, counted.
