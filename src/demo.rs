@@ -167,7 +167,7 @@ pub fn trainer(a: TrainerArgs) -> i32 {
     let mut peers = match Peers::connect(rank, world) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("demo-trainer rank {rank}: cannot reach the other ranks: {e}");
+            crate::say_err!("demo-trainer rank {rank}: cannot reach the other ranks: {e}");
             return 1;
         }
     };
@@ -175,7 +175,7 @@ pub fn trainer(a: TrainerArgs) -> i32 {
     for step in resumed + 1..=a.steps {
         std::thread::sleep(Duration::from_millis(a.step_ms));
         if let Err(e) = peers.all_reduce(step) {
-            eprintln!("demo-trainer rank {rank}: all_reduce of update {step}: connection to a peer lost: {e}");
+            crate::say_err!("demo-trainer rank {rank}: all_reduce of update {step}: connection to a peer lost: {e}");
             return 1;
         }
         let loss = 4.0 / (1.0 + step as f64 * 0.1);

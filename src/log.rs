@@ -42,12 +42,15 @@ pub fn init(verbose: u8) {
     let env = std::env::var(ENV_LOG).ok();
     let wanted = filter_for(verbose, env.as_deref());
     let filter = EnvFilter::try_new(&wanted).unwrap_or_else(|e| {
-        eprintln!("resilio: ignoring {ENV_LOG}={wanted}: {e}");
+        crate::say_err!("resilio: ignoring {ENV_LOG}={wanted}: {e}");
         EnvFilter::new(filter_for(verbose, None))
     });
     let _ = FILTER.set(wanted);
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // A stderr that went away (its reader gone) loses resilio's lines
+        // and nothing else: never tracing's own complaint, which panics.
+        .log_internal_errors(false)
         .with_writer(|| {
             // A line of resilio's never continues a trainer's unended one
             // (a tqdm frame): `grep '^resilio:'` finds them all.

@@ -358,6 +358,46 @@ pub fn all_processes() -> Vec<ProcInfo> {
 /// The direct children of `pid`, from `/proc/PID/task/*/children` (a few
 /// small reads instead of a walk of every process on the machine); `None`
 /// where the kernel does not provide those files.
+/// Children this process had before it started any: the reader of a
+/// `> >(tee out.log)` that bash forked before it exec'd resilio, or
+/// whatever a wrapper left. Never resilio's to stop, wait for or probe:
+/// left out of [`live_children`] and of this process's [`descendants`]
+/// (and so of every stop of a tree). A pid leaves the list when it is
+/// reaped (it may be given to another process then).
+static INHERITED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+/// Note the children this process already has. Called first thing, before
+/// resilio starts any process.
+pub fn note_inherited_children() {
+    let me = std::process::id() as i32;
+    let kids = children_of(me).unwrap_or_else(|| {
+        all_processes()
+            .into_iter()
+            .filter(|p| p.ppid == me)
+            .map(|p| p.pid)
+            .collect()
+    });
+    if !kids.is_empty() {
+        tracing::debug!("children from before resilio started, left alone: {kids:?}");
+    }
+    *INHERITED.lock().unwrap_or_else(|e| e.into_inner()) = kids;
+}
+
+/// Whether `pid` is a child this process had before it started any.
+fn inherited(pid: i32) -> bool {
+    INHERITED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .contains(&pid)
+}
+
+fn forget_inherited(pid: i32) {
+    INHERITED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
 pub fn children_of(pid: i32) -> Option<Vec<i32>> {
     let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
     let mut out = Vec::new();
@@ -392,6 +432,8 @@ pub fn stopped_by_job_control(pid: Pid) -> bool {
 
 /// All descendants of `root` (not `root` itself), parents before children.
 pub fn descendants(root: i32) -> Vec<ProcInfo> {
+    let me = std::process::id() as i32;
+    let ours = |parent: i32, pid: i32| parent != me || !inherited(pid);
     if let Some(first) = children_of(root) {
         let mut out = Vec::new();
         let mut frontier = vec![root];
@@ -399,6 +441,9 @@ pub fn descendants(root: i32) -> Vec<ProcInfo> {
         while let Some(parent) = frontier.pop() {
             let kids = known.take().or_else(|| children_of(parent));
             for c in kids.unwrap_or_default() {
+                if !ours(parent, c) {
+                    continue;
+                }
                 if let Some(p) = read_stat(c) {
                     frontier.push(p.pid);
                     out.push(p);
@@ -411,7 +456,10 @@ pub fn descendants(root: i32) -> Vec<ProcInfo> {
     let mut out: Vec<ProcInfo> = Vec::new();
     let mut frontier = vec![root];
     while let Some(parent) = frontier.pop() {
-        for p in procs.iter().filter(|p| p.ppid == parent) {
+        for p in procs
+            .iter()
+            .filter(|p| p.ppid == parent && ours(parent, p.pid))
+        {
             frontier.push(p.pid);
             out.push(p.clone());
         }
@@ -430,6 +478,7 @@ pub fn reap_orphans(main: Pid, skip: &[i32]) -> usize {
                 if let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
                     waitpid(Pid::from_raw(pid), Some(WaitPidFlag::WNOHANG))
                 {
+                    forget_inherited(pid);
                     n += 1;
                 }
             }
@@ -441,6 +490,7 @@ pub fn reap_orphans(main: Pid, skip: &[i32]) -> usize {
             if let Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) =
                 waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG))
             {
+                forget_inherited(p.pid);
                 n += 1;
             }
         }
@@ -455,13 +505,13 @@ pub fn live_children(skip: &[i32]) -> Vec<ProcInfo> {
     if let Some(kids) = children_of(me) {
         return kids
             .into_iter()
-            .filter(|pid| !skip.contains(pid))
+            .filter(|pid| !skip.contains(pid) && !inherited(*pid))
             .filter_map(read_stat)
             .collect();
     }
     all_processes()
         .into_iter()
-        .filter(|p| p.ppid == me && !skip.contains(&p.pid))
+        .filter(|p| p.ppid == me && !skip.contains(&p.pid) && !inherited(p.pid))
         .collect()
 }
 

@@ -184,7 +184,7 @@ pub fn main() -> i32 {
     let args = match crate::spank::command_line(std::env::args_os().collect()) {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("resilio: {e}");
+            crate::say_err!("resilio: {e}");
             return EXIT_USAGE;
         }
     };
@@ -218,7 +218,7 @@ pub fn main() -> i32 {
                         .is_some()
                 })
                 .map_or(String::new(), |a| format!(" {a}"));
-            eprintln!("resilio: {} (see resilio{sub} --help)", usage_line(&e));
+            crate::say_err!("resilio: {} (see resilio{sub} --help)", usage_line(&e));
             return EXIT_USAGE;
         }
     };
@@ -226,7 +226,7 @@ pub fn main() -> i32 {
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("resilio: {e}");
+            crate::say_err!("resilio: {e}");
             e.exit_code()
         }
     }

@@ -68,7 +68,7 @@ pub(super) fn nodes_cmd(a: &NodesArgs) -> Result<i32> {
         .collect();
     if a.json || a.exclude_list {
         for l in &left_out {
-            eprintln!("resilio: {l}");
+            crate::say_err!("resilio: {l}");
         }
     }
     if a.json {
@@ -143,7 +143,7 @@ fn drain(
                 } else {
                     ""
                 };
-                eprintln!("resilio: cannot drain {}: {msg}{hint}", h.node);
+                crate::say_err!("resilio: cannot drain {}: {msg}{hint}", h.node);
                 failed += 1;
             }
         }

@@ -45,7 +45,7 @@ pub(super) fn load_job(
         use std::os::unix::fs::MetadataExt;
         if let Ok(m) = std::fs::symlink_metadata(&dir) {
             if m.uid() != nix::unistd::geteuid().as_raw() {
-                eprintln!(
+                crate::say_err!(
                     "resilio: job {job} is {}'s ({}), not yours",
                     crate::util::terminal_safe(&crate::state_dir::name_of(m.uid())),
                     dir.display()
@@ -147,7 +147,7 @@ pub(super) fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
                 .map_err(|e| Error::Other(e.to_string()))?;
             println!("{out}");
             for n in shown.notes() {
-                eprintln!("resilio: {}", crate::util::terminal_safe(n.trim_start()));
+                crate::say_err!("resilio: {}", crate::util::terminal_safe(n.trim_start()));
             }
         } else {
             // Only the allocations that agree with the journal (as the report).
@@ -210,7 +210,7 @@ pub(super) fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
             // A path or permission mistake is the user's: a usage error.
             Error::Usage(format!("cannot write {}: {e}", file.display()))
         })?;
-    eprintln!(
+    crate::say_err!(
         "resilio: timeline of job {job} written to {}",
         file.display()
     );

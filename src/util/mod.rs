@@ -96,6 +96,16 @@ pub fn own_binary() -> std::process::Command {
     cmd
 }
 
+/// `eprintln!` that never panics: a stderr that went away (a `| head`, a
+/// `>(tee ...)` reader gone) is not a reason for resilio to die.
+#[macro_export]
+macro_rules! say_err {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -395,3 +395,60 @@ fn status_of_a_job_without_a_journal_is_no_such_job() {
         assert_eq!(o.status.code(), Some(3), "{args:?}: {}", stderr_of(&o));
     }
 }
+
+/// `resilio run ... > >(tee out.log)`: bash forks the reader before it
+/// execs resilio, so the reader is resilio's child from the start. It is
+/// not resilio's to stop or wait for: the output reaches it, the exit code
+/// comes through (trial 12 found the reader killed at once, the output
+/// lost, and rank 0's agent dead of the broken pipe).
+#[test]
+fn a_process_substitution_reader_is_left_alone() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (out, err) = (dir.path().join("out.log"), dir.path().join("err.log"));
+    let like = resilio_run(state.path(), "subst");
+    let mut c = std::process::Command::new("bash");
+    for (k, v) in like.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.arg("-c")
+        .arg(
+            r#"exec "$0" run --job-id subst -- sh -c 'sleep 0.5; echo out-line; echo err-line >&2; exit 3' \
+                > >(sleep 1; cat > "$1") 2> >(cat > "$2")"#,
+        )
+        .arg(bin())
+        .arg(&out)
+        .arg(&err);
+    let (o, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(o.status.code(), Some(3), "{}", stderr_of(&o));
+    let has = |p: &std::path::Path, what: &str| {
+        std::fs::read_to_string(p).is_ok_and(|t| t.contains(what))
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), || has(&out, "out-line")
+            && has(&err, "err-line")),
+        "out: {:?} err: {:?}",
+        std::fs::read_to_string(&out),
+        std::fs::read_to_string(&err)
+    );
+}
+
+/// A stderr whose reader is gone: resilio's own lines are lost, and
+/// nothing else (the exit code comes through; no panic, no 101).
+#[test]
+fn a_stderr_that_went_away_never_kills_resilio() {
+    let state = tempfile::tempdir().unwrap();
+    let (r, w) = nix::unistd::pipe().unwrap();
+    drop(r);
+    let mut c = resilio_run(state.path(), "epipe");
+    c.env("RESILIO_LOG", "debug")
+        .args(["--", "sh", "-c", "echo to-stderr >&2; exit 3"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::from(w));
+    let (o, _) = wait_output(c.spawn().unwrap(), Duration::from_secs(20));
+    assert_eq!(o.status.code(), Some(3));
+}
