@@ -381,8 +381,8 @@ impl JobView {
     }
 
     /// Rank `rank`'s entry is now `entry`: the tally follows (and a
-    /// pending checkpoint's count of live confirmed ranks).
-    fn set_entry(&mut self, rank: u32, entry: Entry) {
+    /// pending checkpoint's count of live confirmed ranks). Its new facts.
+    fn set_entry(&mut self, rank: u32, entry: Entry) -> RankFacts {
         let after = RankFacts::of(&entry);
         let before = self.ranks.insert(rank, entry).map(|e| RankFacts::of(&e));
         retally(
@@ -392,6 +392,7 @@ impl JobView {
             before,
             Some(after),
         );
+        after
     }
 
     fn fail(

@@ -36,7 +36,7 @@ impl JobView {
         let state = r.state;
         let exit = r.exit.clone();
         let checkpoints = r.checkpoints.clone();
-        self.set_entry(
+        let facts = self.set_entry(
             rank,
             Entry {
                 report: r,
@@ -49,7 +49,7 @@ impl JobView {
         if let Some(p) = self.pending.as_mut() {
             if checkpoints.contains(&p.step) && !p.confirmed.contains_key(&rank) {
                 p.confirmed.insert(rank, now);
-                if state != RankState::Exited {
+                if facts.live {
                     p.confirmed_live += 1;
                 }
             }

@@ -12,7 +12,7 @@ impl JobView {
         let mut by_state: BTreeMap<String, u32> = BTreeMap::new();
         let mut figures: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
         let (mut heard, mut slowest, mut rates) = (0u32, None::<u64>, Vec::new());
-        let all = self.ranks_heard() <= STATUS_RANKS;
+        let all = self.ranks.len() <= STATUS_RANKS;
         let mut ranks: Vec<RankStatus> = Vec::new();
         for (r, e) in self.ranks.iter() {
             heard += 1;
@@ -81,10 +81,6 @@ impl JobView {
             stalls: self.stalls,
             unauthorized,
         }
-    }
-
-    fn ranks_heard(&self) -> usize {
-        self.ranks.len()
     }
 
     fn rank_status(&self, rank: u32, e: &Entry, stragglers: &[String], now: Instant) -> RankStatus {
