@@ -22,6 +22,11 @@
 //! the bench prints the time from the stalled report to the teardown (the
 //! first stop in a reply) and the rank the coordinator's verdict blamed.
 //!
+//! BENCH_PER_NODE=8 simulates node relays (`[coordinator] node_relay`):
+//! BENCH_AGENTS ranks on BENCH_AGENTS/8 nodes, each node sending one batch
+//! of its 8 ranks' reports a second (`POST /v1/reports`) instead of 8
+//! reports.
+//!
 //! BENCH_STORM=1 starts every agent at once (a job's start, or its relaunch
 //! after a failure), not spread over the first second, and prints the time
 //! from the first report sent to the last agent's first report answered.
@@ -58,7 +63,10 @@ struct Hang {
 fn main() {
     let agents = env_num("BENCH_AGENTS", 16384) as u32;
     let secs = env_num("BENCH_SECS", 20);
-    let conns = env_num("BENCH_CONNS", 4096).clamp(1, agents as u64) as usize;
+    let per_node = env_num("BENCH_PER_NODE", 1).clamp(1, 64) as u32;
+    // Who reports: each rank, or each node's relay for its ranks.
+    let senders = agents.div_ceil(per_node);
+    let conns = env_num("BENCH_CONNS", 4096).clamp(1, senders as u64) as usize;
     let state = tempfile::tempdir().unwrap();
     let mut coord = Command::new(env!("CARGO_BIN_EXE_resilio"))
         .args(["__coordinator", "--job-id", "fanin", "--world-size"])
@@ -118,15 +126,15 @@ fn main() {
             let (registered, last_registered) = (registered.clone(), last_registered.clone());
             tasks.push(tokio::spawn(async move {
                 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
-                let ranks: Vec<u32> = (c as u32..agents).step_by(conns).collect();
-                // Ranks that were asked for a probe (they answer it).
+                let ranks: Vec<u32> = (c as u32..senders).step_by(conns).collect();
+                // Senders that were asked for a probe (their ranks answer it).
                 let mut asked = vec![false; ranks.len()];
                 let mut stream: Option<tokio::io::BufStream<tokio::net::TcpStream>> = None;
                 let mut round = 0u64;
                 'outer: loop {
                     for (k, rank) in ranks.iter().enumerate() {
                         let spread = Duration::from_micros(
-                            (*rank as u64 * 1_000_000 / agents as u64 + k as u64) % 1_000_000,
+                            (*rank as u64 * 1_000_000 / senders as u64 + k as u64) % 1_000_000,
                         );
                         let due = if storm && round == 0 {
                             start
@@ -137,31 +145,43 @@ fn main() {
                             break 'outer;
                         }
                         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                        let mut step = 10 * (round + 1);
-                        let mut age = 0.05;
-                        let mut state = "running";
-                        let mut probe = r#""waiting_on_peer":null,"probed":false"#;
-                        if let Some(h) = hang.filter(|h| due >= h.at) {
-                            // Every rank's step stands where the hang began.
-                            step = 10 * (h.at.duration_since(start).as_secs() + 1);
-                            age = due.duration_since(h.at).as_secs_f64();
-                            if *rank == h.rank && due >= h.at + h.stall {
-                                state = "stalled";
-                                probe = r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#;
-                                let _ = stalled_sent.set(Instant::now());
-                            } else if asked[k] {
-                                probe = r#""waiting_on_peer":true,"probed":true"#;
+                        let mut bodies = Vec::with_capacity(per_node as usize);
+                        let first = *rank * per_node;
+                        for rank in first..(first + per_node).min(agents) {
+                            let mut step = 10 * (round + 1);
+                            let mut age = 0.05;
+                            let mut state = "running";
+                            let mut probe = r#""waiting_on_peer":null,"probed":false"#;
+                            if let Some(h) = hang.filter(|h| due >= h.at) {
+                                // Every rank's step stands where the hang began.
+                                step = 10 * (h.at.duration_since(start).as_secs() + 1);
+                                age = due.duration_since(h.at).as_secs_f64();
+                                if rank == h.rank && due >= h.at + h.stall {
+                                    state = "stalled";
+                                    probe = r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#;
+                                    let _ = stalled_sent.set(Instant::now());
+                                } else if asked[k] {
+                                    probe = r#""waiting_on_peer":true,"probed":true"#;
+                                }
                             }
+                            bodies.push(format!(
+                                r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"{state}","step":{step},"progress_age_s":{age},"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,{probe},"probe":null,"commands_seen":0}}"#,
+                                rank / 8,
+                                1000 + rank,
+                                step as f64 * 0.1,
+                                step as f64 * 0.08
+                            ));
                         }
-                        let body = format!(
-                            r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"{state}","step":{step},"progress_age_s":{age},"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,{probe},"probe":null,"commands_seen":0}}"#,
-                            rank / 8,
-                            1000 + rank,
-                            step as f64 * 0.1,
-                            step as f64 * 0.08
-                        );
+                        let (path, body) = if per_node == 1 {
+                            ("/v1/report", bodies.pop().unwrap_or_default())
+                        } else {
+                            (
+                                "/v1/reports",
+                                format!(r#"{{"v":1,"node":"node{:04}","reports":[{}]}}"#, rank, bodies.join(",")),
+                            )
+                        };
                         let req = format!(
-                            "POST /v1/report HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                             body.len()
                         );
                         let t = Instant::now();
@@ -207,7 +227,7 @@ fn main() {
                             stream = None;
                         }
                         if ok && round == 0 {
-                            registered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            registered.fetch_add(u64::from(per_node), std::sync::atomic::Ordering::Relaxed);
                             let mut l = last_registered.lock().unwrap();
                             *l = (*l).max(Instant::now());
                         }
@@ -245,9 +265,13 @@ fn main() {
             }
         };
         let errs = errors.load(std::sync::atomic::Ordering::Relaxed);
-        println!("heartbeat fan-in: {agents} simulated agents at 1 Hz over {conns} keep-alive connections, {secs} s measured after {} s warm-up", warmup.as_secs());
-        println!("  offered   {:>9.0} reports/s", agents as f64);
-        println!("  achieved  {:>9.0} reports/s  ({} errors or timeouts)", l.len() as f64 / wall, errs);
+        if per_node == 1 {
+            println!("heartbeat fan-in: {agents} simulated agents at 1 Hz over {conns} keep-alive connections, {secs} s measured after {} s warm-up", warmup.as_secs());
+        } else {
+            println!("heartbeat fan-in: {agents} simulated ranks on {senders} nodes of {per_node}, each node's relay sending one batch a second, over {conns} keep-alive connections, {secs} s measured after {} s warm-up", warmup.as_secs());
+        }
+        println!("  offered   {:>9.0} reports/s in {senders} requests/s", agents as f64);
+        println!("  achieved  {:>9.0} reports/s  ({} errors or timeouts)", l.len() as f64 * per_node as f64 / wall, errs);
         println!("  latency   p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
         println!("  coordinator CPU {:.1}% of one core (the load generator shares this 2-core machine)", cpu * 100.0);
         let joined = registered.load(std::sync::atomic::Ordering::Relaxed);

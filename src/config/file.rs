@@ -178,6 +178,7 @@ section!(CoordinatorSection "coordinator" {
     checkpoint_every: String => coordinator.policy by checkpoint_every,
     lost_after: Dur => coordinator.policy.lost_after by timeout,
     site_metrics: bool => coordinator.site_metrics by set,
+    node_relay: String => coordinator.node_relay by node_relay,
 });
 
 section!(StragglerSection "straggler" {
@@ -504,6 +505,17 @@ fn bind_address(value: String, _: &str, out: &mut String) -> Stored {
     let value = value.trim().to_string();
     crate::coordinator::bind_address(&value, false)?;
     *out = value;
+    Ok(())
+}
+
+/// `"auto"`, `"on"` or `"off"`.
+fn node_relay(value: String, key: &str, out: &mut crate::coordinator::relay::NodeRelay) -> Stored {
+    *out = match value.trim() {
+        "auto" => crate::coordinator::relay::NodeRelay::Auto,
+        "on" => crate::coordinator::relay::NodeRelay::On,
+        "off" => crate::coordinator::relay::NodeRelay::Off,
+        other => return Err(format!("{key}: {other:?} is not auto, on or off").into()),
+    };
     Ok(())
 }
 

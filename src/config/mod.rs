@@ -99,6 +99,8 @@ pub struct CoordinatorSettings {
     /// port of its own, registered for the site's Prometheus under
     /// `STATE_DIR/prometheus/` (`file_sd_configs`).
     pub site_metrics: bool,
+    /// Whether a node's first rank relays its node's reports (`auto`, `on`, `off`).
+    pub node_relay: crate::coordinator::relay::NodeRelay,
     /// The cross-rank policies' parameters.
     pub policy: crate::coordinator::state::CoordinatorConfig,
 }
@@ -111,6 +113,7 @@ impl Default for CoordinatorSettings {
             report_interval: Duration::from_secs(1),
             signal_trainer: false,
             site_metrics: true,
+            node_relay: crate::coordinator::relay::NodeRelay::Auto,
             policy: Default::default(),
         }
     }

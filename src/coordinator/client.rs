@@ -13,7 +13,7 @@
 //! of a large job, started (or cut off) at one moment, do not reach the
 //! coordinator at one moment, second after second.
 
-use super::protocol::{Command, Reply, Report};
+use super::protocol::{BatchReply, BatchReport, Command, Reply, Report};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -68,6 +68,54 @@ impl Outbox {
     }
 }
 
+/// The node's relay ([`super::relay`]), used while it answers: looked for
+/// every [`Via::LOOK_EVERY`] until announced, and after a failure left alone
+/// for [`Via::REST`] (reports go straight to the coordinator meanwhile).
+pub struct Via {
+    job_dir: PathBuf,
+    node: String,
+    attempt: u32,
+    state: Mutex<ViaState>,
+}
+
+#[derive(Default)]
+struct ViaState {
+    url: Option<String>,
+    next_look: Option<Instant>,
+}
+
+impl Via {
+    pub const LOOK_EVERY: Duration = Duration::from_secs(5);
+    pub const REST: Duration = Duration::from_secs(30);
+
+    pub fn new(job_dir: PathBuf, node: String, attempt: u32) -> Via {
+        Via {
+            job_dir,
+            node,
+            attempt,
+            state: Mutex::new(ViaState::default()),
+        }
+    }
+
+    fn url(&self) -> Option<String> {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if s.url.is_none() && s.next_look.is_none_or(|t| now >= t) {
+            s.url = super::relay::announce::announced(&self.job_dir, &self.node, self.attempt);
+            if s.url.is_none() {
+                s.next_look = Some(now + Self::LOOK_EVERY);
+            }
+        }
+        s.url.clone()
+    }
+
+    fn failed(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.url = None;
+        s.next_look = Some(Instant::now() + Self::REST);
+    }
+}
+
 /// What the link tells the agent's loop.
 #[derive(Debug)]
 pub enum Note {
@@ -83,6 +131,12 @@ pub enum Note {
         gap_s: f64,
         failed_requests: u64,
     },
+    /// The node's relay did not answer: reports go straight to the
+    /// coordinator for a while.
+    RelayBypassed {
+        url: String,
+        error: String,
+    },
 }
 
 /// The HTTP link.
@@ -93,6 +147,7 @@ pub struct Link {
     /// The address and token in use (re-read from the files after an error).
     cached: Arc<Mutex<Option<(String, String)>>>,
     period: Duration,
+    via: Option<Arc<Via>>,
 }
 
 fn client() -> reqwest::Client {
@@ -127,7 +182,42 @@ impl Link {
             target,
             cached: Arc::new(Mutex::new(None)),
             period,
+            via: None,
         }
+    }
+
+    /// Reports and polls go through the node's relay while it answers.
+    pub fn through(mut self, via: Via) -> Link {
+        self.via = Some(Arc::new(via));
+        self
+    }
+
+    /// The relay's address and the job's token, when a relay is in use.
+    fn relay(&self) -> Option<(&Via, String, String)> {
+        let via = self.via.as_deref()?;
+        let url = via.url()?;
+        let (_, token) = self.resolve()?;
+        Some((via, url, token))
+    }
+
+    /// Send one report through the node's relay if there is one (straight
+    /// to the coordinator if it fails, said in `notes`); the reply.
+    async fn send_routed(
+        &self,
+        r: &Report,
+        timeout: Duration,
+        notes: &UnboundedSender<Note>,
+    ) -> Result<Reply, String> {
+        if let Some((via, url, token)) = self.relay() {
+            match self.post(&url, &token, "/v1/report", r, timeout).await {
+                Ok(reply) => return Ok(reply),
+                Err(error) => {
+                    via.failed();
+                    let _ = notes.send(Note::RelayBypassed { url, error });
+                }
+            }
+        }
+        self.send(r, timeout).await
     }
 
     fn resolve(&self) -> Option<(String, String)> {
@@ -160,10 +250,43 @@ impl Link {
         let (url, token) = self
             .resolve()
             .ok_or_else(|| "coordinator not found yet (no coordinator.json)".to_string())?;
-        let body = serde_json::to_vec(r).map_err(|e| e.to_string())?;
+        self.post(&url, &token, "/v1/report", r, timeout).await
+    }
+
+    /// A node relay's batch, straight to the coordinator.
+    pub async fn send_batch(
+        &self,
+        b: &BatchReport,
+        timeout: Duration,
+    ) -> Result<BatchReply, String> {
+        let res = match self.resolve() {
+            Some((url, token)) => self.post(&url, &token, "/v1/reports", b, timeout).await,
+            None => Err("coordinator not found yet (no coordinator.json)".to_string()),
+        };
+        if res.is_err() {
+            self.forget();
+        }
+        res
+    }
+
+    /// The job's token, once the coordinator is known (a relay asks its
+    /// node's agents for it).
+    pub fn token(&self) -> Option<String> {
+        self.resolve().map(|(_, t)| t)
+    }
+
+    async fn post<B: serde::Serialize, R: serde::de::DeserializeOwned>(
+        &self,
+        url: &str,
+        token: &str,
+        path: &str,
+        body: &B,
+        timeout: Duration,
+    ) -> Result<R, String> {
+        let body = serde_json::to_vec(body).map_err(|e| e.to_string())?;
         let resp = self
             .http
-            .post(format!("{url}/v1/report"))
+            .post(format!("{url}{path}"))
             .bearer_auth(token)
             .header("content-type", "application/json")
             .body(body)
@@ -172,22 +295,60 @@ impl Link {
             .await
             .map_err(|e| format!("{url}: {e}"))?;
         if !resp.status().is_success() {
-            return Err(refused(&url, resp).await);
+            return Err(refused(url, resp).await);
         }
         let bytes = resp.bytes().await.map_err(|e| e.to_string())?;
-        let reply: Reply = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-        Ok(reply)
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
     }
 
     async fn poll(&self, rank: u32, attempt: u32, after: u64) -> Result<Vec<Command>, String> {
+        let query = format!("rank={rank}&attempt={attempt}&after={after}");
+        if let Some((via, url, token)) = self.relay() {
+            match self.get_commands(&url, &token, &query).await {
+                Ok(c) => return Ok(c),
+                Err(_) => via.failed(),
+            }
+        }
+        self.poll_query(&query).await
+    }
+
+    /// A node relay's long poll for the commands of its ranks (ascending).
+    pub async fn poll_ranks(
+        &self,
+        ranks: &[u32],
+        attempt: u32,
+        after: u64,
+    ) -> Result<Vec<Command>, String> {
+        let first = ranks.first().copied().unwrap_or(0);
+        let list: Vec<String> = ranks.iter().map(u32::to_string).collect();
+        let res = self
+            .poll_query(&format!(
+                "rank={first}&attempt={attempt}&after={after}&ranks={}",
+                list.join(",")
+            ))
+            .await;
+        if res.is_err() {
+            self.forget();
+        }
+        res
+    }
+
+    async fn poll_query(&self, query: &str) -> Result<Vec<Command>, String> {
         let (url, token) = self
             .resolve()
             .ok_or_else(|| "coordinator not found yet".to_string())?;
+        self.get_commands(&url, &token, query).await
+    }
+
+    async fn get_commands(
+        &self,
+        url: &str,
+        token: &str,
+        query: &str,
+    ) -> Result<Vec<Command>, String> {
         let resp = self
             .http
-            .get(format!(
-                "{url}/v1/commands?rank={rank}&attempt={attempt}&after={after}&wait_s=20"
-            ))
+            .get(format!("{url}/v1/commands?{query}&wait_s=20"))
             .bearer_auth(token)
             .timeout(Duration::from_secs(25))
             .send()
@@ -222,7 +383,7 @@ impl Link {
                 }
                 let r = ob.snapshot();
                 let sent = Instant::now();
-                match me.send(&r, Duration::from_secs(2)).await {
+                match me.send_routed(&r, Duration::from_secs(2), &tx).await {
                     Ok(reply) => {
                         last_ok = Some(Instant::now());
                         if let Some(t) = down_since.take() {

@@ -11,7 +11,9 @@
 //! directory (rank 0's). See `docs/coordinator.md`.
 
 pub mod client;
+pub mod metrics;
 pub mod protocol;
+pub mod relay;
 pub mod server;
 pub mod state;
 
@@ -552,32 +554,41 @@ impl Info {
     }
 }
 
+/// A file of `dir` written whole: a temporary file, synced, then renamed
+/// over `name` (a reader sees the old file or the new one, never a part).
+pub(crate) fn write_whole(
+    dir: &Path,
+    name: &str,
+    body: &[u8],
+    mode: u32,
+) -> std::io::Result<PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(name);
+    let tmp = dir.join(format!(".{name}.{}", std::process::id()));
+    let written = (|| {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(body)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)
+    })();
+    if written.is_err() {
+        // (A full disk: nothing half-written is left behind.)
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map(|()| path)
+}
+
 /// `coordinator.json` (where) and `coordinator.token` (0600), both written
 /// whole (temporary file, then rename).
 fn write_discovery(dir: &Path, url: &str, token: &str) -> std::io::Result<Vec<PathBuf>> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     std::fs::create_dir_all(dir)?;
-    let put = |name: &str, body: &[u8], mode: u32| -> std::io::Result<PathBuf> {
-        let path = dir.join(name);
-        let tmp = dir.join(format!(".{name}.{}", std::process::id()));
-        let written = (|| {
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(mode)
-                .open(&tmp)?;
-            f.write_all(body)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
-        })();
-        if written.is_err() {
-            // (A full disk: nothing half-written is left behind.)
-            let _ = std::fs::remove_file(&tmp);
-        }
-        written.map(|()| path)
-    };
+    let put = |name: &str, body: &[u8], mode: u32| write_whole(dir, name, body, mode);
     let token_path = put(TOKEN_FILE, format!("{token}\n").as_bytes(), 0o600)?;
     let info = Info {
         url: url.to_string(),

@@ -260,3 +260,29 @@ pub struct CheckpointAnswer {
     pub id: u64,
     pub step: u64,
 }
+
+/// How many ranks one node's batch may carry (a node of 8 GPUs has 8).
+pub const MAX_BATCH: usize = 64;
+
+/// `POST /v1/reports`: a node relay's batch, the latest report of each of
+/// its node's ranks (see [`super::relay`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchReport {
+    pub v: u32,
+    pub node: String,
+    pub reports: Vec<Report>,
+}
+
+/// Reply to a batch: the commands for any of its ranks that are newer than
+/// that rank's `commands_seen` (each naming only the batch's ranks among
+/// those it is for), and each rank's job progress age, in the batch's order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchReply {
+    pub commands: Vec<Command>,
+    #[serde(default)]
+    pub job_progress_age_s: Vec<Option<f64>>,
+    /// Reports refused (a value out of range), with the one-line reason of
+    /// the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+}

@@ -11,11 +11,6 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use prometheus_client::encoding::text::encode;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::registry::Registry;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -86,18 +81,23 @@ fn authorized(s: &Shared, headers: &HeaderMap) -> bool {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
-    // Compare every byte: the time taken does not tell how much matched.
-    let a = given.as_bytes();
-    let b = s.token.as_bytes();
-    let mut diff = (a.len() ^ b.len()) as u8;
-    for (i, x) in b.iter().enumerate() {
-        diff |= x ^ a.get(i).copied().unwrap_or(0);
-    }
-    let ok = diff == 0 && !b.is_empty();
+    let ok = same_token(given, &s.token);
     if !ok {
         s.unauthorized.fetch_add(1, Ordering::Relaxed);
     }
     ok
+}
+
+/// `given` is the token: every byte compared, so that the time taken does
+/// not tell how much matched.
+pub(crate) fn same_token(given: &str, token: &str) -> bool {
+    let a = given.as_bytes();
+    let b = token.as_bytes();
+    let mut diff = u8::from(a.len() != b.len());
+    for (i, x) in b.iter().enumerate() {
+        diff |= x ^ a.get(i).copied().unwrap_or(0);
+    }
+    diff == 0 && !b.is_empty()
 }
 
 fn refuse() -> Response {
@@ -163,14 +163,26 @@ fn bad_request(s: &Shared, e: Invalid) -> Response {
     (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
 }
 
-async fn report(State(s): State<Arc<Shared>>, Json(r): Json<Report>) -> Response {
+/// A JSON body, decoded straight from its bytes (axum's `Json` tracks the
+/// path to each field as it goes, which costs more than the rest of a
+/// report's handling).
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Invalid> {
+    serde_json::from_slice(body)
+        .map_err(|e| Invalid(format!("the body is not a valid request: {e}")))
+}
+
+async fn report(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    let r: Report = match decode(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(&s, e),
+    };
     let (rank, attempt, seen) = (r.rank, r.attempt, r.commands_seen);
     let now = Instant::now();
     let answer = s.with_view(|v| {
         if let Err(e) = v.check_report(&r) {
             return (Err(e), Vec::new());
         }
-        let e = v.on_report(r, now);
+        let e = v.on_checked_report(r, now);
         (
             Ok((
                 v.commands_for(rank, attempt, seen),
@@ -189,6 +201,30 @@ async fn report(State(s): State<Arc<Shared>>, Json(r): Json<Report>) -> Response
     }
 }
 
+async fn reports(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Response {
+    let b: BatchReport = match decode(&body) {
+        Ok(b) => b,
+        Err(e) => return bad_request(&s, e),
+    };
+    let now = Instant::now();
+    let answer = s.with_view(|v| match v.check_batch(&b) {
+        Err(e) => (Err(e), Vec::new()),
+        Ok(()) => {
+            let (reply, effects) = v.on_batch(b, now);
+            (Ok(reply), effects)
+        }
+    });
+    match answer {
+        Ok(reply) => {
+            if let Some(why) = &reply.refused {
+                tracing::debug!("coordinator: a relay's report refused: {why}");
+            }
+            Json(reply).into_response()
+        }
+        Err(e) => bad_request(&s, e),
+    }
+}
+
 /// The query of `GET /v1/commands` (public for the fuzz target that
 /// decodes it as the server does).
 #[derive(Debug, serde::Deserialize)]
@@ -198,6 +234,10 @@ pub struct PollQuery {
     pub after: u64,
     #[serde(default)]
     pub wait_s: Option<f64>,
+    /// A node relay's poll: the commands for any of these ranks (`0,1,2`),
+    /// each naming only those of them it is for; `rank` is one of them.
+    #[serde(default)]
+    pub ranks: Option<String>,
 }
 
 async fn commands(State(s): State<Arc<Shared>>, Query(q): Query<PollQuery>) -> Response {
@@ -205,10 +245,25 @@ async fn commands(State(s): State<Arc<Shared>>, Query(q): Query<PollQuery>) -> R
         Ok(w) => w,
         Err(e) => return bad_request(&s, e),
     };
+    let ranks = match q
+        .ranks
+        .as_deref()
+        .map(|r| s.with_view(|v| (v.check_poll_ranks(r), Vec::new())))
+    {
+        Some(Err(e)) => return bad_request(&s, e),
+        Some(Ok(r)) => Some(r),
+        None => None,
+    };
     let deadline = tokio::time::Instant::now() + wait;
     let mut rx = s.seq.subscribe();
     loop {
-        let cmds = s.with_view(|v| (v.commands_for(q.rank, q.attempt, q.after), Vec::new()));
+        let cmds = s.with_view(|v| {
+            let c = match &ranks {
+                Some(r) => v.commands_for_ranks(r, q.attempt, q.after),
+                None => v.commands_for(q.rank, q.attempt, q.after),
+            };
+            (c, Vec::new())
+        });
         if !cmds.is_empty() {
             return Json(Reply {
                 commands: cmds,
@@ -246,194 +301,26 @@ async fn checkpoint(State(s): State<Arc<Shared>>, body: Option<Json<CheckpointAs
     }
 }
 
-type Labels = Vec<(String, String)>;
-
-/// Prometheus text format, built from the view at scrape time.
-pub fn render_metrics(s: &Shared) -> String {
-    let u = s.unauthorized.load(Ordering::Relaxed);
-    let (st, ettr, checkpoints, reports, rejected) = s.with_view(|v| {
+/// What `/metrics` shows, read from the view.
+fn scrape(s: &Shared) -> super::metrics::Scrape {
+    let unauthorized = s.unauthorized.load(Ordering::Relaxed);
+    let connections = s.conns.counts();
+    s.with_view(|v| {
+        let now = Instant::now();
         (
-            (
-                v.status(Instant::now(), u),
-                v.live_ettr(Instant::now()),
-                v.checkpoints,
-                v.reports,
-                v.rejected,
-            ),
+            super::metrics::Scrape {
+                status: v.status(now, unauthorized),
+                ettr: v.live_ettr(now),
+                checkpoints: v.checkpoints,
+                reports: v.reports,
+                batches: v.batches,
+                rejected: v.rejected,
+                unauthorized,
+                connections,
+            },
             Vec::new(),
         )
-    });
-    let mut reg = Registry::with_prefix("resilio");
-    let job: Labels = vec![("job".into(), st.job.clone())];
-    let gauge_f = |reg: &mut Registry, name: &str, help: &str, value: f64| {
-        let f = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-        f.get_or_create(&job).set(value);
-        reg.register(name, help, f);
-    };
-    let counter = |reg: &mut Registry, name: &str, help: &str, value: u64| {
-        let f = Family::<Labels, Counter>::default();
-        f.get_or_create(&job).inc_by(value);
-        reg.register(name, help, f);
-    };
-    gauge_f(
-        &mut reg,
-        "ranks",
-        "Ranks reporting",
-        f64::from(st.ranks_heard),
-    );
-    by_state(&mut reg, &st);
-    if let Some(step) = st.step {
-        gauge_f(
-            &mut reg,
-            "job_step",
-            "Lowest step of the ranks: where the job is",
-            step as f64,
-        );
-    }
-    gauge_f(&mut reg, "attempt", "Current attempt", st.attempt as f64);
-    gauge_f(&mut reg, "ettr_estimate", "Share of the coordinator's uptime with ranks progressing (the report computes the exact ETTR)", ettr);
-    gauge_f(
-        &mut reg,
-        "stragglers",
-        "Ranks currently flagged as stragglers",
-        st.straggler_ranks.len() as f64,
-    );
-    gauge_f(
-        &mut reg,
-        "straggler_nodes",
-        "Nodes currently flagged as stragglers",
-        st.straggler_nodes.len() as f64,
-    );
-    counter(&mut reg, "stalls", "Stalls reported by agents", st.stalls);
-    counter(
-        &mut reg,
-        "restarts",
-        "Relaunches of the step",
-        st.restarts as u64,
-    );
-    counter(
-        &mut reg,
-        "checkpoints",
-        "Coordinated checkpoints confirmed by every rank",
-        checkpoints,
-    );
-    counter(&mut reg, "reports", "Agent reports received", reports);
-    counter(
-        &mut reg,
-        "unauthorized_requests",
-        "Requests refused for a missing or wrong token",
-        u,
-    );
-    counter(
-        &mut reg,
-        "rejected_requests",
-        "Requests refused (400) for a value out of range",
-        rejected,
-    );
-    let (open, shed) = s.conns.counts();
-    gauge_f(&mut reg, "connections", "Connections open now", open as f64);
-    counter(
-        &mut reg,
-        "connections_shed",
-        "Connections closed or refused at the connection limit",
-        shed,
-    );
-    if let Some(t) = st.tokens_per_s {
-        gauge_f(
-            &mut reg,
-            "tokens_per_second",
-            "Tokens per second of the job, from the trainer's printed per-device throughput",
-            t,
-        );
-    }
-    if let Some(m) = st.mfu {
-        gauge_f(
-            &mut reg,
-            "mfu",
-            "Model FLOPs utilisation (fraction), median over the ranks that print it",
-            m,
-        );
-    }
-    per_rank(&mut reg, &st);
-    let mut out = String::new();
-    if encode(&mut out, &reg).is_err() {
-        out.clear();
-    }
-    out
-}
-
-/// Ranks by state, one series each.
-fn by_state(reg: &mut Registry, st: &Status) {
-    let by_state = Family::<Labels, Gauge>::default();
-    for (state, n) in &st.ranks_by_state {
-        let l: Labels = vec![
-            ("job".into(), st.job.clone()),
-            ("state".into(), state.clone()),
-        ];
-        by_state.get_or_create(&l).set(i64::from(*n));
-    }
-    reg.register(
-        "ranks_in_state",
-        "Ranks by state (starting, running, stalled, exited, lost)",
-        by_state,
-    );
-}
-
-/// The series of each rank the status lists (every rank of a small job;
-/// past [`STATUS_RANKS`] ranks, only those worth a look): bounded at any
-/// size.
-fn per_rank(reg: &mut Registry, st: &Status) {
-    let figure = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-    for r in &st.ranks {
-        for (name, v) in &r.figures {
-            let l: Labels = vec![
-                ("job".into(), st.job.clone()),
-                ("rank".into(), r.rank.to_string()),
-                ("node".into(), r.node.clone()),
-                ("name".into(), name.clone()),
-            ];
-            figure.get_or_create(&l).set(*v);
-        }
-    }
-    reg.register(
-        "figure",
-        "The trainer's latest figures per rank (loss, tflops, mfu, tokens_per_s_device, ...)",
-        figure,
-    );
-    let step = Family::<Labels, Gauge>::default();
-    let step_time = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-    let compute = Family::<Labels, Gauge<f64, AtomicU64>>::default();
-    for r in &st.ranks {
-        let l: Labels = vec![
-            ("job".into(), st.job.clone()),
-            ("rank".into(), r.rank.to_string()),
-            ("node".into(), r.node.clone()),
-        ];
-        if let Some(x) = r.step {
-            step.get_or_create(&l).set(x as i64);
-        }
-        if let Some(x) = r.mean_step_s {
-            step_time.get_or_create(&l).set(x);
-        }
-        if let Some(x) = r.mean_compute_s {
-            compute.get_or_create(&l).set(x);
-        }
-    }
-    reg.register(
-        "step",
-        "Last step reported by the rank (past 256 ranks, only the ranks worth a look: not running, in a long phase, stragglers, silent, lost)",
-        step,
-    );
-    reg.register(
-        "step_time_seconds",
-        "Mean step interval of the rank in this attempt",
-        step_time,
-    );
-    reg.register(
-        "compute_time_seconds",
-        "Mean compute time per step the rank reported (compute_s)",
-        compute,
-    );
+    })
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
@@ -442,7 +329,7 @@ async fn metrics(State(s): State<Arc<Shared>>) -> Response {
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        render_metrics(&s),
+        super::metrics::render_metrics(&scrape(&s)),
     )
         .into_response()
 }
@@ -477,6 +364,7 @@ pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn router(s: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/report", post(report))
+        .route("/v1/reports", post(reports))
         .route("/v1/commands", get(commands))
         .route("/v1/status", get(status))
         .route("/v1/checkpoint", post(checkpoint))

@@ -349,6 +349,19 @@ events! {
         note: String,
     }
 
+    /// This agent relays its node's ranks' reports to the coordinator
+    /// (`[coordinator] node_relay`).
+    RelayStarted = "relay_started" {
+        url: String,
+    }
+
+    /// The node's relay did not answer: this rank reports straight to the
+    /// coordinator for a while (fail open).
+    RelayBypassed = "relay_bypassed" {
+        url: String,
+        error: String,
+    }
+
     /// The link to the coordinator works again.
     CoordinatorReachable = "coordinator_reachable" {
         gap_s: f64,
@@ -627,6 +640,9 @@ events! {
         verdict: HangVerdictRecord,
         first_reported_by: u32,
         ranks: Vec<HangRank>,
+        /// Ranks judged but not in `ranks`: past 256, only those worth a
+        /// look are listed (blamed, stalled, exited, not waiting on a peer).
+        ranks_omitted: u32,
     }
 
     /// A rank or node slower than the others.

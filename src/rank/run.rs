@@ -387,6 +387,16 @@ impl<'a> Agent<'a> {
                 self.lifecycle.on_command(c.kind, Instant::now())
             }
             Note::Command(_) => Vec::new(),
+            Note::RelayBypassed { url, error } => {
+                self.rank.journal.write(
+                    crate::event::RelayBypassed {
+                        url: Some(url),
+                        error: Some(error),
+                    },
+                    false,
+                );
+                Vec::new()
+            }
             Note::JobProgress { at } => {
                 // Another rank prints the steps (Megatron-LM's last rank).
                 self.no_step_warning = None;

@@ -49,6 +49,7 @@ fn rank(dir: &std::path::Path, child: &std::process::Child, argv: &[&str]) -> Bo
         advice: None,
         outbox: Arc::new(Outbox::default()),
         link: None,
+        relay: None,
         tx: crate::progress::Sender::new(),
         socket_ok: false,
         sock_path: dir.join("s.sock"),

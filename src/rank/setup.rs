@@ -175,6 +175,44 @@ fn coordinator(
     }
 }
 
+/// The node's relay: the first local rank runs it; every rank of the node
+/// reports through it while it answers.
+fn node_relay(
+    cfg: &Config,
+    b: &Base,
+    link: Link,
+    monitor_errors: &mut Vec<String>,
+) -> (Link, Option<crate::coordinator::relay::Relay>) {
+    let launcher_local_rank = std::env::var("LOCAL_RANK")
+        .ok()
+        .and_then(|v| v.trim().parse().ok());
+    let position = crate::coordinator::relay::position(
+        cfg.coordinator.node_relay,
+        &b.slurm,
+        b.id.world_size,
+        launcher_local_rank,
+    );
+    let Some(local) = position else {
+        return (link, None);
+    };
+    let relay = (local == 0)
+        .then(|| {
+            crate::coordinator::relay::start(
+                link.clone(),
+                &b.job_dir,
+                &b.id.node,
+                b.id.attempt,
+                cfg.coordinator.report_interval,
+            )
+            .map_err(|e| monitor_errors.push(format!("node relay: {e}")))
+            .ok()
+        })
+        .flatten();
+    let via =
+        crate::coordinator::client::Via::new(b.job_dir.clone(), b.id.node.clone(), b.id.attempt);
+    (link.through(via), relay)
+}
+
 fn host_coordinator(cfg: &Config, b: &Base, h: Host) -> std::io::Result<Coordinator> {
     let id = &b.id;
     let mut policy = cfg.coordinator.policy.clone();
@@ -221,6 +259,7 @@ pub(crate) struct Parts {
     pub advice: Option<IntervalAdvisor>,
     pub outbox: Arc<Outbox>,
     pub link: Option<Link>,
+    pub relay: Option<crate::coordinator::relay::Relay>,
     pub inputs: Inputs,
     pub tx: progress::Sender,
     pub socket_ok: bool,
@@ -262,6 +301,13 @@ pub(crate) fn prepare(
     let outbox = Arc::new(Outbox::default());
     let (notes_tx, notes_rx) = tokio::sync::mpsc::unbounded_channel::<Note>();
     let link = target.map(|t| Link::new(t, cfg.coordinator.report_interval));
+    let (link, relay) = match link {
+        Some(l) => {
+            let (l, r) = node_relay(cfg, b, l, &mut monitor_errors);
+            (Some(l), r)
+        }
+        None => (None, None),
+    };
     if let Some(l) = &link {
         outbox.update(|r| {
             r.v = crate::coordinator::protocol::VERSION;
@@ -290,6 +336,7 @@ pub(crate) fn prepare(
         advice,
         outbox,
         link,
+        relay,
         inputs,
         tx,
         socket_ok,
@@ -406,6 +453,7 @@ pub(crate) fn start(
         advice,
         outbox,
         link,
+        relay,
         inputs,
         tx,
         socket_ok,
@@ -437,6 +485,7 @@ pub(crate) fn start(
         advice,
         outbox,
         link,
+        relay,
         tx,
         socket_ok,
         sock_path,
@@ -445,6 +494,14 @@ pub(crate) fn start(
     let file_mode = rank.watch(spawned.stdout, spawned.stderr, &mut monitor_errors);
     rank.rank_start(&argv_text, file_mode, &torchrun);
     rank.monitor_errors(&monitor_errors);
+    if let Some(r) = &rank.relay {
+        rank.journal.write(
+            ev::RelayStarted {
+                url: Some(r.url.clone()),
+            },
+            false,
+        );
+    }
     Ok(Setup::Ready(Box::new(rank), inputs))
 }
 

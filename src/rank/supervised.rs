@@ -40,6 +40,8 @@ pub(crate) struct Rank {
     pub advice: Option<IntervalAdvisor>,
     pub outbox: Arc<Outbox>,
     pub link: Option<Link>,
+    /// The node's relay, when this agent runs it (`[coordinator] node_relay`).
+    pub relay: Option<crate::coordinator::relay::Relay>,
     pub tx: progress::Sender,
     pub socket_ok: bool,
     pub sock_path: PathBuf,

@@ -16,6 +16,7 @@ mod matrix;
 mod own_faults;
 mod passthrough;
 mod progress_sources;
+mod relay;
 mod reports;
 mod runtime_dirs;
 mod shared_state;

@@ -67,6 +67,12 @@ fn describe_event(event: &Event) -> Option<String> {
         Event::CheckpointIncomplete(x) => checkpoint_incomplete(x),
         Event::CoordinatorUnreachable(x) => coordinator_unreachable(x),
         Event::CoordinatorReachable(x) => coordinator_reachable(x),
+        Event::RelayStarted(x) => format!("relaying this node's reports on {}", text(&x.url)),
+        Event::RelayBypassed(x) => format!(
+            "node relay {} did not answer ({}): reporting straight to the coordinator",
+            text(&x.url),
+            text(&x.error)
+        ),
         Event::CoordinatorStart(x) => coordinator_start(x),
         Event::NodeExcluded(x) => node_excluded(x),
         Event::Requeue(x) => requeue(x),

@@ -158,6 +158,40 @@ impl JobView {
         Ok(())
     }
 
+    /// A batch's size (its reports are checked one by one in
+    /// [`JobView::on_batch`]).
+    pub fn check_batch(&self, b: &BatchReport) -> Result<(), Invalid> {
+        use crate::coordinator::protocol::MAX_BATCH;
+        if b.reports.is_empty() || b.reports.len() > MAX_BATCH {
+            return Err(Invalid(format!(
+                "a batch of {} reports: from 1 to {MAX_BATCH}",
+                b.reports.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// A relay's long poll: its ranks (`1,2,3`: at most [`MAX_BATCH`], each
+    /// in range), ascending and without repeats.
+    pub fn check_poll_ranks(&self, ranks: &str) -> Result<Vec<u32>, Invalid> {
+        use crate::coordinator::protocol::MAX_BATCH;
+        let mut out = Vec::new();
+        for part in ranks.split(',') {
+            let r: u32 = part
+                .trim()
+                .parse()
+                .map_err(|_| Invalid(format!("ranks {ranks:?}: {part:?} is not a rank")))?;
+            self.check_rank(r)?;
+            out.push(r);
+            if out.len() > MAX_BATCH {
+                return Err(Invalid(format!("ranks: at most {MAX_BATCH}")));
+            }
+        }
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
     /// A long poll's rank and attempt, and its wait.
     pub fn check_poll(
         &self,

@@ -79,10 +79,34 @@ impl JobView {
         median(intervals).map_or(0.5, |m| (0.5 * m).max(0.25))
     }
 
-    /// The `hang` record: the verdict and every judged rank's evidence.
+    /// The `hang` record: the verdict and every judged rank's evidence; past
+    /// [`STATUS_RANKS`] ranks, the evidence of those worth a look (blamed,
+    /// stalled, exited, not seen waiting on a peer), at most that many, and
+    /// how many were left out (a job of 131,072 ranks would otherwise write
+    /// a record of 15 MB, durably, while its ranks wait for the verdict).
     fn hang_record(&self, views: &[RankView], v: &hang::HangVerdict, first: u32) -> Effect {
-        let ranks = views
-            .iter()
+        let listed: Vec<&RankView> = if views.len() <= STATUS_RANKS {
+            views.iter().collect()
+        } else {
+            let worth = |w: &&RankView| {
+                v.blamed_ranks.contains(&w.rank)
+                    || w.rank == first
+                    || w.stalled
+                    || w.exited
+                    || w.waiting_on_peer != Some(true)
+            };
+            let (mut blamed, others): (Vec<&RankView>, Vec<&RankView>) = views
+                .iter()
+                .filter(worth)
+                .partition(|w| v.blamed_ranks.contains(&w.rank) || w.rank == first);
+            blamed.extend(others);
+            blamed.truncate(STATUS_RANKS);
+            blamed.sort_by_key(|w| w.rank);
+            blamed
+        };
+        let omitted = (views.len() - listed.len()) as u32;
+        let ranks = listed
+            .into_iter()
             .map(|w| ev::HangRank {
                 rank: w.rank,
                 node: w.node.clone(),
@@ -101,6 +125,7 @@ impl JobView {
                 verdict: Some(v.into()),
                 first_reported_by: Some(first),
                 ranks: Some(ranks),
+                ranks_omitted: (omitted > 0).then_some(omitted),
             },
             true,
         )

@@ -185,6 +185,8 @@ pub struct JobView {
     pub stalls: u64,
     pub checkpoints: u64,
     pub reports: u64,
+    /// Batches of reports received from node relays.
+    pub batches: u64,
     /// Reports and requests refused as out of range (400).
     pub rejected: u64,
     /// Time with at least one rank progressing, for the live ETTR estimate.
@@ -261,6 +263,7 @@ impl JobView {
             stalls: 0,
             checkpoints: 0,
             reports: 0,
+            batches: 0,
             rejected: 0,
             progressing: Duration::ZERO,
             last_tick: None,
@@ -303,6 +306,72 @@ impl JobView {
                 kind: c.kind.clone(),
             })
             .collect()
+    }
+
+    /// Commands for any of `ranks` (ascending) newer than `after`, each
+    /// naming only those of `ranks` it is for: what a node relay fans out.
+    pub fn commands_for_ranks(&self, ranks: &[u32], attempt: u32, after: u64) -> Vec<Command> {
+        let newer = self.commands.partition_point(|c| c.seq <= after);
+        self.commands[newer..]
+            .iter()
+            .filter(|c| c.attempt == attempt)
+            .filter_map(|c| {
+                let mine = if c.ranks.is_empty() {
+                    Vec::new()
+                } else {
+                    let m: Vec<u32> = ranks
+                        .iter()
+                        .copied()
+                        .filter(|r| c.ranks.binary_search(r).is_ok())
+                        .collect();
+                    if m.is_empty() {
+                        return None;
+                    }
+                    m
+                };
+                Some(Command {
+                    seq: c.seq,
+                    attempt: c.attempt,
+                    ranks: mine,
+                    kind: c.kind.clone(),
+                })
+            })
+            .collect()
+    }
+
+    /// A node relay's batch: each report in range is taken as if it came
+    /// alone; the others are refused (counted, the first one's reason
+    /// kept). The reply holds the commands for the batch's ranks newer
+    /// than the least any of them has seen, and each rank's job progress
+    /// age.
+    pub fn on_batch(&mut self, batch: BatchReport, now: Instant) -> (BatchReply, Vec<Effect>) {
+        let mut effects = Vec::new();
+        let mut reply = BatchReply::default();
+        let mut ranks = Vec::with_capacity(batch.reports.len());
+        let mut seen = u64::MAX;
+        let mut attempt = None;
+        self.batches += 1;
+        for r in batch.reports {
+            if let Err(e) = self.check_report(&r) {
+                self.rejected += 1;
+                reply.refused.get_or_insert(e.0);
+                continue;
+            }
+            ranks.push(r.rank);
+            seen = seen.min(r.commands_seen);
+            attempt = attempt.max(Some(r.attempt));
+            effects.extend(self.on_checked_report(r, now));
+        }
+        reply.job_progress_age_s = ranks
+            .iter()
+            .map(|r| self.job_progress_age_for(Some(*r), now))
+            .collect();
+        if let Some(a) = attempt {
+            ranks.sort_unstable();
+            ranks.dedup();
+            reply.commands = self.commands_for_ranks(&ranks, a, seen);
+        }
+        (reply, effects)
     }
 
     fn push(&mut self, mut ranks: Vec<u32>, kind: CommandKind) {

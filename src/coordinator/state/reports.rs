@@ -5,14 +5,19 @@
 use super::*;
 
 impl JobView {
-    /// One report from an agent.
+    /// One report from an agent (refused, and counted, if out of range).
     pub fn on_report(&mut self, r: Report, now: Instant) -> Vec<Effect> {
-        let mut out = Vec::new();
         if let Err(e) = self.check_report(&r) {
             self.rejected += 1;
             tracing::debug!("coordinator: report refused: {e}");
-            return out;
+            return Vec::new();
         }
+        self.on_checked_report(r, now)
+    }
+
+    /// One report that [`JobView::check_report`] passed.
+    pub fn on_checked_report(&mut self, r: Report, now: Instant) -> Vec<Effect> {
+        let mut out = Vec::new();
         self.reports += 1;
         if r.attempt < self.attempt {
             return out; // a straggling report of an earlier attempt

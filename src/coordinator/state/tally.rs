@@ -7,7 +7,7 @@
 use super::Entry;
 use crate::coordinator::protocol::RankState;
 use std::cell::Cell;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::time::Instant;
 
 /// What one rank's entry adds to the tally.
@@ -86,39 +86,58 @@ impl Tally {
 
 /// Every rank's entry, and how many entries the walks over them visited:
 /// what the work-counting test reads (a report must not walk every rank;
-/// a tick, a judgment or a status may).
+/// a tick, a judgment or a status may). Ranks are dense (0 to the world
+/// size, checked before they get here): a rank's entry is found by index.
+/// A slot is a pointer, so that a token holder naming the highest rank of
+/// a job of unknown size costs 8 MiB, not the entries of a million ranks.
 #[derive(Default)]
 pub(super) struct Ranks {
-    map: BTreeMap<u32, Entry>,
+    slots: Vec<Option<Box<(u32, Entry)>>>,
+    len: usize,
     visited: Cell<u64>,
 }
 
 impl Ranks {
     pub fn get(&self, rank: &u32) -> Option<&Entry> {
-        self.map.get(rank)
+        self.slots
+            .get(*rank as usize)
+            .and_then(|s| s.as_deref().map(|(_, e)| e))
     }
 
     pub fn insert(&mut self, rank: u32, entry: Entry) -> Option<Entry> {
-        self.map.insert(rank, entry)
+        let i = rank as usize;
+        if i >= self.slots.len() {
+            self.slots.resize_with(i + 1, || None);
+        }
+        match &mut self.slots[i] {
+            Some(slot) => Some(std::mem::replace(&mut slot.1, entry)),
+            empty => {
+                *empty = Some(Box::new((rank, entry)));
+                self.len += 1;
+                None
+            }
+        }
     }
 
     pub fn clear(&mut self) {
-        self.map.clear();
+        self.slots.clear();
+        self.len = 0;
     }
 
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.len == 0
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.len
     }
 
-    /// A walk over every entry, counted.
+    /// A walk over every entry, ascending by rank, counted.
     pub fn iter(&self) -> impl Iterator<Item = (&u32, &Entry)> + '_ {
         let visited = &self.visited;
-        self.map
+        self.slots
             .iter()
+            .filter_map(|s| s.as_deref().map(|(r, e)| (r, e)))
             .inspect(move |_| visited.set(visited.get() + 1))
     }
 
@@ -128,8 +147,9 @@ impl Ranks {
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = (&u32, &mut Entry)> + '_ {
         let visited = &self.visited;
-        self.map
+        self.slots
             .iter_mut()
+            .filter_map(|s| s.as_deref_mut().map(|(r, e)| (&*r, e)))
             .inspect(move |_| visited.set(visited.get() + 1))
     }
 
