@@ -2663,3 +2663,64 @@ fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
         .collect();
     assert!(nodes.contains(&"n2") && !nodes.contains(&"n1"), "{r:#}");
 }
+
+#[test]
+fn a_step_of_two_nodes_heard_through_each_nodes_relay_blames_the_hung_rank() {
+    let _g = lock();
+    testbed();
+    let dir = job_dir();
+    let cfg = dir.path().join("relay.toml");
+    std::fs::write(&cfg, "[coordinator]\nnode_relay = \"on\"\n").unwrap();
+    let ranks = agent_and_trainer(
+        dir.path(),
+        "--total 24 --step-time 0.2 --fault hang --fault-rank 3 --fault-step 8 --fault-attempts 0",
+    )
+    .replacen(" run ", &format!(" run --config {} ", cfg.display()), 1);
+    let body = format!(
+        "exec {BIN} run --config {} -- srun --kill-on-bad-exit=1 {ranks}",
+        cfg.display()
+    );
+    // Two nodes of two ranks: ranks 0 and 1 on the first, 2 and 3 on the
+    // second; rank 3, which hangs, is heard through rank 2's relay.
+    let job = sbatch_in_with(dir, 2, "-t 10", &body, &["--ntasks-per-node=2"]);
+    let state = job.wait_final(Duration::from_secs(240));
+    assert_eq!(state, "COMPLETED", "{}", job.output());
+    let recs = job.records();
+    let mut relays: Vec<(u32, String)> = recs
+        .iter()
+        .filter(|r| r.kind == "relay_started" && r.attempt == 0)
+        .map(|r| (r.rank.unwrap(), r.node.clone().unwrap_or_default()))
+        .collect();
+    relays.sort();
+    let nodes = rank_nodes(&recs, 0);
+    assert_eq!(nodes.len(), 4, "{nodes:?}");
+    assert_eq!(
+        relays,
+        [(0, nodes[0].1.clone()), (2, nodes[2].1.clone())],
+        "one relay a node, run by its first rank: {nodes:?}"
+    );
+    assert_ne!(nodes[0].1, nodes[2].1);
+    assert!(job.kinds("relay_bypassed").is_empty(), "{recs:#?}");
+    let judgment = job.kinds("judgment");
+    assert_eq!(judgment[0].str("class"), Some("hang"), "{judgment:?}");
+    assert_eq!(judgment[0].u64("primary_rank"), Some(3), "{judgment:?}");
+    let d = job.kinds("decision");
+    assert_eq!(
+        d[0].get("decision").unwrap()["action"],
+        "restart_in_allocation",
+        "{d:?}"
+    );
+    // The relaunch found its relays again and finished.
+    assert_eq!(
+        recs.iter()
+            .filter(|r| r.kind == "relay_started" && r.attempt == 1)
+            .count(),
+        2
+    );
+    for r in recs
+        .iter()
+        .filter(|r| r.kind == "rank_exit" && r.attempt == 1)
+    {
+        assert_eq!(r.u64("exit_code"), Some(0), "{r:?}");
+    }
+}
