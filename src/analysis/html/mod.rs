@@ -7,6 +7,7 @@
 //! the supervisor's actions, each with a tooltip giving cause and evidence;
 //! under them the charts of [`crate::analysis::charts`] (step rate, loss, MFU).
 
+mod fold;
 mod marks;
 mod rows;
 mod svg;
@@ -91,15 +92,20 @@ pub fn render_with(job: &str, records: &[Record], report: &JobReport, charts: bo
         );
     };
     let total = secs(t0, t1).max(1e-3);
-    let (by_node, rows) = rows_of(records);
-    let spans = spans_of(records, by_node, report, t1);
+    let (by_node, mut rows) = rows_of(records);
+    let mut spans = spans_of(records, by_node, report, t1);
     let queued: Vec<&crate::analysis::accounting::Segment> = report
         .segments
         .iter()
         .filter(|s| s.bucket == "queue_wait")
         .collect();
 
-    let marks = marks_of(records, by_node, &rows);
+    let mut marks = marks_of(records, by_node, &rows);
+    if let Some(f) = fold::Fold::of(records, by_node, &rows) {
+        rows = f.rows(&rows);
+        spans = f.spans(spans);
+        marks = f.marks(marks);
+    }
 
     let plot_top = 150.0;
     let job_row_y = plot_top;
@@ -245,6 +251,55 @@ mod tests {
             1,
             "one cause, on the blamed row"
         );
+    }
+
+    /// 600 nodes: the page keeps the blamed node's row and folds the 599
+    /// others into one, whose spans are theirs made one; it stays small.
+    #[test]
+    fn a_job_of_many_nodes_folds_the_nodes_nobody_singled_out() {
+        let mut r = Vec::new();
+        for rank in 0..600 {
+            r.push(rec(0.0, "rank_start", 0, Some(rank), json!({})));
+            r.push(rec(1.0, "progress", 0, Some(rank), json!({ "step": 1 })));
+            let class = if rank == 7 {
+                "infrastructure"
+            } else {
+                "secondary"
+            };
+            r.push(rec(
+                5.0,
+                "failure",
+                0,
+                Some(rank),
+                json!({ "cause": "x", "class": class }),
+            ));
+            r.push(rec(
+                5.0,
+                "rank_exit",
+                0,
+                Some(rank),
+                json!({ "exit_code": 1 }),
+            ));
+        }
+        r.push(rec(
+            5.5,
+            "judgment",
+            0,
+            None,
+            json!({ "class": "infrastructure", "primary_rank": 7, "primary_node": "n8" }),
+        ));
+        let report = crate::analysis::report::build("9", &r, 0, None);
+        let h = render("9", &r, &report);
+        assert!(h.contains(">n8</text>"), "the blamed node keeps its row");
+        assert!(h.contains(">599 other nodes</text>"));
+        assert!(!h.contains(">n9</text>"));
+        assert_eq!(h.matches("judged the cause").count(), 1);
+        // One progressing span for the 599 nodes, not 599.
+        assert_eq!(
+            h.matches("599 other nodes, attempt 0: progressing").count(),
+            1
+        );
+        assert!(h.len() < 60_000, "{} bytes", h.len());
     }
 
     fn rec(t: f64, kind: &str, attempt: u32, rank: Option<u32>, data: Value) -> Record {
