@@ -81,14 +81,19 @@ impl Fold {
     }
 
     /// Each row's spans, the folded nodes' on the shared row; on every row,
-    /// the spans of one state in one attempt that overlap made one.
-    pub(super) fn spans(&self, spans: BTreeMap<String, Vec<Span>>) -> BTreeMap<String, Vec<Span>> {
+    /// the spans of one state in one attempt less than `pixel` apart made
+    /// one (at most one span of a state an attempt per pixel).
+    pub(super) fn spans(
+        &self,
+        spans: BTreeMap<String, Vec<Span>>,
+        pixel: chrono::Duration,
+    ) -> BTreeMap<String, Vec<Span>> {
         let mut out: BTreeMap<String, Vec<Span>> = BTreeMap::new();
         for (row, list) in spans {
             out.entry(self.row(&row)).or_default().extend(list);
         }
         for list in out.values_mut() {
-            *list = coalesce(std::mem::take(list));
+            *list = coalesce(std::mem::take(list), pixel);
         }
         out
     }
@@ -112,13 +117,13 @@ impl Fold {
     }
 }
 
-/// Spans of one state in one attempt that overlap or touch, made one.
-fn coalesce(mut list: Vec<Span>) -> Vec<Span> {
+/// Spans of one state in one attempt less than `pixel` apart, made one.
+fn coalesce(mut list: Vec<Span>, pixel: chrono::Duration) -> Vec<Span> {
     list.sort_by(|a, b| (a.attempt, a.state, a.start).cmp(&(b.attempt, b.state, b.start)));
     let mut out: Vec<Span> = Vec::new();
     for s in list {
         match out.last_mut() {
-            Some(l) if l.attempt == s.attempt && l.state == s.state && s.start <= l.end => {
+            Some(l) if l.attempt == s.attempt && l.state == s.state && s.start <= l.end + pixel => {
                 l.end = l.end.max(s.end);
             }
             _ => out.push(s),

@@ -103,7 +103,8 @@ pub fn render_with(job: &str, records: &[Record], report: &JobReport, charts: bo
     let mut marks = marks_of(records, by_node, &rows);
     if let Some(f) = fold::Fold::of(records, by_node, &rows) {
         rows = f.rows(&rows);
-        spans = f.spans(spans);
+        let pixel = chrono::Duration::microseconds((total / PLOT_W * 1e6) as i64);
+        spans = f.spans(spans, pixel);
         marks = f.marks(marks);
     }
 
