@@ -66,7 +66,7 @@ pub struct Record {
 /// A record's typed event, parsed once. Not part of what a record is: two
 /// records are equal whether or not either was parsed yet.
 #[derive(Clone, Debug, Default)]
-pub struct Parsed(std::sync::OnceLock<Option<Event>>);
+pub struct Parsed(std::sync::OnceLock<Option<Box<Event>>>);
 
 impl PartialEq for Parsed {
     fn eq(&self, _: &Parsed) -> bool {
@@ -105,8 +105,8 @@ impl Record {
     pub fn event(&self) -> Option<&Event> {
         self.parsed
             .0
-            .get_or_init(|| Event::from_fields(&self.kind, &self.data))
-            .as_ref()
+            .get_or_init(|| Event::from_fields(&self.kind, &self.data).map(Box::new))
+            .as_deref()
     }
 }
 
