@@ -28,7 +28,10 @@
 //!    the rank's recent output (NCCL watchdog, gloo and c10d timeouts, a lost
 //!    peer). On GPUs, where NCCL spins instead of blocking, the stacks and
 //!    the output can tell; the system call cannot.
-//! 4. *Undetermined*: nobody is blamed; the reason says what evidence was
+//! 4. *Lost*: ranks whose agents went silent (marked lost) while every
+//!    other rank is shown waiting on a peer. A lost rank's stale step and
+//!    probe count in no rule before this one.
+//! 5. *Undetermined*: nobody is blamed; the reason says what evidence was
 //!    missing.
 //!
 //! Before all of them, *busy*: a rank not stalled, waiting on no peer, whose
@@ -70,6 +73,12 @@ pub struct RankView {
     /// (no accelerator) and the probe could not tell whether it waits:
     /// waiting or asleep, not working.
     pub idle: bool,
+    /// Its agent went silent (the coordinator marked it lost): its last
+    /// step is stale and its probe unknown. Its steps are not compared
+    /// (a frozen agent's old step read as "behind" blamed a rank that
+    /// trained on); it is blamed only when every other rank is shown
+    /// waiting on a peer.
+    pub lost: bool,
 }
 
 names! {
@@ -87,6 +96,8 @@ names! {
         StoppedFirst = "stopped_first",
         /// Not waiting on a peer while others were.
         NotWaiting = "not_waiting",
+        /// Gone silent while every other rank waits on a peer.
+        Lost = "lost",
         /// No rank can be told from the others.
         Undetermined = "undetermined",
     }
@@ -137,7 +148,7 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         // Steps compare only the ranks that report them.
         let stepping: Vec<&RankView> = ranks
             .iter()
-            .filter(|r| !r.silent && r.last_step.is_some())
+            .filter(|r| !r.silent && !r.lost && r.last_step.is_some())
             .collect();
         // The victim is never blamed: a rank its probe shows waiting on a
         // peer (a stack in a collective, a socket read) is no culprit,
@@ -146,6 +157,10 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             .and_then(blamable)
             .or_else(|| stopped_first(&stepping, tolerance_s).and_then(blamable))
             .unwrap_or_else(|| by_probes(ranks, tolerance_s))
+    };
+    let (rule, blamed, reason) = match (rule, lost_while_others_wait(ranks)) {
+        (HangRule::Undetermined, Some(found)) => found,
+        (rule, _) => (rule, blamed, reason),
     };
     let mut nodes: Vec<String> = blamed.iter().map(|r| r.node.clone()).collect();
     nodes.sort();
@@ -213,6 +228,24 @@ fn alone(only: &RankView, unseen: u32) -> RuleFinding<'_> {
         only.rank
     );
     (HangRule::Alone, vec![only], reason)
+}
+
+/// Ranks gone silent while every other live rank is shown waiting on a
+/// peer: the ones the others wait for.
+fn lost_while_others_wait(ranks: &[RankView]) -> Option<RuleFinding<'_>> {
+    let lost: Vec<&RankView> = ranks.iter().filter(|r| r.lost && !r.exited).collect();
+    let others: Vec<&RankView> = ranks.iter().filter(|r| !r.lost && !r.exited).collect();
+    if lost.is_empty()
+        || others.is_empty()
+        || others.iter().any(|r| r.waiting_on_peer != Some(true))
+    {
+        return None;
+    }
+    let reason = format!(
+        "rank(s) {} went silent (their agents stopped reporting) while every other rank waits on a peer",
+        list(&lost)
+    );
+    Some((HangRule::Lost, lost, reason))
 }
 
 /// The ranks at the lowest step, when others got further.
@@ -361,6 +394,37 @@ fn list(rs: &[&RankView]) -> String {
 mod tests {
     use super::*;
 
+    /// Trial 13: rank 0's agent froze at step 28 (marked lost) while its
+    /// trainer trained on with the others to step 39; rank 2 then hung
+    /// (asleep in its own code), ranks 1 and 3 wait on it. The stale step
+    /// is no evidence: rank 2 is blamed, not rank 0.
+    #[test]
+    fn a_lost_ranks_stale_step_is_not_behind() {
+        let mut frozen = view(0, Some(28), 10.0, None);
+        frozen.lost = true;
+        let mut hung = view(2, Some(39), 20.0, Some(false));
+        hung.stalled = true;
+        hung.not_waiting_shown = true;
+        let ranks = vec![
+            frozen.clone(),
+            view(1, Some(39), 20.0, Some(true)),
+            hung,
+            view(3, Some(39), 20.0, Some(true)),
+        ];
+        let v = judge(&ranks, 0.5, 0);
+        assert_eq!(v.rule, HangRule::NotWaiting, "{v:?}");
+        assert_eq!(v.blamed_ranks, [2]);
+        // Every other rank waits on a peer: the silent one is the cause.
+        let ranks = vec![
+            frozen,
+            view(1, Some(39), 20.0, Some(true)),
+            view(2, Some(39), 20.0, Some(true)),
+        ];
+        let v = judge(&ranks, 0.5, 0);
+        assert_eq!(v.rule, HangRule::Lost, "{v:?}");
+        assert_eq!(v.blamed_ranks, [0]);
+    }
+
     fn view(rank: u32, step: Option<u64>, at: f64, waiting: Option<bool>) -> RankView {
         RankView {
             rank,
@@ -374,6 +438,7 @@ mod tests {
             silent: false,
             busy: false,
             idle: false,
+            lost: false,
         }
     }
 

@@ -47,7 +47,8 @@ impl JobView {
         self.ranks
             .iter()
             .filter(|(_, e)| e.report.exit.as_ref().is_none_or(|x| x.code != 0))
-            .map(|(r, e)| RankView {
+            .map(|(r, e)| (r, e, e.lost && e.report.state != RankState::Exited))
+            .map(|(r, e, lost)| RankView {
                 rank: *r,
                 node: e.report.node.clone(),
                 last_step: e.report.step,
@@ -58,11 +59,13 @@ impl JobView {
                         .as_ref()
                         .is_some_and(|x| x.class == crate::event::Class::Hang),
                 exited: e.report.state == RankState::Exited,
-                waiting_on_peer: e.report.waiting_on_peer,
-                not_waiting_shown: e.report.not_waiting_shown,
+                // A lost rank's probe is as stale as its step.
+                waiting_on_peer: e.report.waiting_on_peer.filter(|_| !lost),
+                not_waiting_shown: e.report.not_waiting_shown && !lost,
                 silent: e.report.silent,
-                busy: e.report.busy,
-                idle: e.report.idle,
+                busy: e.report.busy && !lost,
+                idle: e.report.idle && !lost,
+                lost,
             })
             .collect()
     }
