@@ -237,9 +237,12 @@ impl Patterns {
     }
 
     /// The strongest line of a tail: infrastructure > ambiguous > user >
-    /// secondary > generic. Of two as strong, the first, unless it is a
-    /// traceback's quoted source line (`    raise RuntimeError("CUDA
-    /// error: ...")`): the exception's own line follows it.
+    /// secondary > generic; of two as strong, the first. A traceback's
+    /// quoted source lines are the code, not what happened, and never
+    /// count (`    x = fetch(i)  # a bad shard raises ValueError` made a
+    /// ConnectionResetError a user error, trial 13; `    raise
+    /// RuntimeError("CUDA error: ...")` is followed by the exception's own
+    /// line).
     pub fn strongest<'a>(&self, tail: &'a [String]) -> Option<(LineClass, &'a str)> {
         let rank = |c: LineClass| match c {
             LineClass::Infrastructure => 4,
@@ -249,11 +252,9 @@ impl Patterns {
             LineClass::Generic => 0,
         };
         let mut best: Option<(LineClass, &str)> = None;
-        for line in tail {
+        for line in what_happened(tail) {
             if let Some(c) = self.line_class(line) {
-                if best.is_none_or(|(b, l)| {
-                    rank(c) > rank(b) || rank(c) == rank(b) && is_quoted_source(l)
-                }) {
+                if best.is_none_or(|(b, _)| rank(c) > rank(b)) {
                     best = Some((c, line));
                 }
             }
@@ -507,9 +508,9 @@ fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
         );
     };
     // The last exception line says more than the traceback header.
-    let last = end
-        .tail
-        .iter()
+    let last = what_happened(&end.tail)
+        .collect::<Vec<_>>()
+        .into_iter()
         .rev()
         .find(|l| {
             p.line_class(l) == Some(LineClass::Generic)
@@ -523,10 +524,21 @@ fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
     )
 }
 
-/// A traceback's quoted source line: indented, and a `raise` statement.
-fn is_quoted_source(line: &str) -> bool {
-    let l = after_rank_prefix(line.trim_start()).unwrap_or(line);
-    l.starts_with(char::is_whitespace) && l.trim_start().starts_with("raise ")
+/// The lines of a tail but a traceback's quoted source: an indented line
+/// right after a `File "...", line N, in f` line (torch's `[rank1]: `
+/// prefix or not).
+fn what_happened(tail: &[String]) -> impl Iterator<Item = &String> + '_ {
+    let is_file = |l: &str| {
+        let l = without_rank_prefix(l).trim_start();
+        l.starts_with("File \"") && l.contains("\", line ")
+    };
+    tail.iter().enumerate().filter_map(move |(i, l)| {
+        let indented = after_rank_prefix(l.trim_start())
+            .unwrap_or(l)
+            .starts_with(char::is_whitespace);
+        let quoted = i > 0 && indented && is_file(&tail[i - 1]) && !is_file(l);
+        (!quoted).then_some(l)
+    })
 }
 
 /// What follows torch's `[rank1]: ` prefix, as it is (indent kept).
@@ -800,6 +812,43 @@ mod tests {
         assert_eq!(
             v.evidence.as_deref(),
             Some("[rank1]: RuntimeError: injected failure on rank 1 at step 70")
+        );
+    }
+
+    /// Trial 13: the source line Python quotes names a ValueError in a
+    /// comment; what happened is a connection reset. The code is not
+    /// evidence; a real ValueError's own line still is.
+    #[test]
+    fn a_tracebacks_quoted_source_is_not_what_happened() {
+        let tail = |last: &str| RankEnd {
+            exit_code: 1,
+            tail: vec![
+                "[rank1]: Traceback (most recent call last):".into(),
+                "[rank1]:   File \"/w/train.py\", line 41, in <module>".into(),
+                "[rank1]:     x = fetch_shard(i)  # a bad shard raises ValueError".into(),
+                "[rank1]:         ^^^^^^^^^^^^^^".into(),
+                last.into(),
+            ],
+            ..Default::default()
+        };
+        let p = Patterns::defaults();
+        let v = classify(
+            &tail("[rank1]: ConnectionResetError: [Errno 104] Connection reset by peer"),
+            &p,
+        );
+        assert_ne!(v.class, Class::UserError, "{v:?}");
+        assert!(
+            v.evidence
+                .as_deref()
+                .unwrap_or("")
+                .contains("ConnectionResetError"),
+            "{v:?}"
+        );
+        let v = classify(&tail("[rank1]: ValueError: bad shard 7"), &p);
+        assert_eq!(v.class, Class::UserError, "{v:?}");
+        assert_eq!(
+            v.evidence.as_deref(),
+            Some("[rank1]: ValueError: bad shard 7")
         );
     }
 
