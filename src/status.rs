@@ -115,7 +115,10 @@ pub fn render_status(s: &Status) -> String {
             "{:>5}  {:<14} {:<9} {:>8} {:>8} {:>9} {:>10} {:<10} {:>9}  {}\n",
             r.rank,
             r.node,
-            if r.silent {
+            if r.lost {
+                // Its agent went silent: what it last said is stale.
+                "lost".to_string()
+            } else if r.silent {
                 // Reports no steps of its own: alive on the job's progress.
                 "silent".to_string()
             } else {

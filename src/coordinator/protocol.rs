@@ -186,6 +186,9 @@ pub struct RankStatus {
     /// Reports no progress of its own; alive while the job progresses.
     #[serde(default)]
     pub silent: bool,
+    /// Its agent stopped reporting (`state` is what it last said).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub lost: bool,
 }
 
 /// The live job, for `resilio status` and `GET /v1/status`.

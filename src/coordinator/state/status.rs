@@ -100,6 +100,7 @@ impl JobView {
             last_report_age_s: now.duration_since(e.heard).as_secs_f64(),
             straggler: stragglers.contains(&rank.to_string()),
             silent: e.report.silent,
+            lost: e.lost,
             figures: e.report.figures.clone(),
         }
     }
@@ -130,6 +131,24 @@ mod tests {
             phase: "train".into(),
             ..Default::default()
         }
+    }
+
+    /// Trial 13: a lost rank was counted lost and listed `running`.
+    #[test]
+    fn a_lost_rank_is_listed_lost() {
+        let t = Instant::now();
+        let mut v = JobView::new("j", 2, 0, CoordinatorConfig::default(), t);
+        v.on_report(report(0, RankState::Running), t);
+        v.on_report(report(1, RankState::Running), t);
+        let later = t + Duration::from_secs(45);
+        v.on_report(report(0, RankState::Running), later);
+        v.tick(later);
+        let st = v.status(later, 0);
+        assert_eq!(st.ranks_by_state.get("lost"), Some(&1), "{st:?}");
+        let r1 = st.ranks.iter().find(|r| r.rank == 1).unwrap();
+        assert!(r1.lost, "{r1:?}");
+        assert!(!st.ranks[0].lost);
+        assert!(crate::status::render_status(&st).contains("lost"));
     }
 
     #[test]
