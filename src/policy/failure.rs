@@ -610,13 +610,32 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     // rank failed) is an echo too, unless nothing else failed.
     let real = |c: Class| !matches!(c, Class::Secondary | Class::Preempted);
     let any_real = failed.iter().any(|(_, f)| real(f.verdict.class));
+    // A rank that lost a connection before any rank was stopped, with no
+    // real failure anywhere: its own error (an object store's reset), not
+    // an echo of the stops that followed it (trial 13).
+    let first = |c: Class| {
+        failed
+            .iter()
+            .filter(|(_, f)| f.verdict.class == c)
+            .map(|(_, f)| f.at)
+            .min_by(f64::total_cmp)
+    };
+    let lost_connection_first = !any_real
+        && matches!(
+            (first(Class::Secondary), first(Class::Preempted)),
+            (Some(s), Some(p)) if s < p
+        );
     let causes: Vec<(usize, &RankFailure)> = failed
         .iter()
         .copied()
-        .filter(|(_, f)| f.verdict.class != Class::Secondary)
-        .filter(|(_, f)| !any_real || real(f.verdict.class))
+        .filter(|(_, f)| (f.verdict.class == Class::Secondary) == lost_connection_first)
+        .filter(|(_, f)| lost_connection_first || !any_real || real(f.verdict.class))
         .collect();
     let (idx, why) = match earliest(&causes) {
+        Some(i) if lost_connection_first => (
+            i,
+            "a lost connection came before any rank was stopped, and nothing else failed: unexplained (one restart)".to_string(),
+        ),
         Some(i) => {
             let n_sec = failed.len() - causes.len();
             (
@@ -636,7 +655,10 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     let f = &failures[idx];
     // All ranks secondary: a peer vanished without a trace (node crash, kill -9):
     // treat as infrastructure on the earliest rank's view.
+    // A lost connection before the stops, nothing else: unexplained (one
+    // restart, no node blamed).
     let class = match f.verdict.class {
+        Class::Secondary if lost_connection_first => Class::Unknown,
         Class::Secondary => Class::Infrastructure,
         c => c,
     };
@@ -929,6 +951,36 @@ mod tests {
         let mut h = end(124, &[]);
         h.stalled = true;
         assert_eq!(classify(&h, &p).class, Class::Hang);
+    }
+
+    /// Trial 13: rank 1's object store reset its connection (it looks like
+    /// a lost peer); rank 0 was then stopped by the teardown. Not "stopped
+    /// from outside" (no restart), not a node's fault: unexplained, one
+    /// restart, no node blamed. Every rank seeing a lost peer stays a
+    /// vanished peer (infrastructure).
+    #[test]
+    fn a_lost_connection_before_the_stops_is_unexplained_not_an_outside_stop() {
+        let j = primary(&[
+            fail(0, "n1", 12.0, Class::Preempted),
+            fail(1, "n2", 11.0, Class::Secondary),
+        ])
+        .unwrap();
+        assert_eq!(j.class, Class::Unknown, "{j:?}");
+        assert_eq!(j.primary, 1);
+        assert!(j.blamed_nodes.is_empty(), "{j:?}");
+        let j = primary(&[
+            fail(0, "n1", 12.0, Class::Secondary),
+            fail(1, "n2", 11.0, Class::Secondary),
+        ])
+        .unwrap();
+        assert_eq!(j.class, Class::Infrastructure, "{j:?}");
+        // A stop from outside first stays a stop from outside.
+        let j = primary(&[
+            fail(0, "n1", 10.0, Class::Preempted),
+            fail(1, "n2", 11.0, Class::Secondary),
+        ])
+        .unwrap();
+        assert_eq!(j.class, Class::Preempted, "{j:?}");
     }
 
     fn fail(rank: u32, node: &str, at: f64, class: Class) -> RankFailure {
