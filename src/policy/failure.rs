@@ -8,6 +8,7 @@
 //! and tracebacks of their own), so the first failure that is not a peer's
 //! echo is the cause and the others are secondary. Both are pure functions.
 
+use super::traceback::{what_happened, without_rank_prefix};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
@@ -524,38 +525,6 @@ fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
     )
 }
 
-/// The lines of a tail but a traceback's quoted source: an indented line
-/// right after a `File "...", line N, in f` line (torch's `[rank1]: `
-/// prefix or not).
-fn what_happened(tail: &[String]) -> impl Iterator<Item = &String> + '_ {
-    let is_file = |l: &str| {
-        let l = without_rank_prefix(l).trim_start();
-        l.starts_with("File \"") && l.contains("\", line ")
-    };
-    tail.iter().enumerate().filter_map(move |(i, l)| {
-        let indented = after_rank_prefix(l.trim_start())
-            .unwrap_or(l)
-            .starts_with(char::is_whitespace);
-        let quoted = i > 0 && indented && is_file(&tail[i - 1]) && !is_file(l);
-        (!quoted).then_some(l)
-    })
-}
-
-/// What follows torch's `[rank1]: ` prefix, as it is (indent kept).
-fn after_rank_prefix(line: &str) -> Option<&str> {
-    match line.strip_prefix("[rank").and_then(|r| r.split_once("]: ")) {
-        Some((n, rest)) if n.bytes().all(|b| b.is_ascii_digit()) => Some(rest),
-        _ => None,
-    }
-}
-
-/// A line without torch's `[rank1]: ` prefix (every line of a rank's
-/// traceback carries it).
-fn without_rank_prefix(line: &str) -> &str {
-    let t = line.trim_start();
-    after_rank_prefix(t).unwrap_or(t)
-}
-
 /// One failed rank in a cross-rank judgment.
 #[derive(Clone, Debug)]
 pub struct RankFailure {
@@ -588,6 +557,38 @@ pub struct Judgment {
 /// node history.
 pub const NOBODY_BLAMED: &str = "hung, nobody blamed (the coordinator's job-wide judgment)";
 
+/// The primary failure's node, and the nodes of infrastructure failures
+/// at (nearly) the same moment: two bad nodes can fail together.
+fn nodes_failing_with(f: &RankFailure, causes: &[(usize, &RankFailure)]) -> Vec<String> {
+    let mut nodes = vec![f.node.clone()];
+    for (_, other) in causes {
+        if other.verdict.class == Class::Infrastructure
+            && (other.at - f.at).abs() < 1.0
+            && !nodes.contains(&other.node)
+        {
+            nodes.push(other.node.clone());
+        }
+    }
+    nodes
+}
+
+/// A rank lost a connection before any rank was stopped: with no real
+/// failure anywhere, that is its own error (an object store's reset), not
+/// an echo of the stops that followed it (trial 13).
+fn lost_connection_first(failed: &[(usize, &RankFailure)]) -> bool {
+    let first = |c: Class| {
+        failed
+            .iter()
+            .filter(|(_, f)| f.verdict.class == c)
+            .map(|(_, f)| f.at)
+            .min_by(f64::total_cmp)
+    };
+    matches!(
+        (first(Class::Secondary), first(Class::Preempted)),
+        (Some(s), Some(p)) if s < p
+    )
+}
+
 /// Judge failures across ranks: the earliest failure that is not a peer's
 /// echo is primary; its class is the job's. Secondary failures are never
 /// blamed and never make the job look like a user error. Returns `None`
@@ -610,21 +611,7 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
     // rank failed) is an echo too, unless nothing else failed.
     let real = |c: Class| !matches!(c, Class::Secondary | Class::Preempted);
     let any_real = failed.iter().any(|(_, f)| real(f.verdict.class));
-    // A rank that lost a connection before any rank was stopped, with no
-    // real failure anywhere: its own error (an object store's reset), not
-    // an echo of the stops that followed it (trial 13).
-    let first = |c: Class| {
-        failed
-            .iter()
-            .filter(|(_, f)| f.verdict.class == c)
-            .map(|(_, f)| f.at)
-            .min_by(f64::total_cmp)
-    };
-    let lost_connection_first = !any_real
-        && matches!(
-            (first(Class::Secondary), first(Class::Preempted)),
-            (Some(s), Some(p)) if s < p
-        );
+    let lost_connection_first = !any_real && lost_connection_first(&failed);
     let causes: Vec<(usize, &RankFailure)> = failed
         .iter()
         .copied()
@@ -687,17 +674,7 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
         && !nobody
         && !launch_trouble
     {
-        blamed_nodes.push(f.node.clone());
-        // Infrastructure failures at (nearly) the same moment on other nodes
-        // are blamed too: two bad nodes can fail together.
-        for (_, other) in &causes {
-            if other.verdict.class == Class::Infrastructure
-                && (other.at - f.at).abs() < 1.0
-                && !blamed_nodes.contains(&other.node)
-            {
-                blamed_nodes.push(other.node.clone());
-            }
-        }
+        blamed_nodes = nodes_failing_with(f, &causes);
     }
     Some(Judgment {
         primary: idx,

@@ -12,3 +12,4 @@ pub mod restart;
 pub mod slowdown;
 pub mod stall;
 pub mod straggler;
+mod traceback;
