@@ -152,6 +152,26 @@ impl Command {
     }
 }
 
+/// The commands of `commands` (ascending by `seq`) for `rank` newer than
+/// `after`. A command to some ranks names only `rank` in the copy it gets
+/// (a probe of every other rank of a large job would otherwise go out
+/// whole in every reply).
+pub fn commands_for(commands: &[Command], rank: u32, attempt: u32, after: u64) -> Vec<Command> {
+    let newer = commands.partition_point(|c| c.seq <= after);
+    commands[newer..]
+        .iter()
+        .filter(|c| c.for_rank(rank, attempt))
+        .map(|c| Command {
+            ranks: if c.ranks.is_empty() {
+                Vec::new()
+            } else {
+                vec![rank]
+            },
+            ..c.clone()
+        })
+        .collect()
+}
+
 /// Reply to a report or a long poll.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Reply {

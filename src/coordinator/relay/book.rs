@@ -102,19 +102,7 @@ impl Book {
 
     /// Commands for `rank` newer than `after`.
     pub fn commands_for(&self, rank: u32, attempt: u32, after: u64) -> Vec<Command> {
-        let newer = self.commands.partition_point(|c| c.seq <= after);
-        self.commands[newer..]
-            .iter()
-            .filter(|c| c.for_rank(rank, attempt))
-            .map(|c| Command {
-                ranks: if c.ranks.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![rank]
-                },
-                ..c.clone()
-            })
-            .collect()
+        crate::coordinator::protocol::commands_for(&self.commands, rank, attempt, after)
     }
 
     /// The reports not passed on yet, in batches of at most [`MAX_BATCH`],

@@ -291,21 +291,7 @@ impl JobView {
     /// names only `rank` in the copy it gets (a probe of every other rank
     /// of a large job would otherwise go out whole in every reply).
     pub fn commands_for(&self, rank: u32, attempt: u32, after: u64) -> Vec<Command> {
-        let newer = self.commands.partition_point(|c| c.seq <= after);
-        self.commands[newer..]
-            .iter()
-            .filter(|c| c.for_rank(rank, attempt))
-            .map(|c| Command {
-                seq: c.seq,
-                attempt: c.attempt,
-                ranks: if c.ranks.is_empty() {
-                    Vec::new()
-                } else {
-                    vec![rank]
-                },
-                kind: c.kind.clone(),
-            })
-            .collect()
+        super::protocol::commands_for(&self.commands, rank, attempt, after)
     }
 
     /// Commands for any of `ranks` (ascending) newer than `after`, each
