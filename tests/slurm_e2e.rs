@@ -2604,7 +2604,29 @@ fn a_journal_blaming_a_node_is_believed_only_where_slurm_agrees() {
     assert_eq!(
         journal_events,
         [("n2".to_string(), user_job.clone(), user.clone(), false)],
-        "{history:#}\n{}",
+        "{history:#}\nsacct: {}\nls: {}\n{}",
+        // What Slurm and the disk said, for a failure seen once in CI.
+        run(
+            "sacct",
+            &[
+                "-a",
+                "-D",
+                "-n",
+                "-P",
+                "-o",
+                "JobIDRaw,UID,User,Submit,Start,End,NodeList",
+                "-j",
+                &format!("{user_job},{root_job}")
+            ],
+        ),
+        String::from_utf8_lossy(
+            &Command::new("ls")
+                .args(["-lnR"])
+                .arg(&shared)
+                .output()
+                .unwrap()
+                .stdout
+        ),
         String::from_utf8_lossy(
             &Command::new(bin)
                 .args(["nodes", "--state-dir"])
