@@ -2,7 +2,7 @@
 //! InfiniBand here: tests/fixtures/failures/failure_lines.tsv holds real
 //! lines copied from public bug reports, each group with its source).
 
-use resilio::policy::failure::{LineClass, Patterns};
+use resilio::policy::patterns::{LineClass, Patterns};
 
 #[test]
 fn recorded_nccl_xid_ecc_and_python_lines_are_classified() {

@@ -257,7 +257,7 @@ impl FailureSection {
         let mut p = cfg
             .failure_patterns
             .take()
-            .unwrap_or_else(crate::policy::failure::Patterns::defaults);
+            .unwrap_or_else(crate::policy::patterns::Patterns::defaults);
         for (list, what, out) in [
             (
                 infrastructure_patterns,
@@ -271,7 +271,7 @@ impl FailureSection {
             (generic_patterns, "generic", &mut p.generic),
         ] {
             let Some(list) = list else { continue };
-            *out = crate::policy::failure::compile_list(list.get_ref(), what).map_err(|m| {
+            *out = crate::policy::patterns::compile_list(list.get_ref(), what).map_err(|m| {
                 src.error(list.span().start, format!("failure.{what}_patterns: {m}"))
             })?;
         }

@@ -161,7 +161,7 @@ pub struct Config {
     /// Output patterns that classify a rank's failure.
     /// `None`: the built-in lists, compiled only when a failure is classified
     /// (they are many regexes; start-up stays cheap).
-    pub failure_patterns: Option<crate::policy::failure::Patterns>,
+    pub failure_patterns: Option<crate::policy::patterns::Patterns>,
     /// Signal that asks the trainer for a checkpoint now (`None`: do not signal).
     pub checkpoint_signal: Option<nix::sys::signal::Signal>,
     /// How long the job-level supervisor waits for `checkpoint_done` after a
@@ -413,10 +413,10 @@ pub fn system_file() -> Result<Option<PathBuf>> {
 
 impl Config {
     /// The failure patterns in force: the configured lists, or the defaults.
-    pub fn patterns(&self) -> crate::policy::failure::Patterns {
+    pub fn patterns(&self) -> crate::policy::patterns::Patterns {
         self.failure_patterns
             .clone()
-            .unwrap_or_else(crate::policy::failure::Patterns::defaults)
+            .unwrap_or_else(crate::policy::patterns::Patterns::defaults)
     }
 
     /// Apply one TOML file on top of `self`. Errors name `path:line`.

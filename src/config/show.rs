@@ -38,7 +38,7 @@ fn builtin(section: &str, key: &str) -> Option<String> {
         )
         .to_string()
     };
-    use crate::policy::failure as f;
+    use crate::policy::patterns as f;
     Some(match (section, key) {
         ("run", "state_dir") => quoted(&default_state_dir().to_string_lossy()),
         ("progress", "regex") => quoted(DEFAULT_PROGRESS_REGEX),

@@ -68,6 +68,9 @@ pub struct Outcome {
     pub last_step: Option<u64>,
     #[serde(default)]
     pub blamed_nodes: Vec<String>,
+    /// The step started no rank (absent: it did).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub launch_trouble: bool,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -134,6 +137,7 @@ impl From<&AttemptOutcome> for Outcome {
             detail: Some(o.detail.clone()),
             last_step: o.last_step,
             blamed_nodes: o.blamed_nodes.clone(),
+            launch_trouble: o.launch_trouble,
             more: Map::new(),
         }
     }
@@ -152,6 +156,7 @@ impl Outcome {
             signature,
             last_step: self.last_step,
             blamed_nodes: self.blamed_nodes,
+            launch_trouble: self.launch_trouble,
         })
     }
 }

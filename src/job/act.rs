@@ -36,7 +36,7 @@ pub enum AtStart {
 /// Journal the judgment and the decision on an attempt.
 pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     let (j, primary) = (&d.judgment, &d.primary);
-    if primary.verdict.reason == super::judge::AGENT_DIED {
+    if primary.verdict.grounds == crate::policy::failure::Grounds::AgentDied {
         // The rank left no record of its own: its failure is journaled here.
         journal.write(
             ev::Failure {

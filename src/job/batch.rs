@@ -334,6 +334,7 @@ mod tests {
             class,
             reason: reason.into(),
             evidence: None,
+            ..Default::default()
         }
     }
 

@@ -19,7 +19,7 @@ use super::judge::{self, StepEnd};
 use crate::analysis::node_history::NodeHistory;
 use crate::event::Event;
 use crate::journal::{self, Record};
-use crate::policy::failure::{Class, Judgment, RankFailure};
+use crate::policy::failure::{Class, Grounds, Judgment, RankFailure};
 use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
 use crate::slurm::{AcctRecord, JobInfo, NodeInfo};
 
@@ -205,7 +205,8 @@ fn decide_with(
             !crate::analysis::node_history::hang_is_software(records, attempt, primary.rank, n)
         });
     }
-    let outcome = AttemptOutcome::new(attempt, j.class, &evidence, last_step, exclude);
+    let mut outcome = AttemptOutcome::new(attempt, j.class, &evidence, last_step, exclude);
+    outcome.launch_trouble = primary.verdict.grounds == Grounds::LaunchTrouble;
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
@@ -621,6 +622,7 @@ mod tests {
             class: Class::Unknown,
             reason: "exit 1".into(),
             evidence: None,
+            ..Default::default()
         }
     }
 
@@ -669,6 +671,34 @@ mod tests {
             requeueable
         });
         (d, asked.get())
+    }
+
+    /// Launch trouble is the job level's own sighting, typed: a step that
+    /// started no rank is launch trouble in its decision and when the
+    /// journal is read back; a trainer printing the same words is not.
+    #[test]
+    fn launch_trouble_is_the_job_levels_sighting_never_a_ranks_words() {
+        let launch = Verdict::launch_trouble(std::time::Duration::from_secs(300));
+        let s = step(&launch, false);
+        let facts = Facts {
+            records: &[],
+            attempt: 0,
+            step: &s,
+            max_restarts: 3,
+            alloc: None,
+        };
+        let d = decide(&facts, || true).expect("a decision");
+        assert!(d.outcome.launch_trouble, "{:?}", d.outcome);
+        let back = judge::earlier_outcomes(&[decided(&d)], 1);
+        assert!(back[0].launch_trouble, "{back:?}");
+        // The trainer's own words, the same text.
+        let words = "launch trouble: no rank of the step reported within 300s of srun's start";
+        let records = failed_on_n2(0, "infrastructure", words, 5);
+        let (d, _) = run(&records, 0, 3, None, true);
+        let d = d.expect("a decision");
+        assert_eq!(d.outcome.detail, words);
+        assert!(!d.outcome.launch_trouble);
+        assert!(!judge::earlier_outcomes(&[decided(&d)], 1)[0].launch_trouble);
     }
 
     #[test]

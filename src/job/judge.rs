@@ -10,7 +10,7 @@
 
 use crate::event::Event;
 use crate::journal::{self, Record};
-use crate::policy::failure::{self, Class, Judgment, RankFailure, Verdict};
+use crate::policy::failure::{self, Class, Grounds, Judgment, RankFailure, Verdict};
 use crate::policy::restart::AttemptOutcome;
 
 /// What the batch-level agent knows about its own child (srun, or a single trainer).
@@ -78,6 +78,7 @@ pub fn srun_failures(tail: &[String], at: f64) -> Vec<RankFailure> {
                         class: Class::Infrastructure,
                         reason: "Slurm reported a node failure".into(),
                         evidence: Some(line.trim().to_string()),
+                        ..Default::default()
                     },
                 });
             }
@@ -116,6 +117,7 @@ pub fn srun_failures(tail: &[String], at: f64) -> Vec<RankFailure> {
                 class,
                 reason: format!("srun: {what}"),
                 evidence: Some(line.trim().to_string()),
+                ..Default::default()
             },
         });
     }
@@ -153,6 +155,7 @@ fn journaled_failures(records: &[Record], attempt: u32) -> Vec<RankFailure> {
                     class: x.class?,
                     reason: x.class_reason.clone().unwrap_or_default(),
                     evidence: x.evidence.clone(),
+                    ..Default::default()
                 },
             })
         })
@@ -189,6 +192,7 @@ fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]
                 class: Class::Clean,
                 reason: "finished: every rank ended past its last collective, aborting at interpreter exit (torch's threads)".into(),
                 evidence: f.verdict.evidence.clone(),
+                ..Default::default()
             };
         }
         return;
@@ -223,6 +227,7 @@ fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]
             class: Class::Clean,
             reason: why,
             evidence: f.verdict.evidence.clone(),
+            ..Default::default()
         };
     }
 }
@@ -256,6 +261,7 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
                 class: Class::Hang,
                 reason: failure::NOBODY_BLAMED.into(),
                 evidence: Some(why.clone()),
+                ..Default::default()
             };
         }
         return;
@@ -271,12 +277,14 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
                 class: Class::Hang,
                 reason: "hung first (the coordinator's job-wide judgment)".into(),
                 evidence: Some(why.clone()),
+                ..Default::default()
             };
         } else if matches!(f.verdict.class, Class::Hang | Class::Preempted) {
             f.verdict = Verdict {
                 class: Class::Secondary,
                 reason: "stalled waiting for the rank that hung first".into(),
                 evidence: Some(why.clone()),
+                ..Default::default()
             };
         } else if f.at > judged_at && f.verdict.class != Class::Infrastructure {
             // Failed after the verdict tore the attempt down: a peer that
@@ -286,6 +294,7 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
                 class: Class::Secondary,
                 reason: "failed after the coordinator judged the rank that hung first".into(),
                 evidence: Some(why.clone()),
+                ..Default::default()
             };
         }
     }
@@ -317,6 +326,7 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
                 class: Class::Secondary,
                 reason: "stopped to leave a straggling node out".into(),
                 evidence: f.verdict.evidence.clone(),
+                ..Default::default()
             };
         }
     }
@@ -328,6 +338,7 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
             class: Class::Infrastructure,
             reason: "confirmed straggler node (the coordinator's judgment)".into(),
             evidence: x.evidence.as_ref().map(|e| format!("straggler: {e}")),
+            ..Default::default()
         },
     });
 }
@@ -407,6 +418,7 @@ fn lost_agents(
                 class: Class::Infrastructure,
                 reason: AGENT_DIED.into(),
                 evidence: Some(evidence),
+                grounds: Grounds::AgentDied,
             },
         });
     }
@@ -425,6 +437,7 @@ fn lost_agents(
             class: Class::Secondary,
             reason: format!("stopped because the agent of rank {first} died"),
             evidence: f.verdict.evidence.clone(),
+            ..Default::default()
         };
     }
     failures.extend(lost);
@@ -546,6 +559,7 @@ mod tests {
             class: Class::Unknown,
             reason: "exit 1".into(),
             evidence: None,
+            ..Default::default()
         }
     }
 
@@ -821,6 +835,7 @@ mod tests {
             class: Class::Preempted,
             reason: "stopped on request".into(),
             evidence: None,
+            ..Default::default()
         };
         let agents = [
             agent(0, AgentStatus::Code(143)),

@@ -8,6 +8,7 @@ pub mod checkpoint_interval;
 pub mod failure;
 pub mod hang;
 pub mod numerical;
+pub mod patterns;
 pub mod restart;
 pub mod slowdown;
 pub mod stall;

@@ -23,6 +23,9 @@ pub struct AttemptOutcome {
     /// The highest step any rank reached in this attempt.
     pub last_step: Option<u64>,
     pub blamed_nodes: Vec<String>,
+    /// The step started no rank ([`Grounds::LaunchTrouble`](super::failure::Grounds)):
+    /// never the trainer's error, so never part of a crash loop.
+    pub launch_trouble: bool,
 }
 
 impl AttemptOutcome {
@@ -49,14 +52,8 @@ impl AttemptOutcome {
             detail: evidence.trim().to_string(),
             last_step,
             blamed_nodes,
+            launch_trouble: false,
         }
-    }
-
-    /// Launch trouble: the step started no rank
-    /// ([`failure::LAUNCH_TROUBLE`](super::failure::LAUNCH_TROUBLE)).
-    /// Never the trainer's error, so never part of a crash loop.
-    pub fn is_launch_trouble(&self) -> bool {
-        self.class == Class::Infrastructure && super::failure::is_launch_trouble(&self.detail)
     }
 
     /// `class: original text`, as people read it.
@@ -356,12 +353,10 @@ fn beyond_budget(earlier: &[AttemptOutcome], max_restarts: u32) -> Option<Action
 fn crash_loop(current: &AttemptOutcome, earlier: &[AttemptOutcome]) -> Option<Action> {
     // Launch trouble (a step that started no rank) is not the trainer's:
     // it neither is nor ends a crash loop; only the budget holds.
-    if current.is_launch_trouble() {
+    if current.launch_trouble {
         return None;
     }
-    let failures: Vec<&AttemptOutcome> = budgeted(earlier)
-        .filter(|a| !a.is_launch_trouble())
-        .collect();
+    let failures: Vec<&AttemptOutcome> = budgeted(earlier).filter(|a| !a.launch_trouble).collect();
     if current.class == Class::Unknown {
         if let Some(prev) = failures.iter().find(|a| a.signature == current.signature) {
             return Some(stop(format!(
@@ -383,7 +378,7 @@ fn crash_loop(current: &AttemptOutcome, earlier: &[AttemptOutcome]) -> Option<Ac
     // before its first step (a node failing its health check) is no loop.
     let best_before = earlier
         .iter()
-        .filter(|a| !a.is_launch_trouble())
+        .filter(|a| !a.launch_trouble)
         .filter_map(|a| a.last_step)
         .max();
     if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before {
@@ -602,8 +597,9 @@ mod tests {
 
     #[test]
     fn launch_trouble_is_never_a_crash_loop_but_spends_the_budget() {
-        let launch = |attempt| {
-            out(
+        let launch = |attempt| AttemptOutcome {
+            launch_trouble: true,
+            ..out(
                 attempt,
                 Class::Infrastructure,
                 "launch trouble: no rank of the step reported within 300 s of srun's start",

@@ -214,12 +214,14 @@ fn fallback_verdict(worst: i32, failure_note: Option<&str>) -> Verdict {
             evidence: Some(format!(
                 "exit code {worst}: command not found or not executable"
             )),
+            ..Default::default()
         }
     } else {
         Verdict {
             class: Class::Infrastructure,
             reason: failure_note.unwrap_or("a rank failed").to_string(),
             evidence: None,
+            ..Default::default()
         }
     }
 }
