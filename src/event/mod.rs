@@ -136,8 +136,8 @@ events! {
     Progress = "progress" {
         /// The step's number, from the source that names it.
         step: u64,
-        /// The source that showed the progress: `stdout`, `stderr`, `socket`, `file`.
-        source: String,
+        /// The source that showed the progress.
+        source: ProgressVia,
         /// The trainer's numbers (`loss`, ...); a number that is not finite is `null`.
         metrics: BTreeMap<String, Value>,
         first: bool,
@@ -145,16 +145,15 @@ events! {
 
     /// Which source names the step from now on.
     ProgressSource = "progress_source" {
-        /// `output`, `socket`, `file`.
-        steps_from: String,
-        before: String,
+        steps_from: StepNamer,
+        before: StepNamer,
         reason: String,
     }
 
     /// A long phase began, or training resumed (`train`).
     Phase = "phase" {
         phase: String,
-        source: String,
+        source: ProgressVia,
         step: u64,
     }
 
@@ -168,7 +167,7 @@ events! {
     /// A checkpoint was confirmed.
     CheckpointDone = "checkpoint_done" {
         step: u64,
-        source: String,
+        source: ProgressVia,
         duration_s: f64,
         blocked_training: bool,
         /// From the watched checkpoint directory: the checkpoint's
@@ -225,8 +224,8 @@ events! {
     /// What a probe of a stalled or suspected rank found.
     Probe = "probe" {
         reason: String,
-        probe: Value,
-        py_spy: Vec<Value>,
+        probe: ProbeFinding,
+        py_spy: Vec<StackDump>,
         /// The probe's diagnostics file (its stacks in full), when stacks
         /// were read.
         file: String,
@@ -235,7 +234,7 @@ events! {
     /// What was gathered on a stall.
     Diagnostics = "diagnostics" {
         tail: Vec<String>,
-        py_spy: Vec<Value>,
+        py_spy: Vec<StackDump>,
         py_spy_skipped: String,
         dump_signal: String,
         file: String,
@@ -294,7 +293,7 @@ events! {
         about_attempt: u32,
         blamed_node: String,
         failed_nodes: Vec<String>,
-        source: String,
+        source: ToldBy,
     }
 
     /// Part of resilio's monitoring failed; supervision goes on without it.
@@ -463,7 +462,7 @@ events! {
         outcome: Outcome,
         decision: crate::policy::restart::Action,
         about_attempt: u32,
-        source: String,
+        source: ToldBy,
     }
 
     /// A restart (in place, or inside the allocation).
@@ -511,8 +510,8 @@ events! {
     /// A node left out.
     NodeExcluded = "node_excluded" {
         excluded_node: String,
-        /// `step` (inside the allocation); absent: the requeued job.
-        scope: String,
+        /// Absent: the requeued job.
+        scope: ExcludedFrom,
         reason: String,
         evidence: String,
     }
@@ -539,7 +538,7 @@ events! {
         failed_nodes: Vec<String>,
         start: String,
         end: String,
-        source: String,
+        source: ToldBy,
     }
 
     /// Earlier attempts `sacct` could not tell about.

@@ -128,6 +128,55 @@ pub struct HangRank {
     pub more: Map<String, Value>,
 }
 
+/// What the trainer's processes are doing right now, from
+/// `/proc/PID/task/PID/syscall` of each process's main thread: blocked on a
+/// peer (reading or polling a socket), or not (running, sleeping, reading a
+/// file or pipe). A rank that waits in a collective over TCP (gloo, the
+/// test trainers) blocks on a socket; a rank hung in its own code does not.
+/// Ranks spinning in NCCL look "running" on every rank: the probe cannot tell
+/// them apart there, and says so by answering "not waiting" for all.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ProbeFinding {
+    /// `Some(true)`: some process of the rank waits on a socket.
+    /// `Some(false)`: none does, and at least one is busy or blocked elsewhere.
+    /// `None`: nothing could be read.
+    pub waiting_on_peer: Option<bool>,
+    /// One line per process: `pid comm: what`.
+    pub evidence: Vec<String>,
+    /// The verdict comes from py-spy stacks.
+    #[serde(default)]
+    pub stacks: bool,
+    /// Not waiting, shown: a stack outside any collective, or every process
+    /// that is not waiting is somewhere a collective never is (asleep,
+    /// reading a file, stopped, in the kernel). Running on a CPU alone is
+    /// not shown: NCCL spins there too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_waiting_shown: bool,
+    /// The trainer's CPU time over the probe (a second or more): seconds
+    /// worked and seconds watched. Taken for the coordinator's probes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<(f64, f64)>,
+}
+
+impl ProbeFinding {
+    /// Working: at least `share` of a core over the probe.
+    pub fn busy(&self, share: f64) -> bool {
+        self.cpu
+            .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
+    }
+}
+
+/// One py-spy run of a probe or of a stall's diagnostics (`probe.py_spy`,
+/// `diagnostics.py_spy`), its output cut to 1,500 bytes.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StackDump {
+    pub pid: i32,
+    pub ok: bool,
+    pub output: String,
+}
+
 impl From<&AttemptOutcome> for Outcome {
     fn from(o: &AttemptOutcome) -> Outcome {
         Outcome {
@@ -207,11 +256,70 @@ names! {
         AfterFailure = "after_failure",
     }
 
+    /// Where progress was seen (`progress.source`, `phase.source`,
+    /// `checkpoint_done.source`).
+    ProgressVia {
+        Stdout = "stdout",
+        Stderr = "stderr",
+        /// A datagram on `RESILIO_SOCKET`.
+        Socket = "socket",
+        /// The watched progress file.
+        File = "file",
+        /// A complete checkpoint in the watched checkpoint directory.
+        CheckpointDir = "checkpoint_dir",
+    }
+
+    /// Which source names the step (`progress_source.steps_from`, `before`).
+    StepNamer {
+        /// Step lines in the trainer's stdout or stderr.
+        Output = "output",
+        Socket = "socket",
+        File = "file",
+    }
+
+    /// Who told of an attempt resilio did not see end itself
+    /// (`failure.source`, `decision.source`, `previous_attempt.source`).
+    ToldBy {
+        /// Slurm's accounting.
+        Sacct = "sacct",
+    }
+
+    /// Where a node was left out (`node_excluded.scope`; absent: the
+    /// requeued job).
+    ExcludedFrom {
+        /// The next step inside the allocation.
+        Step = "step",
+    }
+
     /// Who requeued the job (`requeue.by`; absent: resilio after a failure).
     RequeueBy {
         /// At an allocation's start, for the node history.
         NodeHistory = "node_history",
         /// Slurm itself (a node failure without `--no-kill`, a preemption).
         Slurm = "slurm",
+    }
+}
+
+impl From<crate::progress::Source> for ProgressVia {
+    fn from(s: crate::progress::Source) -> ProgressVia {
+        use crate::progress::Source;
+        match s {
+            Source::Stdout => ProgressVia::Stdout,
+            Source::Stderr => ProgressVia::Stderr,
+            Source::Socket => ProgressVia::Socket,
+            Source::File => ProgressVia::File,
+            Source::CheckpointDir => ProgressVia::CheckpointDir,
+        }
+    }
+}
+
+impl From<crate::progress::tracker::Namer> for StepNamer {
+    fn from(n: crate::progress::tracker::Namer) -> StepNamer {
+        use crate::progress::tracker::Namer;
+        match n {
+            Namer::Output => StepNamer::Output,
+            Namer::Socket => StepNamer::Socket,
+            Namer::File => StepNamer::File,
+        }
     }
 }

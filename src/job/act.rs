@@ -208,7 +208,13 @@ pub fn carry_out(
             reason,
         } => {
             let newly = exclude.iter().filter(|n| !before.contains(n));
-            journal_excluded(journal, newly, Some("step"), class, &d.evidence);
+            journal_excluded(
+                journal,
+                newly,
+                Some(ev::ExcludedFrom::Step),
+                class,
+                &d.evidence,
+            );
             let next = crate::slurm::step::NextAttempt {
                 attempt: attempt + 1,
                 failed_at_us: (d.primary.at * 1e6) as i64,
@@ -273,7 +279,7 @@ pub fn carry_out(
 fn journal_excluded<'n>(
     journal: &mut Writer,
     nodes: impl Iterator<Item = &'n String>,
-    scope: Option<&str>,
+    scope: Option<ev::ExcludedFrom>,
     class: crate::policy::failure::Class,
     evidence: &str,
 ) {
@@ -281,7 +287,7 @@ fn journal_excluded<'n>(
         journal.write(
             ev::NodeExcluded {
                 excluded_node: Some(node.clone()),
-                scope: scope.map(str::to_string),
+                scope,
                 reason: Some(class.name().into()),
                 evidence: Some(evidence.to_string()),
             },
@@ -493,7 +499,7 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
                 journal.write(
                     ev::NodeExcluded {
                         excluded_node: Some(h.node.clone()),
-                        scope: Some("step".into()),
+                        scope: Some(ev::ExcludedFrom::Step),
                         reason: Some("node_history".into()),
                         evidence: Some(h.evidence.clone()),
                     },
@@ -604,7 +610,7 @@ pub fn journal_seen_by_slurm(
             failed_nodes: Some(seen.failed_nodes.clone()),
             start: Some(row.start.clone()),
             end: Some(row.end.clone()),
-            source: Some("sacct".into()),
+            source: Some(ev::ToldBy::Sacct),
         },
         true,
     );
@@ -623,7 +629,7 @@ pub fn journal_seen_by_slurm(
                 blamed_node: seen.failed_nodes.first().cloned(),
                 failed_nodes: Some(seen.failed_nodes.clone()),
                 evidence: Some(seen.evidence.clone()),
-                source: Some("sacct".into()),
+                source: Some(ev::ToldBy::Sacct),
                 ..Default::default()
             },
             true,
@@ -638,7 +644,7 @@ pub fn journal_seen_by_slurm(
                     exclude: Vec::new(),
                     reason: format!("requeued by Slurm ({})", row.state),
                 }),
-                source: Some("sacct".into()),
+                source: Some(ev::ToldBy::Sacct),
             },
             true,
         );

@@ -132,6 +132,17 @@ impl Action {
             Action::Unknown => "unknown",
         }
     }
+
+    /// Why, where the action has a reason (finishing has none).
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Action::Requeue { reason, .. }
+            | Action::RestartInAllocation { reason, .. }
+            | Action::RestartInPlace { reason }
+            | Action::Stop { reason } => Some(reason),
+            Action::Finish | Action::Unknown => None,
+        }
+    }
 }
 
 /// Where the job runs again after a failure, which decides the words.

@@ -9,10 +9,11 @@
 //! alone.
 
 use crate::config::DiagnosticsConfig;
+use crate::event::ProbeFinding;
 use crate::process;
 use crate::util::cmd::{self, Helpers};
 use nix::unistd::Pid;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use std::path::{Path, PathBuf};
 
 use std::time::Duration;
@@ -126,44 +127,6 @@ pub fn gather(
         std::thread::sleep(cfg.dump_wait);
     }
     d
-}
-
-/// What the trainer's processes are doing right now, from
-/// `/proc/PID/task/PID/syscall` of each process's main thread: blocked on a
-/// peer (reading or polling a socket), or not (running, sleeping, reading a
-/// file or pipe). A rank that waits in a collective over TCP (gloo, the
-/// test trainers) blocks on a socket; a rank hung in its own code does not.
-/// Ranks spinning in NCCL look "running" on every rank: the probe cannot tell
-/// them apart there, and says so by answering "not waiting" for all.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Probe {
-    /// `Some(true)`: some process of the rank waits on a socket.
-    /// `Some(false)`: none does, and at least one is busy or blocked elsewhere.
-    /// `None`: nothing could be read.
-    pub waiting_on_peer: Option<bool>,
-    /// One line per process: `pid comm: what`.
-    pub evidence: Vec<String>,
-    /// The verdict comes from py-spy stacks.
-    #[serde(default)]
-    pub stacks: bool,
-    /// Not waiting, shown: a stack outside any collective, or every process
-    /// that is not waiting is somewhere a collective never is (asleep,
-    /// reading a file, stopped, in the kernel). Running on a CPU alone is
-    /// not shown: NCCL spins there too.
-    #[serde(default)]
-    pub not_waiting_shown: bool,
-    /// The trainer's CPU time over the probe (a second or more): seconds
-    /// worked and seconds watched. Taken for the coordinator's probes.
-    #[serde(default)]
-    pub cpu: Option<(f64, f64)>,
-}
-
-impl Probe {
-    /// Working: at least `share` of a core over the probe.
-    pub fn busy(&self, share: f64) -> bool {
-        self.cpu
-            .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -385,8 +348,8 @@ fn probe_one(p: &process::ProcInfo, helpers: &[i32]) -> Found {
 }
 
 /// Probe every process under this agent (the trainer's tree), helpers excluded.
-pub fn probe(skip: &[i32]) -> Probe {
-    let mut p = Probe::default();
+pub fn probe(skip: &[i32]) -> ProbeFinding {
+    let mut p = ProbeFinding::default();
     let mut all_shown = true;
     for proc_ in process::descendants(std::process::id() as i32) {
         if proc_.state == 'Z' || skip.contains(&proc_.pid) {
@@ -555,7 +518,7 @@ pub fn collective_wait_line(lines: &[String]) -> Option<String> {
 
 /// Add what the output says: a collective's timeout or a lost peer in the
 /// rank's recent lines means it was waiting on a peer.
-pub fn with_output(mut p: Probe, tail: &[String]) -> Probe {
+pub fn with_output(mut p: ProbeFinding, tail: &[String]) -> ProbeFinding {
     if let Some(line) = collective_wait_line(tail) {
         p.waiting_on_peer = Some(true);
         p.not_waiting_shown = false;
@@ -570,7 +533,11 @@ pub fn with_output(mut p: Probe, tail: &[String]) -> Probe {
 /// socket (a collective the stacks do not know, such as a hand-written one
 /// over TCP). Not waiting needs the stacks to say so and the system call
 /// not to contradict them.
-pub fn with_stacks(mut p: Probe, dumps: &[PySpyDump], skipped: Option<&str>) -> Probe {
+pub fn with_stacks(
+    mut p: ProbeFinding,
+    dumps: &[PySpyDump],
+    skipped: Option<&str>,
+) -> ProbeFinding {
     match classify_dumps(dumps) {
         Some((w, ev)) => {
             p.waiting_on_peer = Some(w || p.waiting_on_peer == Some(true));
@@ -820,7 +787,7 @@ mod probe_tests {
             "{ev:?}"
         );
         let p = with_stacks(
-            Probe {
+            ProbeFinding {
                 waiting_on_peer: None,
                 ..Default::default()
             },
@@ -829,7 +796,7 @@ mod probe_tests {
         );
         assert_eq!(p.waiting_on_peer, Some(false));
         assert!(p.stacks);
-        let p = with_stacks(Probe::default(), &[], Some("py-spy not on PATH"));
+        let p = with_stacks(ProbeFinding::default(), &[], Some("py-spy not on PATH"));
         assert_eq!(p.waiting_on_peer, None);
         assert!(p.evidence[0].contains("py-spy not on PATH"));
     }
@@ -843,12 +810,12 @@ mod probe_tests {
             "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [127.0.0.1]:54321: Connection reset by peer",
             "[rank0]:[E1120 10:00:00.000 ProcessGroupNCCL.cpp:1400] [PG ID 0 PG GUID 0(default_pg) Rank 0] Heartbeat monitor timed out! Process will be terminated after dumping debug info.",
         ] {
-            let p = with_output(Probe::default(), &lines(&["step 11 loss 0.3", l]));
+            let p = with_output(ProbeFinding::default(), &lines(&["step 11 loss 0.3", l]));
             assert_eq!(p.waiting_on_peer, Some(true), "{l}");
             assert!(p.evidence[0].starts_with("output: "));
         }
         let p = with_output(
-            Probe {
+            ProbeFinding {
                 waiting_on_peer: Some(false),
                 ..Default::default()
             },

@@ -8,8 +8,9 @@ use super::records::{on_stall, record_of, stop_stalled, write_control};
 use super::run::Agent;
 use crate::coordinator::protocol::RankState;
 use crate::event as ev;
+use crate::event::ProbeFinding;
 use crate::process;
-use crate::rank::diagnostics::{self, Diagnostics, Probe};
+use crate::rank::diagnostics::{self, Diagnostics};
 use nix::sys::signal::Signal;
 use std::time::Instant;
 
@@ -186,7 +187,7 @@ impl Agent<'_> {
         // The look at its limit found it not working: its CPU time goes with
         // the probe.
         let idle = self.busy.idle.take();
-        let probe = r.link.is_some().then(|| Probe {
+        let probe = r.link.is_some().then(|| ProbeFinding {
             cpu: idle,
             ..diagnostics::probe(&self.helpers.with(|h| h.clone()))
         });

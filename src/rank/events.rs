@@ -178,7 +178,7 @@ fn on_step(
             ProgressSample {
                 at,
                 step: o.step,
-                source: source.name(),
+                source,
                 metrics,
             },
         );
@@ -195,8 +195,8 @@ fn note_namer(journal: &mut Writer, clock: &Clock, at: Instant, from: Option<Nam
     journal.write_at(
         clock.wall(at),
         ev::ProgressSource {
-            steps_from: Some(to.name().into()),
-            before: from.map(|f| f.name().into()),
+            steps_from: Some(to.into()),
+            before: from.map(Into::into),
             reason: Some(reason.into()),
         },
         false,
@@ -336,7 +336,7 @@ fn on_phase(
             clock.wall(at),
             ev::Phase {
                 phase: Some(policy.phase().name().to_string()),
-                source: Some(source.name().into()),
+                source: Some(source.into()),
                 step: step.max(policy.last_step()),
             },
             false,
@@ -357,7 +357,7 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
         clock.wall(at),
         ev::CheckpointDone {
             step,
-            source: Some(source.name().into()),
+            source: Some(source.into()),
             duration_s: began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
             blocked_training: began.map(|(_, at_step)| policy.last_step() <= at_step),
             complete: files.as_ref().map(|f| f.complete()),

@@ -28,7 +28,7 @@ pub(crate) struct ProgressSample {
     /// The step's number after it (from the source that names the step).
     pub step: Option<u64>,
     /// The source that showed the progress.
-    pub source: &'static str,
+    pub source: crate::progress::Source,
     /// Metrics sent with it (the socket's), or figures read from output.
     pub metrics: Vec<(String, f64)>,
 }

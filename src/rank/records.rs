@@ -328,8 +328,12 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
 }
 
 /// One py-spy dump as journaled (its output cut to 1,500 bytes).
-pub(crate) fn dump_record(d: &diagnostics::PySpyDump) -> serde_json::Value {
-    serde_json::json!({ "pid": d.pid, "ok": d.ok, "output": truncate(&d.output, 1500) })
+pub(crate) fn dump_record(d: &diagnostics::PySpyDump) -> ev::StackDump {
+    ev::StackDump {
+        pid: d.pid,
+        ok: d.ok,
+        output: truncate(&d.output, 1500),
+    }
 }
 
 /// The trainer could not be started: the rank's end, recorded.

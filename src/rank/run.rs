@@ -13,10 +13,11 @@ use super::Hooks;
 use crate::coordinator::client::Note;
 use crate::coordinator::protocol::RankState;
 use crate::event as ev;
+use crate::event::ProbeFinding;
 use crate::journal;
 use crate::policy::stall::StallPolicy;
 use crate::process;
-use crate::rank::diagnostics::{self, Diagnostics, Probe, PySpyDump};
+use crate::rank::diagnostics::{self, Diagnostics, PySpyDump};
 use crate::slurm::Slurm;
 use crate::util::cmd::Helpers;
 use chrono::Utc;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
-type ProbeDone = (String, Probe, Vec<PySpyDump>);
+type ProbeDone = (String, ProbeFinding, Vec<PySpyDump>);
 
 /// Where the diagnostics threads report back.
 pub(crate) struct Done {
@@ -57,7 +58,7 @@ pub(crate) struct Agent<'a> {
     pub(super) diag_tx: UnboundedSender<Diagnostics>,
     pub(super) probe_tx: UnboundedSender<ProbeDone>,
     /// The stall's own probe, waiting for the stacks of its diagnostics.
-    pub(super) stall_probe: Option<Probe>,
+    pub(super) stall_probe: Option<ProbeFinding>,
     /// A look at whether the trainer is working, under way at its limit,
     /// and what the last one found.
     pub(super) busy: Busy,
@@ -78,11 +79,11 @@ pub(crate) struct Agent<'a> {
     /// Rank 0: when to say that its trainer has printed no step number yet
     /// (its hangs are then caught by the startup limit only).
     pub(super) no_step_warning: Option<Instant>,
-    /// Probe diagnostics files written (at most [`PROBE_FILES`] a run).
+    /// ProbeFinding diagnostics files written (at most [`PROBE_FILES`] a run).
     pub(super) probe_files: u32,
 }
 
-/// Probe diagnostics files one agent writes at most: a long evaluation
+/// ProbeFinding diagnostics files one agent writes at most: a long evaluation
 /// probed again and again, on thousands of ranks, must not fill the state
 /// dir. The stacks stay in each `probe` record (cut to 1,500 characters).
 pub const PROBE_FILES: u32 = 8;
@@ -345,7 +346,7 @@ impl<'a> Agent<'a> {
                 self.rank.journal.write(
                     ev::Probe {
                         reason: Some(reason.to_string()),
-                        probe: serde_json::to_value(&p).ok(),
+                        probe: Some(p.clone()),
                         py_spy: Some(dumps.iter().map(dump_record).collect()),
                         file: file.map(|f| f.to_string_lossy().into_owned()),
                     },
@@ -407,7 +408,7 @@ impl<'a> Agent<'a> {
     }
 
     /// The probe's verdict in the coordinator's report, sent at once.
-    fn report_probe(&self, p: &Probe) {
+    fn report_probe(&self, p: &ProbeFinding) {
         self.rank.outbox.update(|r| {
             r.waiting_on_peer = p.waiting_on_peer;
             r.not_waiting_shown = p.not_waiting_shown;
@@ -434,7 +435,7 @@ impl<'a> Agent<'a> {
             self.rank.journal.write(
                 ev::Probe {
                     reason: Some("stall".into()),
-                    probe: serde_json::to_value(&p).ok(),
+                    probe: Some(p.clone()),
                     py_spy: None,
                     file: None,
                 },

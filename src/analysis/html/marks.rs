@@ -21,7 +21,7 @@ pub(super) struct TimelineMark {
 
 /// A mark's tooltip: the record's own fields that say what happened, as
 /// written (whatever its kind).
-fn tooltip_of(r: &Record) -> String {
+fn tooltip_of(r: &Record, event: &Event) -> String {
     let mut t = format!("{} {}", r.ts.format("%H:%M:%S%.3fZ"), r.kind);
     for key in [
         "class",
@@ -42,10 +42,13 @@ fn tooltip_of(r: &Record) -> String {
             let _ = write!(t, "\n{key}: {v}");
         }
     }
-    if let Some(d) = r.get("decision") {
-        let action = d.get("action").and_then(Value::as_str).unwrap_or("?");
-        let _ = write!(t, "\ndecision: {}", action.replace('_', " "));
-        if let Some(why) = d.get("reason").and_then(Value::as_str) {
+    if let Event::Decision(crate::event::Decision {
+        decision: Some(action),
+        ..
+    }) = event
+    {
+        let _ = write!(t, "\ndecision: {}", action.name().replace('_', " "));
+        if let Some(why) = action.reason() {
             let _ = write!(t, " ({why})");
         }
     }
@@ -105,7 +108,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
                         at: r.ts,
                         row: Some(row),
                         kind: "failure",
-                        title: format!("judged the cause: {}", tooltip_of(r)),
+                        title: format!("judged the cause: {}", tooltip_of(r, event)),
                         echo: false,
                     });
                 }
@@ -124,7 +127,7 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
             at: r.ts,
             row,
             kind,
-            title: tooltip_of(r),
+            title: tooltip_of(r, event),
             echo: matches!(class, Some(Class::Secondary | Class::Preempted)),
         });
     }

@@ -67,14 +67,8 @@ pub(super) fn attempt_views<'a>(
 
 /// A `probe` record's findings as the coordinator's report has them:
 /// its evidence lines joined by "; ".
-pub(super) fn probe_words(probe: &serde_json::Value) -> Option<String> {
-    let lines: Vec<&str> = probe
-        .get("evidence")?
-        .as_array()?
-        .iter()
-        .filter_map(|l| l.as_str())
-        .collect();
-    (!lines.is_empty()).then(|| lines.join("; "))
+pub(super) fn probe_words(probe: &crate::event::ProbeFinding) -> Option<String> {
+    (!probe.evidence.is_empty()).then(|| probe.evidence.join("; "))
 }
 
 /// What a rank's probe found it doing, from its words

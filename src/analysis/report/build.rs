@@ -74,7 +74,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                     attempt: r.attempt,
                     step: c.step,
                     ts: Some(r.ts),
-                    source: c.source.clone(),
+                    source: c.source,
                     path: c.path.clone(),
                     size_bytes: c.size_bytes,
                     temp_names: c.temp_names.clone().unwrap_or_default(),
@@ -501,7 +501,7 @@ fn requeues_of(events: &[(&Record, &Event)]) -> usize {
         .filter_map(|(r, e)| match e {
             Event::Requeue(_) => Some(r.attempt),
             Event::Decision(d)
-                if d.source.as_deref() == Some("sacct")
+                if d.source == Some(crate::event::ToldBy::Sacct)
                     && matches!(
                         d.decision,
                         Some(crate::policy::restart::Action::Requeue { .. })

@@ -218,7 +218,7 @@ pub struct Restorable {
     pub attempt: u32,
     pub step: Option<u64>,
     pub ts: Option<DateTime<Utc>>,
-    pub source: Option<String>,
+    pub source: Option<crate::event::ProgressVia>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -123,7 +123,11 @@ fn first_step(x: &e::Progress) -> Option<String> {
     else {
         return None;
     };
-    Some(format!("first step {} (from {})", num(*step), text(source)))
+    Some(format!(
+        "first step {} (from {})",
+        num(*step),
+        crate::names::or_unknown(source)
+    ))
 }
 
 fn phase(x: &e::Phase) -> String {
@@ -300,7 +304,7 @@ fn busy_silent(x: &e::BusySilent) -> String {
 fn progress_source(x: &e::ProgressSource) -> String {
     format!(
         "steps now named by the {}{}",
-        text(&x.steps_from),
+        crate::names::or_unknown(&x.steps_from),
         x.before
             .as_ref()
             .map_or(String::new(), |b| format!(" (before: the {b})"))
@@ -315,12 +319,7 @@ fn probe(x: &e::Probe) -> String {
     format!(
         "probe ({}): {}",
         text(&x.reason),
-        match x
-            .probe
-            .as_ref()
-            .and_then(|p| p.get("waiting_on_peer"))
-            .and_then(Value::as_bool)
-        {
+        match x.probe.as_ref().and_then(|p| p.waiting_on_peer) {
             Some(true) => "blocked on a peer",
             Some(false) => "not waiting on a peer",
             None => "unknown",
@@ -446,8 +445,8 @@ fn node_excluded(x: &e::NodeExcluded) -> String {
     format!(
         "EXCLUDED {}{} ({}): {}",
         text(&x.excluded_node),
-        match x.scope.as_deref() {
-            Some("step") => " from the step",
+        match x.scope {
+            Some(e::ExcludedFrom::Step) => " from the step",
             _ => " from the job",
         },
         text(&x.reason),
