@@ -365,8 +365,8 @@ pub struct IntervalAdvisor {
 pub struct Evaluation {
     /// The interval advised (`None`: nothing to go on yet).
     pub every: Option<std::time::Duration>,
-    /// Why, as journaled (`checkpoint_interval_advised`).
-    pub why: serde_json::Value,
+    /// Why, as journaled.
+    pub why: crate::event::CheckpointIntervalAdvised,
 }
 
 /// Where the advice comes from. The host hands it in: the coordinator reads
@@ -469,11 +469,7 @@ impl IntervalAdvisor {
             ((), Vec::new())
         });
         if changed {
-            let advice = match why {
-                serde_json::Value::Object(m) => m,
-                other => [("value".to_string(), other)].into_iter().collect(),
-            };
-            c.write(crate::event::CheckpointIntervalAdvised { advice }, false);
+            c.write(why, false);
         }
     }
 }

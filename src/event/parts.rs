@@ -8,11 +8,28 @@ use crate::policy::restart::AttemptOutcome;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// The checkpoint interval advice: its fields are the advice's own.
+/// The advised checkpoint interval (Daly's, from the job's checkpoint
+/// cost and failure rate), or why there is none yet.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointIntervalAdvised {
+    /// `null` when nothing is advised yet (then `reason` says why).
+    #[serde(default)]
+    pub interval_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_cost_s: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mttf_s: Option<f64>,
+    /// The ETTR the interval gives, by Daly's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_ettr: Option<f64>,
+    /// The failure rate pooled the job's with the node history's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pooled_with_node_history: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Fields of a later build.
     #[serde(flatten)]
-    pub advice: Map<String, Value>,
+    pub more: Map<String, Value>,
 }
 
 impl From<CheckpointIntervalAdvised> for Event {

@@ -2,7 +2,6 @@
 //! checkpoint interval advised from it.
 
 use super::{build, JobReport};
-use serde_json::Value;
 
 /// Pool this job's failure rate with the fleet's (the node history of the
 /// other jobs) for a job of this job's size, and advise on that.
@@ -41,7 +40,11 @@ pub fn advised_interval(
     state_dir: &std::path::Path,
     job: &str,
     fleet: crate::analysis::node_history::FleetRate,
-) -> (Option<std::time::Duration>, Value) {
+) -> (
+    Option<std::time::Duration>,
+    crate::event::CheckpointIntervalAdvised,
+) {
+    use crate::event::CheckpointIntervalAdvised as Why;
     // The run going on is the latest (a job id used again starts another).
     let records = crate::journal::read_job(&crate::journal::job_dir(state_dir, job))
         .ok()
@@ -51,7 +54,10 @@ pub fn advised_interval(
     if records.is_empty() {
         return (
             None,
-            serde_json::json!({ "reason": "nothing measured yet" }),
+            Why {
+                reason: Some("nothing measured yet".into()),
+                ..Why::default()
+            },
         );
     }
     let mut r = build(job, &records, 0, None);
@@ -59,22 +65,28 @@ pub fn advised_interval(
     match &r.checkpoint_advice {
         Some(a) => (
             Some(std::time::Duration::from_secs_f64(a.optimal_s.max(1.0))),
-            serde_json::json!({
-                "interval_s": a.optimal_s, "checkpoint_cost_s": a.checkpoint_cost_s,
-                "mttf_s": a.mtbf_s, "expected_ettr": a.ettr_at_optimal,
-                "pooled_with_node_history": r.mttf_pooled_s.is_some(),
-            }),
+            Why {
+                interval_s: Some(a.optimal_s),
+                checkpoint_cost_s: Some(a.checkpoint_cost_s),
+                mttf_s: Some(a.mtbf_s),
+                expected_ettr: Some(a.ettr_at_optimal),
+                pooled_with_node_history: Some(r.mttf_pooled_s.is_some()),
+                ..Why::default()
+            },
         ),
         None => (
             None,
-            serde_json::json!({
-                "interval_s": null,
-                "reason": if r.checkpoints.mean_duration_s.is_none() {
-                    "no checkpoint cost measured yet (phase=checkpoint then checkpoint_done)"
-                } else {
-                    "no failure rate known yet"
-                },
-            }),
+            Why {
+                reason: Some(
+                    if r.checkpoints.mean_duration_s.is_none() {
+                        "no checkpoint cost measured yet (phase=checkpoint then checkpoint_done)"
+                    } else {
+                        "no failure rate known yet"
+                    }
+                    .into(),
+                ),
+                ..Why::default()
+            },
         ),
     }
 }

@@ -4,7 +4,6 @@
 use crate::event::{self as e, Event};
 use crate::journal::Record;
 use crate::names::or_unknown;
-use serde_json::Value;
 
 /// A record's line, from its event read once (`None`: a kind this build
 /// does not know, or cannot read, which shows by name).
@@ -491,20 +490,13 @@ fn straggler_exclusion(x: &e::StragglerExclusion) -> String {
 }
 
 fn checkpoint_interval_advised(x: &e::CheckpointIntervalAdvised) -> String {
-    let f = |k: &str| x.advice.get(k).and_then(Value::as_f64);
-    match f("interval_s") {
+    match x.interval_s {
         Some(i) => format!(
             "periodic checkpoints every {:.0}s (advised: cost {:.1}s, MTTF {:.0}s)",
             i,
-            f("checkpoint_cost_s").unwrap_or(0.0),
-            f("mttf_s").unwrap_or(0.0)
+            x.checkpoint_cost_s.unwrap_or(0.0),
+            x.mttf_s.unwrap_or(0.0)
         ),
-        None => format!(
-            "no periodic checkpoint advised yet: {}",
-            x.advice
-                .get("reason")
-                .and_then(Value::as_str)
-                .unwrap_or("?")
-        ),
+        None => format!("no periodic checkpoint advised yet: {}", text(&x.reason)),
     }
 }
