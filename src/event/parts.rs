@@ -88,6 +88,10 @@ pub struct Outcome {
     /// The step started no rank (absent: it did).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub launch_trouble: bool,
+    /// A numerical failure rolled back to the checkpoint before it
+    /// (absent: not).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rollback: bool,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -204,6 +208,7 @@ impl From<&AttemptOutcome> for Outcome {
             last_step: o.last_step,
             blamed_nodes: o.blamed_nodes.clone(),
             launch_trouble: o.launch_trouble,
+            rollback: o.rollback,
             more: Map::new(),
         }
     }
@@ -223,6 +228,7 @@ impl Outcome {
             last_step: self.last_step,
             blamed_nodes: self.blamed_nodes,
             launch_trouble: self.launch_trouble,
+            rollback: self.rollback,
         })
     }
 }

@@ -207,6 +207,8 @@ fn decide_with(
     }
     let mut outcome = AttemptOutcome::new(attempt, j.class, &evidence, last_step, exclude);
     outcome.launch_trouble = primary.verdict.grounds == Grounds::LaunchTrouble;
+    outcome.rollback =
+        j.class == Class::Numerical && judge::rolled_back(records, attempt, primary.rank);
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
@@ -699,6 +701,34 @@ mod tests {
         assert_eq!(d.outcome.detail, words);
         assert!(!d.outcome.launch_trouble);
         assert!(!judge::earlier_outcomes(&[decided(&d)], 1)[0].launch_trouble);
+    }
+
+    /// A rollback is the `numerical` record's action, not the evidence's
+    /// first word: the same words without it stop the job as numerical.
+    #[test]
+    fn a_rollback_is_the_numerical_records_action_not_its_words() {
+        let words = "rollback: loss 9.1 is 10.0x its running median 0.9 since step 130";
+        let mut records = failed_on_n2(0, "numerical", words, 133);
+        let (d, _) = run(&records, 0, 3, None, true);
+        let d = d.expect("a decision");
+        assert!(!d.outcome.rollback);
+        assert!(matches!(d.action, Action::Stop { .. }), "{:?}", d.action);
+        records.insert(
+            2,
+            rec(
+                "numerical",
+                0,
+                Some(1),
+                "n2",
+                9,
+                json!({ "finding": "spike", "action": "rollback", "step": 133 }),
+            ),
+        );
+        let (d, _) = run(&records, 0, 3, None, true);
+        let d = d.expect("a decision");
+        assert!(d.outcome.rollback, "{:?}", d.outcome);
+        assert!(!matches!(d.action, Action::Stop { .. }), "{:?}", d.action);
+        assert!(judge::earlier_outcomes(&[decided(&d)], 1)[0].rollback);
     }
 
     #[test]

@@ -501,6 +501,17 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
         .collect()
 }
 
+/// Whether `rank` stopped in `attempt` for a numerical failure whose action
+/// is a rollback (its `numerical` record says so).
+pub fn rolled_back(records: &[Record], attempt: u32, rank: u32) -> bool {
+    journal::events(records)
+        .filter(|(r, _)| r.attempt == attempt && r.rank == Some(rank))
+        .any(|(_, e)| {
+            matches!(e, Event::Numerical(n)
+                if n.action == Some(crate::policy::numerical::Act::Rollback))
+        })
+}
+
 /// The highest step any rank of `attempt` reached: the ranks' own
 /// `last_step`, or the progress journaled.
 pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {

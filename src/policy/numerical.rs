@@ -49,7 +49,8 @@ names! {
     }
 }
 
-/// How a rollback's evidence begins (the verdict and the decision read it).
+/// How a rollback's evidence begins, for people (the `numerical` record's
+/// `action` says it for the code).
 pub const ROLLBACK: &str = "rollback: ";
 
 /// `[numerical]`.

@@ -26,14 +26,16 @@ pub struct AttemptOutcome {
     /// The step started no rank ([`Grounds::LaunchTrouble`](super::failure::Grounds)):
     /// never the trainer's error, so never part of a crash loop.
     pub launch_trouble: bool,
+    /// The rank stopped for a numerical failure whose action is a rollback
+    /// (`numerical.action`).
+    pub rollback: bool,
 }
 
 impl AttemptOutcome {
     /// A numerical failure whose action is a rollback: restarted within
     /// the budget (from the checkpoint before it), not stopped.
     pub fn is_rollback(&self) -> bool {
-        self.class == Class::Numerical
-            && self.detail.starts_with(crate::policy::numerical::ROLLBACK)
+        self.class == Class::Numerical && self.rollback
     }
 
     /// An outcome whose signature is taken from `evidence` (the original
@@ -53,6 +55,7 @@ impl AttemptOutcome {
             last_step,
             blamed_nodes,
             launch_trouble: false,
+            rollback: false,
         }
     }
 
@@ -505,13 +508,16 @@ mod tests {
             matches!(decide_in_place(&nan, &[], 3), Action::Stop { reason } if reason.starts_with("numerical failure"))
         );
         let spike = |a, step| {
-            out(
+            AttemptOutcome {
+            rollback: true,
+            ..out(
                 a,
                 Class::Numerical,
                 "rollback: loss 9.1 is 10.0x its running median 0.9 since step 130 (3 steps in a row)",
                 Some(step),
                 &[],
             )
+        }
         };
         assert!(spike(0, 133).is_rollback() && !nan.is_rollback());
         assert!(matches!(
