@@ -10,6 +10,8 @@ pub mod charts;
 pub mod html;
 pub mod loss;
 pub mod node_history;
+pub mod prometheus;
 pub mod report;
+pub mod storms;
 pub mod throughput;
 pub mod timeline;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 mod admin;
 mod config;
 mod coordinator;
+mod fleet;
 mod man;
 mod nodes;
 mod report;
@@ -41,6 +42,8 @@ enum Verb {
     Timeline(report::TimelineArgs),
     /// Failure history of nodes across all jobs, for admins
     Nodes(nodes::NodesArgs),
+    /// Restart storms: the jobs restarting more than N times within a window, and the nodes they share
+    Fleet(fleet::FleetArgs),
     /// The live job: ranks, steps, stragglers, checkpoints (asks its coordinator)
     Status(status::StatusArgs),
     /// Ask every rank of a running job to checkpoint at the same step
@@ -165,6 +168,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Verb::Report(a) => report::report_cmd(&a, false),
         Verb::Timeline(a) => report::timeline_cmd(&a),
         Verb::Nodes(a) => nodes::nodes_cmd(&a),
+        Verb::Fleet(a) => fleet::fleet_cmd(&a),
         Verb::Status(a) => status::status_cmd(&a),
         Verb::Checkpoint(a) => status::checkpoint_cmd(&a),
         Verb::Demo(a) => crate::demo::run(a.state_dir),

@@ -8,6 +8,7 @@ mod coordinator;
 mod coordinator_hardening;
 mod ddp;
 mod exit_codes;
+mod fleet;
 mod health;
 mod journal;
 mod judgment;

@@ -24,6 +24,7 @@ fn man_pages_one_per_subcommand_and_no_hidden_ones() {
         "resilio-report",
         "resilio-timeline",
         "resilio-nodes",
+        "resilio-fleet",
         "resilio-status",
         "resilio-checkpoint",
         "resilio-template",

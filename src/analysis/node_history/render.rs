@@ -1,6 +1,7 @@
 //! The node history shown: for humans, as an exclude list, for Prometheus.
 
 use super::{class_counts, NodeHistory};
+use crate::analysis::prometheus::{esc, family};
 use std::collections::BTreeMap;
 
 /// The node history for node_exporter's textfile collector (Prometheus
@@ -14,24 +15,9 @@ pub fn render_prometheus(history: &[NodeHistory], threshold: f64, jobs: usize) -
     out
 }
 
-/// A label's value, escaped for the text format.
-fn esc(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
 /// A node's label.
 fn node(h: &NodeHistory) -> String {
     format!("node=\"{}\"", esc(&h.node))
-}
-
-/// One metric family: its help, its type, its rows (labels, value).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, rows: Vec<(String, String)>) {
-    *out += &format!("# HELP resilio_{name} {help}\n# TYPE resilio_{name} {kind}\n");
-    for (labels, value) in rows {
-        *out += &format!("resilio_{name}{labels} {value}\n");
-    }
 }
 
 /// Per node: its score, whether it is listed, its failures by class (those
