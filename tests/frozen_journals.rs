@@ -65,6 +65,7 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
     let mut failures = Vec::new();
     let mut compared = 0;
     let mut with_loss = 0;
+    let mut recoveries = 0;
     for dir in &jobs {
         let job = dir.file_name().unwrap().to_string_lossy().into_owned();
         if job == "samples" {
@@ -102,6 +103,19 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
             failures.push(format!("{job}: ETTR unknown with steps read"));
         }
         r.ettr_unknown = false;
+        // And the recoveries (later builds): each phase known is not
+        // negative, and they add up to the total; then taken out.
+        for v in &r.recoveries {
+            let known: f64 = v.phases_s.iter().flatten().sum();
+            if v.phases_s.iter().flatten().any(|p| *p < 0.0)
+                || (v.phases_s.iter().all(Option::is_some) && (known - v.total_s).abs() > 1e-3)
+            {
+                failures.push(format!("{job}: a recovery's phases {v:?}"));
+            }
+            recoveries += 1;
+        }
+        r.recoveries.clear();
+        r.recovery_phases.clear();
         // And each failure's role in its attempt's judgment (`primary`,
         // `echo`, later builds): taken out.
         for f in r.failures.iter_mut() {
@@ -143,6 +157,7 @@ fn every_journal_of_the_earlier_build_reports_as_it_did() {
     }
     assert!(compared > 150, "only {compared} outputs compared");
     assert!(with_loss > 0, "no journal with a loss");
+    assert!(recoveries > 5, "only {recoveries} recoveries");
     assert!(
         failures.is_empty(),
         "{} of {compared} outputs differ from the earlier build's:\n{}",

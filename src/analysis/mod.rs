@@ -11,6 +11,7 @@ pub mod html;
 pub mod loss;
 pub mod node_history;
 pub mod prometheus;
+pub mod recovery;
 pub mod report;
 pub mod storms;
 pub mod throughput;

@@ -897,3 +897,73 @@ fn journals_that_lie_about_time_are_named_and_left_out_of_the_figures() {
     );
     assert_eq!(r["left_out"].as_array().map(Vec::len), Some(1), "{r:#}");
 }
+
+/// A trainer that crashes with a GPU error at step 6 on its first attempt,
+/// and on the next starts again from step 1 and trains to step 9.
+const CRASH_ONCE: &str = r#"
+import os, sys, time
+attempt = int(os.environ.get("RESILIO_ATTEMPT", "0"))
+last = 6 if attempt == 0 else 9
+for step in range(1, last + 1):
+    print(f"step {step} loss 0.5", flush=True)
+    time.sleep(0.3)
+if attempt == 0:
+    print("RuntimeError: CUDA error: uncorrectable ECC error encountered", file=sys.stderr, flush=True)
+    sys.exit(1)
+"#;
+
+/// A real run that crashes once and is restarted in place: the report
+/// times its recovery phase by phase (the crash seen as it happened, the
+/// teardown, the relaunch, the start to the first step, the rework back
+/// to step 6), the phases add up to the total, and the text shows them
+/// with their p50/p99.
+#[test]
+fn a_recovery_is_timed_phase_by_phase_in_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("crash_once.py");
+    std::fs::write(&script, CRASH_ONCE).unwrap();
+    let mut c = resilio_run(tmp.path(), "rec");
+    c.args(["--ntasks", "2", "--max-restarts", "2", "--", "python3"])
+        .arg(&script);
+    let (o, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let r = report_json(tmp.path(), &["rec"]);
+    let rec = &r["recoveries"];
+    assert_eq!(rec.as_array().map(Vec::len), Some(1), "{r:#}");
+    let v = &rec[0];
+    assert_eq!(v["failed_attempt"], 0);
+    assert_eq!(v["class"], "infrastructure");
+    assert_eq!(v["action"], "restart_in_place");
+    assert_eq!(v["step_before"], 6, "{v:#}");
+    assert_eq!(v["first_step"], 1, "{v:#}");
+    assert_eq!(v["caught_up"], true, "{v:#}");
+    let phases: Vec<f64> = v["phases_s"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            p.as_f64()
+                .unwrap_or_else(|| panic!("a phase unknown: {v:#}"))
+        })
+        .collect();
+    assert_eq!(
+        &phases[..2],
+        &[0.0, 0.0],
+        "a crash is seen as it happens: {v:#}"
+    );
+    assert!(phases.iter().all(|p| *p >= 0.0), "{v:#}");
+    // Back at step 6 takes five steps of 0.3 s, at least.
+    assert!(phases[5] >= 1.2, "{v:#}");
+    let total = v["total_s"].as_f64().unwrap();
+    assert!((phases.iter().sum::<f64>() - total).abs() < 1e-3, "{v:#}");
+    assert_eq!(r["recovery_phases"].as_array().map(Vec::len), Some(6));
+    let text = String::from_utf8_lossy(&cmd(tmp.path(), &["report", "rec"]).stdout).into_owned();
+    assert!(
+        text.contains(
+            "attempt 0 infrastructure -> restart in place: detection 0ms, diagnosis 0ms, teardown "
+        ),
+        "{text}"
+    );
+    assert!(text.contains("back at step 6"), "{text}");
+    assert!(text.contains("  p50/p99: detection 0ms/0ms"), "{text}");
+}

@@ -251,12 +251,16 @@ pub fn build(
         supervisor_losses: supervisor_losses_of(&events),
         goodput: None,
         loss: crate::analysis::loss::health(records),
+        recoveries: Vec::new(),
+        recovery_phases: Vec::new(),
         bad_journal_lines: bad_lines,
         skipped_lines: Vec::new(),
         left_out: Vec::new(),
         run: None,
         runs: Vec::new(),
     };
+    report.recoveries = crate::analysis::recovery::recoveries(records);
+    report.recovery_phases = crate::analysis::recovery::spread(&report.recoveries);
     finish(&mut report);
     report
 }

@@ -169,6 +169,12 @@ pub struct JobReport {
     /// trainer printed or sent one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub loss: Option<crate::analysis::loss::LossHealth>,
+    /// Each recovery, phase by phase, and each phase's p50/p99 over them
+    /// ([`crate::analysis::recovery`]). Absent when nothing was recovered.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recoveries: Vec<crate::analysis::recovery::Recovery>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub recovery_phases: Vec<crate::analysis::recovery::PhaseSpread>,
 }
 
 /// A part of resilio above the ranks that died during the job.

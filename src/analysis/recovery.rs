@@ -1,0 +1,430 @@
+//! Each recovery, phase by phase, from the journal alone: where the seconds
+//! between a fault and the training's return to where it was went.
+//!
+//! A recovery is a failed attempt followed by another. Its phases, each
+//! from one boundary to the next:
+//! - **detection**: the fault (a hung rank's last progress; a crash's
+//!   exit) to resilio seeing it (the stall; the exit);
+//! - **diagnosis**: to the job-wide verdict (a hang's; a crash's is its
+//!   exit, so none);
+//! - **teardown**: to every rank of the attempt having exited;
+//! - **relaunch**: to every rank of the next attempt started (a requeue's
+//!   wait in the queue is here);
+//! - **start**: to its first step: the trainer's initialisation and its
+//!   checkpoint's load, which the journal does not tell apart;
+//! - **rework**: to the step the failed attempt had reached.
+//!
+//! A boundary the journal does not show leaves its two phases unknown
+//! (`None`), never guessed. Steps are the journal's (sampled), so the first
+//! step and the catching up are seen within a sampling period.
+
+use crate::event::Event;
+use crate::journal::Record;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// The phases, in order, as the report names them.
+pub const PHASES: [&str; 6] = [
+    "detection",
+    "diagnosis",
+    "teardown",
+    "relaunch",
+    "start",
+    "rework",
+];
+
+/// One recovery.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Recovery {
+    /// The attempt that failed (the next one recovered).
+    pub failed_attempt: u32,
+    /// The judged class of its failure.
+    pub class: Option<String>,
+    /// What was decided: `restart_in_place`, `restart_in_allocation`, `requeue`.
+    pub action: Option<String>,
+    pub fault: DateTime<Utc>,
+    /// Seconds of each phase, in [`PHASES`]' order (`None`: not shown by
+    /// the journal).
+    pub phases_s: [Option<f64>; 6],
+    /// From the fault to the step reached before it again (or, when never
+    /// reached, to the last boundary seen).
+    pub total_s: f64,
+    /// The step the failed attempt had reached.
+    pub step_before: Option<u64>,
+    /// The first step of the next attempt (its checkpoint's, plus one).
+    pub first_step: Option<u64>,
+    /// The next attempt reached `step_before` again.
+    pub caught_up: bool,
+}
+
+/// One phase's spread over the job's recoveries.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PhaseSpread {
+    pub phase: &'static str,
+    /// Recoveries in which the phase was seen.
+    pub n: usize,
+    pub p50_s: f64,
+    pub p99_s: f64,
+}
+
+/// Every recovery of a run's records.
+pub fn recoveries(records: &[Record]) -> Vec<Recovery> {
+    // One pass: each attempt's events (a recovery reads two attempts).
+    let mut by: Attempts = BTreeMap::new();
+    for (r, e) in crate::journal::events(records) {
+        by.entry(r.attempt).or_default().push((r, e));
+    }
+    let last_attempt = by.keys().next_back().copied().unwrap_or(0);
+    (0..last_attempt)
+        .filter_map(|a| recovery_of(&by, a))
+        .collect()
+}
+
+/// A run's events, by attempt.
+type Attempts<'a> = BTreeMap<u32, Vec<(&'a Record, &'a Event)>>;
+
+/// The events of attempt `a`.
+fn of<'b, 'a: 'b>(
+    by: &'b Attempts<'a>,
+    a: u32,
+) -> impl Iterator<Item = (&'a Record, &'a Event)> + 'b {
+    by.get(&a).into_iter().flatten().copied()
+}
+
+/// The spread of each phase (nearest-rank percentiles).
+pub fn spread(recoveries: &[Recovery]) -> Vec<PhaseSpread> {
+    PHASES
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &phase)| {
+            let mut v: Vec<f64> = recoveries.iter().filter_map(|r| r.phases_s[i]).collect();
+            if v.is_empty() {
+                return None;
+            }
+            v.sort_by(f64::total_cmp);
+            let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+            Some(PhaseSpread {
+                phase,
+                n: v.len(),
+                p50_s: at(0.5),
+                p99_s: at(0.99),
+            })
+        })
+        .collect()
+}
+
+fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
+    let of = |a: u32| of(by, a);
+    // The failed attempt's judgment and decision (a restart of some kind).
+    let judgment = of(failed).find_map(|(_, e)| match e {
+        Event::Judgment(j) => Some(j),
+        _ => None,
+    });
+    let action = of(failed).find_map(|(_, e)| match e {
+        Event::Decision(d) => d.decision.as_ref(),
+        _ => None,
+    });
+    let restarted = action.is_some_and(|a| {
+        !matches!(
+            a,
+            crate::policy::restart::Action::Stop { .. } | crate::policy::restart::Action::Finish
+        )
+    });
+    let next_started = of(failed + 1).any(|(_, e)| matches!(e, Event::RankStart(_)));
+    if !restarted || !next_started {
+        return None;
+    }
+    let primary = judgment.and_then(|j| j.primary_rank);
+    let (fault, detected) = fault_and_detection(by, failed, primary)?;
+    let verdict = of(failed)
+        .find_map(|(r, e)| matches!(e, Event::Hang(_)).then_some(r.ts))
+        .filter(|t| *t >= detected)
+        .unwrap_or(detected);
+    let torn_down = of(failed)
+        .find_map(|(r, e)| matches!(e, Event::AttemptEnd(_)).then_some(r.ts))
+        .or_else(|| {
+            of(failed)
+                .filter_map(|(r, e)| matches!(e, Event::RankExit(_)).then_some(r.ts))
+                .max()
+        });
+    let relaunched = of(failed + 1)
+        .filter_map(|(r, e)| matches!(e, Event::RankStart(_)).then_some(r.ts))
+        .max();
+    let (first, step_before, back) = steps_around(by, failed);
+    let bounds = [
+        Some(fault),
+        Some(detected),
+        Some(verdict),
+        torn_down,
+        relaunched,
+        first.map(|(t, _)| t),
+        back,
+    ];
+    let mut phases_s = [None; 6];
+    for (i, p) in phases_s.iter_mut().enumerate() {
+        if let (Some(a), Some(b)) = (bounds[i], bounds[i + 1]) {
+            *p = Some(((b - a).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0));
+        }
+    }
+    let end = bounds
+        .iter()
+        .rev()
+        .flatten()
+        .next()
+        .copied()
+        .unwrap_or(fault);
+    Some(Recovery {
+        failed_attempt: failed,
+        class: judgment.and_then(|j| j.class).map(|c| c.name().to_string()),
+        action: action.map(|a| a.name().to_string()),
+        fault,
+        phases_s,
+        total_s: ((end - fault).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0),
+        step_before,
+        first_step: first.map(|(_, s)| s),
+        caught_up: back.is_some(),
+    })
+}
+
+/// When the attempt's fault happened and when resilio saw it: the primary
+/// rank's stall (its last progress, the stall), else its exit (both).
+fn fault_and_detection(
+    by: &Attempts<'_>,
+    failed: u32,
+    primary: Option<u32>,
+) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    let of = || of(by, failed);
+    let is_primary = |r: &Record| primary.is_none() || r.rank == primary;
+    let stall = of().find_map(|(r, e)| match e {
+        Event::Stall(s) if is_primary(r) => Some((s.last_progress.unwrap_or(r.ts), r.ts)),
+        _ => None,
+    });
+    stall.or_else(|| {
+        of().find_map(|(r, e)| match e {
+            Event::RankExit(_) | Event::Failure(_) if is_primary(r) => Some((r.ts, r.ts)),
+            _ => None,
+        })
+    })
+}
+
+/// The next attempt's first step (when, which), the step the failed one
+/// had reached (the ranks' own last step, or the progress), and when the
+/// next attempt reached it again.
+#[allow(clippy::type_complexity)]
+fn steps_around(
+    by: &Attempts<'_>,
+    failed: u32,
+) -> (
+    Option<(DateTime<Utc>, u64)>,
+    Option<u64>,
+    Option<DateTime<Utc>>,
+) {
+    let of = |a: u32| of(by, a);
+    let steps = |a: u32| {
+        of(a).filter_map(|(r, e)| match e {
+            Event::Progress(p) => p.step.map(|s| (r.ts, s)),
+            _ => None,
+        })
+    };
+    let first = steps(failed + 1).min_by_key(|(t, _)| *t);
+    let step_before = of(failed)
+        .filter_map(|(_, e)| match e {
+            Event::RankExit(x) => x.last_step,
+            Event::Progress(p) => p.step,
+            _ => None,
+        })
+        .max();
+    let back = step_before.and_then(|before| {
+        steps(failed + 1)
+            .filter(|(_, s)| *s >= before)
+            .map(|(t, _)| t)
+            .min()
+    });
+    (first, step_before, back)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn rec(kind: &str, attempt: u32, rank: Option<u32>, ms: i64, data: Value) -> Record {
+        Record {
+            v: 1,
+            ts: DateTime::from_timestamp_millis(1_800_000_000_000 + ms).unwrap(),
+            kind: kind.into(),
+            attempt,
+            rank,
+            node: Some("n1".into()),
+            data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// A hang of rank 1 at step 18 (its last progress at 10 s), seen at
+    /// 12.5 s, judged at 13 s, torn down at 13.2 s, relaunched at 13.5 s;
+    /// the next attempt's first step 11 at 14.5 s, step 18 again at 16 s.
+    fn hang_and_back() -> Vec<Record> {
+        let last = DateTime::from_timestamp_millis(1_800_000_010_000).unwrap();
+        vec![
+            rec("rank_start", 0, Some(0), 0, json!({})),
+            rec("rank_start", 0, Some(1), 0, json!({})),
+            rec("progress", 0, Some(1), 10_000, json!({ "step": 18 })),
+            rec(
+                "stall",
+                0,
+                Some(0),
+                12_400,
+                json!({ "last_progress": last, "last_step": 18 }),
+            ),
+            rec(
+                "stall",
+                0,
+                Some(1),
+                12_500,
+                json!({ "last_progress": last, "last_step": 18 }),
+            ),
+            rec("hang", 0, None, 13_000, json!({})),
+            rec("rank_exit", 0, Some(1), 13_100, json!({ "last_step": 18 })),
+            rec("attempt_end", 0, None, 13_200, json!({})),
+            rec(
+                "judgment",
+                0,
+                None,
+                13_210,
+                json!({ "class": "hang", "primary_rank": 1 }),
+            ),
+            rec(
+                "decision",
+                0,
+                None,
+                13_220,
+                json!({ "decision": { "action": "restart_in_place", "reason": "" } }),
+            ),
+            rec("rank_start", 1, Some(0), 13_400, json!({})),
+            rec("rank_start", 1, Some(1), 13_500, json!({})),
+            rec(
+                "progress",
+                1,
+                Some(0),
+                14_500,
+                json!({ "step": 11, "first": true }),
+            ),
+            rec("progress", 1, Some(0), 15_000, json!({ "step": 14 })),
+            rec("progress", 1, Some(0), 16_000, json!({ "step": 19 })),
+        ]
+    }
+
+    #[test]
+    fn a_hangs_recovery_is_timed_phase_by_phase() {
+        let r = recoveries(&hang_and_back());
+        assert_eq!(r.len(), 1);
+        let r = &r[0];
+        let got: Vec<Option<f64>> = r
+            .phases_s
+            .iter()
+            .map(|p| p.map(|s| (s * 1000.0).round() / 1000.0))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                Some(2.5),
+                Some(0.5),
+                Some(0.2),
+                Some(0.3),
+                Some(1.0),
+                Some(1.5)
+            ]
+        );
+        assert_eq!(r.total_s, 6.0);
+        assert_eq!(
+            (r.step_before, r.first_step, r.caught_up),
+            (Some(18), Some(11), true)
+        );
+        assert_eq!(r.class.as_deref(), Some("hang"));
+        assert_eq!(r.action.as_deref(), Some("restart_in_place"));
+    }
+
+    #[test]
+    fn what_the_journal_does_not_show_is_unknown_and_a_stop_is_no_recovery() {
+        // No attempt_end nor the failed rank's exit: teardown and relaunch unknown.
+        let mut v = hang_and_back();
+        v.retain(|r| r.kind != "attempt_end" && r.kind != "rank_exit");
+        let r = &recoveries(&v)[0];
+        assert_eq!((r.phases_s[2], r.phases_s[3]), (None, None));
+        assert!(r.phases_s[4].is_some());
+        // Never back at step 18: no rework, the total to the first step.
+        let mut v = hang_and_back();
+        v.pop();
+        let r = &recoveries(&v)[0];
+        assert_eq!((r.phases_s[5], r.caught_up), (None, false));
+        assert_eq!(r.total_s, 4.5);
+        // A crash: detected as it happened, no diagnosis.
+        let crash = vec![
+            rec("rank_start", 0, Some(0), 0, json!({})),
+            rec("progress", 0, Some(0), 1_000, json!({ "step": 5 })),
+            rec("rank_exit", 0, Some(0), 2_000, json!({ "last_step": 5 })),
+            rec(
+                "judgment",
+                0,
+                None,
+                2_100,
+                json!({ "class": "infrastructure", "primary_rank": 0 }),
+            ),
+            rec(
+                "decision",
+                0,
+                None,
+                2_100,
+                json!({ "decision": { "action": "requeue", "reason": "" } }),
+            ),
+            rec("rank_start", 1, Some(0), 60_000, json!({})),
+        ];
+        let r = &recoveries(&crash)[0];
+        assert_eq!(&r.phases_s[..2], &[Some(0.0), Some(0.0)]);
+        assert_eq!(r.phases_s[3], Some(58.0));
+        assert_eq!((r.phases_s[4], r.phases_s[5]), (None, None));
+        // Stopped: nothing recovered.
+        let mut stop = hang_and_back();
+        stop.retain(|r| r.attempt == 0 && r.kind != "decision");
+        stop.push(rec(
+            "decision",
+            0,
+            None,
+            13_220,
+            json!({ "decision": { "action": "stop", "reason": "" } }),
+        ));
+        assert!(recoveries(&stop).is_empty());
+    }
+
+    #[test]
+    fn each_phase_spreads_over_the_recoveries_seen() {
+        let mk = |d: f64, rework: Option<f64>| Recovery {
+            failed_attempt: 0,
+            class: None,
+            action: None,
+            fault: DateTime::from_timestamp(0, 0).unwrap(),
+            phases_s: [Some(d), Some(0.0), Some(1.0), Some(2.0), Some(3.0), rework],
+            total_s: 0.0,
+            step_before: None,
+            first_step: None,
+            caught_up: false,
+        };
+        let v: Vec<Recovery> = (1..=10)
+            .map(|i| mk(i as f64, (i % 2 == 0).then_some(1.0)))
+            .collect();
+        let s = spread(&v);
+        assert_eq!(
+            s[0],
+            PhaseSpread {
+                phase: "detection",
+                n: 10,
+                p50_s: 5.0,
+                p99_s: 10.0
+            }
+        );
+        assert_eq!(s[5].n, 5);
+        assert!(spread(&[]).is_empty());
+    }
+}
