@@ -34,7 +34,7 @@ mod writer;
 
 pub use follow::Follow;
 pub use reader::{list_jobs, parse_file, read_job, JobJournal, SkippedLines};
-pub use rollback::{rollback_for, Rollback, ROLLBACK_FILE};
+pub use rollback::{forget_rollback, rollback_for, Rollback, ROLLBACK_FILE};
 pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.

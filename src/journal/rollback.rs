@@ -31,6 +31,19 @@ impl Rollback {
     }
 }
 
+/// A new run of the job id starts: a rollback an earlier run left is not
+/// its own (its attempts count from 0 again), and goes.
+pub fn forget_rollback(job_dir: &std::path::Path) {
+    match std::fs::remove_file(job_dir.join(ROLLBACK_FILE)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(
+            "cannot remove an earlier run's {} in {}: {e}",
+            ROLLBACK_FILE,
+            job_dir.display()
+        ),
+        _ => {}
+    }
+}
+
 /// The rollback left for `attempt`, if any.
 pub fn rollback_for(job_dir: &std::path::Path, attempt: u32) -> Option<Rollback> {
     let text =

@@ -69,6 +69,7 @@ impl Who {
         journal.set_run(id.run.key.as_deref());
         if id.run.fresh && id.rank == 0 && first {
             crate::runs::warn_if_reused(&self.job_dir, &id.job, id.run.key.as_deref());
+            journal::forget_rollback(&self.job_dir);
         }
         Base {
             clock: self.clock,

@@ -631,3 +631,42 @@ for n in range(1, 41):
         "{text}"
     );
 }
+
+/// A rollback an earlier run of the same job id left (`rollback.json`,
+/// for its attempt 1) is not a new run's: the new run's attempt 1, after
+/// an ordinary failure, is told of no rollback (trial 14: it was, and a
+/// trainer following the docs would have loaded an old checkpoint and
+/// skipped data).
+#[test]
+fn an_earlier_runs_rollback_is_not_handed_to_a_new_run_of_the_same_job_id() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("t.py");
+    std::fs::write(
+        &script,
+        r#"
+import os, sys
+attempt = int(os.environ["RESILIO_ATTEMPT"])
+print("step 1 loss 0.5", flush=True)
+print(f"attempt {attempt} rollback={os.environ.get('RESILIO_ROLLBACK_STEP')} skip={os.environ.get('RESILIO_SKIP_STEPS')}", flush=True)
+if attempt == 0:
+    print("RuntimeError: CUDA error: uncorrectable ECC error encountered", file=sys.stderr, flush=True)
+    sys.exit(1)
+"#,
+    )
+    .unwrap();
+    let dir = resilio::journal::job_dir(tmp.path(), "reused");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("rollback.json"),
+        r#"{"for_attempt":1,"checkpoint_step":20,"skip_from":40,"skip_to":42,"detail":"rollback: an earlier run's"}"#,
+    )
+    .unwrap();
+    let mut c = resilio_run(tmp.path(), "reused");
+    c.args(["--max-restarts", "1", "--", "python3"])
+        .arg(&script);
+    let (o, _) = output_within(&mut c, Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("attempt 1 rollback=None skip=None"), "{out}");
+    assert!(!dir.join("rollback.json").exists());
+}
