@@ -86,6 +86,13 @@ fn failure_blame(
     if let Some(node) = &f.blamed_node {
         let (c, reason) = if f.failure_kind == Some(crate::event::FailureKind::NodeFailure) {
             ("node_failure", "the node failed (Slurm)".to_string())
+        } else if f.failure_kind == Some(crate::event::FailureKind::AgentDied) {
+            // resilio's own part: a kill -9, the OOM killer, or a bug of
+            // resilio's own tell nothing about the node.
+            (
+                "agent_died",
+                "a rank's agent died and left no record: no evidence against the node".to_string(),
+            )
         } else {
             (
                 class,

@@ -254,6 +254,26 @@ mod tests {
         assert_eq!(interruptions("7", &recs), 2);
     }
 
+    /// A rank's agent that died without a word (kill -9, the OOM killer)
+    /// is journaled as an infrastructure failure blamed on its node; the
+    /// node history shows it, held against nothing (trial 14: one kill -9
+    /// of an agent listed the node for exclusion).
+    #[test]
+    fn an_agents_death_is_shown_and_not_held_against_its_node() {
+        let recs = vec![rec(
+            "2026-11-01T00:00:00Z",
+            "failure",
+            None,
+            "n1",
+            json!({"class": "infrastructure", "failure_kind": "agent_died", "blamed_node": "n2", "cause": "the agent of rank 1 died", "evidence": "the agent of rank 1 was killed by SIGKILL and left no record"}),
+        )];
+        let ev = events_of("9", &recs);
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        assert_eq!(ev[0].0, "n2");
+        assert!(!ev[0].1.counts, "{ev:?}");
+        assert!(ev[0].1.reason.contains("no evidence against the node"));
+    }
+
     #[test]
     fn only_node_faults_count_and_scores_decay() {
         let recs = vec![
