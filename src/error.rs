@@ -26,6 +26,9 @@ pub const EXIT_NOT_PERMITTED: i32 = 4;
 /// Exit code when a job's coordinator cannot be reached (not running, or
 /// running without one) or refused the request.
 pub const EXIT_NO_COORDINATOR: i32 = 5;
+/// Exit code when a checkpoint asked for with `resilio checkpoint --wait`
+/// was not confirmed by every rank in time.
+pub const EXIT_NOT_CONFIRMED: i32 = 6;
 
 /// Every exit code, as the README's table and the man pages' EXIT STATUS
 /// give it: (code, meaning, commands), in Markdown (`tests/docs.rs` checks
@@ -37,6 +40,7 @@ pub const EXIT_CODES: &[(&str, &str, &str)] = &[
     ("`3`", "no journal for that job (or none readable)", "`report`, `timeline`, `status`, `checkpoint`"),
     ("`4`", "Slurm refused an action (draining a node without permission)", "`nodes --drain`"),
     ("`5`", "the job's coordinator cannot be reached, or refused the request", "`status`, `checkpoint`"),
+    ("`6`", "not every rank confirmed the checkpoint within `--wait`", "`checkpoint`"),
     ("`65`", "resilio stopped a rank whose loss went to NaN or Inf (`[numerical]`); not restarted", "`run`"),
     ("`70`", "an internal failure of resilio itself (never while a trainer runs: its status wins)", "every command"),
     ("`124`", "resilio stopped a stalled rank (as `timeout` does)", "`run`"),

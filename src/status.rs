@@ -267,9 +267,9 @@ fn acknowledgement_words(
     if c.confirmed.is_empty() {
         return format!(
             "no rank confirmed it within {}: the trainer does not seem to read checkpoint requests. \
-             resilio asks through $RESILIO_CONTROL and the checkpoint signal ([checkpoint] signal, SIGUSR2 by default); \
-             a trainer reads them with resilio_client.should_checkpoint() (clients/python), by reading $RESILIO_CONTROL, \
-             or by handling the signal, and confirms with `checkpoint_done step=N` on $RESILIO_SOCKET",
+             resilio asks through $RESILIO_CONTROL (and with the checkpoint signal only where [coordinator] signal_trainer = true); \
+             a trainer reads it with resilio_client.checkpoint_requested() (clients/python) or by reading $RESILIO_CONTROL, \
+             and confirms with `checkpoint_done step=N` on $RESILIO_SOCKET (resilio_client.checkpoint_done(step))",
             crate::duration::format(waited)
         );
     }
@@ -322,5 +322,11 @@ pub fn checkpoint_cmd(
     } else if let Some(c) = &ack {
         println!("checkpoint #{}: {}", a.id, acknowledgement_words(c, wait));
     }
-    Ok(0)
+    // Waited for, and not every rank confirmed it (or nothing was heard).
+    let unconfirmed = !wait.is_zero() && ack.as_ref().is_none_or(|c| !c.missing.is_empty());
+    Ok(if unconfirmed {
+        crate::error::EXIT_NOT_CONFIRMED
+    } else {
+        0
+    })
 }

@@ -140,6 +140,7 @@ fn every_exit_code_is_in_the_readme() {
         EXIT_NO_JOB,
         EXIT_NOT_PERMITTED,
         EXIT_NO_COORDINATOR,
+        EXIT_NOT_CONFIRMED,
         EXIT_INTERNAL,
         EXIT_STALLED,
         EXIT_NOT_EXECUTABLE,

@@ -237,14 +237,15 @@ fn status_and_checkpoint_work_for_a_single_rank_run() {
     assert!(String::from_utf8_lossy(&o.stdout).starts_with("job live "));
 
     // This trainer never reads a request: said plainly, with how to.
+    // Not confirmed: its own exit code, for a script (trial 14).
     let o = ask(&["checkpoint", "live", "--wait", "2s"]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert_eq!(o.status.code(), Some(6), "{}", stderr_of(&o));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("every rank is asked to save at step"), "{out}");
     assert!(
         out.contains(
             "no rank confirmed it within 2.0s: the trainer does not seem to read checkpoint requests"
-        ) && out.contains("resilio_client.should_checkpoint()"),
+        ) && out.contains("resilio_client.checkpoint_requested()"),
         "{out}"
     );
     assert!(wait_for(Duration::from_secs(10), || {
