@@ -261,11 +261,13 @@ fn by_state(end: &RankEnd) -> Option<Verdict> {
         return Some(verdict(Class::Hang, "stopped for making no progress", None));
     }
     if let Some(seen) = &end.numerical {
-        return Some(verdict(
-            Class::Numerical,
-            "stopped: its loss went to NaN or Inf",
-            Some(seen),
-        ));
+        // What was seen says which (a NaN or Inf run, or a spike rolled back).
+        let reason = if seen.starts_with(super::numerical::ROLLBACK) {
+            "stopped for a rollback: its loss or grad norm spiked (see the evidence)"
+        } else {
+            "stopped: its loss or grad norm went to NaN or Inf, or spiked (see the evidence)"
+        };
+        return Some(verdict(Class::Numerical, reason, Some(seen)));
     }
     // Death by SIGTERM, SIGINT or SIGHUP is a stop from outside (Slurm's
     // teardown, an operator) even when resilio did not see the signal itself.

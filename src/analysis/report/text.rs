@@ -153,10 +153,14 @@ fn render_loss(s: &mut String, r: &JobReport) {
                 num(l.min)
             );
         } else {
+            let nonfinite = if l.nonfinite_records > 0 {
+                format!("{} record(s) with a NaN or Inf loss; ", l.nonfinite_records)
+            } else {
+                String::new()
+            };
             let _ = writeln!(
                 s,
-                "loss: NOT healthy: {} record(s) with a NaN or Inf loss; last finite {}",
-                l.nonfinite_records,
+                "loss: NOT healthy: {nonfinite}last finite {}",
                 num(l.last)
             );
             for f in &l.findings {

@@ -167,6 +167,8 @@ fn numerical(x: &e::Numerical) -> String {
         text(&x.detail),
         match x.action {
             Some(crate::policy::numerical::Act::Stop) => "stopping the rank, not restarted",
+            Some(crate::policy::numerical::Act::Rollback) =>
+                "stopping the rank, to run again from the checkpoint before it",
             _ => "recorded",
         }
     )
