@@ -76,7 +76,6 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     );
 }
 
-/// The job has ended (no restart follows from this process).
 /// After a decision to run again on a rollback: work the rollback out from
 /// the journal, journal it and leave it for the next attempt's agents
 /// (`JOB_DIR/rollback.json`, replaced whole). Nothing for other decisions.
@@ -86,36 +85,8 @@ pub fn leave_rollback(
     d: &Decision,
     journal: &mut Writer,
 ) {
-    if !d.outcome.is_rollback() || matches!(d.action, Action::Stop { .. } | Action::Finish) {
+    let Some(rb) = plan_rollback(records, d) else {
         return;
-    }
-    let attempt = d.outcome.attempt;
-    let finding = records.iter().rev().find_map(|r| match r.event() {
-        Some(ev::Event::Numerical(n))
-            if r.attempt == attempt
-                && n.action == Some(crate::policy::numerical::Act::Rollback) =>
-        {
-            Some(n)
-        }
-        _ => None,
-    });
-    let (since, at) = finding
-        .as_ref()
-        .map_or((None, None), |n| (n.since_step.or(n.step), n.step));
-    let checkpoint_step = records
-        .iter()
-        .filter_map(|r| match r.event() {
-            Some(ev::Event::CheckpointDone(c)) if c.complete != Some(false) => c.step,
-            _ => None,
-        })
-        .filter(|s| since.is_none_or(|b| *s < b))
-        .max();
-    let rb = journal::Rollback {
-        for_attempt: attempt + 1,
-        checkpoint_step,
-        skip_from: since,
-        skip_to: at,
-        detail: d.outcome.detail.clone(),
     };
     journal.write(
         ev::RollbackPlanned {
@@ -142,6 +113,55 @@ pub fn leave_rollback(
             path.display()
         );
     }
+}
+
+/// The rollback a decision to run again after a numerical failure leaves
+/// for the next attempt (`None` for any other decision): the last whole
+/// checkpoint confirmed before the bad values began, and the steps whose
+/// data led to them.
+pub(super) fn plan_rollback(
+    records: &[crate::journal::Record],
+    d: &Decision,
+) -> Option<journal::Rollback> {
+    if !d.outcome.is_rollback() || matches!(d.action, Action::Stop { .. } | Action::Finish) {
+        return None;
+    }
+    let attempt = d.outcome.attempt;
+    let finding = records.iter().rev().find_map(|r| match r.event() {
+        Some(ev::Event::Numerical(n))
+            if r.attempt == attempt
+                && n.action == Some(crate::policy::numerical::Act::Rollback) =>
+        {
+            Some(n)
+        }
+        _ => None,
+    });
+    let (since, at) = finding
+        .as_ref()
+        .map_or((None, None), |n| (n.since_step.or(n.step), n.step));
+    let whole: Vec<u64> = records
+        .iter()
+        .filter_map(|r| match r.event() {
+            Some(ev::Event::CheckpointDone(c)) if c.complete != Some(false) => c.step,
+            _ => None,
+        })
+        .collect();
+    let before = whole
+        .iter()
+        .copied()
+        .filter(|s| since.is_none_or(|b| *s < b))
+        .max();
+    // Checkpoints there are, but all from after the bad values began:
+    // none may be loaded, and 0 says so (start from scratch). Left unset,
+    // the trainer would load the latest (trial 14).
+    let checkpoint_step = before.or((!whole.is_empty()).then_some(0));
+    Some(journal::Rollback {
+        for_attempt: attempt + 1,
+        checkpoint_step,
+        skip_from: since,
+        skip_to: at,
+        detail: d.outcome.detail.clone(),
+    })
 }
 
 /// A decision's action in words, for observe mode's record ("would ...").

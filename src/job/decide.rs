@@ -729,6 +729,37 @@ mod tests {
         assert!(d.outcome.rollback, "{:?}", d.outcome);
         assert!(!matches!(d.action, Action::Stop { .. }), "{:?}", d.action);
         assert!(judge::earlier_outcomes(&[decided(&d)], 1)[0].rollback);
+        // The checkpoint to load: the last whole one before the bad values
+        // began (step 130); with only later ones, 0 (start from scratch,
+        // never the latest: trial 14); with none, unset.
+        let spike = |records: &mut Vec<Record>, steps: &[u64]| {
+            for s in steps {
+                records.push(rec(
+                    "checkpoint_done",
+                    0,
+                    Some(1),
+                    "n2",
+                    5,
+                    json!({ "step": s }),
+                ));
+            }
+            records[2] = rec(
+                "numerical",
+                0,
+                Some(1),
+                "n2",
+                9,
+                json!({ "finding": "spike", "action": "rollback", "step": 133, "since_step": 130 }),
+            );
+            let (d, _) = run(records, 0, 3, None, true);
+            super::super::act::plan_rollback(records, &d.unwrap()).map(|r| r.checkpoint_step)
+        };
+        assert_eq!(
+            spike(&mut records.clone(), &[100, 120, 132]),
+            Some(Some(120))
+        );
+        assert_eq!(spike(&mut records.clone(), &[132]), Some(Some(0)));
+        assert_eq!(spike(&mut records.clone(), &[]), Some(None));
     }
 
     #[test]

@@ -198,7 +198,8 @@ def _is_done(asked_step):
 
 def rollback_step():
     """The step of the checkpoint to restart from after a rollback (the last
-    one confirmed before the loss went bad), or None: load the latest."""
+    one confirmed before the loss went bad); 0: every checkpoint is from
+    after, load none and start from scratch; None: load the latest."""
     return _ROLLBACK_STEP
 
 
