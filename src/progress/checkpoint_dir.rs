@@ -21,7 +21,6 @@ use std::time::{Duration, Instant};
 /// Keeps the watch alive; stops it when dropped.
 pub struct DirWatch {
     stop: Arc<AtomicBool>,
-    _watcher: Option<notify::RecommendedWatcher>,
 }
 
 impl Drop for DirWatch {
@@ -179,25 +178,15 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
         std::env::current_dir()?.join(dir)
     };
     let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
-    let watcher = {
-        use notify::{RecursiveMode, Watcher};
-        let w = wake_tx.clone();
-        notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if res.is_ok_and(|e| !e.kind.is_access()) {
-                let _ = w.send(());
-            }
-        })
-        .ok()
-        .and_then(|mut watcher| {
-            watcher
-                .watch(&dir, RecursiveMode::Recursive)
-                .ok()
-                .map(|_| watcher)
-        })
-    };
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let mut seen: HashSet<String> = scan(&dir, &re).into_iter().map(|(p, _)| p).collect();
+    // The directory, or while it does not exist yet its nearest existing
+    // ancestor: its creation wakes a scan at once, and the watch moves to
+    // it (trial 14: a directory the trainer made after the start was only
+    // polled, and checkpoints saved between two polls of an attempt that
+    // ended were never seen).
+    let mut armed = arm(&dir, &wake_tx);
     std::thread::Builder::new()
         .name("checkpoint-dir".into())
         .spawn(move || {
@@ -210,6 +199,11 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                     }
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
                     Err(_) => std::thread::sleep(poll),
+                }
+                // Move the watch down when the directory (or a nearer
+                // ancestor) appeared; a new watcher is a thread, so only then.
+                if armed.as_ref().map(|(_, on)| on.as_path()) != watch_target(&dir) {
+                    armed = arm(&dir, &wake_tx).or(armed);
                 }
                 let mut found = scan(&dir, &re);
                 found.sort_by_key(|(_, s)| *s);
@@ -231,10 +225,39 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 }
             }
         })?;
-    Ok(DirWatch {
-        stop,
-        _watcher: watcher,
+    Ok(DirWatch { stop })
+}
+
+/// What to watch for `dir`: itself, or while it does not exist its
+/// nearest existing ancestor.
+fn watch_target(dir: &Path) -> Option<&Path> {
+    dir.ancestors().find(|a| a.is_dir())
+}
+
+/// An inotify watch waking `wake` on any change under `dir` (recursive),
+/// or, while `dir` does not exist, in its nearest existing ancestor (not
+/// recursive: the creation of the next level is what matters); with the
+/// path watched. `None` where nothing can be watched (polling still runs).
+fn arm(
+    dir: &Path,
+    wake: &std::sync::mpsc::Sender<()>,
+) -> Option<(notify::RecommendedWatcher, PathBuf)> {
+    use notify::{RecursiveMode, Watcher};
+    let target = watch_target(dir)?;
+    let mode = if target == dir {
+        RecursiveMode::Recursive
+    } else {
+        RecursiveMode::NonRecursive
+    };
+    let w = wake.clone();
+    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if res.is_ok_and(|e| !e.kind.is_access()) {
+            let _ = w.send(());
+        }
     })
+    .ok()?;
+    watcher.watch(target, mode).ok()?;
+    Some((watcher, target.to_path_buf()))
 }
 
 #[cfg(test)]
@@ -302,6 +325,40 @@ mod tests {
         assert_eq!(busy.changing, vec!["shard.pt".to_string()], "{busy:?}");
         assert!(busy.temp_names.is_empty() && !busy.complete());
         assert_eq!((busy.path.as_str(), busy.files), ("checkpoint-7", 3));
+    }
+
+    /// A checkpoint directory the trainer makes after the start, two
+    /// levels down: its checkpoints are seen at once (inotify on the
+    /// nearest existing ancestor, then on the directory), not at the next
+    /// poll, here an hour away (trial 14: missed when the attempt ended
+    /// between two polls).
+    #[test]
+    fn a_directory_made_after_the_start_is_watched_as_soon_as_it_exists() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out/checkpoints");
+        let tx = Sender::new();
+        let re = Regex::new(r"^checkpoint-(\d+)/COMPLETE$").unwrap();
+        let _w = watch(&dir, re, Duration::from_secs(3600), tx.clone()).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::create_dir(tmp.path().join("out")).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::create_dir(&dir).unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        std::fs::create_dir(dir.join("checkpoint-10")).unwrap();
+        std::fs::write(dir.join("checkpoint-10/COMPLETE"), "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let mut seen = Vec::new();
+        while Instant::now() < deadline {
+            seen.extend(tx.drain().into_iter().filter_map(|e| match e.kind {
+                Kind::CheckpointDone { step } => Some(step),
+                _ => None,
+            }));
+            if !seen.is_empty() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(seen, [Some(10)]);
     }
 
     #[test]
