@@ -15,8 +15,8 @@
 //! - **rework**: to the step the failed attempt had reached.
 //!
 //! A boundary the journal does not show leaves its two phases unknown
-//! (`None`), never guessed. Steps are the journal's (sampled), so the first
-//! step and the catching up are seen within a sampling period.
+//! (`None`), never guessed. Steps are the journal's (sampled): the step
+//! reached again is placed between the samples around it, at their rate.
 
 use crate::event::Event;
 use crate::journal::Record;
@@ -200,12 +200,17 @@ fn fault_and_detection(
         Event::Stall(s) if is_primary(r) => Some((s.last_progress.unwrap_or(r.ts), r.ts)),
         _ => None,
     });
-    stall.or_else(|| {
-        of().find_map(|(r, e)| match e {
-            Event::RankExit(_) | Event::Failure(_) if is_primary(r) => Some((r.ts, r.ts)),
-            _ => None,
+    stall
+        .or_else(|| {
+            of().find_map(|(r, e)| match e {
+                Event::RankExit(_) | Event::Failure(_) if is_primary(r) => Some((r.ts, r.ts)),
+                _ => None,
+            })
         })
-    })
+        // The primary left no record of its own (its agent was killed):
+        // the teardown it set off is when it was seen.
+        .or_else(|| of().find_map(|(r, e)| matches!(e, Event::Teardown(_)).then_some((r.ts, r.ts))))
+        .or_else(|| of().find_map(|(r, e)| matches!(e, Event::Failure(_)).then_some((r.ts, r.ts))))
 }
 
 /// The next attempt's first step (when, which), the step the failed one
@@ -235,11 +240,23 @@ fn steps_around(
             _ => None,
         })
         .max();
+    // Progress is sampled: the step reached again is placed between the
+    // samples around it, at the rate they show (the first sample at or
+    // past it would count up to a sampling period of rework too many).
+    let mut after: Vec<(DateTime<Utc>, u64)> = steps(failed + 1).collect();
+    after.sort();
     let back = step_before.and_then(|before| {
-        steps(failed + 1)
-            .filter(|(_, s)| *s >= before)
-            .map(|(t, _)| t)
-            .min()
+        let i = after.iter().position(|(_, s)| *s >= before)?;
+        let (t2, s2) = after[i];
+        Some(match i.checked_sub(1).map(|j| after[j]) {
+            Some((t1, s1)) if s1 < before && s2 > s1 => {
+                let share = (before - s1) as f64 / (s2 - s1) as f64;
+                t1 + chrono::Duration::microseconds(
+                    ((t2 - t1).num_microseconds().unwrap_or(0) as f64 * share) as i64,
+                )
+            }
+            _ => t2,
+        })
     });
     (first, step_before, back)
 }
@@ -264,7 +281,8 @@ mod tests {
 
     /// A hang of rank 1 at step 18 (its last progress at 10 s), seen at
     /// 12.5 s, judged at 13 s, torn down at 13.2 s, relaunched at 13.5 s;
-    /// the next attempt's first step 11 at 14.5 s, step 18 again at 16 s.
+    /// the next attempt's first step 11 at 14.5 s, then steps 14 and 19
+    /// sampled at 15 s and 16 s.
     fn hang_and_back() -> Vec<Record> {
         let last = DateTime::from_timestamp_millis(1_800_000_010_000).unwrap();
         vec![
@@ -334,10 +352,11 @@ mod tests {
                 Some(0.2),
                 Some(0.3),
                 Some(1.0),
-                Some(1.5)
+                Some(1.3)
             ]
         );
-        assert_eq!(r.total_s, 6.0);
+        // Step 18 between the samples of step 14 (15 s) and 19 (16 s): at 15.8 s.
+        assert!((r.total_s - 5.8).abs() < 1e-9, "{}", r.total_s);
         assert_eq!(
             (r.step_before, r.first_step, r.caught_up),
             (Some(18), Some(11), true)
@@ -385,6 +404,27 @@ mod tests {
         assert_eq!(&r.phases_s[..2], &[Some(0.0), Some(0.0)]);
         assert_eq!(r.phases_s[3], Some(58.0));
         assert_eq!((r.phases_s[4], r.phases_s[5]), (None, None));
+        // An agent killed: its rank left no record, the teardown it set off
+        // is when it was seen.
+        let mut killed = hang_and_back();
+        killed.retain(|r| !(r.attempt == 0 && r.rank == Some(1) && r.kind != "rank_start"));
+        killed.retain(|r| r.kind != "hang");
+        killed.insert(
+            5,
+            rec(
+                "teardown",
+                0,
+                None,
+                12_900,
+                json!({ "reason": "the agent of rank 1 died" }),
+            ),
+        );
+        let r = &recoveries(&killed)[0];
+        assert_eq!(
+            r.fault,
+            DateTime::from_timestamp_millis(1_800_000_012_900).unwrap()
+        );
+        assert_eq!(&r.phases_s[..3], &[Some(0.0), Some(0.0), Some(0.3)]);
         // Stopped: nothing recovered.
         let mut stop = hang_and_back();
         stop.retain(|r| r.attempt == 0 && r.kind != "decision");
