@@ -8,6 +8,7 @@ pub mod accounting;
 pub mod advice;
 pub mod charts;
 pub mod html;
+pub mod jobs;
 pub mod loss;
 pub mod node_history;
 pub mod prometheus;

@@ -7,7 +7,7 @@
 //! in); [`scan`] reads the journals.
 
 use crate::event::Event;
-use crate::journal::{self, Record};
+use crate::journal::Record;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -136,26 +136,14 @@ pub fn scan(
     window: std::time::Duration,
     threshold: u32,
 ) -> Storms {
-    use std::os::unix::fs::MetadataExt;
     let since = now - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
-    let since_sys = std::time::SystemTime::from(since);
-    let mut jobs = Vec::new();
-    for root in crate::state_dir::readable_roots(state_dir) {
-        for (job, newest) in journal::list_jobs(&root) {
-            if newest < since_sys {
-                continue;
-            }
-            let dir = journal::job_dir(&root, &job);
-            let Ok(uid) = std::fs::symlink_metadata(&dir).map(|m| m.uid()) else {
-                continue;
-            };
-            let Ok(j) = journal::read_job(&dir) else {
-                continue;
-            };
-            let owner = crate::state_dir::name_of(uid);
-            jobs.push(restarts_of(&job, &owner, &j.records, since));
-        }
-    }
+    let jobs = crate::analysis::jobs::every_job(state_dir, Some(since.into()))
+        .into_iter()
+        .map(|j| {
+            let owner = crate::state_dir::name_of(j.uid);
+            restarts_of(&j.job, &owner, &j.journal.records, since)
+        })
+        .collect();
     storms(jobs, threshold, window)
 }
 

@@ -3,24 +3,10 @@
 
 use super::trust::{vouch, Journaled};
 use super::{events_from_sacct, events_of, from_events, NodeEvent, NodeHistory};
-use crate::journal;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// Every job this user may read under `state_dir`: with a site-wide state
-/// dir, every user's directory (all of them for root), see [`crate::state_dir`].
-fn all_jobs(state_dir: &Path) -> Vec<(std::path::PathBuf, String, std::time::SystemTime)> {
-    crate::state_dir::readable_roots(state_dir)
-        .into_iter()
-        .flat_map(|root| {
-            journal::list_jobs(&root)
-                .into_iter()
-                .map(move |(job, t)| (root.clone(), job, t))
-        })
-        .collect()
-}
 
 /// Where a history came from.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -46,18 +32,15 @@ pub fn build(
     half_life: std::time::Duration,
     slurm: Option<&dyn crate::slurm::Slurm>,
 ) -> (Vec<NodeHistory>, Sources) {
-    use std::os::unix::fs::MetadataExt;
     let mut by_node: BTreeMap<String, Vec<NodeEvent>> = BTreeMap::new();
     let mut sources = Sources::default();
     let mut journals = Vec::new();
-    for (root, job, _) in all_jobs(state_dir) {
-        let dir = journal::job_dir(&root, &job);
-        let Ok(uid) = std::fs::symlink_metadata(&dir).map(|m| m.uid()) else {
-            continue;
-        };
-        let Ok(j) = journal::read_job(&dir) else {
-            continue;
-        };
+    for crate::analysis::jobs::OwnedJournal {
+        job,
+        uid,
+        journal: j,
+    } in crate::analysis::jobs::every_job(state_dir, None)
+    {
         sources.journals += 1;
         // What the reader left out, said here too (a report names each file).
         for f in &j.skipped {
