@@ -384,6 +384,14 @@ pub fn note(job: &str, runs: &[RunInfo], shown: usize) -> Option<String> {
     ))
 }
 
+/// A fresh run of `job` starts in `job_dir`: warn when the job id was
+/// used before, and forget the rollback an earlier run left (its attempts
+/// count from 0 again).
+pub fn starting_fresh(job_dir: &Path, job: &str, key: Option<&str>) {
+    warn_if_reused(job_dir, job, key);
+    crate::journal::forget_rollback(job_dir);
+}
+
 /// At the start of a run: say on stderr when the job id already has a
 /// journal from an earlier run (the reports show the runs separately).
 /// Returns whether it warned.

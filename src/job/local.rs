@@ -240,8 +240,7 @@ impl Local {
         let job_dir = journal::job_dir(&opts.config.state_dir, &job);
         let run = crate::runs::resolve(&job, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()));
         if run.fresh {
-            crate::runs::warn_if_reused(&job_dir, &job, run.key.as_deref());
-            journal::forget_rollback(&job_dir);
+            crate::runs::starting_fresh(&job_dir, &job, run.key.as_deref());
         }
         // An unwritable state dir: the rank's agent says so (once) and
         // supervises without a journal; this process writes none either.

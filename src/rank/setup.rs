@@ -68,8 +68,7 @@ impl Who {
         let id = self.id;
         journal.set_run(id.run.key.as_deref());
         if id.run.fresh && id.rank == 0 && first {
-            crate::runs::warn_if_reused(&self.job_dir, &id.job, id.run.key.as_deref());
-            journal::forget_rollback(&self.job_dir);
+            crate::runs::starting_fresh(&self.job_dir, &id.job, id.run.key.as_deref());
         }
         Base {
             clock: self.clock,
