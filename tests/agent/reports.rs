@@ -225,12 +225,17 @@ fn node_history_lists_and_excludes_bad_nodes() {
     );
 }
 
-/// ETTR against an independent account: the trainer's own step times
-/// (a side file resilio never reads) and the wall time measured out here,
-/// over a run with two failures (an unexplained exit, then a SIGKILL) and
-/// two in-place restarts.
-#[test]
-fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
+/// A lockstep run of `ranks` ranks (80 steps of 0.15 s, a checkpoint
+/// every 10) with `opts` and the faults of `plan`, ending well after three
+/// attempts: the wall time measured out here, the trainer's own productive
+/// time (its side file, which resilio never reads) and `resilio report
+/// --json`.
+fn lockstep_with_faults(
+    job: &str,
+    ranks: u32,
+    opts: &[&str],
+    plan: &str,
+) -> (f64, f64, serde_json::Value) {
     let tmp = tempfile::tempdir().unwrap();
     let ck = tmp.path().join("ck");
     let side = tmp.path().join("timing.txt");
@@ -238,9 +243,9 @@ fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
     let (out, _) = output_within(
         run_local(
             tmp.path(),
-            "ettr",
-            2,
-            &["--kill-grace", "3s", "--max-restarts", "3"],
+            job,
+            ranks,
+            opts,
             &[
                 "--total",
                 "80",
@@ -251,22 +256,33 @@ fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
                 "--ckpt-dir",
                 ck.to_str().unwrap(),
                 "--fault-plan",
-                "0:exit:1:25,1:kill:0:47",
+                plan,
                 "--timing-file",
                 side.to_str().unwrap(),
             ],
         )
         .current_dir(tmp.path()),
-        Duration::from_secs(120),
+        Duration::from_secs(180),
     );
     let outside_wall = t0.elapsed().as_secs_f64();
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     assert_eq!(crate::timing::attempts(&side), [0, 1, 2]);
     let expected = crate::timing::productive_s(&side);
+    (outside_wall, expected, report_json(tmp.path(), &[job]))
+}
 
-    let o = cmd(tmp.path(), &["report", "ettr", "--json"]);
-    assert!(o.status.success(), "{}", stderr_of(&o));
-    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+/// ETTR against an independent account: the trainer's own step times
+/// (a side file resilio never reads) and the wall time measured out here,
+/// over a run with two failures (an unexplained exit, then a SIGKILL) and
+/// two in-place restarts.
+#[test]
+fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
+    let (outside_wall, expected, r) = lockstep_with_faults(
+        "ettr",
+        2,
+        &["--kill-grace", "3s", "--max-restarts", "3"],
+        "0:exit:1:25,1:kill:0:47",
+    );
     let wall = r["wall_s"].as_f64().unwrap();
     let productive = r["productive_s"].as_f64().unwrap();
     eprintln!(
@@ -302,46 +318,19 @@ fn ettr_agrees_with_the_trainers_own_account_within_one_percent() {
 /// independent computation once differed by 1.5-3.5 points).
 #[test]
 fn ettr_agrees_with_the_trainers_own_account_through_a_hang() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("ck");
-    let side = tmp.path().join("timing.txt");
-    let t0 = std::time::Instant::now();
-    let (out, _) = output_within(
-        run_local(
-            tmp.path(),
-            "ettrhang",
-            3,
-            &[
-                "--kill-grace",
-                "3s",
-                "--max-restarts",
-                "3",
-                "--stall-floor",
-                "2s",
-            ],
-            &[
-                "--total",
-                "80",
-                "--step-time",
-                "0.15",
-                "--ckpt-every",
-                "10",
-                "--ckpt-dir",
-                ck.to_str().unwrap(),
-                "--fault-plan",
-                "0:exit:1:25,1:hang:2:47",
-                "--timing-file",
-                side.to_str().unwrap(),
-            ],
-        )
-        .current_dir(tmp.path()),
-        Duration::from_secs(180),
+    let (outside_wall, expected, r) = lockstep_with_faults(
+        "ettrhang",
+        3,
+        &[
+            "--kill-grace",
+            "3s",
+            "--max-restarts",
+            "3",
+            "--stall-floor",
+            "2s",
+        ],
+        "0:exit:1:25,1:hang:2:47",
     );
-    let outside_wall = t0.elapsed().as_secs_f64();
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
-    assert_eq!(crate::timing::attempts(&side), [0, 1, 2]);
-    let expected = crate::timing::productive_s(&side);
-    let r = report_json(tmp.path(), &["ettrhang"]);
     let productive = r["productive_s"].as_f64().unwrap();
     let points = 100.0 * (productive - expected).abs() / outside_wall;
     eprintln!(
