@@ -87,6 +87,9 @@ TARGET=${CARGO_TARGET_DIR:-target}
 say "cargo build --release --locked"
 cargo build --release --locked --quiet
 BIN=$TARGET/release/resilio
+# tests/run.sh builds ahead, at idle priority: the tools and the release
+# binary only (the SPANK plugin's directory is the Slurm suite's then).
+[ -z "${RESILIO_PACKAGING_BUILD_ONLY:-}" ] || exit 0
 VERSION=$("$BIN" --version | awk '{ print $2 }')
 
 # Generated assets: the paths Cargo.toml's [package.metadata.deb] names.
