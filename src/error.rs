@@ -29,6 +29,11 @@ pub const EXIT_NO_COORDINATOR: i32 = 5;
 /// Exit code when a checkpoint asked for with `resilio checkpoint --wait`
 /// was not confirmed by every rank in time.
 pub const EXIT_NOT_CONFIRMED: i32 = 6;
+/// Exit code of a job resilio stopped because its restarts brought no
+/// progress (`[run] no_progress_restarts` in a row without a newer
+/// checkpoint or a step beyond the best), whatever the failures were. The
+/// code NVIDIA's resiliency extension (NVRx) gives the same stop.
+pub const EXIT_NO_PROGRESS: i32 = 93;
 
 /// Every exit code, as the README's table and the man pages' EXIT STATUS
 /// give it: (code, meaning, commands), in Markdown (`tests/docs.rs` checks
@@ -43,6 +48,7 @@ pub const EXIT_CODES: &[(&str, &str, &str)] = &[
     ("`6`", "not every rank confirmed the checkpoint within `--wait`", "`checkpoint`"),
     ("`65`", "resilio stopped a rank whose loss went to NaN or Inf (`[numerical]`); not restarted", "`run`"),
     ("`70`", "an internal failure of resilio itself (never while a trainer runs: its status wins)", "every command"),
+    ("`93`", "restarts brought no progress: `no_progress_restarts` (default 3) in a row without a newer whole checkpoint or a step beyond the best before; stopped whatever the failures were", "`run`"),
     ("`124`", "resilio stopped a stalled rank (as `timeout` does)", "`run`"),
     ("`126` / `127`", "the command was found but cannot be executed / was not found", "`run`"),
     ("`141`", "the reader of the output went away (SIGPIPE)", "commands that only print"),

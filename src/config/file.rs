@@ -107,6 +107,7 @@ section!(RunSection "run" {
     state_dir: PathBuf => state_dir by set,
     kill_grace: Dur => kill_grace by duration,
     max_restarts: u32 => max_restarts by set,
+    no_progress_restarts: u32 => no_progress_restarts by set,
     observe: bool => observe by set,
     restart_in_allocation: bool => restart_in_allocation by set,
     step_start_timeout: Dur => step_start_timeout by duration,

@@ -135,6 +135,10 @@ pub struct Config {
     /// Restarts allowed after failures, in place, inside the allocation or by
     /// requeue (time-limit requeues do not count).
     pub max_restarts: u32,
+    /// Restarts in a row that may bring no progress (no newer whole
+    /// checkpoint, no step beyond the best before) before the job is
+    /// stopped with exit code 93, whatever the failures (0: never).
+    pub no_progress_restarts: u32,
     /// In a batch script, relaunch a failed step inside the allocation
     /// (leaving blamed nodes out when spare nodes exist) before requeueing.
     pub restart_in_allocation: bool,
@@ -301,6 +305,7 @@ impl Default for Config {
             kill_grace: Duration::from_secs(30),
             stall_kill_grace: Duration::from_secs(5),
             max_restarts: 3,
+            no_progress_restarts: crate::policy::restart::Budget::NO_PROGRESS,
             observe: false,
             restart_in_allocation: true,
             step_start_timeout: Duration::from_secs(300),
@@ -413,6 +418,14 @@ pub fn system_file() -> Result<Option<PathBuf>> {
 
 impl Config {
     /// The failure patterns in force: the configured lists, or the defaults.
+    /// What bounds restarts: `max_restarts` and `no_progress_restarts`.
+    pub fn budget(&self) -> crate::policy::restart::Budget {
+        crate::policy::restart::Budget {
+            max_restarts: self.max_restarts,
+            no_progress: self.no_progress_restarts,
+        }
+    }
+
     pub fn patterns(&self) -> crate::policy::patterns::Patterns {
         self.failure_patterns
             .clone()

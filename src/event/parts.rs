@@ -92,6 +92,11 @@ pub struct Outcome {
     /// (absent: not).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rollback: bool,
+    /// A whole checkpoint newer than every earlier one was confirmed in
+    /// the attempt (absent, in journals of earlier builds: taken as yes,
+    /// so that what was never recorded stops nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_checkpoint: Option<bool>,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -209,6 +214,7 @@ impl From<&AttemptOutcome> for Outcome {
             blamed_nodes: o.blamed_nodes.clone(),
             launch_trouble: o.launch_trouble,
             rollback: o.rollback,
+            new_checkpoint: Some(o.new_checkpoint),
             more: Map::new(),
         }
     }
@@ -229,6 +235,7 @@ impl Outcome {
             blamed_nodes: self.blamed_nodes,
             launch_trouble: self.launch_trouble,
             rollback: self.rollback,
+            new_checkpoint: self.new_checkpoint.unwrap_or(true),
         })
     }
 }

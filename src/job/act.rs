@@ -175,7 +175,7 @@ pub fn describe(a: &Action) -> String {
     };
     match a {
         Action::Finish => "finish".into(),
-        Action::Stop { reason } => format!("stop the job: {reason}"),
+        Action::Stop { reason, .. } => format!("stop the job: {reason}"),
         Action::RestartInPlace { reason } => format!("restart every rank in place: {reason}"),
         Action::RestartInAllocation {
             exclude,
@@ -218,7 +218,7 @@ pub fn carry_out(
         // (Unknown is only ever read from a journal, never decided.)
         Action::Finish | Action::Unknown => job_end(journal, exit_code, "completed"),
         // Local mode's decision (never taken for a Slurm job): the failure stands.
-        Action::Stop { reason } | Action::RestartInPlace { reason } => {
+        Action::Stop { reason, .. } | Action::RestartInPlace { reason } => {
             tracing::warn!("job {job} not requeued: {reason}");
             job_end(journal, exit_code, &reason);
         }

@@ -22,7 +22,7 @@ use super::act;
 use super::decide::{self, Decision, Facts};
 use crate::event::Event;
 use crate::journal::{self, Record, Writer};
-use crate::policy::restart::{Action, Allocation, AttemptOutcome};
+use crate::policy::restart::{Action, Allocation, AttemptOutcome, Budget};
 use crate::slurm::Slurm;
 use std::path::Path;
 
@@ -129,11 +129,11 @@ pub fn decide_local(
     records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
-    max_restarts: u32,
+    budget: impl Into<Budget>,
     remembered: &[AttemptOutcome],
     journal: &mut Writer,
 ) -> Option<Decision> {
-    let d = decide::decide_local(records, attempt, step, max_restarts, remembered)?;
+    let d = decide::decide_local(records, attempt, step, budget.into(), remembered)?;
     act::journal_decision(journal, &d);
     act::leave_rollback(job_dir, records, &d, journal);
     Some(d)
@@ -160,7 +160,7 @@ pub fn after_attempt(
     job: &str,
     attempt: u32,
     step: &StepEnd<'_>,
-    max_restarts: u32,
+    budget: impl Into<Budget>,
     observe: bool,
     alloc: Option<Allocation>,
     slurm: &dyn Slurm,
@@ -188,7 +188,7 @@ pub fn after_attempt(
         records: &records,
         attempt,
         step,
-        max_restarts,
+        budget: budget.into(),
         alloc: alloc.as_ref(),
     };
     let Some(d) = decide::decide(&facts, requeueable) else {
@@ -977,7 +977,7 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(&second.action, Action::Stop { reason } if reason.starts_with("crash loop")),
+            matches!(&second.action, Action::Stop { reason, .. } if reason.starts_with("crash loop")),
             "{:?}",
             second.action
         );
@@ -1015,7 +1015,7 @@ mod tests {
         };
         let d = decide_local(state.path(), &read(state.path()), 0, &step, 3, &[], &mut w).unwrap();
         assert!(
-            matches!(&d.action, Action::Stop { reason } if reason.contains("health check") && reason.contains("ECC")),
+            matches!(&d.action, Action::Stop { reason, .. } if reason.contains("health check") && reason.contains("ECC")),
             "{:?}",
             d.action
         );

@@ -20,7 +20,7 @@ use crate::analysis::node_history::NodeHistory;
 use crate::event::Event;
 use crate::journal::{self, Record};
 use crate::policy::failure::{Class, Grounds, Judgment, RankFailure};
-use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Relaunch};
+use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Budget, Relaunch};
 use crate::slurm::{AcctRecord, JobInfo, NodeInfo};
 
 /// The judgment and decision on one attempt: what [`super::act`] journals
@@ -44,7 +44,7 @@ pub struct Facts<'a> {
     pub records: &'a [Record],
     pub attempt: u32,
     pub step: &'a StepEnd<'a>,
-    pub max_restarts: u32,
+    pub budget: Budget,
     /// The allocation the step can be relaunched in (`None`: only requeues).
     pub alloc: Option<&'a Allocation>,
 }
@@ -58,14 +58,14 @@ pub fn decide(facts: &Facts<'_>, requeueable: impl FnOnce() -> bool) -> Option<D
         records,
         attempt,
         step,
-        max_restarts,
+        budget,
         alloc,
     } = *facts;
     decide_with(records, attempt, step, |outcome, earlier| {
         choose(
             outcome,
             earlier,
-            max_restarts,
+            budget,
             step.pre_timeout,
             alloc,
             requeueable,
@@ -81,6 +81,15 @@ pub fn decide(facts: &Facts<'_>, requeueable: impl FnOnce() -> bool) -> Option<D
 /// a crash); else `fallback` (under Slurm srun's, which is that of whichever
 /// task it saw end worst, often one it stopped itself: 143).
 pub fn failure_exit_code(d: &Decision, primary_code: Option<i32>, fallback: i32) -> i32 {
+    if matches!(
+        d.action,
+        Action::Stop {
+            no_progress: true,
+            ..
+        }
+    ) {
+        return crate::error::EXIT_NO_PROGRESS;
+    }
     if d.outcome.class == Class::Hang {
         return crate::error::EXIT_STALLED;
     }
@@ -105,7 +114,7 @@ pub fn job_exit_code(d: &Decision, records: &[Record], attempt: u32, srun_code: 
 fn choose(
     outcome: &AttemptOutcome,
     earlier: &[AttemptOutcome],
-    max_restarts: u32,
+    budget: Budget,
     pre_timeout: bool,
     alloc: Option<&Allocation>,
     requeueable: impl FnOnce() -> bool,
@@ -113,14 +122,14 @@ fn choose(
     if outcome.class == Class::Preempted && !pre_timeout {
         // Stopped from outside with no warning: scancel, or a time limit the
         // job did not ask to be warned of. Requeueing would undo a cancel.
-        return Action::Stop {
-            reason: "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
-        };
+        return restart::stop(
+            "stopped from outside (scancel, or a time limit without --signal=B:USR1@N): not requeued".into(),
+        );
     }
     let Some(alloc) = alloc else {
-        return restart::decide(outcome, earlier, max_restarts, requeueable());
+        return restart::decide(outcome, earlier, budget, requeueable());
     };
-    let reason = match restart::decide(outcome, earlier, max_restarts, true) {
+    let reason = match restart::decide(outcome, earlier, budget, true) {
         Action::Requeue { reason, .. } => reason,
         other => return other,
     };
@@ -130,12 +139,10 @@ fn choose(
             exclude,
             nodes,
         },
-        Relaunch::Requeue { why, .. } if !requeueable() => Action::Stop {
-            reason: format!(
-                "{}; and not inside the allocation: {why}",
-                restart::NOT_REQUEUEABLE
-            ),
-        },
+        Relaunch::Requeue { why, .. } if !requeueable() => restart::stop(format!(
+            "{}; and not inside the allocation: {why}",
+            restart::NOT_REQUEUEABLE
+        )),
         Relaunch::Requeue { exclude, why } => Action::Requeue {
             reason: format!("{reason}; not inside the allocation: {why}"),
             exclude,
@@ -153,7 +160,7 @@ pub fn decide_local(
     records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
-    max_restarts: u32,
+    budget: impl Into<Budget>,
     remembered: &[AttemptOutcome],
 ) -> Option<Decision> {
     let unhealthy = journal::events(records).any(|(r, e)| match e {
@@ -171,14 +178,12 @@ pub fn decide_local(
         }
         earlier.sort_by_key(|o| o.attempt);
         if unhealthy && outcome.class != Class::Clean {
-            return Action::Stop {
-                reason: format!(
-                    "this machine failed its health check ({}): a restart on it would fail the same way",
-                    outcome.detail
-                ),
-            };
+            return restart::stop(format!(
+                "this machine failed its health check ({}): a restart on it would fail the same way",
+                outcome.detail
+            ));
         }
-        restart::decide_in_place(outcome, &earlier, max_restarts)
+        restart::decide_in_place(outcome, &earlier, budget)
     })
 }
 
@@ -209,6 +214,7 @@ fn decide_with(
     outcome.launch_trouble = primary.verdict.grounds == Grounds::LaunchTrouble;
     outcome.rollback =
         j.class == Class::Numerical && judge::rolled_back(records, attempt, primary.rank);
+    outcome.new_checkpoint = judge::new_checkpoint(records, attempt);
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
@@ -654,7 +660,7 @@ mod tests {
     fn run(
         records: &[Record],
         attempt: u32,
-        max_restarts: u32,
+        budget: impl Into<Budget>,
         alloc: Option<&Allocation>,
         requeueable: bool,
     ) -> (Option<Decision>, u32) {
@@ -665,7 +671,7 @@ mod tests {
             records,
             attempt,
             step: &s,
-            max_restarts,
+            budget: budget.into(),
             alloc,
         };
         let d = decide(&facts, || {
@@ -686,7 +692,7 @@ mod tests {
             records: &[],
             attempt: 0,
             step: &s,
-            max_restarts: 3,
+            budget: 3.into(),
             alloc: None,
         };
         let d = decide(&facts, || true).expect("a decision");
@@ -779,7 +785,7 @@ mod tests {
             records: &records,
             attempt: 0,
             step: &s,
-            max_restarts: 3,
+            budget: 3.into(),
             alloc: None,
         };
         assert!(decide(&facts, || unreachable!()).is_none());
@@ -836,7 +842,7 @@ mod tests {
         );
         // ... and a job that cannot be requeued stops, saying how to submit it.
         let (d, _) = run(&records, 0, 3, Some(&a), false);
-        let Action::Stop { reason } = d.unwrap().action else {
+        let Action::Stop { reason, .. } = d.unwrap().action else {
             panic!("not a stop")
         };
         assert!(reason.contains("sbatch --requeue"), "{reason}");
@@ -849,7 +855,7 @@ mod tests {
         records.push(decided(&first.unwrap()));
         records.extend(failed_on_n2(1, "infrastructure", "Xid 79", 40));
         let (d, _) = run(&records, 1, 3, None, true);
-        let Action::Stop { reason } = d.unwrap().action else {
+        let Action::Stop { reason, .. } = d.unwrap().action else {
             panic!("not a stop")
         };
         assert!(
@@ -863,7 +869,7 @@ mod tests {
         records.extend(failed_on_n2(1, "unknown", "exit 1", 90));
         let (d, _) = run(&records, 1, 3, None, true);
         assert!(
-            matches!(&d.unwrap().action, Action::Stop { reason } if reason.starts_with("crash loop: the same unexplained failure")),
+            matches!(&d.unwrap().action, Action::Stop { reason, .. } if reason.starts_with("crash loop: the same unexplained failure")),
         );
     }
 
@@ -886,9 +892,10 @@ mod tests {
         let (d, _) = run(&records, 2, 2, None, true);
         assert_eq!(
             d.unwrap().action,
-            Action::Stop {
-                reason: "restart budget exhausted: 2 failed attempt(s) before this one, --max-restarts 2".into()
-            }
+            restart::stop(
+                "restart budget exhausted: 2 failed attempt(s) before this one, --max-restarts 2"
+                    .into()
+            )
         );
     }
 
@@ -909,7 +916,7 @@ mod tests {
                 records: &records,
                 attempt: 0,
                 step: &s,
-                max_restarts: 0,
+                budget: 0.into(),
                 alloc: None,
             };
             let d = decide(&facts, || true).unwrap();
@@ -937,7 +944,9 @@ mod tests {
         // The next attempt fails the same way; its decision was never journaled.
         let again = failed_on_n2(1, "infrastructure", "Xid 79", 40);
         let d2 = decide_local(&again, 1, &s, 3, std::slice::from_ref(&d.outcome)).unwrap();
-        assert!(matches!(&d2.action, Action::Stop { reason } if reason.starts_with("crash loop")));
+        assert!(
+            matches!(&d2.action, Action::Stop { reason, .. } if reason.starts_with("crash loop"))
+        );
     }
 
     #[test]
@@ -1157,7 +1166,7 @@ mod tests {
         records.push(decided(&d));
         records.extend(attempt_of(1));
         let d = decide_local(&records, 1, &s, 1, &[]).unwrap();
-        let Action::Stop { reason } = &d.action else {
+        let Action::Stop { reason, .. } = &d.action else {
             panic!("{:?}", d.action)
         };
         assert!(reason.contains("budget"), "{reason}");

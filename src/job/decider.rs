@@ -223,7 +223,7 @@ fn decide_step(a: &mut Agent<'_>, code: i32, verdict: &Verdict, pre_timeout: boo
         &r.id.job,
         attempt,
         &step,
-        r.cfg.max_restarts,
+        r.cfg.budget(),
         r.cfg.observe,
         None,
         a.slurm_cli,

@@ -536,7 +536,7 @@ fn decide(
         &h.job,
         h.attempt,
         &step,
-        d.cfg.max_restarts,
+        d.cfg.budget(),
         d.cfg.observe,
         alloc,
         d.slurm,

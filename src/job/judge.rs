@@ -512,6 +512,29 @@ pub fn rolled_back(records: &[Record], attempt: u32, rank: u32) -> bool {
         })
 }
 
+/// Whether `attempt` confirmed a whole checkpoint newer than every one
+/// confirmed before it (by step; one whose step is not known counts as
+/// new): what a next attempt would start from moved on.
+pub fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
+    let mut before: Option<u64> = None;
+    let mut mine: Vec<Option<u64>> = Vec::new();
+    for (r, e) in journal::events(records) {
+        let Event::CheckpointDone(c) = e else {
+            continue;
+        };
+        if c.complete == Some(false) {
+            continue;
+        }
+        if r.attempt < attempt {
+            before = before.max(c.step);
+        } else if r.attempt == attempt {
+            mine.push(c.step);
+        }
+    }
+    mine.iter()
+        .any(|s| s.is_none_or(|s| before.is_none_or(|b| s > b)))
+}
+
 /// The highest step any rank of `attempt` reached: the ranks' own
 /// `last_step`, or the progress journaled.
 pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {
@@ -572,6 +595,34 @@ mod tests {
             evidence: None,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_new_checkpoint_is_a_whole_one_beyond_every_earlier_one() {
+        let ck = |attempt, step: Option<u64>, complete: bool| Record {
+            attempt,
+            ..rec(
+                "checkpoint_done",
+                Some(0),
+                "n1",
+                0,
+                json!({ "step": step, "source": "stdout", "complete": complete }),
+            )
+        };
+        let rs = [ck(0, Some(90), true), ck(1, Some(90), true)];
+        assert!(new_checkpoint(&rs, 0));
+        assert!(!new_checkpoint(&rs, 1), "the same step again is not new");
+        assert!(!new_checkpoint(&rs, 2), "none in the attempt");
+        let rs = [ck(0, Some(90), true), ck(1, Some(95), false)];
+        assert!(!new_checkpoint(&rs, 1), "an incomplete one is not");
+        let rs = [
+            ck(0, Some(90), true),
+            ck(1, Some(85), true),
+            ck(1, Some(95), true),
+        ];
+        assert!(new_checkpoint(&rs, 1));
+        let rs = [ck(0, Some(90), true), ck(1, None, true)];
+        assert!(new_checkpoint(&rs, 1), "a step not known: taken as new");
     }
 
     #[test]

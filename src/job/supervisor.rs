@@ -500,7 +500,7 @@ impl Level {
             &r.id.job,
             r.id.attempt,
             &step,
-            r.cfg.max_restarts,
+            r.cfg.budget(),
             r.cfg.observe,
             alloc,
             slurm_cli,

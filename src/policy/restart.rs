@@ -29,6 +29,9 @@ pub struct AttemptOutcome {
     /// The rank stopped for a numerical failure whose action is a rollback
     /// (`numerical.action`).
     pub rollback: bool,
+    /// A whole checkpoint newer than every one before this attempt was
+    /// confirmed in it: what the next attempt starts from moved on.
+    pub new_checkpoint: bool,
 }
 
 impl AttemptOutcome {
@@ -56,6 +59,7 @@ impl AttemptOutcome {
             blamed_nodes,
             launch_trouble: false,
             rollback: false,
+            new_checkpoint: false,
         }
     }
 
@@ -117,6 +121,11 @@ pub enum Action {
     Stop {
         #[serde(default)]
         reason: String,
+        /// Stopped because restarts brought no progress
+        /// ([`Budget::no_progress`]): the job ends with
+        /// [`EXIT_NO_PROGRESS`](crate::error::EXIT_NO_PROGRESS).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        no_progress: bool,
     },
     /// An action a later build wrote (read from a journal; never decided).
     #[serde(other)]
@@ -142,7 +151,7 @@ impl Action {
             Action::Requeue { reason, .. }
             | Action::RestartInAllocation { reason, .. }
             | Action::RestartInPlace { reason }
-            | Action::Stop { reason } => Some(reason),
+            | Action::Stop { reason, .. } => Some(reason),
             Action::Finish | Action::Unknown => None,
         }
     }
@@ -240,6 +249,33 @@ pub fn relaunch_where(alloc: &Allocation, blamed: &[String], class: Class) -> Re
     }
 }
 
+/// What bounds the restarts of a job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Failed attempts that may be run again (`[run] max_restarts`).
+    pub max_restarts: u32,
+    /// Restarts in a row that may bring no progress (no whole checkpoint
+    /// newer than the last, no step beyond the best before) before the job
+    /// is stopped, whatever their failures (`[run] no_progress_restarts`;
+    /// 0: never).
+    pub no_progress: u32,
+}
+
+impl Budget {
+    /// `[run] no_progress_restarts` unless set.
+    pub const NO_PROGRESS: u32 = 3;
+}
+
+impl From<u32> for Budget {
+    /// `max_restarts`, and the default limit on restarts without progress.
+    fn from(max_restarts: u32) -> Budget {
+        Budget {
+            max_restarts,
+            no_progress: Budget::NO_PROGRESS,
+        }
+    }
+}
+
 /// Why a job cannot go back to the queue.
 pub const NOT_REQUEUEABLE: &str =
     "the job cannot be requeued (an interactive srun, or submitted without --requeue, or JobRequeue=0): submit with `sbatch --requeue`";
@@ -249,13 +285,13 @@ pub const NOT_REQUEUEABLE: &str =
 pub fn decide(
     current: &AttemptOutcome,
     earlier: &[AttemptOutcome],
-    max_restarts: u32,
+    budget: impl Into<Budget>,
     requeue_allowed: bool,
 ) -> Action {
     decide_scoped(
         current,
         earlier,
-        max_restarts,
+        budget.into(),
         requeue_allowed,
         Scope::Slurm,
     )
@@ -267,15 +303,15 @@ pub fn decide(
 pub fn decide_in_place(
     current: &AttemptOutcome,
     earlier: &[AttemptOutcome],
-    max_restarts: u32,
+    budget: impl Into<Budget>,
 ) -> Action {
-    decide_scoped(current, earlier, max_restarts, true, Scope::Local)
+    decide_scoped(current, earlier, budget.into(), true, Scope::Local)
 }
 
 fn decide_scoped(
     current: &AttemptOutcome,
     earlier: &[AttemptOutcome],
-    max_restarts: u32,
+    budget: Budget,
     requeue_allowed: bool,
     scope: Scope,
 ) -> Action {
@@ -292,8 +328,9 @@ fn decide_scoped(
             reason: "stopped by Slurm (time limit or preemption): requeued to continue".into(),
         };
     }
-    if let Some(action) =
-        beyond_budget(earlier, max_restarts).or_else(|| crash_loop(current, earlier))
+    if let Some(action) = no_progress(current, earlier, budget.no_progress)
+        .or_else(|| beyond_budget(earlier, budget.max_restarts))
+        .or_else(|| crash_loop(current, earlier))
     {
         return action;
     }
@@ -317,8 +354,12 @@ fn decide_scoped(
     }
 }
 
-fn stop(reason: String) -> Action {
-    Action::Stop { reason }
+/// A stop for `reason` (not [`no_progress`]'s).
+pub fn stop(reason: String) -> Action {
+    Action::Stop {
+        reason,
+        no_progress: false,
+    }
 }
 
 /// The classes that decide by themselves: a clean end finishes; a user
@@ -362,8 +403,9 @@ fn beyond_budget(earlier: &[AttemptOutcome], max_restarts: u32) -> Option<Action
     })
 }
 
-/// A crash loop: the same unexplained failure again, the same failure at
-/// the same step, or no new step since the last failure.
+/// A crash loop: the same unexplained failure again, or the same failure
+/// at the same step. (Different failures that get nowhere are
+/// [`no_progress`]'s.)
 fn crash_loop(current: &AttemptOutcome, earlier: &[AttemptOutcome]) -> Option<Action> {
     // Launch trouble (a step that started no rank) is not the trainer's:
     // it neither is nor ends a crash loop; only the budget holds.
@@ -388,21 +430,69 @@ fn crash_loop(current: &AttemptOutcome, earlier: &[AttemptOutcome]) -> Option<Ac
             prev.attempt
         )));
     }
-    // "No new step" needs a step in this attempt: an attempt that failed
-    // before its first step (a node failing its health check) is no loop.
-    let best_before = earlier
+    None
+}
+
+/// Whether `a` moved the job on: a whole checkpoint newer than any before
+/// it, or a step beyond the best of every attempt before it.
+fn progressed(a: &AttemptOutcome, before: &[AttemptOutcome]) -> bool {
+    let best = before
         .iter()
-        .filter(|a| !a.launch_trouble)
+        .filter(|b| b.attempt < a.attempt)
+        .filter_map(|b| b.last_step)
+        .max();
+    a.new_checkpoint || a.last_step > best
+}
+
+/// No progress: the last `limit` restarts (this attempt's failure the
+/// latest) each ended without a whole checkpoint newer than the last and
+/// without a step beyond the best before it, whatever their failures
+/// looked like (an OOM, then a hang, then an NCCL error). A launch that
+/// started no rank and a preemption are neither progress nor its lack.
+/// The first attempt is no restart.
+fn no_progress(current: &AttemptOutcome, earlier: &[AttemptOutcome], limit: u32) -> Option<Action> {
+    if limit == 0 || current.launch_trouble || current.class == Class::Preempted {
+        return None;
+    }
+    let mut all: Vec<AttemptOutcome> = earlier
+        .iter()
+        .filter(|a| a.attempt < current.attempt)
+        .cloned()
+        .collect();
+    all.push(current.clone());
+    all.sort_by_key(|a| a.attempt);
+    let mut stuck: Vec<&AttemptOutcome> = Vec::new();
+    for a in all.iter().rev() {
+        if a.attempt == 0 || progressed(a, &all) {
+            break;
+        }
+        if a.launch_trouble || a.class == Class::Preempted {
+            continue;
+        }
+        stuck.push(a);
+    }
+    if (stuck.len() as u32) < limit {
+        return None;
+    }
+    stuck.reverse();
+    let best = all
+        .iter()
+        .filter(|a| a.attempt < stuck[0].attempt)
         .filter_map(|a| a.last_step)
         .max();
-    if best_before.is_some() && current.last_step.is_some() && current.last_step <= best_before {
-        return Some(stop(format!(
-            "crash loop: no new step since attempt {} (best step {})",
-            prev.attempt,
-            best_before.map_or("-".into(), |s| s.to_string())
-        )));
-    }
-    None
+    let failures: Vec<String> = stuck
+        .iter()
+        .map(|a| format!("attempt {}: {}", a.attempt, a.class.name()))
+        .collect();
+    Some(Action::Stop {
+        reason: format!(
+            "no progress: {} restarts in a row brought no checkpoint newer than the last and {} ({}); no_progress_restarts = {limit}",
+            stuck.len(),
+            best.map_or("no step".into(), |s| format!("no step beyond step {s}")),
+            failures.join(", ")
+        ),
+        no_progress: true,
+    })
 }
 
 #[cfg(test)]
@@ -505,7 +595,7 @@ mod tests {
             &[],
         );
         assert!(
-            matches!(decide_in_place(&nan, &[], 3), Action::Stop { reason } if reason.starts_with("numerical failure"))
+            matches!(decide_in_place(&nan, &[], 3), Action::Stop { reason, .. } if reason.starts_with("numerical failure"))
         );
         let spike = |a, step| {
             AttemptOutcome {
@@ -527,12 +617,29 @@ mod tests {
         // The budget counts rollbacks.
         assert!(matches!(
             decide_in_place(&spike(1, 260), &[spike(0, 133)], 1),
-            Action::Stop { reason } if reason.starts_with("restart budget exhausted")
+            Action::Stop { reason, .. } if reason.starts_with("restart budget exhausted")
         ));
-        // Rolled back and spiking again before getting further: a loop.
+        // Rolled back and spiking again before getting further: rolled
+        // back again, until the restarts in a row without progress...
         assert!(matches!(
             decide_in_place(&spike(1, 131), &[spike(0, 133)], 3),
-            Action::Stop { reason } if reason.starts_with("crash loop")
+            Action::RestartInPlace { .. }
+        ));
+        let two = Budget {
+            max_restarts: 5,
+            no_progress: 2,
+        };
+        assert!(matches!(
+            decide_in_place(&spike(2, 132), &[spike(0, 133), spike(1, 131)], two),
+            Action::Stop {
+                no_progress: true,
+                ..
+            }
+        ));
+        // ... or the same spike at the same step: a loop.
+        assert!(matches!(
+            decide_in_place(&spike(1, 133), &[spike(0, 133)], 3),
+            Action::Stop { reason, .. } if reason.starts_with("crash loop")
         ));
         // Further on, a new spike is rolled back again.
         assert!(matches!(
@@ -598,14 +705,14 @@ mod tests {
             3,
             true,
         );
-        assert!(matches!(&a, Action::Stop { reason } if reason.starts_with("user error")));
+        assert!(matches!(&a, Action::Stop { reason, .. } if reason.starts_with("user error")));
         let a = decide(
             &out(0, Class::Infrastructure, "x", Some(3), &["n1"]),
             &[],
             3,
             false,
         );
-        assert!(matches!(&a, Action::Stop { reason } if reason.contains("--requeue")));
+        assert!(matches!(&a, Action::Stop { reason, .. } if reason.contains("--requeue")));
         assert_eq!(
             decide(&out(0, Class::Clean, "", Some(9), &[]), &[], 3, true),
             Action::Finish
@@ -656,12 +763,12 @@ mod tests {
         );
         assert!(matches!(
             decide(&same, &[crash.clone(), launch(1), launch(2)], 5, true),
-            Action::Stop { reason } if reason.starts_with("crash loop")
+            Action::Stop { reason, .. } if reason.starts_with("crash loop")
         ));
         // ... and it counts against the budget like any restart.
         assert!(matches!(
             decide(&launch(3), &[crash, launch(1), launch(2)], 3, true),
-            Action::Stop { reason } if reason.starts_with("restart budget exhausted")
+            Action::Stop { reason, .. } if reason.starts_with("restart budget exhausted")
         ));
     }
 
@@ -684,10 +791,11 @@ mod tests {
         );
         let a = decide(&again, std::slice::from_ref(&first), 3, true);
         assert!(
-            matches!(&a, Action::Stop { reason } if reason.starts_with("crash loop")),
+            matches!(&a, Action::Stop { reason, .. } if reason.starts_with("crash loop")),
             "{a:?}"
         );
-        // A different failure but no new step: crash loop too.
+        // A different failure and no new step: no loop (no_progress_restarts
+        // holds it, below).
         let stuck = out(
             1,
             Class::Infrastructure,
@@ -697,7 +805,7 @@ mod tests {
         );
         assert!(matches!(
             decide(&stuck, std::slice::from_ref(&first), 3, true),
-            Action::Stop { .. }
+            Action::Requeue { .. }
         ));
         // Progress since: requeue.
         let better = out(
@@ -731,9 +839,135 @@ mod tests {
             true,
         );
         assert!(
-            matches!(&a, Action::Stop { reason } if reason.contains("budget")),
+            matches!(&a, Action::Stop { reason, .. } if reason.contains("budget")),
             "{a:?}"
         );
+    }
+
+    #[test]
+    fn restarts_that_bring_no_progress_stop_whatever_their_failures() {
+        let budget = Budget {
+            max_restarts: 10,
+            no_progress: 3,
+        };
+        let at = |a, class, evidence, step| out(a, class, evidence, step, &[]);
+        // Attempt 0 reached step 100 (its checkpoint at 90); then an OOM, a
+        // hang and an NCCL error, none past step 100, none saving anew.
+        let first = at(0, Class::Infrastructure, "Xid 79", Some(100));
+        let oom = at(1, Class::Infrastructure, "killed by SIGKILL", Some(97));
+        let hang = at(2, Class::Hang, "no progress for 600 s", Some(95));
+        let nccl = at(3, Class::Infrastructure, "NCCL watchdog timeout", Some(99));
+        let a = decide(&hang, &[first.clone(), oom.clone()], budget, true);
+        assert!(matches!(a, Action::Requeue { .. }), "{a:?}");
+        let a = decide(
+            &nccl,
+            &[first.clone(), oom.clone(), hang.clone()],
+            budget,
+            true,
+        );
+        let Action::Stop {
+            reason,
+            no_progress: true,
+        } = &a
+        else {
+            panic!("{a:?}")
+        };
+        assert_eq!(
+            reason,
+            "no progress: 3 restarts in a row brought no checkpoint newer than the last and no step beyond step 100 (attempt 1: infrastructure, attempt 2: hang, attempt 3: infrastructure); no_progress_restarts = 3"
+        );
+        // Before the budget: restarts in vain say so, not "budget exhausted".
+        let a = decide(&nccl, &[first.clone(), oom.clone(), hang.clone()], 3, true);
+        assert!(
+            matches!(
+                a,
+                Action::Stop {
+                    no_progress: true,
+                    ..
+                }
+            ),
+            "{a:?}"
+        );
+        // A newer whole checkpoint in any of them is progress...
+        let saved = AttemptOutcome {
+            new_checkpoint: true,
+            ..hang.clone()
+        };
+        let a = decide(&nccl, &[first.clone(), oom.clone(), saved], budget, true);
+        assert!(matches!(a, Action::Requeue { .. }), "{a:?}");
+        // ... and so is a step beyond the best before (then the count
+        // starts again).
+        let further = at(2, Class::Hang, "no progress for 600 s", Some(101));
+        let a = decide(&nccl, &[first.clone(), oom.clone(), further], budget, true);
+        assert!(matches!(a, Action::Requeue { .. }), "{a:?}");
+        // Launch trouble and preemption count neither way.
+        let launch = AttemptOutcome {
+            launch_trouble: true,
+            ..at(2, Class::Infrastructure, "launch trouble", None)
+        };
+        let pre = at(3, Class::Preempted, "time limit", Some(98));
+        let nccl5 = at(5, Class::Infrastructure, "NCCL watchdog timeout", Some(99));
+        let hang4 = at(4, Class::Hang, "no progress for 600 s", Some(95));
+        let a = decide(
+            &hang4,
+            &[first.clone(), oom.clone(), launch.clone(), pre.clone()],
+            budget,
+            true,
+        );
+        assert!(matches!(a, Action::Requeue { .. }), "{a:?}");
+        let a = decide(
+            &nccl5,
+            &[first.clone(), oom, launch, pre, hang4],
+            budget,
+            true,
+        );
+        assert!(
+            matches!(
+                a,
+                Action::Stop {
+                    no_progress: true,
+                    ..
+                }
+            ),
+            "{a:?}"
+        );
+        // Attempts that never reached a step: no progress either.
+        let none = |a| {
+            let why = ["", "ECC errors", "GPU lost", "no InfiniBand port up"][a as usize];
+            at(a, Class::Infrastructure, why, None)
+        };
+        let a = decide(&none(3), &[first.clone(), none(1), none(2)], budget, true);
+        assert!(
+            matches!(
+                a,
+                Action::Stop {
+                    no_progress: true,
+                    ..
+                }
+            ),
+            "{a:?}"
+        );
+        // 0: never.
+        let off = Budget {
+            max_restarts: 10,
+            no_progress: 0,
+        };
+        let a = decide(&none(3), &[first, none(1), none(2)], off, true);
+        assert!(matches!(a, Action::Requeue { .. }), "{a:?}");
+    }
+
+    #[test]
+    fn a_decision_to_stop_for_no_progress_says_so_in_the_journal() {
+        let a = Action::Stop {
+            reason: "no progress".into(),
+            no_progress: true,
+        };
+        let j = serde_json::to_value(&a).unwrap();
+        assert_eq!(j["no_progress"], true);
+        assert_eq!(serde_json::from_value::<Action>(j).unwrap(), a);
+        // Any other stop leaves it out, as journals before it.
+        let j = serde_json::to_value(stop("x".into())).unwrap();
+        assert!(j.get("no_progress").is_none());
     }
 
     #[test]
@@ -762,7 +996,7 @@ mod tests {
         // The same failure later, even at a new step: a crash loop.
         let again = out(1, Class::Unknown, "exit code 1", Some(9), &[]);
         match decide(&again, std::slice::from_ref(&first), 3, true) {
-            Action::Stop { reason } => assert!(reason.contains("crash loop"), "{reason}"),
+            Action::Stop { reason, .. } => assert!(reason.contains("crash loop"), "{reason}"),
             other => panic!("{other:?}"),
         }
         // A different one after it is still worth a restart.
@@ -791,7 +1025,7 @@ mod tests {
             Action::Requeue { reason, .. }
             | Action::RestartInAllocation { reason, .. }
             | Action::RestartInPlace { reason }
-            | Action::Stop { reason } => reason,
+            | Action::Stop { reason, .. } => reason,
             Action::Finish | Action::Unknown => String::new(),
         };
         let r = reasons(decide(&first, &[], 3, true));
@@ -841,18 +1075,18 @@ mod tests {
         };
         assert!(matches!(
             decide_in_place(&again, std::slice::from_ref(&hang), 3),
-            Action::Stop { reason } if reason.starts_with("crash loop")
+            Action::Stop { reason, .. } if reason.starts_with("crash loop")
         ));
         // The budget.
         assert!(matches!(
             decide_in_place(&hang, &[], 0),
-            Action::Stop { reason } if reason.contains("budget")
+            Action::Stop { reason, .. } if reason.contains("budget")
         ));
         // A stop from outside is not undone by a restart.
         let stopped = out(0, Class::Preempted, "", Some(3), &[]);
         assert!(matches!(
             decide_in_place(&stopped, &[], 3),
-            Action::Stop { reason } if reason.contains("from outside") && !reason.contains("requeue")
+            Action::Stop { reason, .. } if reason.contains("from outside") && !reason.contains("requeue")
         ));
         // The journal's name of the action.
         let v = serde_json::to_value(Action::RestartInPlace { reason: "x".into() }).unwrap();

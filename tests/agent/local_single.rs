@@ -127,6 +127,62 @@ fn the_restart_budget_holds_and_the_last_status_comes_through() {
     assert_eq!(kinds(&recs, "restart").len(), 2);
 }
 
+/// Restarts that bring no progress stop the job, whatever their failures
+/// look like: attempt 0 reaches step 10; then a kill at step 6, an
+/// unexplained exception at step 7 and a kill at step 8 (none the same
+/// failure at the same step, so no crash loop) make three restarts in a
+/// row with no step beyond 10 and no checkpoint: exit 93, and the journal
+/// says why. The same run saving a checkpoint in one of them goes on.
+#[test]
+fn restarts_that_bring_no_progress_stop_with_their_own_exit_code() {
+    let tmp = tempfile::tempdir().unwrap();
+    let script = |counter: &std::path::Path, save: bool| {
+        format!(
+            "n=$(cat {c} 2>/dev/null || echo 0); echo $((n+1)) > {c}; \
+             steps() {{ i=1; while [ $i -le $1 ]; do echo \"step $i\"; i=$((i+1)); done; }}; \
+             case $n in \
+               0) steps 10; kill -9 $$ ;; \
+               1) steps 6; kill -9 $$ ;; \
+               2) steps 7; {save} echo 'RuntimeError: worker pool went away' >&2; exit 1 ;; \
+               3) steps 8; kill -9 $$ ;; \
+               *) steps 12; exit 0 ;; \
+             esac",
+            c = counter.display(),
+            save = if save {
+                "echo 'Saving model checkpoint to ckpt/checkpoint-7'; echo 'step 8';"
+            } else {
+                ""
+            }
+        )
+    };
+    let mut c = resilio_run(tmp.path(), "stuck");
+    let s = script(&tmp.path().join("n"), false);
+    c.args(["--max-restarts", "6", "--", "sh", "-c", &s]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(90));
+    let err = stderr_of(&o);
+    assert_eq!(o.status.code(), Some(93), "{err}");
+    let why = "no progress: 3 restarts in a row brought no checkpoint newer than the last and no step beyond step 10 (attempt 1: infrastructure, attempt 2: unknown, attempt 3: infrastructure)";
+    assert!(err.contains(why), "{err}");
+    let recs = records(tmp.path(), "stuck");
+    assert_eq!(kinds(&recs, "rank_start").len(), 4);
+    let last = kinds(&recs, "decision").last().cloned().unwrap();
+    assert_eq!(last.data["decision"]["no_progress"], true, "{last:?}");
+    assert_eq!(last.data["outcome"]["new_checkpoint"], false, "{last:?}");
+    let end = one(&recs, "job_end");
+    assert!(end.str("reason").unwrap().contains(why), "{end:?}");
+    assert_eq!(end.data["exit_code"], 93, "{end:?}");
+
+    // A checkpoint saved in attempt 2 (confirmed by the step after it) is
+    // progress: attempt 3 is the first restart without any since, and
+    // attempt 4 finishes.
+    let mut c = resilio_run(tmp.path(), "saved");
+    let s = script(&tmp.path().join("m"), true);
+    c.args(["--max-restarts", "6", "--", "sh", "-c", &s]);
+    let (o, _) = output_within(&mut c, Duration::from_secs(90));
+    assert_eq!(o.status.code(), Some(0), "{}", stderr_of(&o));
+    assert_eq!(kinds(&records(tmp.path(), "saved"), "rank_start").len(), 5);
+}
+
 /// The failure signature masks digits to recognise the same failure again;
 /// people read the original line, in stderr, the timeline and the report.
 #[test]

@@ -106,7 +106,7 @@ impl Local {
             &records,
             run.attempt,
             &step,
-            self.cfg.max_restarts,
+            self.cfg.budget(),
             &run.remembered,
             &mut run.log,
         );
@@ -139,7 +139,7 @@ impl Local {
                 self.restart_in_place(run, &reason, teardown_s);
                 None
             }
-            Some(Action::Stop { reason }) => {
+            Some(Action::Stop { reason, .. }) => {
                 // Said when a restart could have been expected. Not for a
                 // budget of 0 (none was asked for), nor for one rank's own
                 // error or a stop from outside in its first attempt: the
