@@ -11,10 +11,11 @@
 //! of the few kinds those runs did not write, shaped as that build wrote
 //! them, and one kind from a later build.
 //!
-//! Two kinds of timeline line were reworded on purpose later, and their
+//! Three kinds of timeline line were reworded on purpose later, and their
 //! expected lines rewritten then (nothing else in those files changed):
-//! `progress_source` (was its bare name) and the launcher's second
-//! `teardown` (was the reason again).
+//! `progress_source` (was its bare name), the launcher's second
+//! `teardown` (was the reason again), and a `decision` to stop, which now
+//! gives its reason (was `decision: stop`; trial 16).
 //!
 //! Slurm's own records and the node history are left out (they depend on
 //! the cluster and the date): this is the journal's part of each output.

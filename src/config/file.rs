@@ -13,7 +13,16 @@ impl Config {
         let src = ConfigText { path, text };
         let file: FileConfig = toml::from_str(text).map_err(|e| {
             let offset = e.span().map(|s| s.start).unwrap_or(0);
-            src.error(offset, e.message().trim().replace('\n', " "))
+            let message = e.message().trim().replace('\n', " ");
+            // A value of the wrong type: which key (toml says only
+            // "expected u32"; trial 16).
+            let message = match key_at(text, offset) {
+                Some(key) if !message.contains(key.rsplit('.').next().unwrap_or(&key)) => {
+                    format!("{key}: {message}")
+                }
+                _ => message,
+            };
+            src.error(offset, message)
         })?;
         // Parse errors first, then each section's values in this order.
         file.run.apply(self, &src)?;
@@ -35,6 +44,32 @@ impl Config {
         self.coordinator.policy.checkpoint_wait = self.checkpoint_wait;
         Ok(())
     }
+}
+
+/// `section.key` of the `key = value` line holding `offset`, if it is one.
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let offset = offset.min(text.len());
+    let start = text[..offset].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let key = line.split('=').next()?.trim();
+    let bare = |k: &str| {
+        !k.is_empty()
+            && k.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
+    };
+    if !line.contains('=') || !bare(key) {
+        return None;
+    }
+    let section = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+    Some(match section {
+        Some(s) if bare(s) => format!("{s}.{key}"),
+        _ => key.to_string(),
+    })
 }
 
 /// Why a value is refused, and where when that is not where the value starts.

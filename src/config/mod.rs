@@ -488,6 +488,25 @@ mod tests {
     }
 
     #[test]
+    fn a_value_of_the_wrong_type_names_its_key_and_line() {
+        for (text, want) in [
+            (
+                "[run]\nno_progress_restarts = \"abc\"\n",
+                "test.toml:2: run.no_progress_restarts: invalid type: string \"abc\", expected u32",
+            ),
+            (
+                "# x\n[run]\n\nmax_restarts = -1\n",
+                "test.toml:4: run.max_restarts: invalid value: integer `-1`, expected u32",
+            ),
+        ] {
+            assert_eq!(apply(text).unwrap_err().to_string(), want);
+        }
+        // An unknown key names itself already.
+        let e = apply("[run]\nfoo = 1\n").unwrap_err().to_string();
+        assert!(e.starts_with("test.toml:2: unknown field `foo`"), "{e}");
+    }
+
+    #[test]
     fn documented_default_file_sets_every_field_to_its_default() {
         // Every field, not only the ones compared above: the Debug form
         // shows each value (regexes by their source).

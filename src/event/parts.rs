@@ -97,6 +97,9 @@ pub struct Outcome {
     /// so that what was never recorded stops nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub new_checkpoint: Option<bool>,
+    /// The step of the newest whole checkpoint by the end of the attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<u64>,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -215,6 +218,7 @@ impl From<&AttemptOutcome> for Outcome {
             launch_trouble: o.launch_trouble,
             rollback: o.rollback,
             new_checkpoint: Some(o.new_checkpoint),
+            last_checkpoint: o.last_checkpoint,
             more: Map::new(),
         }
     }
@@ -236,6 +240,7 @@ impl Outcome {
             launch_trouble: self.launch_trouble,
             rollback: self.rollback,
             new_checkpoint: self.new_checkpoint.unwrap_or(true),
+            last_checkpoint: self.last_checkpoint,
         })
     }
 }
@@ -351,5 +356,15 @@ impl From<crate::progress::tracker::Namer> for StepNamer {
             Namer::Socket => StepNamer::Socket,
             Namer::File => StepNamer::File,
         }
+    }
+}
+
+impl super::CheckpointDone {
+    /// A checkpoint to count on as the last good one: not found incomplete
+    /// (temporary names, files still written to) and not stale (the same
+    /// bulk as an earlier one). Confirmations without files (the trainer's
+    /// word) are taken as whole.
+    pub fn whole(&self) -> bool {
+        self.complete != Some(false) && self.same_as.is_none()
     }
 }

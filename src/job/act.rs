@@ -142,7 +142,7 @@ pub(super) fn plan_rollback(
     let whole: Vec<u64> = records
         .iter()
         .filter_map(|r| match r.event() {
-            Some(ev::Event::CheckpointDone(c)) if c.complete != Some(false) => c.step,
+            Some(ev::Event::CheckpointDone(c)) if c.whole() => c.step,
             _ => None,
         })
         .collect();

@@ -214,7 +214,8 @@ fn decide_with(
     outcome.launch_trouble = primary.verdict.grounds == Grounds::LaunchTrouble;
     outcome.rollback =
         j.class == Class::Numerical && judge::rolled_back(records, attempt, primary.rank);
-    outcome.new_checkpoint = judge::new_checkpoint(records, attempt);
+    (outcome.new_checkpoint, outcome.last_checkpoint) =
+        judge::new_and_last_checkpoint(records, attempt);
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()

@@ -516,13 +516,19 @@ pub fn rolled_back(records: &[Record], attempt: u32, rank: u32) -> bool {
 /// confirmed before it (by step; one whose step is not known counts as
 /// new): what a next attempt would start from moved on.
 pub fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
+    new_and_last_checkpoint(records, attempt).0
+}
+
+/// [`new_checkpoint`], and the step of the newest whole checkpoint
+/// confirmed by the end of `attempt`.
+pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Option<u64>) {
     let mut before: Option<u64> = None;
     let mut mine: Vec<Option<u64>> = Vec::new();
     for (r, e) in journal::events(records) {
         let Event::CheckpointDone(c) = e else {
             continue;
         };
-        if c.complete == Some(false) {
+        if !c.whole() {
             continue;
         }
         if r.attempt < attempt {
@@ -531,8 +537,10 @@ pub fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
             mine.push(c.step);
         }
     }
-    mine.iter()
-        .any(|s| s.is_none_or(|s| before.is_none_or(|b| s > b)))
+    let new = mine
+        .iter()
+        .any(|s| s.is_none_or(|s| before.is_none_or(|b| s > b)));
+    (new, mine.iter().copied().fold(before, Option::max))
 }
 
 /// The highest step any rank of `attempt` reached: the ranks' own

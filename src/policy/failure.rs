@@ -337,10 +337,19 @@ fn by_signal(signal: Option<i32>) -> Option<Verdict> {
 /// or a bare exit code.
 fn unexplained(end: &RankEnd, p: &Patterns, generic: Option<&str>) -> Verdict {
     let Some(line) = generic else {
+        // The signal by name: a segfault and an abort are different
+        // failures, whatever their numbers (trial 16).
+        let signal = end
+            .signal
+            .or((129..=128 + 64)
+                .contains(&end.exit_code)
+                .then(|| end.exit_code - 128))
+            .and_then(|n| nix::sys::signal::Signal::try_from(n).ok())
+            .map_or(String::new(), |s| format!(" ({})", s.as_str()));
         return verdict(
             Class::Unknown,
             &format!(
-                "exit code {} with no known signature (one restart; the same again stops)",
+                "exit code {}{signal} with no known signature (one restart; the same again stops)",
                 end.exit_code
             ),
             None,

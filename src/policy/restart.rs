@@ -32,6 +32,9 @@ pub struct AttemptOutcome {
     /// A whole checkpoint newer than every one before this attempt was
     /// confirmed in it: what the next attempt starts from moved on.
     pub new_checkpoint: bool,
+    /// The step of the newest whole checkpoint confirmed by the end of this
+    /// attempt (in it or before), for people.
+    pub last_checkpoint: Option<u64>,
 }
 
 impl AttemptOutcome {
@@ -60,6 +63,7 @@ impl AttemptOutcome {
             launch_trouble: false,
             rollback: false,
             new_checkpoint: false,
+            last_checkpoint: None,
         }
     }
 
@@ -74,11 +78,17 @@ impl AttemptOutcome {
 }
 
 /// Mask digits so that `NCCL timeout after 600023 ms on rank 3` matches itself.
-/// For comparing failures only; people see the original text.
+/// An exit code is kept (`exit code 134` is not `exit code 139`). For
+/// comparing failures only; people see the original text.
 pub fn signature_of(class: Class, evidence: &str) -> String {
     let mut masked = String::with_capacity(evidence.len());
+    let mut keep = false;
     for c in evidence.chars() {
         if !c.is_ascii_digit() {
+            keep = false;
+            masked.push(c);
+        } else if keep || masked.ends_with("exit code ") {
+            keep = true;
             masked.push(c);
         } else if !masked.ends_with('#') {
             masked.push('#');
@@ -480,14 +490,23 @@ fn no_progress(current: &AttemptOutcome, earlier: &[AttemptOutcome], limit: u32)
         .filter(|a| a.attempt < stuck[0].attempt)
         .filter_map(|a| a.last_step)
         .max();
+    let checkpoint = all
+        .iter()
+        .filter(|a| a.attempt < stuck[0].attempt)
+        .filter_map(|a| a.last_checkpoint)
+        .max();
     let failures: Vec<String> = stuck
         .iter()
         .map(|a| format!("attempt {}: {}", a.attempt, a.class.name()))
         .collect();
     Some(Action::Stop {
         reason: format!(
-            "no progress: {} restarts in a row brought no checkpoint newer than the last and {} ({}); no_progress_restarts = {limit}",
+            "no progress: {} restart{} in a row brought {} and {} ({}); no_progress_restarts = {limit}",
             stuck.len(),
+            if stuck.len() == 1 { "" } else { "s" },
+            checkpoint.map_or("no checkpoint".into(), |s| format!(
+                "no checkpoint beyond step {s}"
+            )),
             best.map_or("no step".into(), |s| format!("no step beyond step {s}")),
             failures.join(", ")
         ),
@@ -853,7 +872,10 @@ mod tests {
         let at = |a, class, evidence, step| out(a, class, evidence, step, &[]);
         // Attempt 0 reached step 100 (its checkpoint at 90); then an OOM, a
         // hang and an NCCL error, none past step 100, none saving anew.
-        let first = at(0, Class::Infrastructure, "Xid 79", Some(100));
+        let first = AttemptOutcome {
+            last_checkpoint: Some(90),
+            ..at(0, Class::Infrastructure, "Xid 79", Some(100))
+        };
         let oom = at(1, Class::Infrastructure, "killed by SIGKILL", Some(97));
         let hang = at(2, Class::Hang, "no progress for 600 s", Some(95));
         let nccl = at(3, Class::Infrastructure, "NCCL watchdog timeout", Some(99));
@@ -874,7 +896,7 @@ mod tests {
         };
         assert_eq!(
             reason,
-            "no progress: 3 restarts in a row brought no checkpoint newer than the last and no step beyond step 100 (attempt 1: infrastructure, attempt 2: hang, attempt 3: infrastructure); no_progress_restarts = 3"
+            "no progress: 3 restarts in a row brought no checkpoint beyond step 90 and no step beyond step 100 (attempt 1: infrastructure, attempt 2: hang, attempt 3: infrastructure); no_progress_restarts = 3"
         );
         // Before the budget: restarts in vain say so, not "budget exhausted".
         let a = decide(&nccl, &[first.clone(), oom.clone(), hang.clone()], 3, true);
@@ -1005,6 +1027,30 @@ mod tests {
             decide(&other, &[first], 3, true),
             Action::Requeue { .. }
         ));
+        // A segfault, then an abort: two failures, not one (trial 16: both
+        // were `exit code #`).
+        let segv = out(
+            0,
+            Class::Unknown,
+            "exit code 139 (SIGSEGV) with no known signature",
+            Some(14),
+            &[],
+        );
+        let abort = out(
+            1,
+            Class::Unknown,
+            "exit code 134 (SIGABRT) with no known signature",
+            Some(15),
+            &[],
+        );
+        assert!(matches!(
+            decide(&abort, &[segv], 3, true),
+            Action::Requeue { .. }
+        ));
+        assert_eq!(
+            signature_of(Class::Unknown, "exit code 134 after 12 s"),
+            "unknown: exit code 134 after # s"
+        );
     }
 
     #[test]

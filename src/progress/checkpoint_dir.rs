@@ -21,6 +21,27 @@ use std::time::{Duration, Instant};
 /// Keeps the watch alive; stops it when dropped.
 pub struct DirWatch {
     stop: Arc<AtomicBool>,
+    /// Set by [`DirWatch::finish`]: one more look, files taken as they are.
+    last_look: Arc<AtomicBool>,
+    /// Set by the watcher when it stopped.
+    finished: Arc<AtomicBool>,
+    wake: std::sync::mpsc::Sender<()>,
+}
+
+impl DirWatch {
+    /// The trainer is gone: look once more now, the files as they are
+    /// (nothing writes to them any more, so nothing to let settle), and
+    /// wait until `deadline` for what is found to be sent. A trainer killed
+    /// half a second after its marker (an OOM at the next step) still has
+    /// its checkpoint seen (trial 16: lost, and its restarts taken for
+    /// ones that brought nothing new).
+    pub fn finish(&self, deadline: Instant) {
+        self.last_look.store(true, Ordering::Relaxed);
+        let _ = self.wake.send(());
+        while !self.finished.load(Ordering::Relaxed) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
 }
 
 impl Drop for DirWatch {
@@ -44,6 +65,14 @@ pub struct Files {
     pub changing: Vec<String>,
     /// More than [`MAX_FILES`] entries: the counts stop there.
     pub truncated: bool,
+    /// The bulk of its bytes (its largest files, nine tenths of it),
+    /// fingerprinted from their names, sizes and sampled contents
+    /// ([`bulk_fingerprint`]); `None` when it holds no bytes.
+    pub bulk: Option<u64>,
+    /// The earlier checkpoint whose bulk is byte for byte this one's: a
+    /// save reported as new that wrote nothing new (stale weights under a
+    /// fresh marker). Not a checkpoint to count on as the last good one.
+    pub same_as: Option<String>,
 }
 
 /// Entries looked at per checkpoint, at most.
@@ -61,8 +90,56 @@ impl Files {
     }
 }
 
+/// Files fingerprinted per checkpoint, at most (the largest).
+pub const BULK_FILES: usize = 16;
+/// Bytes read from each, at most: three samples (start, middle, end).
+const SAMPLE: u64 = 64 * 1024;
+
+/// A fingerprint of the bulk of a checkpoint: its largest files until nine
+/// tenths of its bytes (at most [`BULK_FILES`]), each by its name within the
+/// checkpoint, its size and three 64 KiB samples of its contents. A
+/// training step changes nearly every byte of the weights and the
+/// optimizer state, so two checkpoints of different steps differ here,
+/// while a save that rewrote old state under a new name does not; the small
+/// files (`trainer_state.json`, the step it names) are left out on purpose.
+/// At most 3 MiB read, whatever the checkpoint's size.
+pub fn bulk_fingerprint(root: &Path, look: &Look) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    use std::io::{Read, Seek, SeekFrom};
+    let total: u64 = look.values().map(|(n, _)| n).sum();
+    if total == 0 {
+        return None;
+    }
+    let mut by_size: Vec<(&PathBuf, u64)> = look.iter().map(|(p, (n, _))| (p, *n)).collect();
+    by_size.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut covered = 0u64;
+    for (path, size) in by_size.into_iter().take(BULK_FILES) {
+        if covered * 10 >= total * 9 {
+            break;
+        }
+        covered += size;
+        path.strip_prefix(root).unwrap_or(path).hash(&mut h);
+        size.hash(&mut h);
+        let Ok(mut f) = std::fs::File::open(path) else {
+            continue;
+        };
+        let mut buf = vec![0u8; SAMPLE.min(size) as usize];
+        for at in [
+            0,
+            size.saturating_sub(SAMPLE) / 2,
+            size.saturating_sub(SAMPLE),
+        ] {
+            if f.seek(SeekFrom::Start(at)).is_ok() && f.read_exact(&mut buf).is_ok() {
+                buf.hash(&mut h);
+            }
+        }
+    }
+    Some(h.finish())
+}
+
 /// Every file of a checkpoint: its size and modification time.
-type Look = std::collections::BTreeMap<PathBuf, (u64, Option<std::time::SystemTime>)>;
+pub type Look = std::collections::BTreeMap<PathBuf, (u64, Option<std::time::SystemTime>)>;
 
 /// A name a save leaves while it writes (or leaves behind when it dies).
 fn is_temporary(name: &str) -> bool {
@@ -74,16 +151,35 @@ fn is_temporary(name: &str) -> bool {
         || lower.contains(".tmp.")
 }
 
-/// The files of the checkpoint `matched` names: the directory of its first
-/// path component (`checkpoint-500/trainer_state.json` is in
-/// `checkpoint-500/`), or the matched file alone at the top. Looked at
-/// twice, `settle` apart (once when `settle` is zero): a file whose size
-/// or modification time moved in between was still being written.
+/// The checkpoint a matched path names, relative to the watched
+/// directory: the deepest component that names its step
+/// (`run1/checkpoint-500/trainer_state.json` is `run1/checkpoint-500`,
+/// Lightning's `version_0/checkpoints/epoch=2-step=150.ckpt` is that file),
+/// or without a step the first component.
+fn checkpoint_of(matched: &str, step: Option<u64>) -> &str {
+    let parts: Vec<&str> = matched.split('/').collect();
+    let names_step = |c: &str| {
+        step.is_some_and(|s| {
+            c.split(|ch: char| !ch.is_ascii_digit())
+                .any(|digits| !digits.is_empty() && digits.parse::<u64>().ok() == Some(s))
+        })
+    };
+    let upto = parts.iter().rposition(|c| names_step(c)).unwrap_or(0);
+    let len = parts[..=upto].iter().map(|c| c.len()).sum::<usize>() + upto;
+    &matched[..len]
+}
+
+/// The files of the checkpoint `matched` names ([`checkpoint_of`]: the
+/// directory `checkpoint-500/` for `checkpoint-500/trainer_state.json`, a
+/// checkpoint file alone). Looked at twice, `settle` apart (once when
+/// `settle` is zero): a file whose size or modification time moved in
+/// between was still being written.
 pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -> Files {
-    let top = matched.split('/').next().unwrap_or(matched);
+    let top = checkpoint_of(matched, step);
     let root = dir.join(top);
-    let (mut f, first) = look(&root);
+    let (mut f, mut files) = look(&root);
     if !settle.is_zero() {
+        let first = files;
         std::thread::sleep(settle);
         let (again, second) = look(&root);
         f = again;
@@ -101,9 +197,11 @@ pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -
                     .unwrap_or_default()
             })
             .collect();
+        files = second;
     }
     f.path = top.to_string();
     f.step = step;
+    f.bulk = bulk_fingerprint(&root, &files);
     f
 }
 
@@ -180,7 +278,22 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
     let (wake_tx, wake_rx) = std::sync::mpsc::channel::<()>();
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
-    let mut seen: HashSet<String> = scan(&dir, &re).into_iter().map(|(p, _)| p).collect();
+    let last_look = Arc::new(AtomicBool::new(false));
+    let finished = Arc::new(AtomicBool::new(false));
+    let (last_look_seen, finished_set) = (last_look.clone(), finished.clone());
+    let wake = wake_tx.clone();
+    let at_start = scan(&dir, &re);
+    // The newest checkpoint there already (what a restarted trainer loads):
+    // a new one with the same bulk is stale.
+    let mut last: Option<(String, u64)> = at_start
+        .iter()
+        .filter(|(_, s)| s.is_some())
+        .max_by_key(|(_, s)| *s)
+        .and_then(|(p, s)| {
+            let f = inspect(&dir, p, *s, Duration::ZERO);
+            Some((f.path, f.bulk?))
+        });
+    let mut seen: HashSet<String> = at_start.into_iter().map(|(p, _)| p).collect();
     // The directory, or while it does not exist yet its nearest existing
     // ancestor: its creation wakes a scan at once, and the watch moves to
     // it (trial 14: a directory the trainer made after the start was only
@@ -205,16 +318,29 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 if armed.as_ref().map(|(_, on)| on.as_path()) != watch_target(&dir) {
                     armed = arm(&dir, &wake_tx).or(armed);
                 }
+                let final_look = last_look_seen.load(Ordering::Relaxed);
+                let settle = if final_look { Duration::ZERO } else { SETTLE };
                 let mut found = scan(&dir, &re);
                 found.sort_by_key(|(_, s)| *s);
                 for (path, step) in found {
                     if seen.insert(path.clone()) {
                         // Found now; judged whole after it settled.
                         let at = Instant::now();
+                        let mut files = inspect(&dir, &path, step, settle);
+                        if let Some(bulk) = files.bulk {
+                            if let Some((earlier, _)) = last
+                                .as_ref()
+                                .filter(|(p, b)| *b == bulk && *p != files.path)
+                            {
+                                files.same_as = Some(earlier.clone());
+                            } else {
+                                last = Some((files.path.clone(), bulk));
+                            }
+                        }
                         tx.send(ProgressEvent {
                             at,
                             source: Source::CheckpointDir,
-                            kind: Kind::CheckpointFiles(inspect(&dir, &path, step, SETTLE)),
+                            kind: Kind::CheckpointFiles(files),
                         });
                         tx.send(ProgressEvent {
                             at,
@@ -223,9 +349,18 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                         });
                     }
                 }
+                if final_look {
+                    break;
+                }
             }
+            finished_set.store(true, Ordering::Relaxed);
         })?;
-    Ok(DirWatch { stop })
+    Ok(DirWatch {
+        stop,
+        last_look,
+        finished,
+        wake,
+    })
 }
 
 /// What to watch for `dir`: itself, or while it does not exist its
@@ -290,6 +425,97 @@ mod tests {
         );
         assert_eq!(f.temp_names, vec!["shard1.pt.tmp".to_string()]);
         assert!(!f.truncated && !f.complete());
+    }
+
+    #[test]
+    fn a_checkpoint_is_the_deepest_part_of_its_path_that_names_its_step() {
+        for (matched, step, want) in [
+            (
+                "checkpoint-500/trainer_state.json",
+                Some(500),
+                "checkpoint-500",
+            ),
+            (
+                "run1/checkpoint-500/COMPLETE",
+                Some(500),
+                "run1/checkpoint-500",
+            ),
+            ("iter_0000100/.metadata", Some(100), "iter_0000100"),
+            (
+                "version_0/checkpoints/epoch=2-step=150.ckpt",
+                Some(150),
+                "version_0/checkpoints/epoch=2-step=150.ckpt",
+            ),
+            (
+                "ckpt/epoch=2-step=150-v1.ckpt",
+                Some(150),
+                "ckpt/epoch=2-step=150-v1.ckpt",
+            ),
+            // 1000 is not 100; no step: the first component.
+            (
+                "checkpoint-1000/done/COMPLETE",
+                Some(100),
+                "checkpoint-1000",
+            ),
+            ("latest/COMPLETE", None, "latest"),
+            ("model.pt", None, "model.pt"),
+        ] {
+            assert_eq!(checkpoint_of(matched, step), want, "{matched}");
+        }
+    }
+
+    /// A save reported as new whose weights are an earlier checkpoint's
+    /// (stale state under a fresh marker and a fresh trainer_state.json)
+    /// is found not new; a real next save is new.
+    #[test]
+    fn a_save_with_an_earlier_checkpoints_bytes_is_not_new() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        let weights = |seed: u8| -> Vec<u8> {
+            (0..300_000u32)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8 ^ seed)
+                .collect()
+        };
+        let save = |step: u32, seed: u8| {
+            let ck = dir.join(format!("checkpoint-{step}"));
+            std::fs::create_dir_all(&ck).unwrap();
+            std::fs::write(ck.join("model.safetensors"), weights(seed)).unwrap();
+            std::fs::write(ck.join("optimizer.pt"), weights(seed ^ 0x55)).unwrap();
+            std::fs::write(
+                ck.join("trainer_state.json"),
+                format!("{{\"global_step\": {step}}}"),
+            )
+            .unwrap();
+        };
+        save(100, 1);
+        let tx = Sender::new();
+        let re = Regex::new(r"^checkpoint-(\d+)/trainer_state\.json$").unwrap();
+        let _w = watch(dir, re, Duration::from_millis(100), tx.clone()).unwrap();
+        let files = |n: usize| {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let mut got = Vec::new();
+            while got.len() < n && Instant::now() < deadline {
+                got.extend(tx.drain().into_iter().filter_map(|e| match e.kind {
+                    Kind::CheckpointFiles(f) => Some(f),
+                    _ => None,
+                }));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            got
+        };
+        // Stale: checkpoint-100's state again, under step 200.
+        save(200, 1);
+        let got = files(1);
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].same_as.as_deref(), Some("checkpoint-100"), "{got:?}");
+        assert!(got[0].complete());
+        // New state: new; and the one after is compared with it.
+        save(300, 2);
+        let got = files(1);
+        assert_eq!(got[0].same_as, None, "{got:?}");
+        save(400, 2);
+        let got = files(1);
+        assert_eq!(got[0].same_as.as_deref(), Some("checkpoint-300"), "{got:?}");
     }
 
     #[test]

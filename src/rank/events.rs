@@ -366,6 +366,7 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
             files: files.as_ref().map(|f| f.files),
             temp_names: files.as_ref().and_then(|f| names(&f.temp_names)),
             changing: files.as_ref().and_then(|f| names(&f.changing)),
+            same_as: files.as_ref().and_then(|f| f.same_as.clone()),
         },
         true,
     );

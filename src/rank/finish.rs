@@ -23,6 +23,9 @@ impl<'a> Agent<'a> {
                 let _ = p.join();
             }
         }
+        if let Some(w) = &self.rank.ckpt_watch {
+            w.finish(Instant::now() + Duration::from_secs(2));
+        }
         self.drain_last();
         let r = &mut *self.rank;
         r.file_watch = None;

@@ -432,11 +432,13 @@ pub(crate) struct Child {
 pub(crate) fn start(
     cfg: Config,
     mut b: Base,
-    parts: Parts,
+    mut parts: Parts,
     child: Child,
     started: impl FnOnce(&process::Spawned, &Base, Option<&Coordinator>),
 ) -> Result<Setup> {
     let argv_text = text_of(&child.argv);
+    let ckpt_watch =
+        super::sources::checkpoint_watch(&cfg, b.id.rank, &parts.tx, &mut parts.monitor_errors);
     let spawned = match process::spawn(&child.run_argv, &parts.env, child.own_group) {
         Ok(s) => s,
         Err(e) => {
@@ -471,7 +473,7 @@ pub(crate) fn start(
         tail: output::Tail::new(64 * 1024),
         pumps: Vec::new(),
         file_watch: None,
-        ckpt_watch: None,
+        ckpt_watch,
         cfg,
         argv: child.argv,
         id: b.id,

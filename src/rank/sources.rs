@@ -100,25 +100,31 @@ impl Rank {
                 Err(e) => monitor_errors.push(format!("progress file {}: {e}", path.display())),
             }
         }
-        // Checkpoints the trainer saves on its own (rank 0 only: the directory
-        // is usually shared, and one record per checkpoint is enough).
-        if let Some(dir) = cfg
-            .checkpoint_watch_dir
-            .as_ref()
-            .filter(|_| self.id.rank == 0)
-        {
-            match progress::checkpoint_dir::watch(
-                dir,
-                cfg.checkpoint_watch_regex.clone(),
-                cfg.checkpoint_watch_poll,
-                self.tx.clone(),
-            ) {
-                Ok(w) => self.ckpt_watch = Some(w),
-                Err(e) => {
-                    monitor_errors.push(format!("checkpoint directory {}: {e}", dir.display()))
-                }
-            }
-        }
         file_mode
+    }
+}
+
+/// Checkpoints the trainer saves on its own (rank 0 only: the directory is
+/// usually shared, and one record per checkpoint is enough). Started
+/// before the trainer: a checkpoint it saves in its first moments is news,
+/// not one that was there at the start.
+pub(super) fn checkpoint_watch(
+    cfg: &crate::config::Config,
+    rank: u32,
+    tx: &progress::Sender,
+    monitor_errors: &mut Vec<String>,
+) -> Option<progress::checkpoint_dir::DirWatch> {
+    let dir = cfg.checkpoint_watch_dir.as_ref().filter(|_| rank == 0)?;
+    match progress::checkpoint_dir::watch(
+        dir,
+        cfg.checkpoint_watch_regex.clone(),
+        cfg.checkpoint_watch_poll,
+        tx.clone(),
+    ) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            monitor_errors.push(format!("checkpoint directory {}: {e}", dir.display()));
+            None
+        }
     }
 }

@@ -161,7 +161,7 @@ fn restarts_that_bring_no_progress_stop_with_their_own_exit_code() {
     let (o, _) = output_within(&mut c, Duration::from_secs(90));
     let err = stderr_of(&o);
     assert_eq!(o.status.code(), Some(93), "{err}");
-    let why = "no progress: 3 restarts in a row brought no checkpoint newer than the last and no step beyond step 10 (attempt 1: infrastructure, attempt 2: unknown, attempt 3: infrastructure)";
+    let why = "no progress: 3 restarts in a row brought no checkpoint and no step beyond step 10 (attempt 1: infrastructure, attempt 2: unknown, attempt 3: infrastructure)";
     assert!(err.contains(why), "{err}");
     let recs = records(tmp.path(), "stuck");
     assert_eq!(kinds(&recs, "rank_start").len(), 4);

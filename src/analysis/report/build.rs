@@ -79,9 +79,10 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                     size_bytes: c.size_bytes,
                     temp_names: c.temp_names.clone().unwrap_or_default(),
                     changing: c.changing.clone().unwrap_or_default(),
+                    same_as: c.same_as.clone(),
                 };
                 sizes.extend(c.size_bytes.map(|b| b as f64));
-                if c.complete == Some(false) {
+                if !c.whole() {
                     incomplete.push(one);
                 } else {
                     last_restorable = Some(one);
@@ -399,17 +400,22 @@ fn observed_of(events: &[(&Record, &Event)]) -> Vec<WouldHave> {
 /// for the attempt it is about).
 fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
     // Each attempt's first decision, in one pass.
-    let mut decisions: std::collections::HashMap<u32, String> = std::collections::HashMap::new();
+    let mut decisions: std::collections::HashMap<u32, &crate::policy::restart::Action> =
+        std::collections::HashMap::new();
     for (r, e) in events {
         if let Event::Decision(d) = e {
-            if let Some(action) = d.decision.as_ref().map(|x| x.name().to_string()) {
+            if let Some(action) = d.decision.as_ref() {
                 decisions
                     .entry(d.about_attempt.unwrap_or(r.attempt))
                     .or_insert(action);
             }
         }
     }
-    let decision = |attempt: u32| decisions.get(&attempt).cloned();
+    let decision = |attempt: u32| decisions.get(&attempt).map(|a| a.name().to_string());
+    let stop_reason = |attempt: u32| match decisions.get(&attempt) {
+        Some(crate::policy::restart::Action::Stop { reason, .. }) => Some(reason.clone()),
+        _ => None,
+    };
     // The blamed rank's probe, from each attempt's hang record, and its
     // diagnostics files (probes' first, then stalls').
     let mut probes: std::collections::HashMap<(u32, u32), String> = Default::default();
@@ -449,6 +455,7 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
                 node: j.primary_node.clone(),
                 evidence: j.evidence.clone().or_else(|| j.reason.clone()),
                 decision: decision(r.attempt),
+                stop_reason: stop_reason(r.attempt),
                 blamed_probe: j
                     .primary_rank
                     .and_then(|k| probes.get(&(r.attempt, k)).cloned()),

@@ -28,6 +28,10 @@ pub struct Judged {
     pub evidence: Option<String>,
     /// `restart_in_place`, `requeue`, `stop`, ... when a decision followed.
     pub decision: Option<String>,
+    /// Why the job was stopped, when it was (the decision's reason: the
+    /// failure itself, a crash loop, the budget spent, no progress).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
     /// What the blamed rank's probe found (the coordinator's `hang`
     /// record: its state, its innermost Python frame).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,7 +210,8 @@ pub struct Checkpoints {
     /// where its files were looked at.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_restorable: Option<Restorable>,
-    /// Checkpoints whose directory still held temporary names when found.
+    /// Checkpoints not to count on: found incomplete (temporary names, files
+    /// still written to) or stale (`same_as`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<Restorable>,
     /// Mean size of the checkpoints whose directory was watched.
@@ -233,6 +238,9 @@ pub struct Restorable {
     pub temp_names: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub changing: Vec<String>,
+    /// Stale: its bulk is byte for byte that of this earlier checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub same_as: Option<String>,
 }
 
 impl JobReport {

@@ -78,9 +78,19 @@ fn render_checkpoint_health(s: &mut String, r: &JobReport) {
                 i.changing.join(", ")
             ));
         }
+        if let Some(earlier) = &i.same_as {
+            why.push(format!(
+                "stale: its largest files are byte for byte those of {earlier} (a save reported as new that wrote nothing new)"
+            ));
+        }
         let _ = writeln!(
             s,
-            "  incomplete: step {}{}: {}",
+            "  {}: step {}{}: {}",
+            if i.same_as.is_some() && i.temp_names.is_empty() && i.changing.is_empty() {
+                "not new"
+            } else {
+                "incomplete"
+            },
             i.step.map_or("-".into(), |x| x.to_string()),
             i.path
                 .as_ref()
@@ -529,6 +539,9 @@ fn render_judgments(s: &mut String, r: &JobReport) {
                     crate::util::clip(e, 400)
                 ))
             );
+            if let Some(why) = &j.stop_reason {
+                let _ = writeln!(s, "    stopped: {}", crate::util::clip(why, 400));
+            }
             if let (Some(k), Some(p)) = (j.rank, &j.blamed_probe) {
                 let _ = writeln!(s, "    rank {k}'s probe: {}", crate::util::clip(p, 300));
             }

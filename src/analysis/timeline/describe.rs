@@ -134,7 +134,13 @@ fn phase(x: &e::Phase) -> String {
 }
 
 fn checkpoint_done(x: &e::CheckpointDone) -> String {
-    format!("checkpoint done at step {}", num(x.step))
+    match &x.same_as {
+        Some(earlier) => format!(
+            "checkpoint done at step {}, NOT NEW: its largest files are byte for byte those of {earlier}",
+            num(x.step)
+        ),
+        None => format!("checkpoint done at step {}", num(x.step)),
+    }
 }
 
 fn stall(x: &e::Stall) -> String {
@@ -355,13 +361,16 @@ fn judgment(x: &e::Judgment) -> String {
 }
 
 fn decision(x: &e::Decision) -> String {
-    format!(
-        "decision: {}",
-        x.decision
-            .as_ref()
-            .map_or("?", |d| d.name())
-            .replace('_', " ")
-    )
+    match &x.decision {
+        // Why the job stops: said nowhere else in the timeline.
+        Some(crate::policy::restart::Action::Stop { reason, .. }) if !reason.is_empty() => {
+            format!("decision: stop: {reason}")
+        }
+        d => format!(
+            "decision: {}",
+            d.as_ref().map_or("?", |d| d.name()).replace('_', " ")
+        ),
+    }
 }
 
 fn restart(x: &e::Restart) -> String {
