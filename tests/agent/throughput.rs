@@ -446,6 +446,84 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
     );
 }
 
+/// A save reported as new that wrote the previous checkpoint's weights
+/// again (a fresh trainer_state.json and marker) is recorded as stale and
+/// is not the last restorable one; a checkpoint saved a tenth of a second
+/// before the trainer is killed is still recorded (trial 16: lost).
+#[test]
+fn a_stale_save_is_not_restorable_and_a_save_just_before_a_kill_is_seen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    std::fs::create_dir_all(&ck).unwrap();
+    let cfg = write_config(
+        tmp.path(),
+        &format!(
+            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"1h\"\n",
+            ck.display()
+        ),
+    );
+    let script = format!(
+        "import os, shutil, time\nck = {:?}\n\
+         def save(step, weights):\n\
+         \x20   d = ck + '/checkpoint-%d' % step\n\
+         \x20   os.makedirs(d)\n\
+         \x20   open(d + '/model.safetensors', 'wb').write(weights)\n\
+         \x20   open(d + '/trainer_state.json', 'w').write('{{\"global_step\": %d}}' % step)\n\
+         w10 = os.urandom(400000)\n\
+         save(10, w10)\n\
+         time.sleep(1.0)\n\
+         save(20, w10)\n\
+         time.sleep(1.0)\n\
+         save(30, os.urandom(400000))\n\
+         time.sleep(0.1)\n\
+         os.kill(os.getpid(), 9)\n",
+        ck.to_str().unwrap()
+    );
+    let mut c = resilio_run(tmp.path(), "stale");
+    c.args([
+        "--max-restarts",
+        "0",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        &script,
+    ]);
+    let (out, _) = output_within(&mut c, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(137), "{}", stderr_of(&out));
+    let recs = records(tmp.path(), "stale");
+    let done: Vec<(Option<u64>, Option<String>)> = kinds(&recs, "checkpoint_done")
+        .iter()
+        .map(|r| {
+            (
+                r.get("step").and_then(|v| v.as_u64()),
+                r.str("same_as").map(str::to_string),
+            )
+        })
+        .collect();
+    assert_eq!(
+        done,
+        [
+            (Some(10), None),
+            (Some(20), Some("checkpoint-10".to_string())),
+            (Some(30), None)
+        ]
+    );
+    let r = report_json(tmp.path(), "stale");
+    assert_eq!(r["checkpoints"]["last_restorable"]["step"], 30, "{r}");
+    assert_eq!(r["checkpoints"]["incomplete"][0]["step"], 20, "{r}");
+    assert_eq!(
+        r["checkpoints"]["incomplete"][0]["same_as"], "checkpoint-10",
+        "{r}"
+    );
+    let text = report_text(tmp.path(), "stale");
+    assert!(
+        text.contains("not new: step 20 in checkpoint-20: stale: its largest files are byte for byte those of checkpoint-10"),
+        "{text}"
+    );
+}
+
 /// The HTML timeline's charts (tokens/s, loss with its NaN marks, MFU),
 /// rendered by headless Chromium: each line must be on the screenshot.
 #[test]
