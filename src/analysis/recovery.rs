@@ -114,6 +114,49 @@ pub fn spread(recoveries: &[Recovery]) -> Vec<PhaseSpread> {
         .collect()
 }
 
+/// The recoveries of one failure class: how many, and each phase's spread
+/// (and the whole's, as `total`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ClassRecoveries {
+    pub class: String,
+    pub n: usize,
+    pub phases: Vec<PhaseSpread>,
+}
+
+/// [`spread`] by failure class (the judged class; `unknown` when none was
+/// judged), classes by name.
+pub fn by_class(recoveries: &[Recovery]) -> Vec<ClassRecoveries> {
+    let mut classes: BTreeMap<&str, Vec<Recovery>> = BTreeMap::new();
+    for r in recoveries {
+        classes
+            .entry(r.class.as_deref().unwrap_or("unknown"))
+            .or_default()
+            .push(r.clone());
+    }
+    classes
+        .into_iter()
+        .map(|(class, rs)| {
+            let mut phases = spread(&rs);
+            let mut totals: Vec<f64> = rs.iter().map(|r| r.total_s).collect();
+            totals.sort_by(f64::total_cmp);
+            let at = |q: f64| {
+                totals[((q * totals.len() as f64).ceil() as usize).clamp(1, totals.len()) - 1]
+            };
+            phases.push(PhaseSpread {
+                phase: "total",
+                n: totals.len(),
+                p50_s: at(0.5),
+                p99_s: at(0.99),
+            });
+            ClassRecoveries {
+                class: class.to_string(),
+                n: rs.len(),
+                phases,
+            }
+        })
+        .collect()
+}
+
 fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
     let of = |a: u32| of(by, a);
     // The failed attempt's judgment and decision (a restart of some kind).
@@ -265,6 +308,43 @@ fn steps_around(
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn recoveries_are_spread_by_failure_class_with_their_total() {
+        let one = |class: Option<&str>, detection: f64, total: f64| Recovery {
+            failed_attempt: 0,
+            class: class.map(str::to_string),
+            action: None,
+            fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+            phases_s: [Some(detection), None, Some(0.1), None, None, None],
+            total_s: total,
+            step_before: None,
+            first_step: None,
+            caught_up: false,
+        };
+        let by = by_class(&[
+            one(Some("hang"), 30.0, 90.0),
+            one(Some("infrastructure"), 1.0, 20.0),
+            one(Some("hang"), 10.0, 40.0),
+            one(None, 2.0, 5.0),
+        ]);
+        let names: Vec<(&str, usize)> = by.iter().map(|c| (c.class.as_str(), c.n)).collect();
+        assert_eq!(names, [("hang", 2), ("infrastructure", 1), ("unknown", 1)]);
+        let hang: Vec<(&str, usize, f64, f64)> = by[0]
+            .phases
+            .iter()
+            .map(|p| (p.phase, p.n, p.p50_s, p.p99_s))
+            .collect();
+        // Phases not shown are left out, never taken for zero.
+        assert_eq!(
+            hang,
+            [
+                ("detection", 2, 10.0, 30.0),
+                ("teardown", 2, 0.1, 0.1),
+                ("total", 2, 40.0, 90.0)
+            ]
+        );
+    }
 
     fn rec(kind: &str, attempt: u32, rank: Option<u32>, ms: i64, data: Value) -> Record {
         Record {

@@ -52,6 +52,12 @@ pub struct Storms {
     pub jobs: Vec<JobRestarts>,
     /// Nodes two or more jobs in a storm ran on.
     pub shared_nodes: Vec<SharedNode>,
+    /// Every job's recoveries whose fault fell within the window, by
+    /// failure class: each phase's p50/p99 ([`crate::analysis::recovery`]).
+    pub recoveries_by_class: Vec<crate::analysis::recovery::ClassRecoveries>,
+    /// Those recoveries themselves, for the histograms.
+    #[serde(skip)]
+    pub recoveries: Vec<crate::analysis::recovery::Recovery>,
 }
 
 /// `job`'s restarts since `since`, from its records.
@@ -125,6 +131,7 @@ pub fn storms(jobs: Vec<JobRestarts>, threshold: u32, window: std::time::Duratio
         restarts,
         jobs: storming,
         shared_nodes,
+        ..Storms::default()
     }
 }
 
@@ -137,14 +144,86 @@ pub fn scan(
     threshold: u32,
 ) -> Storms {
     let since = now - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::MAX);
+    let mut recoveries = Vec::new();
     let jobs = crate::analysis::jobs::every_job(state_dir, Some(since.into()))
         .into_iter()
         .map(|j| {
             let owner = crate::state_dir::name_of(j.uid);
-            restarts_of(&j.job, &owner, &j.journal.records, since)
+            let restarts = restarts_of(&j.job, &owner, &j.journal.records, since);
+            for run in crate::runs::split(j.journal.records) {
+                recoveries.extend(
+                    crate::analysis::recovery::recoveries(&run.records)
+                        .into_iter()
+                        .filter(|r| r.fault >= since),
+                );
+            }
+            restarts
         })
         .collect();
-    storms(jobs, threshold, window)
+    let mut s = storms(jobs, threshold, window);
+    s.recoveries_by_class = crate::analysis::recovery::by_class(&recoveries);
+    s.recoveries = recoveries;
+    s
+}
+
+/// The recoveries by class, for people: one line per class.
+fn render_recoveries(s: &Storms) -> String {
+    let mut out = String::new();
+    if s.recoveries_by_class.is_empty() {
+        return out;
+    }
+    let secs = |v: f64| crate::duration::format(std::time::Duration::from_secs_f64(v));
+    out += "recoveries within the window, by failure class (n; each phase's p50/p99):\n";
+    for c in &s.recoveries_by_class {
+        let phases: Vec<String> = c
+            .phases
+            .iter()
+            .map(|p| format!("{} {}/{}", p.phase, secs(p.p50_s), secs(p.p99_s)))
+            .collect();
+        out += &format!("  {} ({}): {}\n", c.class, c.n, phases.join(", "));
+    }
+    out
+}
+
+/// Upper bounds of the recovery histograms' buckets, in seconds.
+const BUCKETS_S: [f64; 10] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
+/// `resilio_fleet_recovery_seconds`: one histogram per failure class and
+/// phase (and `total`), over the recoveries within the window.
+fn recovery_histograms(s: &Storms, out: &mut String) {
+    use super::prometheus::esc;
+    let mut groups: BTreeMap<(String, &str), Vec<f64>> = BTreeMap::new();
+    for r in &s.recoveries {
+        let class = r.class.clone().unwrap_or_else(|| "unknown".into());
+        for (i, phase) in crate::analysis::recovery::PHASES.iter().enumerate() {
+            if let Some(v) = r.phases_s[i] {
+                groups.entry((class.clone(), phase)).or_default().push(v);
+            }
+        }
+        groups.entry((class, "total")).or_default().push(r.total_s);
+    }
+    *out += "# HELP resilio_fleet_recovery_seconds Seconds of each phase of the recoveries within the window, by failure class\n# TYPE resilio_fleet_recovery_seconds histogram\n";
+    for ((class, phase), values) in groups {
+        let labels = format!("class=\"{}\",phase=\"{}\"", esc(&class), esc(phase));
+        for le in BUCKETS_S {
+            let n = values.iter().filter(|v| **v <= le).count();
+            *out += &format!("resilio_fleet_recovery_seconds_bucket{{{labels},le=\"{le}\"}} {n}\n");
+        }
+        *out += &format!(
+            "resilio_fleet_recovery_seconds_bucket{{{labels},le=\"+Inf\"}} {}\n",
+            values.len()
+        );
+        *out += &format!(
+            "resilio_fleet_recovery_seconds_sum{{{labels}}} {}\n",
+            values.iter().sum::<f64>()
+        );
+        *out += &format!(
+            "resilio_fleet_recovery_seconds_count{{{labels}}} {}\n",
+            values.len()
+        );
+    }
 }
 
 /// For people (and cron's mail): the storms, or one line saying there is none.
@@ -152,8 +231,11 @@ pub fn render_text(s: &Storms) -> String {
     let window = crate::duration::format(std::time::Duration::from_secs(s.window_s));
     if s.jobs.is_empty() {
         return format!(
-            "no restart storm in the last {window}: no job restarted more than {} time(s) ({} job(s) read, {} restart(s))\n",
-            s.threshold, s.jobs_read, s.restarts
+            "no restart storm in the last {window}: no job restarted more than {} time(s) ({} job(s) read, {} restart(s))\n{}",
+            s.threshold,
+            s.jobs_read,
+            s.restarts,
+            render_recoveries(s)
         );
     }
     let mut out = format!(
@@ -190,7 +272,7 @@ pub fn render_text(s: &Storms) -> String {
             out += &format!("  {}: jobs {}\n", n.node, n.jobs.join(", "));
         }
     }
-    out
+    out + &render_recoveries(s)
 }
 
 /// Prometheus text format, for node_exporter's textfile collector.
@@ -241,6 +323,7 @@ pub fn render_prometheus(s: &Storms) -> String {
             })
             .collect(),
     );
+    recovery_histograms(s, &mut out);
     out
 }
 

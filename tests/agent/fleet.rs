@@ -60,6 +60,13 @@ fn fleet_names_the_job_restarting_past_the_threshold_and_its_node() {
     assert!(text.contains("failures: infrastructure 5;"), "{text}");
     assert!(text.contains(&format!("nodes: {host}")), "{text}");
     assert!(!text.contains("job calm"), "{text}");
+    // Every job's recoveries (5 of one, 1 of the other), by failure class:
+    // each phase's p50/p99.
+    assert!(
+        text.contains("recoveries within the window, by failure class (n; each phase's p50/p99):\n  infrastructure (6): detection "),
+        "{text}"
+    );
+    assert!(text.contains(", total "), "{text}");
 
     let o = fleet(&["--prometheus"]);
     let prom = String::from_utf8_lossy(&o.stdout);
@@ -70,8 +77,40 @@ fn fleet_names_the_job_restarting_past_the_threshold_and_its_node() {
         "{prom}"
     );
 
+    // The recoveries as histograms, by class and phase.
+    assert!(
+        prom.contains("# TYPE resilio_fleet_recovery_seconds histogram\n"),
+        "{prom}"
+    );
+    assert!(
+        prom.contains(
+            "resilio_fleet_recovery_seconds_count{class=\"infrastructure\",phase=\"total\"} 6\n"
+        ),
+        "{prom}"
+    );
+    assert!(
+        prom.contains("resilio_fleet_recovery_seconds_bucket{class=\"infrastructure\",phase=\"total\",le=\"+Inf\"} 6\n"),
+        "{prom}"
+    );
+
     let o = fleet(&["--json", "--restarts", "4"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let by = &v["recoveries_by_class"][0];
+    assert_eq!(
+        (by["class"].as_str(), by["n"].as_u64()),
+        (Some("infrastructure"), Some(6)),
+        "{v:#}"
+    );
+    let phases: Vec<&str> = by["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["phase"].as_str().unwrap())
+        .collect();
+    assert!(
+        phases.contains(&"teardown") && phases.last() == Some(&"total"),
+        "{phases:?}"
+    );
     assert_eq!(v["jobs"][0]["job"], "storm", "{v:#}");
     assert_eq!(v["jobs"][0]["restarts"], 5, "{v:#}");
     assert_eq!(v["threshold"], 4);
