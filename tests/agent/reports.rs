@@ -1019,4 +1019,31 @@ fn a_recovery_is_timed_phase_by_phase_in_the_report() {
     );
     assert!(text.contains("back at step 6"), "{text}");
     assert!(text.contains("  p50/p99: detection 0ms/0ms"), "{text}");
+    // The page: the recovery as a stacked bar, a rectangle per phase.
+    let page = tmp.path().join("rec.html");
+    let o = cmd(
+        tmp.path(),
+        &["timeline", "rec", "--html", page.to_str().unwrap()],
+    );
+    assert!(o.status.success(), "{}", stderr_of(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("Recoveries: from the fault to the step reached before it"));
+    for phase in [
+        "detection",
+        "diagnosis",
+        "teardown",
+        "relaunch",
+        "start",
+        "rework",
+    ] {
+        assert!(
+            html.contains(&format!("<title>attempt 0 infrastructure: {phase} ")),
+            "{phase}: {html}"
+        );
+    }
+    assert!(html.contains("total, back at step 6</text>"), "{html}");
+    assert!(
+        html.contains("p50/p99 over 1 recovery: detection "),
+        "{html}"
+    );
 }
