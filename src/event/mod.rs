@@ -188,7 +188,7 @@ events! {
     /// No progress within the limit.
     Stall = "stall" {
         /// `startup`, `step_adaptive`, `step_fixed`, `phase_NAME`.
-        stall_kind: String,
+        stall_kind: crate::policy::stall::StallKind,
         phase: String,
         timeout_s: f64,
         idle_s: f64,

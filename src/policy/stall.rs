@@ -181,7 +181,8 @@ impl Phase {
     }
 }
 
-/// Which limit a stall broke.
+/// Which limit a stall broke; the journal's `stall.stall_kind`, written
+/// as its [`name`](StallKind::name).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StallKind {
     /// No first step within `startup_timeout`.
@@ -190,17 +191,46 @@ pub enum StallKind {
     Step { adaptive: bool },
     /// A named phase lasted longer than its timeout.
     Phase(String),
+    /// A word a later build wrote (read from a journal; never detected).
+    Unknown(String),
 }
 
 impl StallKind {
-    /// Short name for the journal.
+    /// Short name for the journal: `startup`, `step_adaptive`,
+    /// `step_fixed`, `phase_NAME`.
     pub fn name(&self) -> String {
         match self {
             StallKind::Startup => "startup".into(),
             StallKind::Step { adaptive: true } => "step_adaptive".into(),
             StallKind::Step { adaptive: false } => "step_fixed".into(),
             StallKind::Phase(p) => format!("phase_{p}"),
+            StallKind::Unknown(w) => w.clone(),
         }
+    }
+
+    /// The kind a journal's word names.
+    pub fn from_name(word: &str) -> StallKind {
+        match word {
+            "startup" => StallKind::Startup,
+            "step_adaptive" => StallKind::Step { adaptive: true },
+            "step_fixed" => StallKind::Step { adaptive: false },
+            w => match w.strip_prefix("phase_") {
+                Some(p) => StallKind::Phase(p.to_string()),
+                None => StallKind::Unknown(w.to_string()),
+            },
+        }
+    }
+}
+
+impl serde::Serialize for StallKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for StallKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<StallKind, D::Error> {
+        String::deserialize(d).map(|w| StallKind::from_name(&w))
     }
 }
 
@@ -224,6 +254,7 @@ impl StallKind {
                 }
                 other => format!("if phase '{other}' needs longer, raise its limit in [stall.phase_timeouts]"),
             },
+            StallKind::Unknown(_) => String::new(),
         }
     }
 }
@@ -612,6 +643,21 @@ impl StallPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stall_kind_is_written_and_read_as_its_journal_word() {
+        for (kind, word) in [
+            (StallKind::Startup, "startup"),
+            (StallKind::Step { adaptive: true }, "step_adaptive"),
+            (StallKind::Step { adaptive: false }, "step_fixed"),
+            (StallKind::Phase("eval".into()), "phase_eval"),
+            (StallKind::Unknown("later_word".into()), "later_word"),
+        ] {
+            let json = serde_json::to_string(&kind).unwrap();
+            assert_eq!(json, format!("\"{word}\""));
+            assert_eq!(serde_json::from_str::<StallKind>(&json).unwrap(), kind);
+        }
+    }
 
     fn secs(s: f64) -> Duration {
         Duration::from_secs_f64(s)

@@ -31,7 +31,7 @@ pub(crate) fn on_stall(
     journal.write_at(
         clock.wall(now),
         ev::Stall {
-            stall_kind: Some(s.kind.name()),
+            stall_kind: Some(s.kind.clone()),
             phase: Some(policy.phase().name().to_string()),
             timeout_s: Some(s.timeout.as_secs_f64()),
             idle_s: Some(idle.as_secs_f64()),

@@ -146,7 +146,7 @@ fn checkpoint_done(x: &e::CheckpointDone) -> String {
 fn stall(x: &e::Stall) -> String {
     format!(
         "STALL ({}): no progress for {:.1}s, limit {:.1}s, last step {}",
-        text(&x.stall_kind),
+        x.stall_kind.as_ref().map_or("?".into(), |k| k.name()),
         x.idle_s.unwrap_or(0.0),
         x.timeout_s.unwrap_or(0.0),
         num(x.last_step)
