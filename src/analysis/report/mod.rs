@@ -291,6 +291,57 @@ mod tests {
         }
     }
 
+    /// A run whose every attempt failed before a step is told so, not
+    /// pointed at its progress bar alone (trial 16); one that completed
+    /// without a step number gets the progress bar's advice.
+    #[test]
+    fn no_step_read_is_explained_by_failures_at_start_when_every_attempt_failed() {
+        let crashed = |a: u32, t: f64| {
+            vec![
+                rec(t, "rank_start", a, json!({})),
+                rec(
+                    t + 1.0,
+                    "rank_exit",
+                    a,
+                    json!({"exit_code": 1, "class": "unknown"}),
+                ),
+                rec(
+                    t + 1.0,
+                    "failure",
+                    a,
+                    json!({"cause": "exited with error", "class": "unknown", "exit_code": 1}),
+                ),
+                rec(
+                    t + 1.1,
+                    "decision",
+                    a,
+                    json!({"decision": {"action": if a == 0 { "restart_in_place" } else { "stop" }, "reason": "x"},
+                           "outcome": {"class": "unknown", "signature": "unknown: x"}}),
+                ),
+            ]
+        };
+        let recs: Vec<Record> = crashed(0, 0.0).into_iter().chain(crashed(1, 2.0)).collect();
+        let text = render_text(&build("j", &recs, 0, None));
+        assert!(
+            text.contains("note: every attempt failed before a step number was read (see the failures), so no time counts as productive; if the trainer did take steps: Lightning's"),
+            "{text}"
+        );
+        let quiet = vec![
+            rec(0.0, "rank_start", 0, json!({})),
+            rec(
+                5.0,
+                "rank_exit",
+                0,
+                json!({"exit_code": 0, "class": "clean"}),
+            ),
+        ];
+        let text = render_text(&build("j", &quiet, 0, None));
+        assert!(
+            text.contains("note: no step number was read from the trainer, so no time counts as productive: Lightning's"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn the_failure_list_centres_on_the_rank_the_judgment_names() {
         let mut waited = rec(

@@ -34,8 +34,8 @@ pub fn summary_line(r: &JobReport) -> String {
     }
 }
 
-/// Why a report may have no step numbers, and what gives them.
-const NO_STEPS_HINT: &str = "no step number was read from the trainer, so no time counts as productive: Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (export TTY_COMPATIBLE=1 so Rich draws it and resilio reads it, or use TQDMProgressBar or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
+/// Where step numbers come from, when a trainer's are not read.
+const STEPS_FROM: &str = "Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (export TTY_COMPATIBLE=1 so Rich draws it and resilio reads it, or use TQDMProgressBar or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
 
 /// The checkpoint that can be restored, checkpoints found incomplete, and
 /// saves that take too much of the time between them.
@@ -305,7 +305,19 @@ fn render_header(s: &mut String, r: &JobReport) {
         r.exit_code.map_or("-".into(), |v| v.to_string()),
     );
     if r.ettr_unknown {
-        let _ = writeln!(s, "note: {NO_STEPS_HINT}");
+        if r.failed_attempts > 0 && r.failed_attempts >= r.attempts.len() {
+            // Every attempt failed: most likely before its first step
+            // (trial 16: the progress bar blamed for a crash at start).
+            let _ = writeln!(
+                s,
+                "note: every attempt failed before a step number was read (see the failures), so no time counts as productive; if the trainer did take steps: {STEPS_FROM}"
+            );
+        } else {
+            let _ = writeln!(
+                s,
+                "note: no step number was read from the trainer, so no time counts as productive: {STEPS_FROM}"
+            );
+        }
     }
 }
 
