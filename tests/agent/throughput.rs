@@ -519,6 +519,10 @@ fn a_stale_save_is_not_restorable_and_a_save_just_before_a_kill_is_seen() {
     );
     let text = report_text(tmp.path(), "stale");
     assert!(
+        text.contains("checkpoints: 3 confirmed (1 of them not to count on, below)"),
+        "{text}"
+    );
+    assert!(
         text.contains("not new: step 20 in checkpoint-20: stale: its largest files are byte for byte those of checkpoint-10"),
         "{text}"
     );

@@ -399,8 +399,12 @@ fn render_checkpoints(s: &mut String, r: &JobReport) {
     if r.checkpoints.count > 0 {
         let _ = writeln!(
             s,
-            "\ncheckpoints: {} confirmed, mean duration {}, mean interval {}",
+            "\ncheckpoints: {} confirmed{}, mean duration {}, mean interval {}",
             r.checkpoints.count,
+            match r.checkpoints.incomplete.len() {
+                0 => String::new(),
+                n => format!(" ({n} of them not to count on, below)"),
+            },
             r.checkpoints
                 .mean_duration_s
                 .map_or("-".into(), |d| format!("{d:.1}s")),
