@@ -180,8 +180,9 @@ events! {
         complete: bool,
         temp_names: Vec<String>,
         changing: Vec<String>,
-        /// The earlier checkpoint whose bulk (its largest files, sampled)
-        /// is byte for byte this one's: a stale save, not a new one.
+        /// The earlier checkpoint whose files (those that name the step
+        /// left out) are byte for byte this one's: a stale save, not a new
+        /// one.
         same_as: String,
     }
 

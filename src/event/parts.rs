@@ -362,7 +362,7 @@ impl From<crate::progress::tracker::Namer> for StepNamer {
 impl super::CheckpointDone {
     /// A checkpoint to count on as the last good one: not found incomplete
     /// (temporary names, files still written to) and not stale (the same
-    /// bulk as an earlier one). Confirmations without files (the trainer's
+    /// files as an earlier one). Confirmations without files (the trainer's
     /// word) are taken as whole.
     pub fn whole(&self) -> bool {
         self.complete != Some(false) && self.same_as.is_none()

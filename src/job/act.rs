@@ -139,12 +139,8 @@ pub(super) fn plan_rollback(
     let (since, at) = finding
         .as_ref()
         .map_or((None, None), |n| (n.since_step.or(n.step), n.step));
-    let whole: Vec<u64> = records
-        .iter()
-        .filter_map(|r| match r.event() {
-            Some(ev::Event::CheckpointDone(c)) if c.whole() => c.step,
-            _ => None,
-        })
+    let whole: Vec<u64> = journal::whole_checkpoints(records)
+        .filter_map(|(_, c)| c.step)
         .collect();
     let before = whole
         .iter()

@@ -524,13 +524,7 @@ pub fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
 pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Option<u64>) {
     let mut before: Option<u64> = None;
     let mut mine: Vec<Option<u64>> = Vec::new();
-    for (r, e) in journal::events(records) {
-        let Event::CheckpointDone(c) = e else {
-            continue;
-        };
-        if !c.whole() {
-            continue;
-        }
+    for (r, c) in journal::whole_checkpoints(records) {
         if r.attempt < attempt {
             before = before.max(c.step);
         } else if r.attempt == attempt {
@@ -631,6 +625,20 @@ mod tests {
         assert!(new_checkpoint(&rs, 1));
         let rs = [ck(0, Some(90), true), ck(1, None, true)];
         assert!(new_checkpoint(&rs, 1), "a step not known: taken as new");
+        // The trainer's word (stdout) for a checkpoint its directory shows
+        // stale does not make it new (trial 16b).
+        let stale = Record {
+            attempt: 1,
+            ..rec(
+                "checkpoint_done",
+                Some(0),
+                "n1",
+                0,
+                json!({ "step": 95, "source": "checkpoint_dir", "same_as": "checkpoint-90" }),
+            )
+        };
+        let rs = [ck(0, Some(90), true), ck(1, Some(95), true), stale];
+        assert_eq!(new_and_last_checkpoint(&rs, 1), (false, Some(90)));
     }
 
     #[test]

@@ -116,6 +116,28 @@ pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, &Event)> + '
     records.iter().filter_map(|r| Some((r, r.event()?)))
 }
 
+/// The checkpoints to count on: a `checkpoint_done` that is
+/// [`whole`](crate::event::CheckpointDone::whole), and whose step no look
+/// at its files found incomplete or stale (the trainer's own word, on its
+/// output or socket, for a checkpoint its directory shows stale does not
+/// make it whole; trial 16b). With the record each is in.
+pub fn whole_checkpoints(
+    records: &[Record],
+) -> impl Iterator<Item = (&Record, &crate::event::CheckpointDone)> + '_ {
+    let unsound: std::collections::BTreeSet<u64> = events(records)
+        .filter_map(|(_, e)| match e {
+            Event::CheckpointDone(c) if !c.whole() => c.step,
+            _ => None,
+        })
+        .collect();
+    events(records).filter_map(move |(r, e)| match e {
+        Event::CheckpointDone(c) if c.whole() && c.step.is_none_or(|s| !unsound.contains(&s)) => {
+            Some((r, c))
+        }
+        _ => None,
+    })
+}
+
 /// Check a job id before it becomes part of a path.
 pub fn validate_job_id(job: &str) -> Result<(), String> {
     let ok = !job.is_empty()

@@ -65,13 +65,10 @@ pub struct Files {
     pub changing: Vec<String>,
     /// More than [`MAX_FILES`] entries: the counts stop there.
     pub truncated: bool,
-    /// The bulk of its bytes (its largest files, nine tenths of it),
-    /// fingerprinted from their names, sizes and sampled contents
-    /// ([`bulk_fingerprint`]); `None` when it holds no bytes.
-    pub bulk: Option<u64>,
-    /// The earlier checkpoint whose bulk is byte for byte this one's: a
-    /// save reported as new that wrote nothing new (stale weights under a
-    /// fresh marker). Not a checkpoint to count on as the last good one.
+    /// The earlier checkpoint whose files are byte for byte this one's
+    /// ([`same_contents`]): a save reported as new that wrote nothing new
+    /// (stale state under a fresh marker). Not a checkpoint to count on as
+    /// the last good one.
     pub same_as: Option<String>,
 }
 
@@ -90,52 +87,79 @@ impl Files {
     }
 }
 
-/// Files fingerprinted per checkpoint, at most (the largest).
-pub const BULK_FILES: usize = 16;
-/// Bytes read from each, at most: three samples (start, middle, end).
-const SAMPLE: u64 = 64 * 1024;
+/// Bytes read, at most, to find two checkpoints the same (both sides
+/// counted); past it, no judgment.
+pub const COMPARE_BUDGET: u64 = 2 << 30;
 
-/// A fingerprint of the bulk of a checkpoint: its largest files until nine
-/// tenths of its bytes (at most [`BULK_FILES`]), each by its name within the
-/// checkpoint, its size and three 64 KiB samples of its contents. A
-/// training step changes nearly every byte of the weights and the
-/// optimizer state, so two checkpoints of different steps differ here,
-/// while a save that rewrote old state under a new name does not; the small
-/// files (`trainer_state.json`, the step it names) are left out on purpose.
-/// At most 3 MiB read, whatever the checkpoint's size.
-pub fn bulk_fingerprint(root: &Path, look: &Look) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
-    use std::io::{Read, Seek, SeekFrom};
-    let total: u64 = look.values().map(|(n, _)| n).sum();
-    if total == 0 {
-        return None;
+/// Files that name the step, the time or the random state rather than what
+/// was learnt (`trainer_state.json`, `rng_state*.pth`, `scheduler.pt`,
+/// completion markers): left out of the comparison.
+fn names_the_step(rel: &Path) -> bool {
+    let name = rel
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    matches!(
+        name.as_str(),
+        "trainer_state.json"
+            | "scheduler.pt"
+            | "complete"
+            | ".complete"
+            | "done"
+            | ".done"
+            | ".metadata"
+            | "latest"
+    ) || name.starts_with("rng_state")
+}
+
+/// Whether the checkpoint at `new` holds the same files, byte for byte,
+/// as the one at `old` (both with their files `new_look`, `old_look`): the
+/// same names (those that name the step left out) and the same contents,
+/// compared in full, stopping at the first difference (a real next save
+/// differs early), within [`COMPARE_BUDGET`]. A training step that changes
+/// a single weight makes them differ; only a save that wrote old state
+/// again is the same. `None` when it cannot be told (a file unreadable,
+/// the budget spent).
+pub fn same_contents(new: &Path, new_look: &Look, old: &Path, old_look: &Look) -> Option<bool> {
+    use std::io::Read;
+    let rel = |root: &Path, look: &Look| -> Vec<(PathBuf, u64)> {
+        look.iter()
+            .filter_map(|(p, (n, _))| Some((p.strip_prefix(root).ok()?.to_path_buf(), *n)))
+            .filter(|(r, _)| !names_the_step(r))
+            .collect()
+    };
+    let (a, b) = (rel(new, new_look), rel(old, old_look));
+    if a.is_empty() || a != b {
+        return Some(false);
     }
-    let mut by_size: Vec<(&PathBuf, u64)> = look.iter().map(|(p, (n, _))| (p, *n)).collect();
-    by_size.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    let mut covered = 0u64;
-    for (path, size) in by_size.into_iter().take(BULK_FILES) {
-        if covered * 10 >= total * 9 {
-            break;
+    // A checkpoint that is one file (Lightning's `.ckpt`) is its own root.
+    let at = |root: &Path, r: &Path| {
+        if r.as_os_str().is_empty() {
+            root.to_path_buf()
+        } else {
+            root.join(r)
         }
-        covered += size;
-        path.strip_prefix(root).unwrap_or(path).hash(&mut h);
-        size.hash(&mut h);
-        let Ok(mut f) = std::fs::File::open(path) else {
-            continue;
-        };
-        let mut buf = vec![0u8; SAMPLE.min(size) as usize];
-        for at in [
-            0,
-            size.saturating_sub(SAMPLE) / 2,
-            size.saturating_sub(SAMPLE),
-        ] {
-            if f.seek(SeekFrom::Start(at)).is_ok() && f.read_exact(&mut buf).is_ok() {
-                buf.hash(&mut h);
+    };
+    let mut budget = COMPARE_BUDGET;
+    let (mut bx, mut by) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    for (r, _) in &a {
+        let (mut x, mut y) = (
+            std::fs::File::open(at(new, r)).ok()?,
+            std::fs::File::open(at(old, r)).ok()?,
+        );
+        loop {
+            let n = x.read(&mut bx).ok()?;
+            if n == 0 {
+                break;
             }
+            y.read_exact(&mut by[..n]).ok()?;
+            if bx[..n] != by[..n] {
+                return Some(false);
+            }
+            budget = budget.checked_sub(2 * n as u64)?;
         }
     }
-    Some(h.finish())
+    Some(true)
 }
 
 /// Every file of a checkpoint: its size and modification time.
@@ -175,6 +199,16 @@ fn checkpoint_of(matched: &str, step: Option<u64>) -> &str {
 /// `settle` is zero): a file whose size or modification time moved in
 /// between was still being written.
 pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -> Files {
+    inspect_with_look(dir, matched, step, settle).0
+}
+
+/// [`inspect`], with the files it looked at last.
+fn inspect_with_look(
+    dir: &Path,
+    matched: &str,
+    step: Option<u64>,
+    settle: Duration,
+) -> (Files, Look) {
     let top = checkpoint_of(matched, step);
     let root = dir.join(top);
     let (mut f, mut files) = look(&root);
@@ -201,8 +235,7 @@ pub fn inspect(dir: &Path, matched: &str, step: Option<u64>, settle: Duration) -
     }
     f.path = top.to_string();
     f.step = step;
-    f.bulk = bulk_fingerprint(&root, &files);
-    f
+    (f, files)
 }
 
 fn look(root: &Path) -> (Files, Look) {
@@ -284,14 +317,14 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
     let wake = wake_tx.clone();
     let at_start = scan(&dir, &re);
     // The newest checkpoint there already (what a restarted trainer loads):
-    // a new one with the same bulk is stale.
-    let mut last: Option<(String, u64)> = at_start
+    // a new one with the same contents is stale.
+    let mut last: Option<(String, Look)> = at_start
         .iter()
         .filter(|(_, s)| s.is_some())
         .max_by_key(|(_, s)| *s)
-        .and_then(|(p, s)| {
-            let f = inspect(&dir, p, *s, Duration::ZERO);
-            Some((f.path, f.bulk?))
+        .map(|(p, s)| {
+            let (f, files) = inspect_with_look(&dir, p, *s, Duration::ZERO);
+            (f.path, files)
         });
     let mut seen: HashSet<String> = at_start.into_iter().map(|(p, _)| p).collect();
     // The directory, or while it does not exist yet its nearest existing
@@ -326,16 +359,17 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                     if seen.insert(path.clone()) {
                         // Found now; judged whole after it settled.
                         let at = Instant::now();
-                        let mut files = inspect(&dir, &path, step, settle);
-                        if let Some(bulk) = files.bulk {
-                            if let Some((earlier, _)) = last
-                                .as_ref()
-                                .filter(|(p, b)| *b == bulk && *p != files.path)
-                            {
-                                files.same_as = Some(earlier.clone());
-                            } else {
-                                last = Some((files.path.clone(), bulk));
-                            }
+                        let (mut files, look) = inspect_with_look(&dir, &path, step, settle);
+                        let same =
+                            last.as_ref()
+                                .filter(|(p, _)| *p != files.path)
+                                .and_then(|(p, old)| {
+                                    same_contents(&dir.join(&files.path), &look, &dir.join(p), old)
+                                        .map(|same| (p, same))
+                                });
+                        match same {
+                            Some((earlier, true)) => files.same_as = Some(earlier.clone()),
+                            _ => last = Some((files.path.clone(), look)),
                         }
                         tx.send(ProgressEvent {
                             at,
@@ -516,6 +550,51 @@ mod tests {
         save(400, 2);
         let got = files(1);
         assert_eq!(got[0].same_as.as_deref(), Some("checkpoint-300"), "{got:?}");
+    }
+
+    /// Only a byte-for-byte copy is the same: one changed byte anywhere in
+    /// a large file (a model whose other layers are frozen) makes a new
+    /// checkpoint (trial 16b: sampled windows missed it). The files that
+    /// name the step are left out; a file more or less is new; a
+    /// checkpoint that is one file compares as one.
+    #[test]
+    fn a_checkpoint_is_the_same_only_when_every_byte_is() {
+        let tmp = tempfile::tempdir().unwrap();
+        let write = |rel: &str, bytes: &[u8]| {
+            let p = tmp.path().join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, bytes).unwrap();
+        };
+        let big: Vec<u8> = (0..4_000_000u32).map(|i| (i % 251) as u8).collect();
+        let mut nudged = big.clone();
+        nudged[70_000] ^= 1;
+        for (dir, model, step) in [("a", &big, 1), ("b", &big, 2), ("c", &nudged, 3)] {
+            write(&format!("{dir}/model.safetensors"), model);
+            write(&format!("{dir}/optimizer.pt"), b"frozen");
+            write(
+                &format!("{dir}/trainer_state.json"),
+                format!("{{\"global_step\": {step}}}").as_bytes(),
+            );
+            write(
+                &format!("{dir}/rng_state.pth"),
+                format!("rng {step}").as_bytes(),
+            );
+        }
+        write("d/model.safetensors", &big);
+        write("d/optimizer.pt", b"frozen");
+        write("d/extra.bin", b"x");
+        write("e.ckpt", b"state 1");
+        write("f.ckpt", b"state 1");
+        write("g.ckpt", b"state 2");
+        let same = |x: &str, y: &str| {
+            let (px, py) = (tmp.path().join(x), tmp.path().join(y));
+            same_contents(&px, &look(&px).1, &py, &look(&py).1)
+        };
+        assert_eq!(same("b", "a"), Some(true), "only the step's files differ");
+        assert_eq!(same("c", "a"), Some(false), "one byte at 70,000 of 4 MB");
+        assert_eq!(same("d", "a"), Some(false), "a file more");
+        assert_eq!(same("f.ckpt", "e.ckpt"), Some(true));
+        assert_eq!(same("g.ckpt", "e.ckpt"), Some(false));
     }
 
     #[test]

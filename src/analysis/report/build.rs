@@ -61,6 +61,14 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     let mut durations = Vec::new();
     let mut started: BTreeMap<(Option<u32>, u32), DateTime<Utc>> = BTreeMap::new();
     let (mut last_restorable, mut incomplete, mut sizes) = (None, Vec::new(), Vec::new());
+    // A step its files showed incomplete or stale is not restorable for
+    // the trainer's word on it (trial 16b).
+    let unsound: std::collections::BTreeSet<u64> = crate::journal::events(records)
+        .filter_map(|(_, e)| match e {
+            Event::CheckpointDone(c) if !c.whole() => c.step,
+            _ => None,
+        })
+        .collect();
     for (r, e) in crate::journal::events(records) {
         match e {
             Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
@@ -84,7 +92,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                 sizes.extend(c.size_bytes.map(|b| b as f64));
                 if !c.whole() {
                     incomplete.push(one);
-                } else {
+                } else if c.step.is_none_or(|s| !unsound.contains(&s)) {
                     last_restorable = Some(one);
                 }
                 let key = (r.attempt, c.step);

@@ -238,7 +238,7 @@ pub struct Restorable {
     pub temp_names: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub changing: Vec<String>,
-    /// Stale: its bulk is byte for byte that of this earlier checkpoint.
+    /// Stale: its files are byte for byte those of this earlier checkpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub same_as: Option<String>,
 }

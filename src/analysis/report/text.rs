@@ -80,7 +80,7 @@ fn render_checkpoint_health(s: &mut String, r: &JobReport) {
         }
         if let Some(earlier) = &i.same_as {
             why.push(format!(
-                "stale: its largest files are byte for byte those of {earlier} (a save reported as new that wrote nothing new)"
+                "stale: its files are byte for byte those of {earlier} (a save reported as new that wrote nothing new)"
             ));
         }
         let _ = writeln!(

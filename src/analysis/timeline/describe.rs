@@ -136,7 +136,7 @@ fn phase(x: &e::Phase) -> String {
 fn checkpoint_done(x: &e::CheckpointDone) -> String {
     match &x.same_as {
         Some(earlier) => format!(
-            "checkpoint done at step {}, NOT NEW: its largest files are byte for byte those of {earlier}",
+            "checkpoint done at step {}, NOT NEW: its files are byte for byte those of {earlier}",
             num(x.step)
         ),
         None => format!("checkpoint done at step {}", num(x.step)),
