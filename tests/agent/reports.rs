@@ -1028,14 +1028,7 @@ fn a_recovery_is_timed_phase_by_phase_in_the_report() {
     assert!(o.status.success(), "{}", stderr_of(&o));
     let html = std::fs::read_to_string(&page).unwrap();
     assert!(html.contains("Recoveries: from the fault to the step reached before it"));
-    for phase in [
-        "detection",
-        "diagnosis",
-        "teardown",
-        "relaunch",
-        "start",
-        "rework",
-    ] {
+    for phase in resilio::analysis::recovery::PHASES {
         assert!(
             html.contains(&format!("<title>attempt 0 infrastructure: {phase} ")),
             "{phase}: {html}"

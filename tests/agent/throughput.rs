@@ -346,24 +346,48 @@ fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
     assert!(text.contains("\n  slowdown "), "{text}");
 }
 
-#[test]
-fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_one() {
-    let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("ck");
+/// `python3 -c SCRIPT` under `resilio run` (no restart), its checkpoint
+/// directory `STATE/ck` watched (polled every `poll`, inotify besides);
+/// the script gets that directory as `{ck}`. Its output.
+fn run_watching_checkpoints(
+    state: &Path,
+    job: &str,
+    poll: &str,
+    script: impl Fn(&str) -> String,
+) -> std::process::Output {
+    let ck = state.join("ck");
     std::fs::create_dir_all(&ck).unwrap();
     let cfg = write_config(
-        tmp.path(),
+        state,
         &format!(
-            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"200ms\"\n",
+            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"{poll}\"\n",
             ck.display()
         ),
     );
+    let mut c = resilio_run(state, job);
+    c.args([
+        "--max-restarts",
+        "0",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--",
+        "python3",
+        "-c",
+        &script(&format!("{:?}", ck.to_str().unwrap())),
+    ]);
+    output_within(&mut c, Duration::from_secs(30)).0
+}
+
+#[test]
+fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_one() {
+    let tmp = tempfile::tempdir().unwrap();
     // checkpoint-10 saved whole (3000 bytes, COMPLETE written last); then
     // checkpoint-20, whose marker came while a shard still had its
     // temporary name (a save that went wrong); then checkpoint-30, whose
     // marker came while a shard was still being appended to for 3 s.
-    let script = format!(
-        "import os, time\nck = {:?}\n\
+    let script = |ck: &str| {
+        format!(
+            "import os, time\nck = {ck}\n\
          os.makedirs(ck + '/checkpoint-10/shards')\n\
          open(ck + '/checkpoint-10/shards/a.pt', 'wb').write(b'x' * 2000)\n\
          open(ck + '/checkpoint-10/model.pt', 'wb').write(b'x' * 1000)\n\
@@ -379,21 +403,10 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
          for _ in range(60):\n\
          \x20   shard.write(b'x' * 100); shard.flush(); time.sleep(0.05)\n\
          shard.close()\n\
-         time.sleep(1.0)\n",
-        ck.to_str().unwrap()
-    );
-    let mut c = resilio_run(tmp.path(), "ckh");
-    c.args([
-        "--max-restarts",
-        "0",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--",
-        "python3",
-        "-c",
-        &script,
-    ]);
-    let (out, _) = output_within(&mut c, Duration::from_secs(30));
+         time.sleep(1.0)\n"
+        )
+    };
+    let out = run_watching_checkpoints(tmp.path(), "ckh", "200ms", script);
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "ckh");
     let done = kinds(&recs, "checkpoint_done");
@@ -454,17 +467,9 @@ fn checkpoint_health_names_the_last_restorable_checkpoint_its_size_and_a_broken_
 #[test]
 fn a_stale_save_is_not_restorable_and_a_save_just_before_a_kill_is_seen() {
     let tmp = tempfile::tempdir().unwrap();
-    let ck = tmp.path().join("ck");
-    std::fs::create_dir_all(&ck).unwrap();
-    let cfg = write_config(
-        tmp.path(),
-        &format!(
-            "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"1h\"\n",
-            ck.display()
-        ),
-    );
-    let script = format!(
-        "import os, shutil, time\nck = {:?}\n\
+    let script = |ck: &str| {
+        format!(
+            "import os, shutil, time\nck = {ck}\n\
          def save(step, weights):\n\
          \x20   d = ck + '/checkpoint-%d' % step\n\
          \x20   os.makedirs(d)\n\
@@ -480,21 +485,10 @@ fn a_stale_save_is_not_restorable_and_a_save_just_before_a_kill_is_seen() {
          time.sleep(1.0)\n\
          save(30, w20)\n\
          time.sleep(0.1)\n\
-         os.kill(os.getpid(), 9)\n",
-        ck.to_str().unwrap()
-    );
-    let mut c = resilio_run(tmp.path(), "stale");
-    c.args([
-        "--max-restarts",
-        "0",
-        "--config",
-        cfg.to_str().unwrap(),
-        "--",
-        "python3",
-        "-c",
-        &script,
-    ]);
-    let (out, _) = output_within(&mut c, Duration::from_secs(30));
+         os.kill(os.getpid(), 9)\n"
+        )
+    };
+    let out = run_watching_checkpoints(tmp.path(), "stale", "1h", script);
     assert_eq!(out.status.code(), Some(137), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "stale");
     // The directory's records (the trainer also says each save on its
