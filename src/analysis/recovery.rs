@@ -58,6 +58,18 @@ pub struct Recovery {
     pub caught_up: bool,
 }
 
+impl Recovery {
+    /// Where it ended, in words: `back at step 6`, `never back at step 6`,
+    /// `no step before`.
+    pub fn back(&self) -> String {
+        match (self.step_before, self.caught_up) {
+            (Some(step), true) => format!("back at step {step}"),
+            (Some(step), false) => format!("never back at step {step}"),
+            (None, _) => "no step before".into(),
+        }
+    }
+}
+
 /// One phase's spread over the job's recoveries.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PhaseSpread {

@@ -66,11 +66,7 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
             );
             x += w;
         }
-        let back = match (r.step_before, r.caught_up) {
-            (Some(step), true) => format!("back at step {step}"),
-            (Some(step), false) => format!("never back at step {step}"),
-            (None, _) => "no step before".into(),
-        };
+        let back = r.back();
         let _ = writeln!(
             h,
             "<text x=\"{:.1}\" y=\"{:.1}\">{} total, {back}{}</text>",

@@ -503,11 +503,7 @@ fn render_recoveries(s: &mut String, r: &JobReport) {
             .zip(v.phases_s)
             .map(|(name, p)| format!("{name} {}", p.map_or("?".into(), secs)))
             .collect();
-        let back = match (v.step_before, v.caught_up) {
-            (Some(step), true) => format!("back at step {step}"),
-            (Some(step), false) => format!("never back at step {step}"),
-            (None, _) => "no step before".into(),
-        };
+        let back = v.back();
         let _ = writeln!(
             s,
             "  attempt {} {} -> {}: {}; total {}, {back}",
