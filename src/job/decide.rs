@@ -487,7 +487,12 @@ pub fn seen_by_slurm(
         } else {
             &row.state
         };
-        AttemptOutcome::new(attempt, class, detail, last_step, failed_nodes.clone())
+        let (new_checkpoint, last_checkpoint) = judge::new_and_last_checkpoint(records, attempt);
+        AttemptOutcome {
+            new_checkpoint,
+            last_checkpoint,
+            ..AttemptOutcome::new(attempt, class, detail, last_step, failed_nodes.clone())
+        }
     });
     SeenBySlurm {
         attempt,
@@ -1083,6 +1088,20 @@ mod tests {
         assert_eq!(seen.failed_nodes, ["n2"]);
         let o = seen.outcome.clone().expect("nobody decided: a decision");
         assert_eq!((o.last_step, o.detail.as_str()), (Some(12), "node failure"));
+        assert_eq!((o.new_checkpoint, o.last_checkpoint), (false, None));
+        // A checkpoint the attempt saved is in its reconstructed outcome
+        // (for the no-progress rule across Slurm's own requeues).
+        let mut saved = records.clone();
+        saved.push(rec(
+            "checkpoint_done",
+            0,
+            Some(0),
+            "n1",
+            11,
+            json!({ "step": 10, "source": "stdout" }),
+        ));
+        let o = seen_by_slurm(&saved, 0, 0, &row, &down).outcome.unwrap();
+        assert_eq!((o.new_checkpoint, o.last_checkpoint), (true, Some(10)));
         // Decided already, and the failed node blamed: nothing but the row.
         records.push(rec("decision", 0, None, "", 20, json!({})));
         records.push(rec(
