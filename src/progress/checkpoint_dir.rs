@@ -92,8 +92,9 @@ impl Files {
 pub const COMPARE_BUDGET: u64 = 2 << 30;
 
 /// Files that name the step, the time or the random state rather than what
-/// was learnt (`trainer_state.json`, `rng_state*.pth`, `scheduler.pt`,
-/// completion markers): left out of the comparison.
+/// was learnt (any `*.json`: `trainer_state.json`, a trainer's `meta.json`;
+/// `rng_state*`, Accelerate's `random_states*`, `scheduler.*`, completion
+/// markers): left out of the comparison.
 fn names_the_step(rel: &Path) -> bool {
     let name = rel
         .file_name()
@@ -101,15 +102,11 @@ fn names_the_step(rel: &Path) -> bool {
         .unwrap_or_default();
     matches!(
         name.as_str(),
-        "trainer_state.json"
-            | "scheduler.pt"
-            | "complete"
-            | ".complete"
-            | "done"
-            | ".done"
-            | ".metadata"
-            | "latest"
-    ) || name.starts_with("rng_state")
+        "complete" | ".complete" | "done" | ".done" | ".metadata" | "latest"
+    ) || name.ends_with(".json")
+        || ["rng_state", "random_states", "scheduler."]
+            .iter()
+            .any(|p| name.starts_with(p))
 }
 
 /// Whether the checkpoint at `new` holds the same files, byte for byte,
@@ -579,6 +576,9 @@ mod tests {
                 &format!("{dir}/rng_state.pth"),
                 format!("rng {step}").as_bytes(),
             );
+            for other in ["meta.json", "random_states_0.pkl", "scheduler.bin"] {
+                write(&format!("{dir}/{other}"), format!("{step}").as_bytes());
+            }
         }
         write("d/model.safetensors", &big);
         write("d/optimizer.pt", b"frozen");

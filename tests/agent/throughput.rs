@@ -513,6 +513,12 @@ fn a_stale_save_is_not_restorable_and_a_save_just_before_a_kill_is_seen() {
     );
     let r = report_json(tmp.path(), "stale");
     assert_eq!(r["checkpoints"]["last_restorable"]["step"], 20, "{r}");
+    // Said by the trainer and seen in the directory: the record with its
+    // files (its path) is the one shown.
+    assert_eq!(
+        r["checkpoints"]["last_restorable"]["path"], "checkpoint-20",
+        "{r}"
+    );
     assert_eq!(r["checkpoints"]["incomplete"][0]["step"], 30, "{r}");
     assert_eq!(
         r["checkpoints"]["incomplete"][0]["same_as"], "checkpoint-20",

@@ -93,7 +93,14 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                 if !c.whole() {
                     incomplete.push(one);
                 } else if c.step.is_none_or(|s| !unsound.contains(&s)) {
-                    last_restorable = Some(one);
+                    // The same checkpoint said twice (the trainer's word,
+                    // then its directory): the record with its files wins.
+                    let same_step = last_restorable.as_ref().is_some_and(|l: &Restorable| {
+                        l.step == one.step && l.attempt == one.attempt
+                    });
+                    if !same_step || one.path.is_some() {
+                        last_restorable = Some(one);
+                    }
                 }
                 let key = (r.attempt, c.step);
                 if !done.iter().any(|(a, s, _)| (*a, *s) == key) {
