@@ -110,18 +110,10 @@ pub fn spread(recoveries: &[Recovery]) -> Vec<PhaseSpread> {
         .iter()
         .enumerate()
         .filter_map(|(i, &phase)| {
-            let mut v: Vec<f64> = recoveries.iter().filter_map(|r| r.phases_s[i]).collect();
-            if v.is_empty() {
-                return None;
-            }
-            v.sort_by(f64::total_cmp);
-            let at = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
-            Some(PhaseSpread {
+            spread_of(
                 phase,
-                n: v.len(),
-                p50_s: at(0.5),
-                p99_s: at(0.99),
-            })
+                recoveries.iter().filter_map(|r| r.phases_s[i]).collect(),
+            )
         })
         .collect()
 }
@@ -149,17 +141,7 @@ pub fn by_class(recoveries: &[Recovery]) -> Vec<ClassRecoveries> {
         .into_iter()
         .map(|(class, rs)| {
             let mut phases = spread(&rs);
-            let mut totals: Vec<f64> = rs.iter().map(|r| r.total_s).collect();
-            totals.sort_by(f64::total_cmp);
-            let at = |q: f64| {
-                totals[((q * totals.len() as f64).ceil() as usize).clamp(1, totals.len()) - 1]
-            };
-            phases.push(PhaseSpread {
-                phase: "total",
-                n: totals.len(),
-                p50_s: at(0.5),
-                p99_s: at(0.99),
-            });
+            phases.extend(spread_of("total", rs.iter().map(|r| r.total_s).collect()));
             ClassRecoveries {
                 class: class.to_string(),
                 n: rs.len(),
@@ -167,6 +149,22 @@ pub fn by_class(recoveries: &[Recovery]) -> Vec<ClassRecoveries> {
             }
         })
         .collect()
+}
+
+/// The p50 and p99 (nearest rank) of `values`; `None` when there are none.
+fn spread_of(phase: &'static str, mut values: Vec<f64>) -> Option<PhaseSpread> {
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    let at = |q: f64| values[((q * n as f64).ceil() as usize).clamp(1, n) - 1];
+    Some(PhaseSpread {
+        phase,
+        n,
+        p50_s: at(0.5),
+        p99_s: at(0.99),
+    })
 }
 
 fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {

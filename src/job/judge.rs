@@ -514,13 +514,8 @@ pub fn rolled_back(records: &[Record], attempt: u32, rank: u32) -> bool {
 
 /// Whether `attempt` confirmed a whole checkpoint newer than every one
 /// confirmed before it (by step; one whose step is not known counts as
-/// new): what a next attempt would start from moved on.
-pub fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
-    new_and_last_checkpoint(records, attempt).0
-}
-
-/// [`new_checkpoint`], and the step of the newest whole checkpoint
-/// confirmed by the end of `attempt`.
+/// new): what a next attempt would start from moved on; and the step of
+/// the newest whole checkpoint confirmed by the end of `attempt`.
 pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Option<u64>) {
     let mut before: Option<u64> = None;
     let mut mine: Vec<Option<u64>> = Vec::new();
@@ -597,6 +592,10 @@ mod tests {
             evidence: None,
             ..Default::default()
         }
+    }
+
+    fn new_checkpoint(records: &[Record], attempt: u32) -> bool {
+        new_and_last_checkpoint(records, attempt).0
     }
 
     #[test]

@@ -124,18 +124,24 @@ pub fn events(records: &[Record]) -> impl Iterator<Item = (&Record, &Event)> + '
 pub fn whole_checkpoints(
     records: &[Record],
 ) -> impl Iterator<Item = (&Record, &crate::event::CheckpointDone)> + '_ {
-    let unsound: std::collections::BTreeSet<u64> = events(records)
-        .filter_map(|(_, e)| match e {
-            Event::CheckpointDone(c) if !c.whole() => c.step,
-            _ => None,
-        })
-        .collect();
+    let unsound = unsound_checkpoint_steps(records);
     events(records).filter_map(move |(r, e)| match e {
         Event::CheckpointDone(c) if c.whole() && c.step.is_none_or(|s| !unsound.contains(&s)) => {
             Some((r, c))
         }
         _ => None,
     })
+}
+
+/// The steps of the checkpoints a look at their files found incomplete or
+/// stale: not restorable, whatever else says of them.
+pub fn unsound_checkpoint_steps(records: &[Record]) -> std::collections::BTreeSet<u64> {
+    events(records)
+        .filter_map(|(_, e)| match e {
+            Event::CheckpointDone(c) if !c.whole() => c.step,
+            _ => None,
+        })
+        .collect()
 }
 
 /// Check a job id before it becomes part of a path.

@@ -63,12 +63,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     let (mut last_restorable, mut incomplete, mut sizes) = (None, Vec::new(), Vec::new());
     // A step its files showed incomplete or stale is not restorable for
     // the trainer's word on it (trial 16b).
-    let unsound: std::collections::BTreeSet<u64> = crate::journal::events(records)
-        .filter_map(|(_, e)| match e {
-            Event::CheckpointDone(c) if !c.whole() => c.step,
-            _ => None,
-        })
-        .collect();
+    let unsound = crate::journal::unsound_checkpoint_steps(records);
     for (r, e) in crate::journal::events(records) {
         match e {
             Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
