@@ -130,6 +130,9 @@ events! {
         /// `FROM-TO`, as `RESILIO_SKIP_STEPS` gives it to the trainer.
         skip_steps: String,
         detail: String,
+        /// The checkpoints not to load (blamed for failures after their
+        /// restore), when they are why.
+        avoid: Vec<u64>,
     }
 
     /// Progress (sampled).
@@ -467,6 +470,9 @@ events! {
         decision: crate::policy::restart::Action,
         about_attempt: u32,
         source: ToldBy,
+        /// The step of the checkpoint the attempt restored, blamed for its
+        /// failure (`policy::restore`): not loaded again.
+        suspect_checkpoint: u64,
     }
 
     /// A restart (in place, or inside the allocation).

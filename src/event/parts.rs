@@ -100,6 +100,13 @@ pub struct Outcome {
     /// The step of the newest whole checkpoint by the end of the attempt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<u64>,
+    /// The step of the checkpoint the attempt started from, as far as the
+    /// job level could tell (absent: none, or not known).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored: Option<u64>,
+    /// The first bad step of a numerical failure (absent: its last step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_from: Option<u64>,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -219,6 +226,8 @@ impl From<&AttemptOutcome> for Outcome {
             rollback: o.rollback,
             new_checkpoint: Some(o.new_checkpoint),
             last_checkpoint: o.last_checkpoint,
+            restored: o.restored,
+            failed_from: o.failed_from,
             more: Map::new(),
         }
     }
@@ -241,6 +250,8 @@ impl Outcome {
             rollback: self.rollback,
             new_checkpoint: self.new_checkpoint.unwrap_or(true),
             last_checkpoint: self.last_checkpoint,
+            restored: self.restored,
+            failed_from: self.failed_from,
         })
     }
 }

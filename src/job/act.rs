@@ -9,7 +9,7 @@
 use super::decide::{self, Decision, Listed, SeenBySlurm, StartPlan};
 use super::retry::Retry;
 use crate::event as ev;
-use crate::journal::{self, Writer};
+use crate::journal::Writer;
 use crate::policy::restart::Action;
 use crate::slurm::{AcctRecord, Slurm};
 
@@ -70,94 +70,11 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
         ev::Decision {
             outcome: Some((&d.outcome).into()),
             decision: Some(d.action.clone()),
+            suspect_checkpoint: d.suspect,
             ..Default::default()
         },
         true,
     );
-}
-
-/// After a decision to run again on a rollback: work the rollback out from
-/// the journal, journal it and leave it for the next attempt's agents
-/// (`JOB_DIR/rollback.json`, replaced whole). Nothing for other decisions.
-pub fn leave_rollback(
-    job_dir: &std::path::Path,
-    records: &[crate::journal::Record],
-    d: &Decision,
-    journal: &mut Writer,
-) {
-    let Some(rb) = plan_rollback(records, d) else {
-        return;
-    };
-    journal.write(
-        ev::RollbackPlanned {
-            for_attempt: Some(rb.for_attempt),
-            checkpoint_step: rb.checkpoint_step,
-            skip_steps: rb.skip_steps(),
-            detail: Some(rb.detail.clone()),
-        },
-        true,
-    );
-    let path = job_dir.join(journal::ROLLBACK_FILE);
-    let tmp = job_dir.join(format!(
-        ".{}.{}",
-        journal::ROLLBACK_FILE,
-        std::process::id()
-    ));
-    let written = serde_json::to_vec(&rb)
-        .map_err(std::io::Error::other)
-        .and_then(|b| std::fs::write(&tmp, b))
-        .and_then(|_| std::fs::rename(&tmp, &path));
-    if let Err(e) = written {
-        tracing::warn!(
-            "cannot leave the rollback for the next attempt in {}: {e}",
-            path.display()
-        );
-    }
-}
-
-/// The rollback a decision to run again after a numerical failure leaves
-/// for the next attempt (`None` for any other decision): the last whole
-/// checkpoint confirmed before the bad values began, and the steps whose
-/// data led to them.
-pub(super) fn plan_rollback(
-    records: &[crate::journal::Record],
-    d: &Decision,
-) -> Option<journal::Rollback> {
-    if !d.outcome.is_rollback() || matches!(d.action, Action::Stop { .. } | Action::Finish) {
-        return None;
-    }
-    let attempt = d.outcome.attempt;
-    let finding = records.iter().rev().find_map(|r| match r.event() {
-        Some(ev::Event::Numerical(n))
-            if r.attempt == attempt
-                && n.action == Some(crate::policy::numerical::Act::Rollback) =>
-        {
-            Some(n)
-        }
-        _ => None,
-    });
-    let (since, at) = finding
-        .as_ref()
-        .map_or((None, None), |n| (n.since_step.or(n.step), n.step));
-    let whole: Vec<u64> = journal::whole_checkpoints(records)
-        .filter_map(|(_, c)| c.step)
-        .collect();
-    let before = whole
-        .iter()
-        .copied()
-        .filter(|s| since.is_none_or(|b| *s < b))
-        .max();
-    // Checkpoints there are, but all from after the bad values began:
-    // none may be loaded, and 0 says so (start from scratch). Left unset,
-    // the trainer would load the latest (trial 14).
-    let checkpoint_step = before.or((!whole.is_empty()).then_some(0));
-    Some(journal::Rollback {
-        for_attempt: attempt + 1,
-        checkpoint_step,
-        skip_from: since,
-        skip_to: at,
-        detail: d.outcome.detail.clone(),
-    })
 }
 
 /// A decision's action in words, for observe mode's record ("would ...").
@@ -661,6 +578,7 @@ pub fn journal_seen_by_slurm(
                     reason: format!("requeued by Slurm ({})", row.state),
                 }),
                 source: Some(ev::ToldBy::Sacct),
+                suspect_checkpoint: None,
             },
             true,
         );

@@ -20,6 +20,7 @@
 
 use super::act;
 use super::decide::{self, Decision, Facts};
+use super::rollback;
 use crate::event::Event;
 use crate::journal::{self, Record, Writer};
 use crate::policy::restart::{Action, Allocation, AttemptOutcome, Budget};
@@ -135,7 +136,7 @@ pub fn decide_local(
 ) -> Option<Decision> {
     let d = decide::decide_local(records, attempt, step, budget.into(), remembered)?;
     act::journal_decision(journal, &d);
-    act::leave_rollback(job_dir, records, &d, journal);
+    rollback::leave_rollback(job_dir, records, &d, journal);
     Some(d)
 }
 
@@ -213,7 +214,7 @@ pub fn after_attempt(
         act::job_end(journal, step.exit_code, "observe mode: not restarted");
         return Next::Exit(step.exit_code);
     }
-    act::leave_rollback(&journal::job_dir(state_dir, job), &records, &d, journal);
+    rollback::leave_rollback(&journal::job_dir(state_dir, job), &records, &d, journal);
     let before = alloc.map(|a| a.excluded).unwrap_or_default();
     // A failure that stands ends the job with its primary rank's code; a
     // requeue or relaunch goes on (srun's code is the attempt's).

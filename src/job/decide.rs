@@ -21,6 +21,7 @@ use crate::event::Event;
 use crate::journal::{self, Record};
 use crate::policy::failure::{Class, Grounds, Judgment, RankFailure};
 use crate::policy::restart::{self, Action, Allocation, AttemptOutcome, Budget, Relaunch};
+use crate::policy::restore;
 use crate::slurm::{AcctRecord, JobInfo, NodeInfo};
 
 /// The judgment and decision on one attempt: what [`super::act`] journals
@@ -36,6 +37,12 @@ pub struct Decision {
     /// The other failures, as the `judgment` record lists them.
     pub secondary: Vec<String>,
     pub action: Action,
+    /// The checkpoint this attempt restored, blamed for its failure
+    /// ([`crate::policy::restore`]).
+    pub suspect: Option<u64>,
+    /// Every checkpoint blamed so far, this attempt's included: none is
+    /// loaded again ([`super::act::plan_rollback`]).
+    pub blamed: Vec<restore::Blamed>,
 }
 
 /// What a batch-level supervisor decides an attempt from.
@@ -61,7 +68,7 @@ pub fn decide(facts: &Facts<'_>, requeueable: impl FnOnce() -> bool) -> Option<D
         budget,
         alloc,
     } = *facts;
-    decide_with(records, attempt, step, |outcome, earlier| {
+    decide_with(records, attempt, step, &[], |outcome, earlier| {
         choose(
             outcome,
             earlier,
@@ -169,21 +176,14 @@ pub fn decide_local(
         }
         _ => false,
     });
-    decide_with(records, attempt, step, |outcome, earlier| {
-        let mut earlier = earlier.to_vec();
-        for o in remembered {
-            if o.attempt < attempt && !earlier.iter().any(|e| e.attempt == o.attempt) {
-                earlier.push(o.clone());
-            }
-        }
-        earlier.sort_by_key(|o| o.attempt);
+    decide_with(records, attempt, step, remembered, |outcome, earlier| {
         if unhealthy && outcome.class != Class::Clean {
             return restart::stop(format!(
                 "this machine failed its health check ({}): a restart on it would fail the same way",
                 outcome.detail
             ));
         }
-        restart::decide_in_place(outcome, &earlier, budget)
+        restart::decide_in_place(outcome, earlier, budget)
     })
 }
 
@@ -191,6 +191,7 @@ fn decide_with(
     records: &[Record],
     attempt: u32,
     step: &StepEnd<'_>,
+    remembered: &[AttemptOutcome],
     choose: impl FnOnce(&AttemptOutcome, &[AttemptOutcome]) -> Action,
 ) -> Option<Decision> {
     let (failures, judgment) = judge::judge_attempt(records, attempt, step);
@@ -216,14 +217,32 @@ fn decide_with(
         j.class == Class::Numerical && judge::rolled_back(records, attempt, primary.rank);
     (outcome.new_checkpoint, outcome.last_checkpoint) =
         judge::new_and_last_checkpoint(records, attempt);
+    outcome.restored = judge::restored_checkpoint(records, attempt);
+    if j.class == Class::Numerical {
+        outcome.failed_from = judge::numerical_since(records, attempt, primary.rank);
+    }
     let secondary: Vec<String> = failures
         .iter()
         .enumerate()
         .filter(|(i, f)| *i != j.primary && f.verdict.class != Class::Clean)
         .map(|(_, f)| format!("rank {} on {}: {}", f.rank, f.node, f.verdict.class.name()))
         .collect();
-    let earlier = judge::earlier_outcomes(records, attempt);
+    let mut earlier = judge::earlier_outcomes(records, attempt);
+    for o in remembered {
+        if o.attempt < attempt && !earlier.iter().any(|e| e.attempt == o.attempt) {
+            earlier.push(o.clone());
+        }
+    }
+    earlier.sort_by_key(|o| o.attempt);
     let action = choose(&outcome, &earlier);
+    let suspect = restore::suspect(&outcome, &earlier).map(|s| s.step);
+    let mut blamed = restore::suspects(&earlier);
+    if let Some(step) = suspect {
+        blamed.push(restore::Blamed {
+            step,
+            by_attempt: attempt,
+        });
+    }
     Some(Decision {
         judgment: j,
         primary,
@@ -231,6 +250,8 @@ fn decide_with(
         evidence,
         secondary,
         action,
+        suspect,
+        blamed,
     })
 }
 
@@ -764,7 +785,7 @@ mod tests {
                 json!({ "finding": "spike", "action": "rollback", "step": 133, "since_step": 130 }),
             );
             let (d, _) = run(records, 0, 3, None, true);
-            super::super::act::plan_rollback(records, &d.unwrap()).map(|r| r.checkpoint_step)
+            super::super::rollback::plan_rollback(records, &d.unwrap()).map(|r| r.checkpoint_step)
         };
         assert_eq!(
             spike(&mut records.clone(), &[100, 120, 132]),

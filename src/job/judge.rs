@@ -503,6 +503,17 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
 
 /// Whether `rank` stopped in `attempt` for a numerical failure whose action
 /// is a rollback (its `numerical` record says so).
+/// The first bad step of the numerical failure `rank` was stopped for in
+/// `attempt` (its `numerical` record's `since_step`, else its step).
+pub fn numerical_since(records: &[Record], attempt: u32, rank: u32) -> Option<u64> {
+    journal::events(records)
+        .filter(|(r, _)| r.attempt == attempt && r.rank == Some(rank))
+        .find_map(|(_, e)| match e {
+            Event::Numerical(n) => n.since_step.or(n.step),
+            _ => None,
+        })
+}
+
 pub fn rolled_back(records: &[Record], attempt: u32, rank: u32) -> bool {
     journal::events(records)
         .filter(|(r, _)| r.attempt == attempt && r.rank == Some(rank))
@@ -534,6 +545,41 @@ pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Optio
 
 /// The highest step any rank of `attempt` reached: the ranks' own
 /// `last_step`, or the progress journaled.
+/// The step of the checkpoint `attempt` started from, as far as the
+/// journal tells: the newest whole checkpoint confirmed before the attempt
+/// and before its first step; before any step, the rollback it was told
+/// (`RESILIO_ROLLBACK_STEP`), else the newest whole checkpoint (what a
+/// trainer loads). `None` for the first attempt, a start from scratch, or
+/// no checkpoint confirmed.
+pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<u64> {
+    if attempt == 0 {
+        return None;
+    }
+    let whole: Vec<u64> = journal::whole_checkpoints(records)
+        .filter(|(r, _)| r.attempt < attempt)
+        .filter_map(|(_, c)| c.step)
+        .collect();
+    let first = journal::events(records)
+        .filter(|(r, _)| r.attempt == attempt)
+        .filter_map(|(_, e)| match e {
+            Event::Progress(p) => p.step,
+            _ => None,
+        })
+        .min();
+    match first {
+        Some(f) => whole.iter().copied().filter(|c| *c < f).max(),
+        None => journal::events(records)
+            .find_map(|(_, e)| match e {
+                Event::RollbackPlanned(rb) if rb.for_attempt == Some(attempt) => {
+                    Some(rb.checkpoint_step)
+                }
+                _ => None,
+            })
+            .unwrap_or_else(|| whole.iter().copied().max()),
+    }
+    .filter(|c| *c > 0)
+}
+
 pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {
     journal::events(records)
         .filter(|(r, _)| r.attempt == attempt)

@@ -32,5 +32,6 @@ pub mod guardian;
 pub mod judge;
 pub mod local;
 pub mod retry;
+pub mod rollback;
 pub mod step_level;
 pub mod supervisor;

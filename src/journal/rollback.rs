@@ -18,6 +18,9 @@ pub struct Rollback {
     pub skip_from: Option<u64>,
     pub skip_to: Option<u64>,
     pub detail: String,
+    /// Checkpoints blamed for failures after their restore: not to load.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<u64>,
 }
 
 impl Rollback {

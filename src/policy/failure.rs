@@ -244,12 +244,9 @@ fn verdict(class: Class, reason: &str, evidence: Option<&str>) -> Verdict {
     }
 }
 
-/// What resilio itself saw or did decides first: a clean exit, a failed
-/// health check, a stall, a numerical stop, a stop from outside.
+/// What resilio itself saw or did decides first: a failed health check, a
+/// numerical stop, a clean exit, a stall, a stop from outside.
 fn by_state(end: &RankEnd) -> Option<Verdict> {
-    if end.exit_code == 0 && !end.stalled {
-        return Some(verdict(Class::Clean, EXITED_0, None));
-    }
     if end.health_check_failed {
         return Some(verdict(
             Class::Infrastructure,
@@ -257,9 +254,10 @@ fn by_state(end: &RankEnd) -> Option<Verdict> {
             None,
         ));
     }
-    if end.stalled {
-        return Some(verdict(Class::Hang, "stopped for making no progress", None));
-    }
+    // A numerical stop stands even when the trainer ended on its own as it
+    // was stopped (it ran on to its last step meanwhile): resilio's exit
+    // code says numerical, and a clean verdict beside it was judged a
+    // crash of the node (blamed, excluded).
     if let Some(seen) = &end.numerical {
         // What was seen says which (a NaN or Inf run, or a spike rolled back).
         let reason = if seen.starts_with(super::numerical::ROLLBACK) {
@@ -268,6 +266,12 @@ fn by_state(end: &RankEnd) -> Option<Verdict> {
             "stopped: its loss or grad norm went to NaN or Inf, or spiked (see the evidence)"
         };
         return Some(verdict(Class::Numerical, reason, Some(seen)));
+    }
+    if end.exit_code == 0 && !end.stalled {
+        return Some(verdict(Class::Clean, EXITED_0, None));
+    }
+    if end.stalled {
+        return Some(verdict(Class::Hang, "stopped for making no progress", None));
     }
     // Death by SIGTERM, SIGINT or SIGHUP is a stop from outside (Slurm's
     // teardown, an operator) even when resilio did not see the signal itself.
@@ -715,6 +719,19 @@ mod tests {
             v.reason.contains("the same again at the same step stops"),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_numerical_stop_stands_when_the_trainer_ended_cleanly_meanwhile() {
+        let p = Patterns::defaults();
+        let mut e = end(0, &[]);
+        e.numerical = Some("loss nan since step 41 (3 steps in a row)".into());
+        let v = classify(&e, &p);
+        assert_eq!(v.class, Class::Numerical, "{v:?}");
+        assert_eq!(v.evidence.as_deref(), e.numerical.as_deref());
+        // A failed health check still says the node.
+        e.health_check_failed = true;
+        assert_eq!(classify(&e, &p).class, Class::Infrastructure);
     }
 
     #[test]

@@ -7,95 +7,8 @@
 //! shown the original text (`detail`), never the masked one.
 
 use super::failure::Class;
+pub use super::outcome::{signature_of, AttemptOutcome};
 use serde::{Deserialize, Serialize};
-
-/// The outcome of one attempt, as judged across its ranks.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AttemptOutcome {
-    pub attempt: u32,
-    pub class: Class,
-    /// The deciding output line or reason, digits masked (`Xid #`), so that
-    /// the same failure is recognised again. For comparison only: never
-    /// shown to people (see `detail`).
-    pub signature: String,
-    /// The same line or reason as it was written, for people.
-    pub detail: String,
-    /// The highest step any rank reached in this attempt.
-    pub last_step: Option<u64>,
-    pub blamed_nodes: Vec<String>,
-    /// The step started no rank ([`Grounds::LaunchTrouble`](super::failure::Grounds)):
-    /// never the trainer's error, so never part of a crash loop.
-    pub launch_trouble: bool,
-    /// The rank stopped for a numerical failure whose action is a rollback
-    /// (`numerical.action`).
-    pub rollback: bool,
-    /// A whole checkpoint newer than every one before this attempt was
-    /// confirmed in it: what the next attempt starts from moved on.
-    pub new_checkpoint: bool,
-    /// The step of the newest whole checkpoint confirmed by the end of this
-    /// attempt (in it or before), for people.
-    pub last_checkpoint: Option<u64>,
-}
-
-impl AttemptOutcome {
-    /// A numerical failure whose action is a rollback: restarted within
-    /// the budget (from the checkpoint before it), not stopped.
-    pub fn is_rollback(&self) -> bool {
-        self.class == Class::Numerical && self.rollback
-    }
-
-    /// An outcome whose signature is taken from `evidence` (the original
-    /// text is kept as `detail`).
-    pub fn new(
-        attempt: u32,
-        class: Class,
-        evidence: &str,
-        last_step: Option<u64>,
-        blamed_nodes: Vec<String>,
-    ) -> AttemptOutcome {
-        AttemptOutcome {
-            attempt,
-            class,
-            signature: signature_of(class, evidence),
-            detail: evidence.trim().to_string(),
-            last_step,
-            blamed_nodes,
-            launch_trouble: false,
-            rollback: false,
-            new_checkpoint: false,
-            last_checkpoint: None,
-        }
-    }
-
-    /// `class: original text`, as people read it.
-    pub fn shown(&self) -> String {
-        if self.detail.is_empty() {
-            self.class.name().to_string()
-        } else {
-            format!("{}: {}", self.class.name(), self.detail)
-        }
-    }
-}
-
-/// Mask digits so that `NCCL timeout after 600023 ms on rank 3` matches itself.
-/// An exit code is kept (`exit code 134` is not `exit code 139`). For
-/// comparing failures only; people see the original text.
-pub fn signature_of(class: Class, evidence: &str) -> String {
-    let mut masked = String::with_capacity(evidence.len());
-    let mut keep = false;
-    for c in evidence.chars() {
-        if !c.is_ascii_digit() {
-            keep = false;
-            masked.push(c);
-        } else if keep || masked.ends_with("exit code ") {
-            keep = true;
-            masked.push(c);
-        } else if !masked.ends_with('#') {
-            masked.push('#');
-        }
-    }
-    format!("{}: {}", class.name(), masked.trim())
-}
 
 /// The decision, as the journal's `decision` record keeps it (tagged by
 /// `action`).
@@ -325,6 +238,9 @@ fn decide_scoped(
     requeue_allowed: bool,
     scope: Scope,
 ) -> Action {
+    if let Some(s) = super::restore::suspect(current, earlier) {
+        return from_before(current, earlier, budget, requeue_allowed, scope, &s);
+    }
     if let Some(action) = by_class(current, scope) {
         return action;
     }
@@ -364,6 +280,43 @@ fn decide_scoped(
     }
 }
 
+/// A failure blamed on the checkpoint it restored
+/// ([`super::restore::suspect`]): run again, the next attempt told to load
+/// the checkpoint before it, whatever the failure's class (a NaN or a user
+/// error included), within the budget; stopped when a trainer told so
+/// before loaded it again.
+fn from_before(
+    current: &AttemptOutcome,
+    earlier: &[AttemptOutcome],
+    budget: Budget,
+    requeue_allowed: bool,
+    scope: Scope,
+    s: &super::restore::Suspect,
+) -> Action {
+    let why = s.why(current);
+    if let Some(b) = s.told_before {
+        return stop(format!(
+            "{why}; the trainer was told to load a checkpoint before step {b} (RESILIO_ROLLBACK_STEP) and did not: stopped rather than load it again"
+        ));
+    }
+    if !requeue_allowed {
+        return stop(format!("{why}; {NOT_REQUEUEABLE}"));
+    }
+    if let Some(action) = no_progress(current, earlier, budget.no_progress)
+        .or_else(|| beyond_budget(earlier, budget.max_restarts))
+    {
+        return action;
+    }
+    let reason = format!("{why}; the next attempt loads the one before it");
+    match scope {
+        Scope::Local => Action::RestartInPlace { reason },
+        Scope::Slurm => Action::Requeue {
+            exclude: current.blamed_nodes.clone(),
+            reason,
+        },
+    }
+}
+
 /// A stop for `reason` (not [`no_progress`]'s).
 pub fn stop(reason: String) -> Action {
     Action::Stop {
@@ -399,9 +352,10 @@ fn by_class(current: &AttemptOutcome, scope: Scope) -> Option<Action> {
 
 /// The failed attempts before this one that count against the budget.
 fn budgeted(earlier: &[AttemptOutcome]) -> impl Iterator<Item = &AttemptOutcome> {
-    earlier
-        .iter()
-        .filter(|a| (a.class.retryable() || a.is_rollback()) && a.class != Class::Preempted)
+    earlier.iter().filter(|a| {
+        (a.class.retryable() || a.is_rollback() || super::restore::failed_soon(a).is_some())
+            && a.class != Class::Preempted
+    })
 }
 
 fn beyond_budget(earlier: &[AttemptOutcome], max_restarts: u32) -> Option<Action> {

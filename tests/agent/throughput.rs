@@ -681,6 +681,109 @@ fn a_loss_spike_is_rolled_back_to_the_checkpoint_before_it_and_its_data_skipped(
         && r.get("exit_code").and_then(|v| v.as_i64()) == Some(0)));
 }
 
+/// A checkpoint that loads into NaN losses is blamed, not the run: after a
+/// crash at step 45, attempt 1 restores the newest checkpoint (step 40,
+/// saved corrupt) and its loss is NaN from its first step. That is not
+/// stopped as a numerical failure: the checkpoint is suspect, the next
+/// attempt is told to load the one before it (30), and trains to the end.
+/// A trainer that loads the blamed checkpoint anyway, although told, is
+/// stopped before it loads it a third time.
+#[test]
+fn a_checkpoint_that_fails_soon_after_its_restore_is_not_loaded_again() {
+    let run = |tmp: &std::path::Path, id: &str, extra: &[&str]| {
+        let ck = tmp.join(format!("ck-{id}"));
+        let cfg = write_config(
+            tmp,
+            &format!(
+                "[checkpoint]\nwatch_dir = \"{}\"\nwatch_poll = \"200ms\"\n",
+                ck.display()
+            ),
+        );
+        let record = tmp.join(format!("{id}.json"));
+        let mut c = resilio_run(tmp, id);
+        c.args([
+            "--max-restarts",
+            "4",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--",
+        ])
+        .arg("python3")
+        .arg(throughput_trainer())
+        .args(["--style", "titan", "--steps", "80", "--step-time", "0.05"])
+        .args([
+            "--ckpt-every",
+            "10",
+            "--corrupt-at",
+            "40",
+            "--crash-at",
+            "45",
+        ])
+        .arg("--fault-once")
+        .arg(tmp.join(format!("{id}.once")))
+        .arg("--record")
+        .arg(&record)
+        .args(extra)
+        .arg("--ckpt-dir")
+        .arg(&ck);
+        let (out, _) = output_within(&mut c, Duration::from_secs(120));
+        (out, records(tmp, id), record)
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (out, recs, record) = run(tmp.path(), "restore", &[]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let decisions = kinds(&recs, "decision");
+    assert_eq!(decisions.len(), 2, "{decisions:#?}");
+    let d = &decisions[1];
+    assert_eq!(d.data["outcome"]["class"], "numerical", "{d:?}");
+    assert_eq!(d.data["outcome"]["restored"], 40, "{d:?}");
+    assert_eq!(d.data["suspect_checkpoint"], 40, "{d:?}");
+    assert_eq!(d.data["decision"]["action"], "restart_in_place", "{d:?}");
+    let reason = d.data["decision"]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("restoring the checkpoint of step 40")
+            && reason.contains("the next attempt loads the one before it"),
+        "{reason}"
+    );
+    let rb = one(&recs, "rollback");
+    assert_eq!(rb.data["for_attempt"], 2, "{rb:?}");
+    assert_eq!(rb.data["checkpoint_step"], 30, "{rb:?}");
+    // Nor the checkpoints attempt 1 saved from it, NaN weights and all.
+    assert_eq!(rb.data["avoid"], serde_json::json!([40, 50, 60]), "{rb:?}");
+    let mine: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
+    assert_eq!(mine["resumed_from"], 30, "{mine}");
+    let o = std::process::Command::new(bin())
+        .args(["report", "restore", "--state-dir"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("suspect: step 40: attempt 1 failed soon after restoring it"),
+        "{text}"
+    );
+    // The checkpoint of step 40 saved again by attempt 2 is whole and new.
+    assert!(
+        text.contains("last restorable checkpoint: step 80"),
+        "{text}"
+    );
+
+    // Told to load step 30, this trainer loads 40 again: stopped then.
+    let (out, recs, _) = run(tmp.path(), "stubborn", &["--ignore-rollback"]);
+    let err = stderr_of(&out);
+    assert_eq!(out.status.code(), Some(65), "{err}");
+    assert!(
+        err.contains("restoring the checkpoint of step 60: that checkpoint is suspect")
+            && err.contains(
+                "told to load a checkpoint before step 40 (RESILIO_ROLLBACK_STEP) and did not"
+            ),
+        "{err}"
+    );
+    assert_eq!(kinds(&recs, "rank_start").len(), 3);
+}
+
 /// One NaN step the trainer skipped, shown by its log line and then by its
 /// progress bar redrawn three times with the stale `loss=nan` (tqdm's
 /// postfix, set every few steps): one observation, not three in a row, so

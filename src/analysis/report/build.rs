@@ -64,6 +64,17 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     // A step its files showed incomplete or stale is not restorable for
     // the trainer's word on it (trial 16b).
     let unsound = crate::journal::unsound_checkpoint_steps(records);
+    let suspect = suspect_checkpoints(records);
+    let blamed_list: Vec<crate::policy::restore::Blamed> = suspect
+        .iter()
+        .map(|b| crate::policy::restore::Blamed {
+            step: b.step,
+            by_attempt: b.attempt,
+        })
+        .collect();
+    let blamed = |step: Option<u64>, saved_in: u32| {
+        step.is_some_and(|s| crate::policy::restore::is_blamed(&blamed_list, s, saved_in))
+    };
     for (r, e) in crate::journal::events(records) {
         match e {
             Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
@@ -87,7 +98,8 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                 sizes.extend(c.size_bytes.map(|b| b as f64));
                 if !c.whole() {
                     incomplete.push(one);
-                } else if c.step.is_none_or(|s| !unsound.contains(&s)) {
+                } else if c.step.is_none_or(|s| !unsound.contains(&s)) && !blamed(c.step, r.attempt)
+                {
                     // The same checkpoint said twice (the trainer's word,
                     // then its directory): the record with its files wins.
                     let same_step = last_restorable.as_ref().is_some_and(|l: &Restorable| {
@@ -117,9 +129,30 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
         mean_interval_s: mean(&intervals),
         last_restorable,
         incomplete,
+        suspect,
         mean_size_bytes: mean(&sizes),
         warn_share: None,
     }
+}
+
+/// The checkpoints decisions blamed for the failure after their restore.
+fn suspect_checkpoints(records: &[Record]) -> Vec<super::SuspectCheckpoint> {
+    crate::journal::events(records)
+        .filter_map(|(r, e)| match e {
+            Event::Decision(d) => Some(super::SuspectCheckpoint {
+                step: d.suspect_checkpoint?,
+                attempt: d.about_attempt.unwrap_or(r.attempt),
+                why: d.outcome.as_ref().map_or(String::new(), |o| {
+                    format!(
+                        "{}: {}",
+                        o.class.map_or("?", |c| c.name()),
+                        o.detail.as_deref().unwrap_or("")
+                    )
+                }),
+            }),
+            _ => None,
+        })
+        .collect()
 }
 
 fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {

@@ -214,6 +214,10 @@ pub struct Checkpoints {
     /// still written to) or stale (`same_as`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub incomplete: Vec<Restorable>,
+    /// Checkpoints blamed for a failure soon after their restore
+    /// (`policy::restore`): not loaded again, not restorable.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub suspect: Vec<SuspectCheckpoint>,
     /// Mean size of the checkpoints whose directory was watched.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mean_size_bytes: Option<f64>,
@@ -221,6 +225,16 @@ pub struct Checkpoints {
     /// when a save takes more than this share of the interval.
     #[serde(skip)]
     pub warn_share: Option<f64>,
+}
+
+/// A checkpoint blamed for the failure that followed its restore.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SuspectCheckpoint {
+    pub step: u64,
+    /// The attempt that restored it and failed.
+    pub attempt: u32,
+    /// The failure, as `class: detail`.
+    pub why: String,
 }
 
 /// One confirmed checkpoint.

@@ -61,7 +61,7 @@ fn render_checkpoint_health(s: &mut String, r: &JobReport) {
             l.attempt,
             l.ts.map_or("-".into(), |t| t.format("%H:%M:%S%.3fZ").to_string()),
         );
-    } else if !c.incomplete.is_empty() {
+    } else if !c.incomplete.is_empty() || !c.suspect.is_empty() {
         let _ = writeln!(s, "last restorable checkpoint: none");
     }
     for i in &c.incomplete {
@@ -96,6 +96,13 @@ fn render_checkpoint_health(s: &mut String, r: &JobReport) {
                 .as_ref()
                 .map_or(String::new(), |p| format!(" in {p}")),
             why.join("; ")
+        );
+    }
+    for b in &c.suspect {
+        let _ = writeln!(
+            s,
+            "  suspect: step {}: attempt {} failed soon after restoring it ({}): neither it nor what that attempt saved is loaded again",
+            b.step, b.attempt, b.why
         );
     }
     if let (Some(share), Some(d), Some(iv)) = (c.warn_share, c.mean_duration_s, c.mean_interval_s) {
@@ -401,7 +408,7 @@ fn render_checkpoints(s: &mut String, r: &JobReport) {
             s,
             "\ncheckpoints: {} confirmed{}, mean duration {}, mean interval {}",
             r.checkpoints.count,
-            match r.checkpoints.incomplete.len() {
+            match r.checkpoints.incomplete.len() + r.checkpoints.suspect.len() {
                 0 => String::new(),
                 n => format!(" ({n} of them not to count on, below)"),
             },

@@ -115,9 +115,11 @@ impl Local {
         }
         // Of this attempt and those before, later decisions read only their
         // outcomes (every one of this run was decided here: `remembered`)
-        // and the confirmed checkpoints (a rollback's).
-        run.journal
-            .prune(run.attempt + 1, |r| r.kind == "checkpoint_done");
+        // the confirmed checkpoints (a rollback's) and the rollback told to
+        // the next attempt (which checkpoint it restored).
+        run.journal.prune(run.attempt + 1, |r| {
+            r.kind == "checkpoint_done" || r.kind == "rollback"
+        });
         let code = exit_code(decided.as_ref(), &a.ranks, worst);
         let class = decided.as_ref().map(|d| d.outcome.class);
         match decided.map(|d| d.action) {
