@@ -2454,6 +2454,47 @@ fn a_loss_gone_to_nan_ends_the_job_without_a_requeue() {
     assert!(shown.contains(" ExitCode=65:0 "), "{shown}");
 }
 
+/// A checkpoint that loads into NaN losses, under the job level on the
+/// cluster: after a crash at step 45, the step relaunched inside the
+/// allocation restores the newest checkpoint (40, saved corrupt) and its
+/// loss is NaN at once; the checkpoint is blamed, the next relaunch is told
+/// to load the one before it (30) through `RESILIO_ROLLBACK_STEP`, and the
+/// job completes.
+#[test]
+fn a_checkpoint_that_loads_into_nan_is_not_loaded_again() {
+    let _g = lock();
+    testbed();
+    let dir = job_dir();
+    let d = dir.path().display().to_string();
+    std::fs::write(
+        dir.path().join("c.toml"),
+        format!("[checkpoint]\nwatch_dir = \"{d}/ck\"\nwatch_poll = \"200ms\"\n"),
+    )
+    .unwrap();
+    let body = format!(
+        "exec {BIN} run --config {d}/c.toml -- srun --kill-on-bad-exit=1 {BIN} run --config {d}/c.toml --kill-grace 2s -- python3 {} --style nanogpt --steps 80 --step-time 0.05 --ckpt-every 10 --corrupt-at 40 --crash-at 45 --fault-once {d}/once --ckpt-dir {d}/ck --record {d}/record.json",
+        root().join("tests/fixtures/throughput_trainer.py").display()
+    );
+    let job = sbatch_in(dir, 1, "-t 10", &body);
+    let state = job.wait_final(Duration::from_secs(240));
+    assert_eq!(state, "COMPLETED", "{}", job.output());
+    let decisions = job.kinds("decision");
+    assert_eq!(decisions.len(), 2, "{decisions:#?}");
+    let d1 = &decisions[1];
+    assert_eq!(d1.data["suspect_checkpoint"], 40, "{d1:?}");
+    assert_eq!(
+        d1.data["decision"]["action"], "restart_in_allocation",
+        "{d1:?}"
+    );
+    let rb = job.kinds("rollback");
+    assert_eq!(rb.len(), 1, "{rb:?}");
+    assert_eq!(rb[0].u64("checkpoint_step"), Some(30), "{rb:?}");
+    let mine: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(job.dir.path().join("record.json")).unwrap())
+            .unwrap();
+    assert_eq!(mine["resumed_from"], 30, "{mine}");
+}
+
 /// A journal file in `state`'s job `job` whose rank `rank` on `node`
 /// failed with a GPU error, given to `uid` (as if that user wrote it).
 fn plant_failure(state: &Path, job: &str, rank: u32, node: &str, uid: u32) {
