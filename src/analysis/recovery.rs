@@ -34,6 +34,12 @@ pub const PHASES: [&str; 6] = [
     "rework",
 ];
 
+/// Upper bounds of the recovery histograms' buckets, in seconds (the
+/// fleet's and the coordinator's `/metrics`).
+pub const BUCKETS_S: [f64; 10] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
+
 /// One recovery.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Recovery {

@@ -185,11 +185,6 @@ fn render_recoveries(s: &Storms) -> String {
     out
 }
 
-/// Upper bounds of the recovery histograms' buckets, in seconds.
-const BUCKETS_S: [f64; 10] = [
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-];
-
 /// `resilio_fleet_recovery_seconds`: one histogram per failure class and
 /// phase (and `total`), over the recoveries within the window.
 fn recovery_histograms(s: &Storms, out: &mut String) {
@@ -207,7 +202,7 @@ fn recovery_histograms(s: &Storms, out: &mut String) {
     *out += "# HELP resilio_fleet_recovery_seconds Seconds of each phase of the recoveries within the window, by failure class\n# TYPE resilio_fleet_recovery_seconds histogram\n";
     for ((class, phase), values) in groups {
         let labels = format!("class=\"{}\",phase=\"{}\"", esc(&class), esc(phase));
-        for le in BUCKETS_S {
+        for le in crate::analysis::recovery::BUCKETS_S {
             let n = values.iter().filter(|v| **v <= le).count();
             *out += &format!("resilio_fleet_recovery_seconds_bucket{{{labels},le=\"{le}\"}} {n}\n");
         }

@@ -23,6 +23,8 @@ pub struct Scrape {
     pub unauthorized: u64,
     /// Connections open now, and shed at the limit so far.
     pub connections: (usize, u64),
+    /// The job's recoveries so far ([`super::recoveries`]).
+    pub recoveries: Vec<crate::analysis::recovery::Recovery>,
 }
 
 /// Prometheus text format.
@@ -125,11 +127,45 @@ pub fn render_metrics(x: &Scrape) -> String {
         );
     }
     per_rank(&mut reg, st);
+    recoveries(&mut reg, &st.job, &x.recoveries);
     let mut out = String::new();
     if encode(&mut out, &reg).is_err() {
         out.clear();
     }
     out
+}
+
+/// `resilio_recovery_seconds`: a histogram per failure class and phase
+/// (and `total`) of the job's recoveries; a phase the journal does not show
+/// is not observed.
+fn recoveries(reg: &mut Registry, job: &str, list: &[crate::analysis::recovery::Recovery]) {
+    use prometheus_client::metrics::histogram::Histogram;
+    if list.is_empty() {
+        return;
+    }
+    let f: Family<Labels, Histogram, fn() -> Histogram> = Family::new_with_constructor(|| {
+        Histogram::new(crate::analysis::recovery::BUCKETS_S.iter().copied())
+    });
+    for r in list {
+        let class = r.class.clone().unwrap_or_else(|| "unknown".into());
+        let phases = crate::analysis::recovery::PHASES.iter().zip(r.phases_s);
+        for (phase, v) in phases
+            .filter_map(|(p, v)| v.map(|v| (*p, v)))
+            .chain(std::iter::once(("total", r.total_s)))
+        {
+            let labels: Labels = vec![
+                ("job".into(), job.to_string()),
+                ("class".into(), class.clone()),
+                ("phase".into(), phase.to_string()),
+            ];
+            f.get_or_create(&labels).observe(v);
+        }
+    }
+    reg.register(
+        "recovery_seconds",
+        "Seconds of each phase of the job's recoveries (fault to detected, diagnosed, torn down, relaunched, first step, back at the step reached before; total), by failure class",
+        f,
+    );
 }
 
 /// Ranks by state, one series each.

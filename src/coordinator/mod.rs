@@ -13,6 +13,7 @@
 pub mod client;
 pub mod metrics;
 pub mod protocol;
+pub mod recoveries;
 pub mod relay;
 pub mod server;
 pub mod state;
@@ -183,6 +184,7 @@ impl Coordinator {
             seq: seq_tx,
             host: Mutex::new(host_tx),
             conns: Default::default(),
+            recoveries: recoveries::Cache::new(job_dir),
         });
         shared.apply(vec![Effect::Journal {
             event: Box::new(

@@ -26,6 +26,8 @@ pub struct Shared {
     pub host: Mutex<mpsc::Sender<Effect>>,
     /// The open connections (bounded).
     pub conns: Conns,
+    /// The job's recoveries, for `/metrics`.
+    pub recoveries: super::recoveries::Cache,
 }
 
 impl Shared {
@@ -317,6 +319,7 @@ fn scrape(s: &Shared) -> super::metrics::Scrape {
                 rejected: v.rejected,
                 unauthorized,
                 connections,
+                recoveries: Vec::new(),
             },
             Vec::new(),
         )
@@ -324,12 +327,17 @@ fn scrape(s: &Shared) -> super::metrics::Scrape {
 }
 
 async fn metrics(State(s): State<Arc<Shared>>) -> Response {
+    let mut x = scrape(&s);
+    x.recoveries = s
+        .recoveries
+        .get(x.status.attempt, x.status.restarts, x.status.step)
+        .await;
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        super::metrics::render_metrics(&scrape(&s)),
+        super::metrics::render_metrics(&x),
     )
         .into_response()
 }

@@ -195,24 +195,35 @@ pub(crate) fn http(
     token: Option<&str>,
     body: &str,
 ) -> (u16, String) {
+    try_http(url, method, path, token, body).unwrap()
+}
+
+/// [`http`], an I/O error returned (a coordinator that went between two
+/// attempts).
+pub(crate) fn try_http(
+    url: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> std::io::Result<(u16, String)> {
     let addr = url.trim_start_matches("http://");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut s = std::net::TcpStream::connect(addr)?;
     let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .unwrap();
+    )?;
     let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
+    s.read_to_string(&mut text)?;
     let code = text
         .split_whitespace()
         .nth(1)
         .unwrap_or("0")
         .parse()
         .unwrap_or(0);
-    (code, text)
+    Ok((code, text))
 }
 
 #[test]
@@ -675,4 +686,81 @@ fn the_advised_interval_drives_periodic_checkpoints_after_a_failure() {
     };
     assert_eq!(periodic(0), 0);
     assert!(periodic(1) >= 1, "{recs:#?}");
+}
+
+/// The coordinator's `/metrics` gives the job's recoveries as histograms
+/// by failure class and phase: after rank 1 is killed at step 8 and every
+/// rank restarts in place, a scrape once the job is back past step 8 shows
+/// one recovery of class `infrastructure`, each phase the journal shows,
+/// and its total.
+#[test]
+fn metrics_give_the_recoveries_by_class_and_phase() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ck = tmp.path().join("ck");
+    let mut cmd = run_local(
+        tmp.path(),
+        "rec",
+        2,
+        &["--max-restarts", "2"],
+        &[
+            "--total",
+            "150",
+            "--step-time",
+            "0.1",
+            "--ckpt-every",
+            "4",
+            "--fault",
+            "kill",
+            "--fault-rank",
+            "1",
+            "--fault-step",
+            "8",
+            "--ckpt-dir",
+            ck.to_str().unwrap(),
+        ],
+    );
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let state = tmp.path();
+    let histogram = |metrics: &str| {
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("resilio_recovery_seconds"))
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    let mut last = String::new();
+    let back = wait_for(Duration::from_secs(60), || {
+        let Some((url, token)) = coordinator_of(state, "rec") else {
+            return false;
+        };
+        let Ok((code, metrics)) = try_http(&url, "GET", "/metrics", Some(&token), "") else {
+            return false;
+        };
+        last = metrics;
+        code == 200
+            && last.contains(
+                "resilio_recovery_seconds_count{job=\"rec\",class=\"infrastructure\",phase=\"rework\"} 1",
+            )
+    });
+    assert!(back, "{last}");
+    let lines = histogram(&last);
+    for phase in ["detection", "teardown", "relaunch", "start", "total"] {
+        assert!(
+            lines.iter().any(|l| l.starts_with(&format!(
+                "resilio_recovery_seconds_count{{job=\"rec\",class=\"infrastructure\",phase=\"{phase}\"}} 1"
+            ))),
+            "{phase}: {lines:#?}"
+        );
+    }
+    assert!(
+        lines.contains(
+            &"resilio_recovery_seconds_bucket{le=\"60.0\",job=\"rec\",class=\"infrastructure\",phase=\"total\"} 1".to_string()
+        ),
+        "{lines:#?}"
+    );
+    let (out, _) = wait_output(child, Duration::from_secs(90));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
 }
