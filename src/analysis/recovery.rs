@@ -34,12 +34,6 @@ pub const PHASES: [&str; 6] = [
     "rework",
 ];
 
-/// Upper bounds of the recovery histograms' buckets, in seconds (the
-/// fleet's and the coordinator's `/metrics`).
-pub const BUCKETS_S: [f64; 10] = [
-    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
-];
-
 /// One recovery.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Recovery {
@@ -318,6 +312,49 @@ fn steps_around(
         })
     });
     (first, step_before, back)
+}
+
+/// The coordinator's `/metrics` source: the recoveries of the latest run
+/// in a job's journal directory.
+pub struct JournalRecoveries {
+    dir: std::path::PathBuf,
+}
+
+impl JournalRecoveries {
+    pub fn new(job_dir: &std::path::Path) -> JournalRecoveries {
+        JournalRecoveries {
+            dir: job_dir.to_path_buf(),
+        }
+    }
+}
+
+impl crate::coordinator::recoveries::RecoverySource for JournalRecoveries {
+    fn recoveries(&self) -> Option<Vec<crate::coordinator::recoveries::RecoveryFigures>> {
+        let j = crate::journal::read_job(&self.dir).ok()?;
+        let run = crate::runs::split(j.records).pop()?;
+        Some(
+            recoveries(&run.records)
+                .iter()
+                .map(Recovery::figures)
+                .collect(),
+        )
+    }
+}
+
+impl Recovery {
+    /// As `/metrics` shows it: the phases the journal shows, and the total.
+    pub fn figures(&self) -> crate::coordinator::recoveries::RecoveryFigures {
+        let phases = PHASES.iter().zip(self.phases_s);
+        crate::coordinator::recoveries::RecoveryFigures {
+            class: self.class.clone().unwrap_or_else(|| "unknown".into()),
+            phases: phases
+                .filter_map(|(p, v)| v.map(|v| (*p, v)))
+                .chain(std::iter::once(("total", self.total_s)))
+                .collect(),
+            step_before: self.step_before,
+            caught_up: self.caught_up,
+        }
+    }
 }
 
 #[cfg(test)]

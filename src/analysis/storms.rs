@@ -202,7 +202,7 @@ fn recovery_histograms(s: &Storms, out: &mut String) {
     *out += "# HELP resilio_fleet_recovery_seconds Seconds of each phase of the recoveries within the window, by failure class\n# TYPE resilio_fleet_recovery_seconds histogram\n";
     for ((class, phase), values) in groups {
         let labels = format!("class=\"{}\",phase=\"{}\"", esc(&class), esc(phase));
-        for le in crate::analysis::recovery::BUCKETS_S {
+        for le in crate::coordinator::metrics::BUCKETS_S {
             let n = values.iter().filter(|v| **v <= le).count();
             *out += &format!("resilio_fleet_recovery_seconds_bucket{{{labels},le=\"{le}\"}} {n}\n");
         }

@@ -73,6 +73,9 @@ pub(super) fn coordinator_cmd(a: CoordinatorArgs) -> Result<i32> {
         Coordinator::start(view, bind, w, Some(&dir))
     }
     .map_err(|e| Error::Other(format!("coordinator: {e}")))?;
+    c.watch_recoveries(std::sync::Arc::new(
+        crate::analysis::recovery::JournalRecoveries::new(&dir),
+    ));
     // In place of a job's dead coordinator: the site's scrape comes back too.
     if a.take_over && cfg.coordinator.site_metrics {
         let node = nix::unistd::gethostname()

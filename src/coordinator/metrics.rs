@@ -24,8 +24,14 @@ pub struct Scrape {
     /// Connections open now, and shed at the limit so far.
     pub connections: (usize, u64),
     /// The job's recoveries so far ([`super::recoveries`]).
-    pub recoveries: Vec<crate::analysis::recovery::Recovery>,
+    pub recoveries: Vec<super::recoveries::RecoveryFigures>,
 }
+
+/// Upper bounds of the recovery histograms' buckets, in seconds (the
+/// fleet's too, `resilio fleet --prometheus`).
+pub const BUCKETS_S: [f64; 10] = [
+    1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 
 /// Prometheus text format.
 pub fn render_metrics(x: &Scrape) -> String {
@@ -104,27 +110,26 @@ pub fn render_metrics(x: &Scrape) -> String {
     ] {
         counter(&mut reg, name, help, value);
     }
-    gauge_f(
-        &mut reg,
-        "connections",
-        "Connections open now",
-        x.connections.0 as f64,
-    );
-    if let Some(t) = st.tokens_per_s {
-        gauge_f(
-            &mut reg,
+    for (name, help, value) in [
+        (
+            "connections",
+            "Connections open now",
+            Some(x.connections.0 as f64),
+        ),
+        (
             "tokens_per_second",
             "Tokens per second of the job, from the trainer's printed per-device throughput",
-            t,
-        );
-    }
-    if let Some(m) = st.mfu {
-        gauge_f(
-            &mut reg,
+            st.tokens_per_s,
+        ),
+        (
             "mfu",
             "Model FLOPs utilisation (fraction), median over the ranks that print it",
-            m,
-        );
+            st.mfu,
+        ),
+    ] {
+        if let Some(v) = value {
+            gauge_f(&mut reg, name, help, v);
+        }
     }
     per_rank(&mut reg, st);
     recoveries(&mut reg, &st.job, &x.recoveries);
@@ -138,27 +143,21 @@ pub fn render_metrics(x: &Scrape) -> String {
 /// `resilio_recovery_seconds`: a histogram per failure class and phase
 /// (and `total`) of the job's recoveries; a phase the journal does not show
 /// is not observed.
-fn recoveries(reg: &mut Registry, job: &str, list: &[crate::analysis::recovery::Recovery]) {
+fn recoveries(reg: &mut Registry, job: &str, list: &[super::recoveries::RecoveryFigures]) {
     use prometheus_client::metrics::histogram::Histogram;
     if list.is_empty() {
         return;
     }
-    let f: Family<Labels, Histogram, fn() -> Histogram> = Family::new_with_constructor(|| {
-        Histogram::new(crate::analysis::recovery::BUCKETS_S.iter().copied())
-    });
+    let f: Family<Labels, Histogram, fn() -> Histogram> =
+        Family::new_with_constructor(|| Histogram::new(BUCKETS_S.iter().copied()));
     for r in list {
-        let class = r.class.clone().unwrap_or_else(|| "unknown".into());
-        let phases = crate::analysis::recovery::PHASES.iter().zip(r.phases_s);
-        for (phase, v) in phases
-            .filter_map(|(p, v)| v.map(|v| (*p, v)))
-            .chain(std::iter::once(("total", r.total_s)))
-        {
+        for (phase, v) in &r.phases {
             let labels: Labels = vec![
                 ("job".into(), job.to_string()),
-                ("class".into(), class.clone()),
+                ("class".into(), r.class.clone()),
                 ("phase".into(), phase.to_string()),
             ];
-            f.get_or_create(&labels).observe(v);
+            f.get_or_create(&labels).observe(*v);
         }
     }
     reg.register(

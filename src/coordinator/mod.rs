@@ -184,7 +184,7 @@ impl Coordinator {
             seq: seq_tx,
             host: Mutex::new(host_tx),
             conns: Default::default(),
-            recoveries: recoveries::Cache::new(job_dir),
+            recoveries: Default::default(),
         });
         shared.apply(vec![Effect::Journal {
             event: Box::new(
@@ -329,6 +329,12 @@ impl Coordinator {
             Ok((id, step, e)) => (Ok((id, step)), e),
             Err(m) => (Err(m), Vec::new()),
         })
+    }
+
+    /// Where `/metrics` takes the job's recoveries from
+    /// ([`recoveries::RecoverySource`]).
+    pub fn watch_recoveries(&self, source: Arc<dyn recoveries::RecoverySource>) {
+        self.shared.recoveries.set_source(source);
     }
 
     pub fn new_attempt(&self, attempt: u32) {

@@ -1,16 +1,34 @@
 //! The job's recoveries for `/metrics` (`resilio_recovery_seconds`, by
-//! failure class and phase): worked out from the job's journal
-//! ([`crate::analysis::recovery`]) when a scrape finds a new attempt or
-//! restart, and again while the latest recovery has not reached its step
-//! again: once the job's step is past it, or at most every [`REREAD`]. Nothing is read while the job runs its
-//! first attempt, and never on the path of a report; the read runs on a
-//! blocking thread, and a journal that cannot be read leaves the last
+//! failure class and phase), from a [`RecoverySource`] the host hands in
+//! (the journal's, `analysis::recovery::JournalRecoveries`: the
+//! coordinator itself reads no journal). Asked when a scrape finds a new
+//! attempt or restart, and again while the latest recovery has not reached
+//! its step again: once the job's step is past it, or at most every
+//! [`REREAD`]. Never during the first attempt, never on the path of a
+//! report; on a blocking thread; a source that fails leaves the last
 //! figures (fail open).
 
-use crate::analysis::recovery::Recovery;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// One recovery, as `/metrics` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecoveryFigures {
+    /// The failure's class.
+    pub class: String,
+    /// Seconds of each phase the journal shows, and `total`.
+    pub phases: Vec<(&'static str, f64)>,
+    /// The step the failed attempt had reached, and whether the job is
+    /// back at it.
+    pub step_before: Option<u64>,
+    pub caught_up: bool,
+}
+
+/// Where the recoveries come from.
+pub trait RecoverySource: Send + Sync + 'static {
+    /// The job's recoveries so far (`None`: cannot tell now).
+    fn recoveries(&self) -> Option<Vec<RecoveryFigures>>;
+}
 
 /// How often a recovery not yet back at its step is read again.
 pub const REREAD: Duration = Duration::from_secs(30);
@@ -23,7 +41,7 @@ pub const REREAD_SOON: Duration = Duration::from_secs(2);
 /// The recoveries last read, and when.
 #[derive(Default)]
 pub struct Cache {
-    dir: Option<PathBuf>,
+    source: Mutex<Option<Arc<dyn RecoverySource>>>,
     state: Mutex<Read>,
 }
 
@@ -32,15 +50,20 @@ struct Read {
     /// (attempt, restarts) when last read.
     key: Option<(u32, u32)>,
     at: Option<Instant>,
-    list: Vec<Recovery>,
+    list: Vec<RecoveryFigures>,
 }
 
 impl Cache {
-    pub fn new(dir: Option<&Path>) -> Cache {
-        Cache {
-            dir: dir.map(Path::to_path_buf),
-            state: Mutex::default(),
-        }
+    /// Where the recoveries come from from now on.
+    pub fn set_source(&self, source: Arc<dyn RecoverySource>) {
+        *self.source.lock().unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    fn source(&self) -> Option<Arc<dyn RecoverySource>> {
+        self.source
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Read> {
@@ -50,7 +73,7 @@ impl Cache {
     /// Whether a scrape at `now` of a job at `attempt` after `restarts`
     /// restarts, at `step`, should read the journal again.
     fn stale(&self, attempt: u32, restarts: u32, step: Option<u64>, now: Instant) -> bool {
-        if self.dir.is_none() || (attempt, restarts) == (0, 0) {
+        if self.source().is_none() || (attempt, restarts) == (0, 0) {
             return false;
         }
         let r = self.lock();
@@ -62,11 +85,16 @@ impl Cache {
     }
 
     /// The job's recoveries, read again first when stale.
-    pub async fn get(&self, attempt: u32, restarts: u32, step: Option<u64>) -> Vec<Recovery> {
+    pub async fn get(
+        &self,
+        attempt: u32,
+        restarts: u32,
+        step: Option<u64>,
+    ) -> Vec<RecoveryFigures> {
         let now = Instant::now();
         if self.stale(attempt, restarts, step, now) {
-            let dir = self.dir.clone();
-            let read = tokio::task::spawn_blocking(move || dir.as_deref().and_then(read))
+            let source = self.source();
+            let read = tokio::task::spawn_blocking(move || source.and_then(|s| s.recoveries()))
                 .await
                 .ok()
                 .flatten();
@@ -81,35 +109,33 @@ impl Cache {
     }
 }
 
-/// The recoveries of the job's latest run.
-fn read(dir: &Path) -> Option<Vec<Recovery>> {
-    let j = crate::journal::read_job(dir).ok()?;
-    let run = crate::runs::split(j.records).pop()?;
-    Some(crate::analysis::recovery::recoveries(&run.records))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn recovery(caught_up: bool) -> Recovery {
-        Recovery {
-            failed_attempt: 0,
-            class: Some("hang".into()),
-            action: Some("restart_in_place".into()),
-            fault: chrono::Utc::now(),
-            phases_s: [Some(1.0); 6],
-            total_s: 6.0,
+    fn recovery(caught_up: bool) -> RecoveryFigures {
+        RecoveryFigures {
+            class: "hang".into(),
+            phases: vec![("detection", 1.0), ("total", 6.0)],
             step_before: Some(100),
-            first_step: Some(91),
             caught_up,
+        }
+    }
+
+    struct Nothing;
+    impl RecoverySource for Nothing {
+        fn recoveries(&self) -> Option<Vec<RecoveryFigures>> {
+            None
         }
     }
 
     #[test]
     fn the_journal_is_read_after_a_restart_and_until_the_job_is_back() {
         let t0 = Instant::now();
-        let c = Cache::new(Some(Path::new("/nonexistent")));
+        let c = Cache::default();
+        // No source: never.
+        assert!(!c.stale(3, 3, None, t0));
+        c.set_source(Arc::new(Nothing));
         // The first attempt: nothing to read.
         assert!(!c.stale(0, 0, Some(5), t0));
         // A restart: read; read too soon (no recovery yet), read again soon.
@@ -130,7 +156,5 @@ mod tests {
         c.lock().list = vec![recovery(true)];
         assert!(!c.stale(1, 1, Some(500), t0 + REREAD * 10));
         assert!(c.stale(2, 2, Some(500), t0 + REREAD * 10));
-        // No job directory: never.
-        assert!(!Cache::new(None).stale(3, 3, None, t0));
     }
 }

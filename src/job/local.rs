@@ -288,7 +288,14 @@ impl Local {
         let w = self.writer("coordinator.jsonl");
         let dir = self.journal_ok.then_some(self.job_dir.as_path());
         match Coordinator::start(view, bind, w, dir) {
-            Ok(c) => Ok(Some(c)),
+            Ok(c) => {
+                if let Some(d) = dir {
+                    c.watch_recoveries(std::sync::Arc::new(
+                        crate::analysis::recovery::JournalRecoveries::new(d),
+                    ));
+                }
+                Ok(Some(c))
+            }
             Err(e) => {
                 tracing::warn!("coordinator: {e}; ranks supervise alone");
                 log.write(

@@ -242,6 +242,9 @@ fn host_coordinator(cfg: &Config, b: &Base, h: Host) -> std::io::Result<Coordina
             )
             .with_run(id.run.key.as_deref());
             let mut c = Coordinator::start(view, bind, w, Some(&b.job_dir))?;
+            c.watch_recoveries(Arc::new(crate::analysis::recovery::JournalRecoveries::new(
+                &b.job_dir,
+            )));
             if cfg.coordinator.site_metrics && b.slurm.in_job() {
                 if let Err(e) = c.serve_site_metrics(&cfg.state_dir, &id.job, &id.node) {
                     tracing::warn!("no read-only metrics listener for the site: {e}");
