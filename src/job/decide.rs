@@ -41,7 +41,7 @@ pub struct Decision {
     /// ([`crate::policy::restore`]).
     pub suspect: Option<u64>,
     /// Every checkpoint blamed so far, this attempt's included: none is
-    /// loaded again ([`super::act::plan_rollback`]).
+    /// loaded again ([`super::rollback::plan_rollback`]).
     pub blamed: Vec<restore::Blamed>,
 }
 
@@ -793,6 +793,48 @@ mod tests {
         );
         assert_eq!(spike(&mut records.clone(), &[132]), Some(Some(0)));
         assert_eq!(spike(&mut records.clone(), &[]), Some(None));
+    }
+
+    /// The newest checkpoint its files showed torn is not loaded by the
+    /// next attempt (told the newest whole one), and a failure after a
+    /// restart that loaded it anyway is blamed on it, not on the whole one
+    /// before (trial 18).
+    #[test]
+    fn a_torn_newest_checkpoint_is_neither_loaded_nor_mistaken_for_the_one_before() {
+        let mut records = failed_on_n2(0, "infrastructure", "Xid 79", 22);
+        for (step, complete) in [(15, true), (20, false)] {
+            records.insert(
+                1,
+                rec(
+                    "checkpoint_done",
+                    0,
+                    Some(0),
+                    "n1",
+                    4,
+                    json!({ "step": step, "path": format!("checkpoint-{step}"), "complete": complete }),
+                ),
+            );
+        }
+        let (d, _) = run(&records, 0, 3, None, true);
+        let d = d.expect("a decision");
+        assert!(!matches!(d.action, Action::Stop { .. }), "{:?}", d.action);
+        let rb = super::super::rollback::plan_rollback(&records, &d).expect("a rollback");
+        assert_eq!((rb.checkpoint_step, rb.avoid.clone()), (Some(15), vec![20]));
+        assert!(
+            rb.detail.contains("found incomplete or stale"),
+            "{}",
+            rb.detail
+        );
+        // Attempt 1 loaded 20 all the same (its first step 21).
+        records.push(rec(
+            "progress",
+            1,
+            Some(0),
+            "n1",
+            30,
+            json!({ "step": 21, "first": true }),
+        ));
+        assert_eq!(judge::restored_checkpoint(&records, 1), Some(20));
     }
 
     #[test]

@@ -546,18 +546,23 @@ pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Optio
 /// The highest step any rank of `attempt` reached: the ranks' own
 /// `last_step`, or the progress journaled.
 /// The step of the checkpoint `attempt` started from, as far as the
-/// journal tells: the newest whole checkpoint confirmed before the attempt
-/// and before its first step; before any step, the rollback it was told
-/// (`RESILIO_ROLLBACK_STEP`), else the newest whole checkpoint (what a
+/// journal tells: the newest checkpoint confirmed before the attempt (whole
+/// or not) and before its first step; before any step, the rollback it was
+/// told (`RESILIO_ROLLBACK_STEP`), else the newest checkpoint (what a
 /// trainer loads). `None` for the first attempt, a start from scratch, or
 /// no checkpoint confirmed.
 pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<u64> {
     if attempt == 0 {
         return None;
     }
-    let whole: Vec<u64> = journal::whole_checkpoints(records)
+    // Every checkpoint confirmed, whole or not: a trainer resuming from its
+    // latest loads a torn one too (trial 18).
+    let whole: Vec<u64> = journal::events(records)
         .filter(|(r, _)| r.attempt < attempt)
-        .filter_map(|(_, c)| c.step)
+        .filter_map(|(_, e)| match e {
+            Event::CheckpointDone(c) => c.step,
+            _ => None,
+        })
         .collect();
     let first = journal::events(records)
         .filter(|(r, _)| r.attempt == attempt)

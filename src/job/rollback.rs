@@ -79,23 +79,29 @@ pub(super) fn plan_rollback(
     avoid.sort_unstable();
     avoid.dedup();
     let newest_blamed = avoid.last().is_some_and(|a| whole.iter().all(|w| w < a));
+    // The newest checkpoint its files showed incomplete or stale: what a
+    // trainer resuming from its latest would load (trial 18: a torn save
+    // was, and the failure after it blamed the whole one before it).
+    let unsound = journal::unsound_checkpoint_steps(records);
+    let newest_unsound = unsound
+        .last()
+        .copied()
+        .filter(|u| whole.iter().all(|w| w < u) && avoid.iter().all(|a| a < u));
     let numerical = d.outcome.is_rollback() && d.suspect.is_none();
-    if !numerical && d.suspect.is_none() && !newest_blamed {
+    if !numerical && d.suspect.is_none() && !newest_blamed && newest_unsound.is_none() {
         return None;
     }
+    let blamed_list = avoid.clone();
+    avoid.extend(
+        unsound
+            .iter()
+            .copied()
+            .filter(|u| whole.iter().all(|w| w < u)),
+    );
+    avoid.sort_unstable();
+    avoid.dedup();
     let (since, at) = if numerical {
-        let finding = records.iter().rev().find_map(|r| match r.event() {
-            Some(ev::Event::Numerical(n))
-                if r.attempt == attempt
-                    && n.action == Some(crate::policy::numerical::Act::Rollback) =>
-            {
-                Some(n)
-            }
-            _ => None,
-        });
-        finding
-            .as_ref()
-            .map_or((None, None), |n| (n.since_step.or(n.step), n.step))
+        bad_steps(records, attempt)
     } else {
         (None, None)
     };
@@ -112,11 +118,7 @@ pub(super) fn plan_rollback(
     let detail = if numerical {
         d.outcome.detail.clone()
     } else {
-        let list: Vec<String> = avoid.iter().map(u64::to_string).collect();
-        format!(
-            "not to load: the checkpoint(s) of step {} (blamed for a failure soon after their restore, or saved from one)",
-            list.join(", ")
-        )
+        not_to_load(&avoid, &blamed_list)
     };
     Some(journal::Rollback {
         for_attempt: attempt + 1,
@@ -126,4 +128,46 @@ pub(super) fn plan_rollback(
         detail,
         avoid,
     })
+}
+
+/// The first bad step and the finding's step of the numerical failure
+/// `attempt` was stopped for with a rollback.
+fn bad_steps(records: &[crate::journal::Record], attempt: u32) -> (Option<u64>, Option<u64>) {
+    let finding = records.iter().rev().find_map(|r| match r.event() {
+        Some(ev::Event::Numerical(n))
+            if r.attempt == attempt
+                && n.action == Some(crate::policy::numerical::Act::Rollback) =>
+        {
+            Some(n)
+        }
+        _ => None,
+    });
+    finding
+        .as_ref()
+        .map_or((None, None), |n| (n.since_step.or(n.step), n.step))
+}
+
+/// Why the checkpoints `avoid` are not to be loaded: `blamed` ones for a
+/// failure after their restore, the others for their files.
+fn not_to_load(avoid: &[u64], blamed: &[u64]) -> String {
+    let steps = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(", ");
+    let torn: Vec<u64> = avoid
+        .iter()
+        .copied()
+        .filter(|a| !blamed.contains(a))
+        .collect();
+    let mut parts = Vec::new();
+    if !blamed.is_empty() {
+        parts.push(format!(
+            "the checkpoint(s) of step {} (blamed for a failure soon after their restore, or saved from one)",
+            steps(blamed)
+        ));
+    }
+    if !torn.is_empty() {
+        parts.push(format!(
+            "the checkpoint(s) of step {} (their files found incomplete or stale)",
+            steps(&torn)
+        ));
+    }
+    format!("not to load: {}", parts.join("; "))
 }

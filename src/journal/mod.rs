@@ -133,14 +133,20 @@ pub fn whole_checkpoints(
     })
 }
 
-/// The steps of the checkpoints a look at their files found incomplete or
-/// stale: not restorable, whatever else says of them.
+/// The steps of the checkpoints the last look at their files found
+/// incomplete or stale: not restorable, whatever else says of them. A
+/// later save under the same step that its files show whole is sound again.
 pub fn unsound_checkpoint_steps(records: &[Record]) -> std::collections::BTreeSet<u64> {
-    events(records)
-        .filter_map(|(_, e)| match e {
-            Event::CheckpointDone(c) if !c.whole() => c.step,
-            _ => None,
-        })
+    let mut last: std::collections::BTreeMap<u64, bool> = Default::default();
+    for (_, e) in events(records) {
+        if let Event::CheckpointDone(c) = e {
+            if let Some(step) = c.step.filter(|_| c.path.is_some() || !c.whole()) {
+                last.insert(step, c.whole());
+            }
+        }
+    }
+    last.into_iter()
+        .filter_map(|(step, whole)| (!whole).then_some(step))
         .collect()
 }
 

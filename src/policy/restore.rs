@@ -6,8 +6,9 @@
 //! the checkpoint may be the cause: a torn or corrupt save loads into NaN
 //! losses or an exception (Megatron-LM #5281 restarted 44 times from one).
 //! The rule:
-//! - a failure of the trainer's own (NaN/Inf, an exception, a bare crash)
-//!   soon after a restore blames the restored checkpoint at once, unless
+//! - a failure of the trainer's own soon after a restore (NaN/Inf within
+//!   [`WITHIN_STEPS`]; an exception or a bare crash in the load or the
+//!   first step) blames the restored checkpoint at once, unless
 //!   the attempt before failed the same way soon after restoring another
 //!   checkpoint (two checkpoints failing alike: the code, not the saves);
 //! - any failure (a hang, a node's) soon after restoring the same
@@ -51,7 +52,10 @@ impl Suspect {
             String::new()
         } else {
             let list: Vec<String> = self.before.iter().map(u32::to_string).collect();
-            format!(" (as in attempt {})", list.join(", "))
+            format!(
+                " (attempt {} also failed soon after restoring it)",
+                list.join(", ")
+            )
         };
         format!(
             "{} {when} restoring the checkpoint of step {}{again}: that checkpoint is suspect",
@@ -118,6 +122,14 @@ fn suspect_given(
         });
     }
     if !trainers_own(current.class) {
+        return None;
+    }
+    // An exception or a crash counts only in the load or the step right
+    // after it (a torn save fails there); later, with steps trained from
+    // the checkpoint, it is weak evidence against it (trial 18: a one-off
+    // error three steps on blamed a healthy checkpoint). NaN or Inf counts
+    // within the window.
+    if current.class != Class::Numerical && current.last_step.is_some_and(|s| s > c + 1) {
         return None;
     }
     // Failing before any step: blamed only when the trainer's start is
@@ -224,6 +236,21 @@ mod tests {
     }
 
     #[test]
+    fn an_exception_counts_in_the_load_or_the_first_step_only() {
+        let first = out(0, Class::Infrastructure, "Xid 79", None, Some(130));
+        let e = std::slice::from_ref(&first);
+        for last in [None, Some(100), Some(101)] {
+            let crash = out(1, Class::Unknown, "RuntimeError: x", Some(100), last);
+            assert!(suspect(&crash, e).is_some(), "{last:?}");
+        }
+        let later = out(1, Class::Unknown, "RuntimeError: x", Some(100), Some(103));
+        assert_eq!(suspect(&later, e), None);
+        // ...unless the same checkpoint failed soon after before.
+        let again = out(2, Class::Unknown, "RuntimeError: x", Some(100), Some(103));
+        assert!(suspect(&again, &[first, later]).is_some());
+    }
+
+    #[test]
     fn late_failures_nodes_hangs_and_fresh_starts_blame_no_checkpoint() {
         let first = out(0, Class::Infrastructure, "Xid 79", None, Some(130));
         let e = std::slice::from_ref(&first);
@@ -275,7 +302,9 @@ mod tests {
             (s.step, s.before.clone(), s.told_before),
             (100, vec![1], None)
         );
-        assert!(s.why(&hang2).contains("(as in attempt 1)"));
+        assert!(s
+            .why(&hang2)
+            .contains("(attempt 1 also failed soon after restoring it)"));
         // Told to load the one before after that, the trainer loaded it a
         // third time: it is not loaded again.
         let third = out(3, Class::Numerical, "nan", Some(100), Some(101));

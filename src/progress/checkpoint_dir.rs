@@ -12,11 +12,11 @@
 
 use super::{Kind, ProgressEvent, Sender, Source};
 use regex::Regex;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// Keeps the watch alive; stops it when dropped.
 pub struct DirWatch {
@@ -323,7 +323,15 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
             let (f, files) = inspect_with_look(&dir, p, *s, Duration::ZERO);
             (f.path, files)
         });
-    let mut seen: HashSet<String> = at_start.into_iter().map(|(p, _)| p).collect();
+    // Each marker with its modification time: a checkpoint saved again
+    // under the same name (the HF Trainer's `checkpoint-20` after a
+    // rollback to 15) is news again (trial 18: it was not, and the old
+    // save's judgment stuck to the new one).
+    let mut seen: HashMap<String, Option<SystemTime>> = at_start
+        .into_iter()
+        .map(|(p, _)| (modified(&dir, &p), p))
+        .map(|(t, p)| (p, t))
+        .collect();
     // The directory, or while it does not exist yet its nearest existing
     // ancestor: its creation wakes a scan at once, and the watch moves to
     // it (trial 14: a directory the trainer made after the start was only
@@ -353,21 +361,12 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 let mut found = scan(&dir, &re);
                 found.sort_by_key(|(_, s)| *s);
                 for (path, step) in found {
-                    if seen.insert(path.clone()) {
+                    let t = modified(&dir, &path);
+                    if seen.insert(path.clone(), t) != Some(t) {
                         // Found now; judged whole after it settled.
                         let at = Instant::now();
                         let (mut files, look) = inspect_with_look(&dir, &path, step, settle);
-                        let same =
-                            last.as_ref()
-                                .filter(|(p, _)| *p != files.path)
-                                .and_then(|(p, old)| {
-                                    same_contents(&dir.join(&files.path), &look, &dir.join(p), old)
-                                        .map(|same| (p, same))
-                                });
-                        match same {
-                            Some((earlier, true)) => files.same_as = Some(earlier.clone()),
-                            _ => last = Some((files.path.clone(), look)),
-                        }
+                        compare_with_last(&dir, &mut files, look, &mut last);
                         tx.send(ProgressEvent {
                             at,
                             source: Source::CheckpointDir,
@@ -392,6 +391,28 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
         finished,
         wake,
     })
+}
+
+/// A checkpoint just found against the one before it: byte for byte the
+/// same makes it stale (`same_as`); else it is the last one from now on.
+fn compare_with_last(dir: &Path, files: &mut Files, look: Look, last: &mut Option<(String, Look)>) {
+    let same = last
+        .as_ref()
+        .filter(|(p, _)| *p != files.path)
+        .and_then(|(p, old)| {
+            same_contents(&dir.join(&files.path), &look, &dir.join(p), old).map(|same| (p, same))
+        });
+    match same {
+        Some((earlier, true)) => files.same_as = Some(earlier.clone()),
+        _ => *last = Some((files.path.clone(), look)),
+    }
+}
+
+/// When the marker `rel` under `dir` was last written (`None`: cannot tell).
+fn modified(dir: &Path, rel: &str) -> Option<SystemTime> {
+    std::fs::symlink_metadata(dir.join(rel))
+        .and_then(|m| m.modified())
+        .ok()
 }
 
 /// What to watch for `dir`: itself, or while it does not exist its
@@ -637,6 +658,42 @@ mod tests {
     /// nearest existing ancestor, then on the directory), not at the next
     /// poll, here an hour away (trial 14: missed when the attempt ended
     /// between two polls).
+    #[test]
+    fn a_checkpoint_saved_again_under_the_same_name_is_news_again() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("out");
+        std::fs::create_dir_all(dir.join("checkpoint-20")).unwrap();
+        let marker = dir.join("checkpoint-20/COMPLETE");
+        std::fs::write(&marker, "old").unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::options()
+            .write(true)
+            .open(&marker)
+            .unwrap()
+            .set_modified(an_hour_ago)
+            .unwrap();
+        let tx = Sender::new();
+        let re = Regex::new(r"^checkpoint-(\d+)/COMPLETE$").unwrap();
+        // Polled every 100 ms: inotify aside, the rescan sees the new marker.
+        let w = watch(&dir, re, Duration::from_millis(100), tx.clone()).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let steps = |tx: &Sender| {
+            tx.drain()
+                .into_iter()
+                .filter_map(|e| match e.kind {
+                    Kind::CheckpointDone { step } => Some(step),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+        // There at the start: known, not news.
+        assert_eq!(steps(&tx), []);
+        std::fs::write(dir.join("checkpoint-20/model.pt"), "new").unwrap();
+        std::fs::write(&marker, "new").unwrap();
+        w.finish(Instant::now() + Duration::from_secs(5));
+        assert_eq!(steps(&tx), [Some(20)]);
+    }
+
     #[test]
     fn a_directory_made_after_the_start_is_watched_as_soon_as_it_exists() {
         let tmp = tempfile::tempdir().unwrap();

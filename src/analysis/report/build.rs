@@ -152,7 +152,13 @@ fn suspect_checkpoints(records: &[Record]) -> Vec<super::SuspectCheckpoint> {
             }),
             _ => None,
         })
-        .collect()
+        .fold(Vec::new(), |mut all: Vec<super::SuspectCheckpoint>, s| {
+            // Blamed again (a trainer that loaded it although told): once.
+            if !all.iter().any(|b| b.step == s.step) {
+                all.push(s);
+            }
+            all
+        })
 }
 
 fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {

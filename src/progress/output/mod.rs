@@ -15,9 +15,12 @@ use regex::bytes::Regex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
+mod not_steps;
 mod pump;
 mod scanner;
 mod tail;
+
+use not_steps::{an_error_line, in_a_name, names_a_restore, not_the_trainers};
 
 pub use pump::{labelled, spawn_pump, take_stderr_mid_line, write_all_fd, Lines};
 pub use scanner::LineScanner;
@@ -338,7 +341,12 @@ impl Parser {
             if let Some((_, at, count)) = self.step_of(&caps) {
                 let ls = line_start(text, at);
                 let line = &text[ls..];
-                if not_the_trainers(&text[ls..at]) || in_a_name(text, at) || an_error_line(line) {
+                let before = &text[ls..at];
+                if not_the_trainers(before)
+                    || in_a_name(text, at)
+                    || an_error_line(line)
+                    || names_a_restore(before)
+                {
                     continue;
                 }
                 last = Some((ls, count));
@@ -558,7 +566,8 @@ impl Parser {
             if at + digits >= partial.len() || in_a_name(partial, at) {
                 continue;
             }
-            if not_the_trainers(&partial[line_start(partial, at)..at]) {
+            let before = &partial[line_start(partial, at)..at];
+            if not_the_trainers(before) || names_a_restore(before) {
                 continue;
             }
             last = Some(mark_of(count));
@@ -617,74 +626,6 @@ fn figures_from(text: &[u8], step_line: Option<usize>) -> Figures {
     seen
 }
 
-/// Whether the number at `at` is part of a file name (`epoch=3-step=200.ckpt`,
-/// `global_step200.pt`): digits followed by `.` and a letter. A path a
-/// trainer prints (resuming from a checkpoint) is no step. Nor is a format
-/// spec (`{step:05d}`, `{step:>6}`: a traceback quoting the trainer's code).
-fn in_a_name(text: &[u8], at: usize) -> bool {
-    let end = at + text[at..].iter().take_while(|b| b.is_ascii_digit()).count();
-    let file =
-        text.get(end) == Some(&b'.') && text.get(end + 1).is_some_and(u8::is_ascii_alphabetic);
-    // `{name:` right before the digits, a `}` (after a type letter) after.
-    let opened = at >= 2 && text[at - 1] == b':' && {
-        let name = text[..at - 1]
-            .iter()
-            .rev()
-            .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_')
-            .count();
-        name > 0 && at - 1 > name && text[at - 2 - name] == b'{'
-    };
-    let closed = match text.get(end) {
-        Some(b'}') => true,
-        Some(b'd' | b'f' | b'x' | b's' | b'e' | b'g') => text.get(end + 1) == Some(&b'}'),
-        _ => false,
-    };
-    file || (opened && closed)
-}
-
-/// Whether the text of a line before a number is Slurm's own message
-/// (`srun: launch/slurm: _step_signal: Terminating StepId=15.0`,
-/// `slurmstepd: error: ...`) or a rank agent's (`resilio: rank 1 on n2
-/// stalled: no progress since step 12`, `0: resilio: ...` under srun's
-/// labels), at the line's start or glued after a progress bar's frame that
-/// had no line end: its numbers are job and step ids, or a step reached
-/// earlier, never a training step done now.
-fn not_the_trainers(before: &[u8]) -> bool {
-    before.starts_with(b"srun: ")
-        || before.starts_with(b"slurmstepd")
-        || before.windows(6).any(|w| w == b"srun: ")
-        || before.windows(11).any(|w| w == b"slurmstepd:")
-        || before.windows(9).any(|w| w == b"resilio: ")
-}
-
-/// Whether a line is an error's, not progress: a traceback's lines
-/// (`Traceback (most recent call last):`, `  File "train.py", line 9`) or
-/// an exception's message (`RuntimeError: data pipeline failed at step
-/// 120`, `torch.distributed.DistBackendError: ...`, `UserWarning: ...`),
-/// after torchrun's `[rank1]: ` prefix. The step such a line names is where
-/// something went wrong, never a step done.
-fn an_error_line(line: &[u8]) -> bool {
-    let mut l = line;
-    if l.starts_with(b"[rank") {
-        if let Some(p) = l.iter().position(|&b| b == b']') {
-            l = l[p + 1..].strip_prefix(b":").unwrap_or(&l[p + 1..]);
-        }
-    }
-    let l = l.trim_ascii_start();
-    if l.starts_with(b"Traceback (") || l.starts_with(b"File \"") {
-        return true;
-    }
-    let name = l
-        .iter()
-        .take_while(|b| b.is_ascii_alphanumeric() || **b == b'_' || **b == b'.')
-        .count();
-    let id = &l[..name];
-    l.get(name) == Some(&b':')
-        && [&b"Error"[..], b"Exception", b"Warning", b"Interrupt"]
-            .iter()
-            .any(|s| id.ends_with(s))
-}
-
 /// Start of the line containing offset `at`.
 fn line_start(text: &[u8], at: usize) -> usize {
     text[..at]
@@ -721,6 +662,26 @@ mod tests {
         assert_eq!(out, b"1: step 1\n1: step 2\n1: \n1: x");
         assert!(!at);
         assert!(labelled(b"1: ", b"", &mut at).is_empty());
+    }
+
+    #[test]
+    fn a_line_resuming_from_a_step_is_no_step() {
+        let p = parser();
+        for line in [
+            &b"Resuming training from checkpoint with epoch 0 and global step 20"[..],
+            b"  Continuing training from global step 20",
+            b"[INFO] restored model at step 20",
+            b"  Will skip to saved global_step 20",
+        ] {
+            assert_eq!(p.step_in(line), None, "{}", String::from_utf8_lossy(line));
+            assert_eq!(p.partial_step(line), None);
+        }
+        // The words after the step say nothing of it.
+        assert_eq!(
+            p.step_in(b"step 21 | loss 2.0 | resumed 1 min ago"),
+            Some(21)
+        );
+        assert_eq!(p.step_in(b"{'loss': 2.0, 'step': 21}"), Some(21));
     }
 
     #[test]
