@@ -307,7 +307,8 @@ fn from_before(
     {
         return action;
     }
-    let reason = format!("{why}; the next attempt loads the one before it");
+    let reason =
+        format!("{why}; the next attempt is told to load an earlier one (RESILIO_ROLLBACK_STEP)");
     match scope {
         Scope::Local => Action::RestartInPlace { reason },
         Scope::Slurm => Action::Requeue {

@@ -57,9 +57,13 @@ impl Suspect {
                 list.join(", ")
             )
         };
+        // A long exception (PyTorch's run to 400 characters) cut short.
+        let mut shown = current.shown();
+        if shown.chars().count() > 200 {
+            shown = format!("{}...", shown.chars().take(200).collect::<String>());
+        }
         format!(
-            "{} {when} restoring the checkpoint of step {}{again}: that checkpoint is suspect",
-            current.shown(),
+            "{shown} {when} restoring the checkpoint of step {}{again}: that checkpoint is suspect",
             self.step
         )
     }

@@ -12,7 +12,7 @@
 
 use super::{Kind, ProgressEvent, Sender, Source};
 use regex::Regex;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -323,15 +323,19 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
             let (f, files) = inspect_with_look(&dir, p, *s, Duration::ZERO);
             (f.path, files)
         });
-    // Each marker with its modification time: a checkpoint saved again
-    // under the same name (the HF Trainer's `checkpoint-20` after a
-    // rollback to 15) is news again (trial 18: it was not, and the old
+    // Each marker there at the start with its modification time: one
+    // saved again under the same name (the HF Trainer's `checkpoint-20`
+    // after a rollback to 15) is news (trial 18: it was not, and the old
     // save's judgment stuck to the new one).
-    let mut seen: HashMap<String, Option<SystemTime>> = at_start
+    // Within this watch a path is news once: a torn save written to after
+    // its marker is judged once, as found (trial 18: a second look at the
+    // trainer's exit took the torn file for whole).
+    let known: HashMap<String, Option<SystemTime>> = at_start
         .into_iter()
         .map(|(p, _)| (modified(&dir, &p), p))
         .map(|(t, p)| (p, t))
         .collect();
+    let mut seen: HashSet<String> = HashSet::new();
     // The directory, or while it does not exist yet its nearest existing
     // ancestor: its creation wakes a scan at once, and the watch moves to
     // it (trial 14: a directory the trainer made after the start was only
@@ -361,8 +365,8 @@ pub fn watch(dir: &Path, re: Regex, poll: Duration, tx: Sender) -> std::io::Resu
                 let mut found = scan(&dir, &re);
                 found.sort_by_key(|(_, s)| *s);
                 for (path, step) in found {
-                    let t = modified(&dir, &path);
-                    if seen.insert(path.clone(), t) != Some(t) {
+                    let resaved = known.get(&path).is_none_or(|t| *t != modified(&dir, &path));
+                    if resaved && seen.insert(path.clone()) {
                         // Found now; judged whole after it settled.
                         let at = Instant::now();
                         let (mut files, look) = inspect_with_look(&dir, &path, step, settle);
@@ -690,8 +694,18 @@ mod tests {
         assert_eq!(steps(&tx), []);
         std::fs::write(dir.join("checkpoint-20/model.pt"), "new").unwrap();
         std::fs::write(&marker, "new").unwrap();
-        w.finish(Instant::now() + Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(1000));
         assert_eq!(steps(&tx), [Some(20)]);
+        // Written to again within this watch (a torn save's marker): judged
+        // once, as found, not again at the last look.
+        std::fs::File::options()
+            .write(true)
+            .open(&marker)
+            .unwrap()
+            .set_modified(std::time::SystemTime::now() + Duration::from_secs(60))
+            .unwrap();
+        w.finish(Instant::now() + Duration::from_secs(5));
+        assert_eq!(steps(&tx), []);
     }
 
     #[test]

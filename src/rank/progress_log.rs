@@ -40,6 +40,11 @@ pub(crate) struct ProgressLog {
     /// Latest counted progress not yet written: (at, step, source, metrics).
     pub pending: Option<ProgressSample>,
     pub first_at: Option<Instant>,
+    /// A step's number has been written: the first one always is, whatever
+    /// the sampling (which checkpoint an attempt restored is read from it;
+    /// trial 18: the first record named none, the first sampled step was
+    /// 21 after a restore of 15, and 20 was taken for the restored one).
+    pub step_written: bool,
     pub last_at: Option<Instant>,
     /// When the named step last advanced (step intervals for the coordinator).
     pub last_named_at: Option<Instant>,
@@ -141,14 +146,17 @@ impl ProgressLog {
         let at = p.at;
         self.last_at = Some(at);
         self.accumulate(&p.metrics);
+        let first_step = p.step.is_some() && !self.step_written;
+        self.step_written |= p.step.is_some();
         if self.first_at.is_none() {
             self.first_at = Some(at);
             self.write(journal, clock, &p, true);
             self.last_written = Some(at);
             self.pending = None;
-        } else if self
-            .last_written
-            .is_none_or(|w| at.duration_since(w) >= self.interval)
+        } else if first_step
+            || self
+                .last_written
+                .is_none_or(|w| at.duration_since(w) >= self.interval)
         {
             self.write(journal, clock, &p, false);
             self.last_written = Some(at);
@@ -175,6 +183,7 @@ impl ProgressLog {
             last_written: None,
             pending: None,
             first_at: None,
+            step_written: false,
             last_at: None,
             last_named_at: None,
             checkpoint_began: None,
@@ -187,5 +196,43 @@ impl ProgressLog {
             unknown_phases: Default::default(),
             unknown_phases_unlisted: 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The first step named is written whatever the sampling, even when
+    /// the first progress named none (HF's figures before its first step):
+    /// which checkpoint an attempt restored is read from it.
+    #[test]
+    fn the_first_step_named_is_always_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(tmp.path(), "rank-0.jsonl", 1, Some(0), None);
+        let t0 = Instant::now();
+        let clock = Clock {
+            t0,
+            wall0: Utc::now(),
+        };
+        let mut log = ProgressLog::new(Duration::from_secs(3600));
+        let sample = |ms: u64, step: Option<u64>| ProgressSample {
+            at: t0 + Duration::from_millis(ms),
+            step,
+            source: crate::progress::Source::Stdout,
+            metrics: Vec::new(),
+        };
+        for (ms, step) in [(0, None), (10, Some(16)), (20, Some(17)), (30, Some(18))] {
+            log.observe(&mut w, &clock, sample(ms, step));
+        }
+        drop(w);
+        let text = std::fs::read_to_string(tmp.path().join("rank-0.jsonl")).unwrap();
+        let steps: Vec<Option<u64>> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["kind"] == "progress")
+            .map(|v| v["step"].as_u64())
+            .collect();
+        assert_eq!(steps, [None, Some(16)]);
     }
 }

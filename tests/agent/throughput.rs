@@ -743,7 +743,9 @@ fn a_checkpoint_that_fails_soon_after_its_restore_is_not_loaded_again() {
     let reason = d.data["decision"]["reason"].as_str().unwrap();
     assert!(
         reason.contains("restoring the checkpoint of step 40")
-            && reason.contains("the next attempt loads the one before it"),
+            && reason.contains(
+                "the next attempt is told to load an earlier one (RESILIO_ROLLBACK_STEP)"
+            ),
         "{reason}"
     );
     let rb = one(&recs, "rollback");
