@@ -766,6 +766,11 @@ fn a_checkpoint_that_fails_soon_after_its_restore_is_not_loaded_again() {
         text.contains("suspect: step 40: attempt 1 failed soon after restoring it"),
         "{text}"
     );
+    // Attempt 2 saved checkpoint-40 again, whole: seen, and said.
+    assert!(
+        text.contains("saved again by attempt 2, whole: that save is another checkpoint"),
+        "{text}"
+    );
     // The checkpoint of step 40 saved again by attempt 2 is whole and new.
     assert!(
         text.contains("last restorable checkpoint: step 80"),

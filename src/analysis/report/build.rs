@@ -129,10 +129,33 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
         mean_interval_s: mean(&intervals),
         last_restorable,
         incomplete,
-        suspect,
+        suspect: saved_again(records, suspect),
         mean_size_bytes: mean(&sizes),
         warn_share: None,
     }
+}
+
+/// The blamed checkpoints a later attempt saved again whole (the HF
+/// Trainer's `checkpoint-20` after a rollback to 15): said, so that the
+/// blame is not taken for the directory's present contents.
+fn saved_again(
+    records: &[Record],
+    mut suspect: Vec<super::SuspectCheckpoint>,
+) -> Vec<super::SuspectCheckpoint> {
+    for b in &mut suspect {
+        b.saved_again_by = crate::journal::events(records).find_map(|(r, e)| match e {
+            Event::CheckpointDone(c)
+                if c.step == Some(b.step)
+                    && c.path.is_some()
+                    && c.whole()
+                    && r.attempt > b.attempt =>
+            {
+                Some(r.attempt)
+            }
+            _ => None,
+        });
+    }
+    suspect
 }
 
 /// The checkpoints decisions blamed for the failure after their restore.
@@ -149,6 +172,7 @@ fn suspect_checkpoints(records: &[Record]) -> Vec<super::SuspectCheckpoint> {
                         o.detail.as_deref().unwrap_or("")
                     )
                 }),
+                saved_again_by: None,
             }),
             _ => None,
         })

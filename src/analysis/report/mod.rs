@@ -235,6 +235,9 @@ pub struct SuspectCheckpoint {
     pub attempt: u32,
     /// The failure, as `class: detail`.
     pub why: String,
+    /// A later attempt saved this step again, and its files showed it whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub saved_again_by: Option<u32>,
 }
 
 /// One confirmed checkpoint.

@@ -101,8 +101,13 @@ fn render_checkpoint_health(s: &mut String, r: &JobReport) {
     for b in &c.suspect {
         let _ = writeln!(
             s,
-            "  suspect: step {}: attempt {} failed soon after restoring it ({}): neither it nor what that attempt saved is loaded again",
-            b.step, b.attempt, b.why
+            "  suspect: step {}: attempt {} failed soon after restoring it ({}): neither it nor what that attempt saved is loaded again{}",
+            b.step,
+            b.attempt,
+            b.why,
+            b.saved_again_by.map_or(String::new(), |a| format!(
+                "; saved again by attempt {a}, whole: that save is another checkpoint"
+            ))
         );
     }
     if let (Some(share), Some(d), Some(iv)) = (c.warn_share, c.mean_duration_s, c.mean_interval_s) {
