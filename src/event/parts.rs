@@ -104,6 +104,9 @@ pub struct Outcome {
     /// job level could tell (absent: none, or not known).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored: Option<u64>,
+    /// The attempt that saved it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_saved_in: Option<u32>,
     /// The first bad step of a numerical failure (absent: its last step).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_from: Option<u64>,
@@ -227,6 +230,7 @@ impl From<&AttemptOutcome> for Outcome {
             new_checkpoint: Some(o.new_checkpoint),
             last_checkpoint: o.last_checkpoint,
             restored: o.restored,
+            restored_saved_in: o.restored_saved_in,
             failed_from: o.failed_from,
             more: Map::new(),
         }
@@ -251,6 +255,7 @@ impl Outcome {
             new_checkpoint: self.new_checkpoint.unwrap_or(true),
             last_checkpoint: self.last_checkpoint,
             restored: self.restored,
+            restored_saved_in: self.restored_saved_in,
             failed_from: self.failed_from,
         })
     }

@@ -217,7 +217,9 @@ fn decide_with(
         j.class == Class::Numerical && judge::rolled_back(records, attempt, primary.rank);
     (outcome.new_checkpoint, outcome.last_checkpoint) =
         judge::new_and_last_checkpoint(records, attempt);
-    outcome.restored = judge::restored_checkpoint(records, attempt);
+    let restored = judge::restored_checkpoint(records, attempt);
+    outcome.restored = restored.map(|(step, _)| step);
+    outcome.restored_saved_in = restored.map(|(_, by)| by);
     if j.class == Class::Numerical {
         outcome.failed_from = judge::numerical_since(records, attempt, primary.rank);
     }
@@ -834,7 +836,7 @@ mod tests {
             30,
             json!({ "step": 21, "first": true }),
         ));
-        assert_eq!(judge::restored_checkpoint(&records, 1), Some(20));
+        assert_eq!(judge::restored_checkpoint(&records, 1), Some((20, 0)));
     }
 
     #[test]

@@ -550,17 +550,18 @@ pub fn new_and_last_checkpoint(records: &[Record], attempt: u32) -> (bool, Optio
 /// or not) and before its first step; before any step, the rollback it was
 /// told (`RESILIO_ROLLBACK_STEP`), else the newest checkpoint (what a
 /// trainer loads). `None` for the first attempt, a start from scratch, or
-/// no checkpoint confirmed.
-pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<u64> {
+/// no checkpoint confirmed. With the attempt that saved it (its latest
+/// save of that step).
+pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<(u64, u32)> {
     if attempt == 0 {
         return None;
     }
-    // Every checkpoint confirmed, whole or not: a trainer resuming from its
-    // latest loads a torn one too (trial 18).
-    let whole: Vec<u64> = journal::events(records)
+    // Every checkpoint confirmed, whole or not (a trainer resuming from its
+    // latest loads a torn one too: trial 18), with the attempt that saved it.
+    let saved: Vec<(u64, u32)> = journal::events(records)
         .filter(|(r, _)| r.attempt < attempt)
-        .filter_map(|(_, e)| match e {
-            Event::CheckpointDone(c) => c.step,
+        .filter_map(|(r, e)| match e {
+            Event::CheckpointDone(c) => c.step.map(|s| (s, r.attempt)),
             _ => None,
         })
         .collect();
@@ -571,8 +572,8 @@ pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<u64> {
             _ => None,
         })
         .min();
-    match first {
-        Some(f) => whole.iter().copied().filter(|c| *c < f).max(),
+    let step = match first {
+        Some(f) => saved.iter().map(|(s, _)| *s).filter(|c| *c < f).max(),
         None => journal::events(records)
             .find_map(|(_, e)| match e {
                 Event::RollbackPlanned(rb) if rb.for_attempt == Some(attempt) => {
@@ -580,9 +581,16 @@ pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<u64> {
                 }
                 _ => None,
             })
-            .unwrap_or_else(|| whole.iter().copied().max()),
+            .unwrap_or_else(|| saved.iter().map(|(s, _)| *s).max()),
     }
-    .filter(|c| *c > 0)
+    .filter(|c| *c > 0)?;
+    let by = saved
+        .iter()
+        .filter(|(s, _)| *s == step)
+        .map(|(_, a)| *a)
+        .max()
+        .unwrap_or(0);
+    Some((step, by))
 }
 
 pub fn last_step(records: &[Record], attempt: u32) -> Option<u64> {

@@ -36,6 +36,10 @@ pub struct AttemptOutcome {
     /// job level can tell (the rollback it was told, else the newest whole
     /// checkpoint before its first step): [`super::restore`]'s input.
     pub restored: Option<u64>,
+    /// The attempt that saved the restored checkpoint (its latest save of
+    /// that step before this attempt): a save of the same step by a later
+    /// attempt is another checkpoint.
+    pub restored_saved_in: Option<u32>,
     /// Where the failure began, where that is not its last step: the first
     /// bad step of a numerical failure (found some steps later).
     pub failed_from: Option<u64>,
@@ -69,6 +73,7 @@ impl AttemptOutcome {
             new_checkpoint: false,
             last_checkpoint: None,
             restored: None,
+            restored_saved_in: None,
             failed_from: None,
         }
     }

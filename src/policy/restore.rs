@@ -86,6 +86,19 @@ pub(super) fn failed_soon(a: &AttemptOutcome) -> Option<u64> {
     (counts(a) && soon).then_some(c)
 }
 
+/// The same save restored by both: the same step, saved by the same
+/// attempt (where the journal says which).
+fn same_save(a: &AttemptOutcome, b: &AttemptOutcome) -> bool {
+    a.restored == b.restored && a.restored_saved_in == b.restored_saved_in
+}
+
+/// Whether the checkpoint `current` restored was saved before the blame
+/// `b` was laid (the blamed save, or one saved from it by the attempt
+/// blamed): a later attempt's save of the same step is another one.
+fn saved_by_then(current: &AttemptOutcome, b: &Blamed) -> bool {
+    current.restored_saved_in.is_none_or(|s| s <= b.by_attempt)
+}
+
 /// The trainer's own failures: the ones a bad checkpoint causes on its own.
 fn trainers_own(class: Class) -> bool {
     matches!(class, Class::Numerical | Class::Unknown | Class::UserError)
@@ -107,17 +120,23 @@ fn suspect_given(
     let c = failed_soon(current)?;
     let before: Vec<u32> = earlier
         .iter()
-        .filter(|a| failed_soon(a) == Some(c))
+        .filter(|a| failed_soon(a) == Some(c) && same_save(a, current))
         .map(|a| a.attempt)
         .collect();
     // Told to go back before a blamed checkpoint, the attempt restored it
     // or a later one (saved from it by the attempt it failed): not obeyed.
+    // A save of that step by a later attempt is another checkpoint.
     let told_before = earlier
         .last()
         .and_then(|p| blamed.iter().find(|b| b.by_attempt == p.attempt))
-        .filter(|b| c >= b.step)
+        .filter(|b| c >= b.step && saved_by_then(current, b))
         .map(|b| b.step)
-        .or_else(|| blamed.iter().find(|b| b.step == c).map(|b| b.step));
+        .or_else(|| {
+            blamed
+                .iter()
+                .find(|b| b.step == c && saved_by_then(current, b))
+                .map(|b| b.step)
+        });
     if !before.is_empty() || told_before.is_some() {
         return Some(Suspect {
             step: c,
@@ -322,6 +341,31 @@ mod tests {
         nan2.failed_from = Some(111);
         let s = suspect(&nan2, &[first, nan1]).unwrap();
         assert_eq!((s.step, s.told_before), (110, Some(100)), "{s:?}");
+    }
+
+    #[test]
+    fn a_blamed_step_saved_again_by_a_later_attempt_is_another_checkpoint() {
+        let first = out(0, Class::Infrastructure, "Xid 79", None, Some(130));
+        let mut nan1 = out(1, Class::Numerical, "nan", Some(100), Some(104));
+        nan1.restored_saved_in = Some(0);
+        // Told 90, attempt 2 trained past 100 (saving it again), then a node
+        // failed at 115.
+        let mut kill2 = out(2, Class::Infrastructure, "Xid 79", Some(90), Some(115));
+        kill2.restored_saved_in = Some(0);
+        // Attempt 3 restores attempt 2's save of step 100 and NaNs at once:
+        // blamed afresh (told the one before), not taken for a trainer that
+        // loaded the blamed save although told.
+        let mut nan3 = out(3, Class::Numerical, "nan", Some(100), Some(103));
+        nan3.restored_saved_in = Some(2);
+        let s = suspect(&nan3, &[first.clone(), nan1.clone(), kill2.clone()]).unwrap();
+        assert_eq!(
+            (s.step, s.told_before, s.before.clone()),
+            (100, None, vec![])
+        );
+        // The old save of step 100 loaded again: not obeyed.
+        nan3.restored_saved_in = Some(0);
+        let s = suspect(&nan3, &[first, nan1, kill2]).unwrap();
+        assert_eq!((s.told_before, s.before.clone()), (Some(100), vec![1]));
     }
 
     #[test]
