@@ -237,14 +237,12 @@ fn decide_with(
     }
     earlier.sort_by_key(|o| o.attempt);
     let action = choose(&outcome, &earlier);
-    let suspect = restore::suspect(&outcome, &earlier).map(|s| s.step);
-    let mut blamed = restore::suspects(&earlier);
-    if let Some(step) = suspect {
-        blamed.push(restore::Blamed {
-            step,
-            by_attempt: attempt,
-        });
-    }
+    // Every blame so far, this attempt's the last if it has one.
+    let blamed = restore::suspects(&[earlier.as_slice(), std::slice::from_ref(&outcome)].concat());
+    let suspect = blamed
+        .last()
+        .filter(|b| b.by_attempt == attempt)
+        .map(|b| b.step);
     Some(Decision {
         judgment: j,
         primary,

@@ -51,13 +51,9 @@ pub(super) fn not_the_trainers(before: &[u8]) -> bool {
 pub(super) fn names_a_restore(before: &[u8]) -> bool {
     const WORDS: [&[u8]; 4] = [b"resum", b"restor", b"continuing training", b"skip to"];
     let b = &before[before.len().saturating_sub(160)..];
-    b.windows(5).enumerate().any(|(i, w)| {
-        WORDS.iter().any(|word| {
-            w.eq_ignore_ascii_case(&word[..5])
-                && b.len() >= i + word.len()
-                && b[i..i + word.len()].eq_ignore_ascii_case(word)
-        })
-    })
+    WORDS
+        .iter()
+        .any(|word| b.windows(word.len()).any(|w| w.eq_ignore_ascii_case(word)))
 }
 
 /// Whether a line is an error's, not progress: a traceback's lines
