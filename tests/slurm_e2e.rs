@@ -513,8 +513,34 @@ fn a_straggling_node_confirmed_after_a_restart_is_left_out() {
             })
             .collect::<Vec<_>>()
     };
-    assert_eq!(flagged(0), [("n2".to_string(), Some(false))], "{recs:#?}");
-    assert_eq!(flagged(1), [("n2".to_string(), Some(true))], "{recs:#?}");
+    // What the straggler windows said, for a failure's message (the whole
+    // journal is cut short in CI's log).
+    let said: Vec<String> = recs
+        .iter()
+        .filter(|r| {
+            matches!(
+                r.kind.as_str(),
+                "straggler" | "straggler_exclusion" | "decision"
+            )
+        })
+        .map(|r| format!("attempt {} {}: {:?}", r.attempt, r.kind, r.data))
+        .collect();
+    let said = said.join("\n");
+    // n2 flagged in attempt 0 (a window short of samples may clear and
+    // flag it again), never another node; in attempt 1 confirmed at once.
+    let first = flagged(0);
+    assert!(!first.is_empty(), "n2 never flagged in attempt 0:\n{said}");
+    assert!(
+        first.iter().all(|f| *f == ("n2".to_string(), Some(false))),
+        "{said}"
+    );
+    let second = flagged(1);
+    assert_eq!(
+        second.first(),
+        Some(&("n2".to_string(), Some(true))),
+        "{said}"
+    );
+    assert!(second.iter().all(|(n, _)| n == "n2"), "{said}");
     // Attempt 0 ended on the crash, not on the straggler: nobody blamed.
     let d = job.kinds("decision");
     assert_eq!(d.len(), 2, "{d:?}");

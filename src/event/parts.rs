@@ -196,13 +196,20 @@ pub struct ProbeFinding {
     /// worked and seconds watched. Taken for the coordinator's probes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<(f64, f64)>,
+    /// Not waiting at the probe's start, waiting on a peer at its end: it
+    /// worked its way into a collective meanwhile (working, not hung).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reached_peer: bool,
 }
 
 impl ProbeFinding {
-    /// Working: at least `share` of a core over the probe.
+    /// Working: at least `share` of a core over the probe, or into a
+    /// collective by its end.
     pub fn busy(&self, share: f64) -> bool {
-        self.cpu
-            .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
+        self.reached_peer
+            || self
+                .cpu
+                .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
     }
 }
 
@@ -382,5 +389,25 @@ impl super::CheckpointDone {
     /// word) are taken as whole.
     pub fn whole(&self) -> bool {
         self.complete != Some(false) && self.same_as.is_none()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProbeFinding;
+
+    #[test]
+    fn a_probe_is_busy_by_its_cpu_share_or_by_reaching_a_peer() {
+        let mut p = ProbeFinding {
+            waiting_on_peer: Some(false),
+            cpu: Some((0.05, 0.5)),
+            ..Default::default()
+        };
+        assert!(!p.busy(0.2));
+        p.cpu = Some((0.1, 0.5));
+        assert!(p.busy(0.2));
+        p.cpu = Some((0.0, 0.5));
+        p.reached_peer = true;
+        assert!(p.busy(0.2));
     }
 }

@@ -187,6 +187,13 @@ impl StragglerPolicy {
         if values.len() < 2 {
             return out;
         }
+        // Ranks that send compute time, in a window where too few sent
+        // enough: the window is short, not a lockstep verdict (their equal
+        // intervals would clear a slow node flagged on compute time).
+        let senders = totals.iter().filter(|t| t.compute.0 > 0).count();
+        if basis == Basis::StepInterval && senders >= 2 && senders * 2 >= totals.len() {
+            return out;
+        }
         let rank_values: Vec<(String, String, f64)> = values
             .iter()
             .map(|(t, v)| (t.rank.to_string(), t.node.clone(), *v))
@@ -312,6 +319,51 @@ mod tests {
         assert_eq!(p.flagged(), (vec!["3".to_string()], vec!["b".to_string()]));
         // Nothing new while it stays slow.
         assert!(p.on_window(&window(4, 2.0, true)).is_empty());
+    }
+
+    #[test]
+    fn a_window_short_of_compute_samples_neither_flags_nor_clears() {
+        let mut p = StragglerPolicy::new(StragglerConfig {
+            windows: 2,
+            min_samples: 2,
+            ..Default::default()
+        });
+        p.on_window(&window(1, 2.0, true));
+        assert!(p.on_window(&window(2, 2.0, true)).iter().any(|c| c.flagged));
+        // Two windows where only rank 0 sent two compute times (the others
+        // one each): the equal lockstep intervals say nothing.
+        let mut t = window(2, 2.0, true);
+        for k in 0..2 {
+            for x in t.iter_mut() {
+                x.intervals.0 += 2;
+                x.intervals.1 += 2.0 * 0.45;
+                let n = if x.rank == 0 { 2 } else { 1 };
+                x.compute.0 += n;
+                x.compute.1 += n as f64 * if x.rank == 3 { 0.4 } else { 0.2 };
+            }
+            let c = p.on_window(&t);
+            assert!(c.is_empty(), "window {k}: {c:?}");
+        }
+        assert_eq!(p.flagged().1, vec!["b".to_string()]);
+        // A window where every rank sent enough still judges.
+        for x in t.iter_mut() {
+            x.compute.0 += 2;
+            x.compute.1 += 0.4;
+            x.intervals.0 += 2;
+            x.intervals.1 += 0.9;
+        }
+        let c = p.on_window(&t);
+        assert!(c.is_empty(), "{c:?}");
+        assert!(p
+            .on_window(&{
+                for x in t.iter_mut() {
+                    x.compute.0 += 2;
+                    x.compute.1 += 0.4;
+                }
+                t.clone()
+            })
+            .iter()
+            .any(|c| c.who == "b" && !c.flagged));
     }
 
     #[test]

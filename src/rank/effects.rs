@@ -258,10 +258,31 @@ impl Agent<'_> {
                 if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
                     std::thread::sleep(rest);
                 }
-                let cpu = process::tree_cpu_ticks(trainer).saturating_sub(cpu0) as f64
-                    / process::clock_ticks();
+                let worked = |t: Instant, ticks: u64| {
+                    let cpu = process::tree_cpu_ticks(trainer).saturating_sub(ticks) as f64
+                        / process::clock_ticks();
+                    (cpu, t.elapsed().as_secs_f64())
+                };
                 let mut p = p;
-                p.cpu = Some((cpu, t0.elapsed().as_secs_f64()));
+                p.cpu = Some(worked(t0, cpu0));
+                if p.waiting_on_peer == Some(false) && !p.busy(BUSY_SHARE) {
+                    // Evidence before a kill: a second look, clear of the
+                    // stack read (which holds the trainer while it reads)
+                    // and of a moment's want of a core.
+                    let (t1, cpu1) = (Instant::now(), process::tree_cpu_ticks(trainer));
+                    std::thread::sleep(BUSY_WINDOW);
+                    p.cpu = Some(worked(t1, cpu1));
+                    // Waiting on a peer by now: it worked its way into a
+                    // collective meanwhile (the end of a long evaluation).
+                    let later = diagnostics::probe(&h.with(|x| x.clone()));
+                    if later.waiting_on_peer == Some(true) {
+                        p.reached_peer = true;
+                        p.evidence.push(format!(
+                            "waiting on a peer {:.1}s later: it worked its way into a collective during the probe",
+                            t0.elapsed().as_secs_f64()
+                        ));
+                    }
+                }
                 let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
                 let p = diagnostics::with_output(p, &lines);
                 let _ = ptx.send((reason, p, dumps));

@@ -69,12 +69,20 @@ pub(crate) struct ProgressLog {
     pub figures: Vec<(String, f64)>,
     /// The files of the checkpoint whose `CheckpointDone` comes next.
     pub checkpoint_files: Option<crate::progress::checkpoint_dir::Files>,
-    /// Metrics seen since the last record: name, sum, count.
+    /// Metrics seen since the last record: name, sum, count (of a rate,
+    /// [`RATES`], the sum of its reciprocals).
     sums: Vec<(String, f64, u32)>,
     /// The loss as printed since the last record: the first finite value,
     /// the last finite one, the lowest (the record's `loss` is their mean).
     loss_printed: Option<(f64, f64, f64)>,
 }
+
+/// Figures that are rates of work per second, each step the same work
+/// (tokens or samples a step, its FLOPs): their mean over a record's steps
+/// is harmonic, the rate of the steps' whole time. An arithmetic mean of
+/// per-step rates is above it when step times vary (by about the square of
+/// their relative spread), and the goodput made from it with it.
+const RATES: &[&str] = &["tokens_per_s_device", "samples_per_s", "tflops", "mfu"];
 
 /// How many distinct unknown phase names are warned about and journaled;
 /// the rest are only counted (said once when the first is not listed).
@@ -91,7 +99,19 @@ impl ProgressLog {
         let metrics = (!sums.is_empty()).then(|| {
             let mut m: std::collections::BTreeMap<String, serde_json::Value> = sums
                 .into_iter()
-                .map(|(k, sum, n)| (k, serde_json::json!(sum / f64::from(n.max(1)))))
+                .map(|(k, sum, n)| {
+                    let mean = if RATES.contains(&k.as_str()) {
+                        // (Only rates of 0 seen: 0.)
+                        if n == 0 {
+                            0.0
+                        } else {
+                            f64::from(n) / sum
+                        }
+                    } else {
+                        sum / f64::from(n.max(1))
+                    };
+                    (k, serde_json::json!(mean))
+                })
                 .collect();
             // The loss as printed, besides the mean: what the report shows.
             if let Some((first, last, min)) = printed {
@@ -132,12 +152,23 @@ impl ProgressLog {
                 p.1 = *v;
                 p.2 = p.2.min(*v);
             }
+            // A rate's reciprocal (a NaN stays NaN; a rate of 0 or less
+            // says nothing of the time its step took: left out).
+            let (v, counted) = if RATES.contains(&k.as_str()) {
+                if *v > 0.0 || v.is_nan() {
+                    (1.0 / v, 1)
+                } else {
+                    (0.0, 0)
+                }
+            } else {
+                (*v, 1)
+            };
             match self.sums.iter_mut().find(|(n, _, _)| n == k) {
                 Some((_, sum, n)) => {
                     *sum += v;
-                    *n += 1;
+                    *n += counted;
                 }
-                None => self.sums.push((k.clone(), *v, 1)),
+                None => self.sums.push((k.clone(), v, counted)),
             }
         }
     }
@@ -234,5 +265,51 @@ mod tests {
             .map(|v| v["step"].as_u64())
             .collect();
         assert_eq!(steps, [None, Some(16)]);
+    }
+
+    #[test]
+    fn a_records_rates_are_the_rate_of_its_steps_whole_time() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(tmp.path(), "rank-0.jsonl", 1, Some(0), None);
+        let t0 = Instant::now();
+        let clock = Clock {
+            t0,
+            wall0: Utc::now(),
+        };
+        let mut log = ProgressLog::new(Duration::from_secs(3600));
+        // The same tokens a step at 100 tokens/s, then 50, then a bad 0:
+        // 2 steps' tokens in 3 of the first one's time, 66.7 tokens/s.
+        for (ms, step, tps, loss) in [
+            (0, 1, 100.0, 4.0),
+            (10, 2, 100.0, 3.0),
+            (20, 3, 50.0, 2.0),
+            (30, 4, 0.0, 1.0),
+        ] {
+            log.observe(
+                &mut w,
+                &clock,
+                ProgressSample {
+                    at: t0 + Duration::from_millis(ms),
+                    step: Some(step),
+                    source: crate::progress::Source::Stdout,
+                    metrics: vec![("tokens_per_s_device".into(), tps), ("loss".into(), loss)],
+                },
+            );
+        }
+        log.flush(&mut w, &clock);
+        drop(w);
+        let text = std::fs::read_to_string(tmp.path().join("rank-0.jsonl")).unwrap();
+        let last: serde_json::Value = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .rfind(|v| v["kind"] == "progress")
+            .unwrap();
+        let m = &last["metrics"];
+        assert!(
+            (m["tokens_per_s_device"].as_f64().unwrap() - 200.0 / 3.0).abs() < 1e-9,
+            "{last}"
+        );
+        // Not a rate: the plain mean.
+        assert_eq!(m["loss"].as_f64(), Some(2.0), "{last}");
     }
 }

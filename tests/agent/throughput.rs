@@ -101,13 +101,15 @@ fn torchtitan_lines_give_tokens_mfu_live_and_a_goodput_the_trainer_agrees_with()
     assert!((mfu - tflops / 989.0).abs() < 0.01, "{t}");
     // Goodput: the tokens in productive time (the first step's included),
     // against the trainer's own count of the tokens it trained (this run
-    // loses nothing), within 1%.
+    // loses nothing): within 2.5%, the printed rate being sampled at the
+    // agent's reads (within 0.2% idle, up to 1.8% seen under load; see
+    // docs/throughput.md).
     let mine: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
     let trained = mine["tokens"].as_f64().unwrap() * mine["world"].as_f64().unwrap();
     let kept = r["goodput"]["tokens_kept"].as_f64().unwrap();
     assert!(
-        (kept - trained).abs() / trained < 0.01,
+        (kept - trained).abs() / trained < 0.025,
         "report: {kept} tokens kept; trainer: {trained} trained\n\
          lost: {}\nthroughput: {t}\ntrainer: {mine}",
         r["lost_s"]
