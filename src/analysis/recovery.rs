@@ -59,12 +59,16 @@ pub struct Recovery {
 }
 
 impl Recovery {
-    /// Where it ended, in words: `back at step 6`, `never back at step 6`,
-    /// `no step before`.
+    /// Where it ended, in words: `back at step 6`, `attempt 2 not back at
+    /// step 6` (the attempt after the failure; a later one may have got
+    /// further), `no step before`.
     pub fn back(&self) -> String {
         match (self.step_before, self.caught_up) {
             (Some(step), true) => format!("back at step {step}"),
-            (Some(step), false) => format!("never back at step {step}"),
+            (Some(step), false) => format!(
+                "attempt {} not back at step {step}",
+                self.failed_attempt + 1
+            ),
             (None, _) => "no step before".into(),
         }
     }
@@ -361,6 +365,26 @@ impl Recovery {
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn a_recovery_not_caught_up_names_the_attempt_that_was_not() {
+        let mut r = Recovery {
+            failed_attempt: 1,
+            class: None,
+            action: None,
+            fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
+            phases_s: [None; 6],
+            total_s: 1.0,
+            step_before: Some(24),
+            first_step: Some(21),
+            caught_up: false,
+        };
+        assert_eq!(r.back(), "attempt 2 not back at step 24");
+        r.caught_up = true;
+        assert_eq!(r.back(), "back at step 24");
+        r.step_before = None;
+        assert_eq!(r.back(), "no step before");
+    }
 
     #[test]
     fn recoveries_are_spread_by_failure_class_with_their_total() {
