@@ -99,6 +99,12 @@ pub struct Report {
     /// (even when it could not tell: `waiting_on_peer` is then `None`).
     #[serde(default)]
     pub probed: bool,
+    /// The sequence number of the coordinator's command the probe in this
+    /// report answered (0: none, or the rank's own at its stall). A probe
+    /// older than the coordinator's latest ask is no evidence about the
+    /// stall it asked about.
+    #[serde(default)]
+    pub probe_seq: u64,
     /// The rank has shown no progress of its own while the job progressed
     /// (only some ranks print): alive on the job's progress, never judged as
     /// "behind" for the steps it does not report.

@@ -323,7 +323,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> RuleFinding<'_> {
         .count();
     if !not_waiting.is_empty() && waiting > 0 && not_waiting.len() < live.len() {
         let reason = format!(
-            "rank(s) {} were not waiting on a peer while {} rank(s) were (in a collective, or blocked reading from a peer)",
+            "rank(s) {} were not waiting on a peer while {} other rank(s) were (in a collective, or blocked reading from a peer)",
             list(&not_waiting),
             waiting
         );

@@ -248,6 +248,7 @@ impl Agent<'_> {
             self.scratch.clone(),
         );
         let trainer = self.rank.pid.as_raw();
+        let asked = self.probe_asked;
         let spawned = std::thread::Builder::new()
             .name("probe".into())
             .spawn(move || {
@@ -285,10 +286,13 @@ impl Agent<'_> {
                 }
                 let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
                 let p = diagnostics::with_output(p, &lines);
-                let _ = ptx.send((reason, p, dumps));
+                let _ = ptx.send((reason, p, dumps, asked));
             });
         if spawned.is_err() {
-            self.rank.outbox.update(|r| r.probed = true);
+            self.rank.outbox.update(|r| {
+                r.probed = true;
+                r.probe_seq = asked;
+            });
             self.rank.outbox.urgent.notify_one();
         }
     }

@@ -26,7 +26,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// A probe the coordinator asked for: (reason, verdict, py-spy dumps).
-type ProbeDone = (String, ProbeFinding, Vec<PySpyDump>);
+/// A probe's reason, finding, stacks, and the command it answers (its seq).
+type ProbeDone = (String, ProbeFinding, Vec<PySpyDump>, u64);
 
 /// Where the diagnostics threads report back.
 pub(crate) struct Done {
@@ -68,6 +69,8 @@ pub(crate) struct Agent<'a> {
     pub(super) reap_due: bool,
     pub(super) children_left: bool,
     pub(super) commands_handled: u64,
+    /// The latest probe the coordinator asked for (its command's seq).
+    pub(super) probe_asked: u64,
     pub(super) child_is_srun: bool,
     pub(crate) slurm_cli: &'a dyn Slurm,
     /// The local launcher of several ranks, while it lives (its agents
@@ -152,6 +155,7 @@ impl<'a> Agent<'a> {
             reap_due: true,
             children_left: true,
             commands_handled: 0,
+            probe_asked: 0,
             child_is_srun,
             slurm_cli,
             launcher: crate::context::shares_output().then(nix::unistd::getppid),
@@ -321,7 +325,7 @@ impl<'a> Agent<'a> {
             }
             Woke::Progress => Vec::new(),
             Woke::Note(n) => self.on_note(n),
-            Woke::Probe((reason, p, dumps)) => {
+            Woke::Probe((reason, p, dumps, asked)) => {
                 self.reap_due = true;
                 // The whole stacks in a file of their own, as a stall's: the
                 // rank probed may be the one the coordinator blames. Not for a
@@ -352,7 +356,7 @@ impl<'a> Agent<'a> {
                     },
                     false,
                 );
-                self.report_probe(&p);
+                self.report_probe(&p, Some(asked));
                 Vec::new()
             }
             Woke::Diagnostics(d) => {
@@ -382,6 +386,12 @@ impl<'a> Agent<'a> {
                     && c.for_rank(self.rank.id.rank, self.rank.id.attempt) =>
             {
                 self.commands_handled = c.seq;
+                if matches!(
+                    c.kind,
+                    crate::coordinator::protocol::CommandKind::Diagnose { .. }
+                ) {
+                    self.probe_asked = c.seq;
+                }
                 self.rank
                     .outbox
                     .update(|r| r.commands_seen = r.commands_seen.max(c.seq));
@@ -407,9 +417,14 @@ impl<'a> Agent<'a> {
         }
     }
 
-    /// The probe's verdict in the coordinator's report, sent at once.
-    fn report_probe(&self, p: &ProbeFinding) {
+    /// The probe's verdict in the coordinator's report, sent at once;
+    /// `asked`: the seq of the coordinator's command it answers (`None`:
+    /// the rank's own, at its stall).
+    fn report_probe(&self, p: &ProbeFinding, asked: Option<u64>) {
         self.rank.outbox.update(|r| {
+            if let Some(seq) = asked {
+                r.probe_seq = seq;
+            }
             r.waiting_on_peer = p.waiting_on_peer;
             r.not_waiting_shown = p.not_waiting_shown;
             r.busy = p.busy(BUSY_SHARE) && p.waiting_on_peer != Some(true);
@@ -441,7 +456,7 @@ impl<'a> Agent<'a> {
                 },
                 false,
             );
-            self.report_probe(&p);
+            self.report_probe(&p, None);
         }
         let file = write_diag_file(&self.scratch, "stall", &self.rank.id, &tail_lines, d);
         self.rank.journal.write(

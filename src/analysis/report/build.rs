@@ -489,34 +489,36 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
         Some(crate::policy::restart::Action::Stop { reason, .. }) => Some(reason.clone()),
         _ => None,
     };
-    // The blamed rank's probe, from each attempt's hang record, and its
-    // diagnostics files (probes' first, then stalls').
+    // The blamed rank's probe, from each attempt's last hang record (the
+    // judged one: earlier ones found a peer busy and were withdrawn), and
+    // its diagnostics files (its latest probe's, else its stall's).
     let mut probes: std::collections::HashMap<(u32, u32), String> = Default::default();
     let mut files: std::collections::HashMap<(u32, u32), String> = Default::default();
+    let mut probe_files: std::collections::HashMap<(u32, u32), String> = Default::default();
     for (r, e) in events {
         match e {
             Event::Hang(h) => {
                 for k in h.ranks.iter().flatten() {
-                    if let Some(p) = &k.probe {
-                        probes
-                            .entry((r.attempt, k.rank))
-                            .or_insert_with(|| p.clone());
-                    }
+                    match &k.probe {
+                        Some(p) => probes.insert((r.attempt, k.rank), p.clone()),
+                        None => probes.remove(&(r.attempt, k.rank)),
+                    };
                 }
             }
             Event::Probe(p) => {
                 if let (Some(rank), Some(f)) = (r.rank, &p.file) {
-                    files.insert((r.attempt, rank), f.clone());
+                    probe_files.insert((r.attempt, rank), f.clone());
                 }
             }
             Event::Diagnostics(d) => {
                 if let (Some(rank), Some(f)) = (r.rank, &d.file) {
-                    files.entry((r.attempt, rank)).or_insert_with(|| f.clone());
+                    files.insert((r.attempt, rank), f.clone());
                 }
             }
             _ => {}
         }
     }
+    files.extend(probe_files);
     events
         .iter()
         .filter_map(|(r, e)| match e {

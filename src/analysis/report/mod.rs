@@ -445,6 +445,42 @@ mod tests {
         assert_eq!(v["judgments"][0]["rank"], 1, "{v}");
     }
 
+    /// Trial 19: rank 1 was found busy in one stall (a withdrawn verdict)
+    /// and asleep in the next, which was judged: the report showed the
+    /// busy probe as the evidence of the blame.
+    #[test]
+    fn the_blamed_ranks_probe_is_the_judged_verdicts_not_a_withdrawn_ones() {
+        let hang = |t: f64, rule: &str, probe: &str, file: &str| {
+            let mut p = rec(t - 0.1, "probe", 0, json!({"reason": "rank 0 stalled", "file": file}));
+            p.rank = Some(1);
+            [
+                p,
+                rec(
+                    t,
+                    "hang",
+                    0,
+                    json!({"verdict": {"rule": rule, "blamed_ranks": []},
+                           "ranks": [{"rank": 1, "probe": probe}]}),
+                ),
+            ]
+        };
+        let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
+        recs.extend(hang(10.0, "busy", "9 python: running; matmul (t.py:16)", "busy.txt"));
+        recs.extend(hang(40.0, "not_waiting", "9 python: sleeping (t.py:19)", "asleep.txt"));
+        recs.push(rec(
+            41.0,
+            "judgment",
+            0,
+            json!({"class": "hang", "primary_rank": 1, "primary_node": "n2"}),
+        ));
+        let r = build("j", &recs, 0, None);
+        assert_eq!(
+            r.judgments[0].blamed_probe.as_deref(),
+            Some("9 python: sleeping (t.py:19)")
+        );
+        assert_eq!(r.judgments[0].blamed_stacks.as_deref(), Some("asleep.txt"));
+    }
+
     #[test]
     fn a_save_taking_a_large_share_of_the_interval_is_warned_about() {
         let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];

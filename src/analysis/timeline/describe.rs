@@ -275,8 +275,14 @@ fn hang(x: &e::Hang) -> String {
         .map(u32::to_string)
         .collect::<Vec<_>>()
         .join(",");
+    // A verdict that nobody is hung (a peer busy, the rest finishing) is
+    // a check that let the run carry on, not a hang.
+    let what = match v.rule.as_ref().map(|r| r.name()) {
+        Some("busy" | "finishing") => "hang check, carried on",
+        _ => "HANG judged job-wide",
+    };
     format!(
-        "HANG judged job-wide ({}): {}{}",
+        "{what} ({}): {}{}",
         or_unknown(&v.rule),
         text(&v.reason),
         if blamed.is_empty() {

@@ -39,6 +39,7 @@ pub fn urgent(before: Option<&Report>, now: &Report) -> bool {
     b.state != now.state
         || b.exit.is_some() != now.exit.is_some()
         || b.probed != now.probed
+        || b.probe_seq != now.probe_seq
         || b.waiting_on_peer != now.waiting_on_peer
         || b.busy != now.busy
         || b.idle != now.idle

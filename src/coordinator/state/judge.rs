@@ -48,7 +48,8 @@ impl JobView {
             .iter()
             .filter(|(_, e)| e.report.exit.as_ref().is_none_or(|x| x.code != 0))
             .map(|(r, e)| (r, e, e.lost && e.report.state != RankState::Exited))
-            .map(|(r, e, lost)| RankView {
+            .map(|(r, e, lost)| (r, e, lost, e.probe_says()))
+            .map(|(r, e, lost, p)| RankView {
                 rank: *r,
                 node: e.report.node.clone(),
                 last_step: e.report.step,
@@ -60,11 +61,11 @@ impl JobView {
                         .is_some_and(|x| x.class == crate::event::Class::Hang),
                 exited: e.report.state == RankState::Exited,
                 // A lost rank's probe is as stale as its step.
-                waiting_on_peer: e.report.waiting_on_peer.filter(|_| !lost),
-                not_waiting_shown: e.report.not_waiting_shown && !lost,
+                waiting_on_peer: p.waiting_on_peer.filter(|_| !lost),
+                not_waiting_shown: p.not_waiting_shown && !lost,
                 silent: e.report.silent,
-                busy: e.report.busy && !lost,
-                idle: e.report.idle && !lost,
+                busy: p.busy && !lost,
+                idle: p.idle && !lost,
                 lost,
             })
             .collect()
@@ -119,7 +120,12 @@ impl JobView {
                 exited: w.exited,
                 waiting_on_peer: w.waiting_on_peer,
                 silent: w.silent,
-                probe: self.ranks.get(&w.rank).and_then(|e| e.report.probe.clone()),
+                // Only a probe about this stall is its evidence.
+                probe: self
+                    .ranks
+                    .get(&w.rank)
+                    .filter(|e| e.probe_fresh)
+                    .and_then(|e| e.report.probe.clone()),
                 ..Default::default()
             })
             .collect();

@@ -8,6 +8,7 @@ use super::protocol::*;
 
 mod checkpoints;
 mod checks;
+mod entry;
 mod judge;
 mod reports;
 mod status;
@@ -18,6 +19,7 @@ use crate::event::{self as ev, Event};
 use crate::policy::hang::{HangVerdict, RankView};
 use crate::policy::straggler::{StragglerConfig, StragglerPolicy, Totals};
 pub use checks::*;
+use entry::Entry;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tally::{RankFacts, Ranks, Tally};
@@ -103,13 +105,6 @@ fn journal(event: impl Into<Event>, durable: bool) -> Effect {
     }
 }
 
-struct Entry {
-    report: Report,
-    heard: Instant,
-    last_step_at: Option<Instant>,
-    lost: bool,
-}
-
 struct Pending {
     id: u64,
     step: u64,
@@ -155,6 +150,8 @@ pub struct JobView {
     tally: Tally,
     commands: Vec<Command>,
     seq: u64,
+    /// The seq of the latest probe asked for (a stall's, an exit crash's).
+    probes_asked: u64,
     straggler: StragglerPolicy,
     /// Slowdowns against the job's own step time, this attempt.
     slowdown: crate::policy::slowdown::SlowdownWatch,
@@ -243,6 +240,7 @@ impl JobView {
             tally: Tally::default(),
             commands: Vec::new(),
             seq: 0,
+            probes_asked: 0,
             straggler: StragglerPolicy::new(cfg.straggler.clone()),
             slowdown: crate::policy::slowdown::SlowdownWatch::new(cfg.slowdown.clone()),
             next_window: now + cfg.straggler.window,
@@ -358,6 +356,29 @@ impl JobView {
             reply.commands = self.commands_for_ranks(&ranks, a, seen);
         }
         (reply, effects)
+    }
+
+    /// Ask `ranks` for a probe: every probe taken before is no longer
+    /// evidence (a rank answers anew, or says nothing).
+    fn ask_probes(&mut self, ranks: Vec<u32>, reason: String) {
+        self.push(ranks, CommandKind::Diagnose { reason });
+        let asked = self.seq;
+        self.probes_asked = asked;
+        for (r, e) in self.ranks.iter_mut() {
+            let fresh = Entry::fresh(&e.report, asked);
+            if fresh != e.probe_fresh {
+                let before = RankFacts::of(e);
+                e.probe_fresh = fresh;
+                let after = RankFacts::of(e);
+                retally(
+                    &mut self.tally,
+                    &mut self.pending,
+                    *r,
+                    Some(before),
+                    Some(after),
+                );
+            }
+        }
     }
 
     fn push(&mut self, mut ranks: Vec<u32>, kind: CommandKind) {
@@ -754,9 +775,11 @@ mod tests {
         );
         // Rank 0 still running after the grace: it is probed; waiting on
         // its dead peer, the step is torn down.
+        // (Each view's first command is its probe: seq 1.)
         let probed = |busy: bool| {
             let mut x = report(0, 60, RankState::Running);
             x.probed = true;
+            x.probe_seq = 1;
             x.busy = busy;
             x.waiting_on_peer = Some(!busy);
             x
@@ -1023,6 +1046,61 @@ mod tests {
             .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
     }
 
+    /// Trial 19: rank 1 was found busy in a long evaluation (the stall
+    /// withdrawn); at the next stall it hung, asleep. Its report still
+    /// carried that busy probe: the hang was withdrawn again at once, and
+    /// caught a window later. A probe answers one ask only.
+    #[test]
+    fn a_probe_from_an_earlier_stall_is_no_evidence_about_this_one() {
+        let t = Instant::now();
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 25, RankState::Running), t);
+        }
+        let stall = |at: u64| {
+            let mut s0 = report(0, 25, RankState::Stalled);
+            s0.waiting_on_peer = Some(true);
+            s0.probed = true;
+            s0.progress_age_s = Some(at as f64);
+            s0
+        };
+        let answer = |seq: u64, busy: bool| {
+            let mut x = report(1, 25, RankState::Running);
+            x.probed = true;
+            x.probe_seq = seq;
+            x.busy = busy;
+            x.waiting_on_peer = Some(false);
+            x
+        };
+        let at = |s: u64| t + Duration::from_secs(s);
+        // The evaluation: rank 1 found busy, the stall withdrawn.
+        assert_eq!(
+            kinds(&v.on_report(stall(20), at(20))),
+            vec!["stall_reported"]
+        );
+        let ask = v.commands_for(1, 0, 0)[0].seq;
+        let e = v.on_report(answer(ask, true), at(21));
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "busy", "{hang:?}");
+        v.on_report(report(0, 50, RankState::Running), at(40));
+        // The next stall: rank 1's report still says busy, from the ask
+        // before. Nothing is judged on it.
+        assert_eq!(
+            kinds(&v.on_report(stall(25), at(65))),
+            vec!["stall_reported"]
+        );
+        let again = v.commands_for(1, 0, ask)[0].seq;
+        assert!(again > ask);
+        assert!(kinds(&v.on_report(answer(ask, true), at(65))).is_empty());
+        assert!(kinds(&v.tick(at(66))).is_empty());
+        // Its answer to this ask: asleep, not working. Blamed.
+        let e = v.on_report(answer(again, false), at(66));
+        assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{hang:?}");
+        assert_eq!(hang[0]["verdict"]["blamed_ranks"], serde_json::json!([1]));
+    }
+
     #[test]
     fn a_stall_asks_the_others_to_probe_and_blames_the_one_not_waiting() {
         let t = Instant::now();
@@ -1045,11 +1123,13 @@ mod tests {
         for (r, waiting) in [(1, false), (2, true)] {
             let mut x = report(r, 10, RankState::Running);
             x.waiting_on_peer = Some(waiting);
+            x.probe_seq = diag[0].seq;
             x.progress_age_s = Some(31.0);
             assert!(!kinds(&v.on_report(x, t + Duration::from_secs(31))).contains(&"hang"));
         }
         let mut x = report(3, 10, RankState::Running);
         x.waiting_on_peer = Some(true);
+        x.probe_seq = diag[0].seq;
         x.progress_age_s = Some(31.0);
         let e = v.on_report(x, t + Duration::from_secs(31));
         assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);

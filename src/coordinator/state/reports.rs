@@ -41,6 +41,7 @@ impl JobView {
         let state = r.state;
         let exit = r.exit.clone();
         let checkpoints = r.checkpoints.clone();
+        let probe_fresh = Entry::fresh(&r, self.probes_asked);
         let facts = self.set_entry(
             rank,
             Entry {
@@ -48,6 +49,7 @@ impl JobView {
                 heard: now,
                 last_step_at,
                 lost: false,
+                probe_fresh,
             },
         );
         // Coordinated checkpoint confirmations.
@@ -176,12 +178,7 @@ impl JobView {
             .filter(|r| *r != rank)
             .collect();
         if !others.is_empty() {
-            self.push(
-                others,
-                CommandKind::Diagnose {
-                    reason: format!("rank {rank} stalled"),
-                },
-            );
+            self.ask_probes(others, format!("rank {rank} stalled"));
         }
     }
 
@@ -200,14 +197,12 @@ impl JobView {
     ) {
         let Some(until) = crash.probed_until else {
             let others: Vec<u32> = self.live().map(|(r, _)| *r).collect();
-            self.push(
+            self.ask_probes(
                 others,
-                CommandKind::Diagnose {
-                    reason: format!(
-                        "rank {} crashed at exit: is the rest finishing?",
-                        crash.rank
-                    ),
-                },
+                format!(
+                    "rank {} crashed at exit: is the rest finishing?",
+                    crash.rank
+                ),
             );
             self.exit_crash = Some(ExitCrash {
                 probed_until: Some(now + self.cfg.hang_wait),
@@ -224,7 +219,10 @@ impl JobView {
         } = crash;
         let working: Vec<u32> = self
             .live()
-            .filter(|(_, e)| e.report.busy || e.report.not_waiting_shown)
+            .filter(|(_, e)| {
+                let p = e.probe_says();
+                p.busy || p.not_waiting_shown
+            })
             .map(|(r, _)| *r)
             .collect();
         if working.is_empty() {

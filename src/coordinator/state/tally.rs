@@ -30,7 +30,10 @@ impl RankFacts {
             live,
             progress: e.last_step_at.filter(|_| live),
             long_phase: live && e.report.long_phase && e.report.state == RankState::Running,
-            answered: live && (e.report.probed || e.report.waiting_on_peer.is_some()),
+            answered: live && {
+                let p = e.probe_says();
+                p.probed || p.waiting_on_peer.is_some()
+            },
         }
     }
 }
@@ -182,7 +185,10 @@ mod tests {
                     .max()
                     .map(|t| now.saturating_duration_since(t).as_secs_f64())
             };
-        let probed = live().all(|(_, e)| e.report.probed || e.report.waiting_on_peer.is_some());
+        let probed = live().all(|(_, e)| {
+            let p = e.probe_says();
+            p.probed || p.waiting_on_peer.is_some()
+        });
         let missing = v
             .pending
             .as_ref()
