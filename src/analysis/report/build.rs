@@ -498,6 +498,13 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
     for (r, e) in events {
         match e {
             Event::Hang(h) => {
+                // A verdict that let the run carry on closes its episode:
+                // the files before it are not the judged stall's.
+                let rule = h.verdict.as_ref().and_then(|v| v.rule.as_ref());
+                if rule.is_some_and(|r| matches!(r.name(), "busy" | "finishing")) {
+                    files.retain(|(a, _), _| *a != r.attempt);
+                    probe_files.retain(|(a, _), _| *a != r.attempt);
+                }
                 for k in h.ranks.iter().flatten() {
                     match &k.probe {
                         Some(p) => probes.insert((r.attempt, k.rank), p.clone()),

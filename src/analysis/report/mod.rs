@@ -451,7 +451,12 @@ mod tests {
     #[test]
     fn the_blamed_ranks_probe_is_the_judged_verdicts_not_a_withdrawn_ones() {
         let hang = |t: f64, rule: &str, probe: &str, file: &str| {
-            let mut p = rec(t - 0.1, "probe", 0, json!({"reason": "rank 0 stalled", "file": file}));
+            let mut p = rec(
+                t - 0.1,
+                "probe",
+                0,
+                json!({"reason": "rank 0 stalled", "file": file}),
+            );
             p.rank = Some(1);
             [
                 p,
@@ -465,8 +470,18 @@ mod tests {
             ]
         };
         let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
-        recs.extend(hang(10.0, "busy", "9 python: running; matmul (t.py:16)", "busy.txt"));
-        recs.extend(hang(40.0, "not_waiting", "9 python: sleeping (t.py:19)", "asleep.txt"));
+        recs.extend(hang(
+            10.0,
+            "busy",
+            "9 python: running; matmul (t.py:16)",
+            "busy.txt",
+        ));
+        recs.extend(hang(
+            40.0,
+            "not_waiting",
+            "9 python: sleeping (t.py:19)",
+            "asleep.txt",
+        ));
         recs.push(rec(
             41.0,
             "judgment",
@@ -479,6 +494,34 @@ mod tests {
             Some("9 python: sleeping (t.py:19)")
         );
         assert_eq!(r.judgments[0].blamed_stacks.as_deref(), Some("asleep.txt"));
+        // Rank 1 stalled itself in the judged stall (no probe asked of it,
+        // no probe file): its stall's diagnostics, written after the
+        // verdict, are the stacks, never the busy episode's probe file.
+        let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
+        recs.extend(hang(
+            10.0,
+            "busy",
+            "9 python: running; matmul (t.py:16)",
+            "busy.txt",
+        ));
+        recs.push(rec(
+            40.0,
+            "hang",
+            0,
+            json!({"verdict": {"rule": "not_waiting", "blamed_ranks": [1]},
+                   "ranks": [{"rank": 1, "probe": "9 python: sleeping"}]}),
+        ));
+        recs.push(rec(
+            41.0,
+            "judgment",
+            0,
+            json!({"class": "hang", "primary_rank": 1, "primary_node": "n2"}),
+        ));
+        let mut d = rec(41.1, "diagnostics", 0, json!({"file": "stall.txt"}));
+        d.rank = Some(1);
+        recs.push(d);
+        let r = build("j", &recs, 0, None);
+        assert_eq!(r.judgments[0].blamed_stacks.as_deref(), Some("stall.txt"));
     }
 
     #[test]
