@@ -191,6 +191,19 @@ pub struct JobView {
     last_tick: Option<(Instant, bool)>,
 }
 
+/// Change rank `rank`'s entry in place by `f`: the tally follows.
+fn change_entry(
+    tally: &mut Tally,
+    pending: &mut Option<Pending>,
+    rank: u32,
+    e: &mut Entry,
+    f: impl FnOnce(&mut Entry),
+) {
+    let before = RankFacts::of(e);
+    f(e);
+    retally(tally, pending, rank, Some(before), Some(RankFacts::of(e)));
+}
+
 /// A rank's facts changed: the tally, and the pending checkpoint's count
 /// of live ranks among those that confirmed it.
 fn retally(
@@ -367,16 +380,9 @@ impl JobView {
         for (r, e) in self.ranks.iter_mut() {
             let fresh = Entry::fresh(&e.report, asked);
             if fresh != e.probe_fresh {
-                let before = RankFacts::of(e);
-                e.probe_fresh = fresh;
-                let after = RankFacts::of(e);
-                retally(
-                    &mut self.tally,
-                    &mut self.pending,
-                    *r,
-                    Some(before),
-                    Some(after),
-                );
+                change_entry(&mut self.tally, &mut self.pending, *r, e, |e| {
+                    e.probe_fresh = fresh
+                });
             }
         }
     }
@@ -633,16 +639,7 @@ impl JobView {
                 && e.report.state != RankState::Exited
                 && now.duration_since(e.heard) >= lost_after
             {
-                let before = RankFacts::of(e);
-                e.lost = true;
-                let after = RankFacts::of(e);
-                retally(
-                    &mut self.tally,
-                    &mut self.pending,
-                    *r,
-                    Some(before),
-                    Some(after),
-                );
+                change_entry(&mut self.tally, &mut self.pending, *r, e, |e| e.lost = true);
                 out.push(journal(
                     ev::RankLost {
                         about_rank: Some(*r),
