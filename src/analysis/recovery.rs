@@ -195,8 +195,8 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
     let primary = judgment.and_then(|j| j.primary_rank);
     let (fault, detected) = fault_and_detection(by, failed, primary)?;
     let verdict = of(failed)
-        .find_map(|(r, e)| matches!(e, Event::Hang(_)).then_some(r.ts))
-        .filter(|t| *t >= detected)
+        .filter_map(|(r, e)| matches!(e, Event::Hang(_)).then_some(r.ts))
+        .find(|t| *t >= detected)
         .unwrap_or(detected);
     let torn_down = of(failed)
         .find_map(|(r, e)| matches!(e, Event::AttemptEnd(_)).then_some(r.ts))
@@ -253,10 +253,26 @@ fn fault_and_detection(
 ) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
     let of = || of(by, failed);
     let is_primary = |r: &Record| primary.is_none() || r.rank == primary;
-    let stall = of().find_map(|(r, e)| match e {
-        Event::Stall(s) if is_primary(r) => Some((s.last_progress.unwrap_or(r.ts), r.ts)),
-        _ => None,
-    });
+    // The stall that set the judgment off: the last before the judged hang
+    // record (one withdrawn before it, a peer found busy, is not this
+    // fault's), the primary's own, else, where a hang was judged, any
+    // rank's (the primary prints nothing: a peer stalled waiting for it).
+    let judged = of()
+        .filter_map(|(r, e)| matches!(e, Event::Hang(_)).then_some(r.ts))
+        .last();
+    let stalls: Vec<(&Record, DateTime<Utc>)> = of()
+        .filter_map(|(r, e)| match e {
+            Event::Stall(s) => Some((r, s.last_progress.unwrap_or(r.ts))),
+            _ => None,
+        })
+        .filter(|(r, _)| judged.is_none_or(|t| r.ts <= t))
+        .collect();
+    let stall = stalls
+        .iter()
+        .rev()
+        .find(|(r, _)| is_primary(r))
+        .or_else(|| stalls.last().filter(|_| judged.is_some()))
+        .map(|(r, last)| (*last, r.ts));
     stall
         .or_else(|| {
             of().find_map(|(r, e)| match e {
@@ -520,6 +536,35 @@ mod tests {
         );
         assert_eq!(r.class.as_deref(), Some("hang"));
         assert_eq!(r.action.as_deref(), Some("restart_in_place"));
+    }
+
+    /// Trial 19 pass 2: rank 1 prints nothing (the HF Trainer's other
+    /// rank), so only rank 0 stalled; an earlier stall of rank 0 was
+    /// withdrawn (rank 1 busy). Detection runs from the job's last progress
+    /// to the stall that was judged, not from rank 1's exit (it said 0 ms).
+    #[test]
+    fn a_silent_ranks_hang_is_timed_from_the_stall_its_peer_raised() {
+        let mut v = hang_and_back();
+        v.retain(|r| !(r.kind == "stall" && r.rank == Some(1)));
+        let early = DateTime::from_timestamp_millis(1_800_000_001_000).unwrap();
+        v.insert(
+            2,
+            rec(
+                "stall",
+                0,
+                Some(0),
+                5_000,
+                json!({ "last_progress": early, "last_step": 5 }),
+            ),
+        );
+        v.insert(3, rec("hang", 0, None, 5_500, json!({})));
+        let r = &recoveries(&v)[0];
+        let got: Vec<Option<f64>> = r.phases_s[..2]
+            .iter()
+            .map(|p| p.map(|s| (s * 1000.0).round() / 1000.0))
+            .collect();
+        // The stall at 12.4 s (last progress 10 s), judged at 13 s.
+        assert_eq!(got, [Some(2.4), Some(0.6)]);
     }
 
     #[test]
