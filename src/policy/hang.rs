@@ -103,6 +103,14 @@ names! {
     }
 }
 
+impl HangRule {
+    /// A verdict that nobody is hung (a peer busy, the rest finishing):
+    /// the stalled ranks carry on.
+    pub fn carries_on(self) -> bool {
+        matches!(self, HangRule::Busy | HangRule::Finishing)
+    }
+}
+
 /// The judgment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct HangVerdict {

@@ -500,8 +500,8 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
             Event::Hang(h) => {
                 // A verdict that let the run carry on closes its episode:
                 // the files before it are not the judged stall's.
-                let rule = h.verdict.as_ref().and_then(|v| v.rule.as_ref());
-                if rule.is_some_and(|r| matches!(r.name(), "busy" | "finishing")) {
+                let rule = h.verdict.as_ref().and_then(|v| v.rule);
+                if rule.is_some_and(|r| r.carries_on()) {
                     files.retain(|(a, _), _| *a != r.attempt);
                     probe_files.retain(|(a, _), _| *a != r.attempt);
                 }

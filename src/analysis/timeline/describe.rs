@@ -277,9 +277,10 @@ fn hang(x: &e::Hang) -> String {
         .join(",");
     // A verdict that nobody is hung (a peer busy, the rest finishing) is
     // a check that let the run carry on, not a hang.
-    let what = match v.rule.as_ref().map(|r| r.name()) {
-        Some("busy" | "finishing") => "hang check, carried on",
-        _ => "HANG judged job-wide",
+    let what = if v.rule.is_some_and(|r| r.carries_on()) {
+        "hang check, carried on"
+    } else {
+        "HANG judged job-wide"
     };
     format!(
         "{what} ({}): {}{}",

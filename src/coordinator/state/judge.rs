@@ -24,9 +24,7 @@ impl JobView {
         let v = hang::finishing(&views, finished + crashed_done.len())
             .unwrap_or_else(|| hang::judge(&views, self.step_tolerance(), unseen));
         out.push(self.hang_record(&views, &v, first));
-        if matches!(v.rule, hang::HangRule::Busy | hang::HangRule::Finishing)
-            && self.carry_on_while_busy(now, &views, &v)
-        {
+        if v.rule.carries_on() && self.carry_on_while_busy(now, &views, &v) {
             return;
         }
         let rank = v.blamed_ranks.first().copied().unwrap_or(first);
