@@ -234,76 +234,81 @@ impl ProgressLog {
 mod tests {
     use super::*;
 
+    /// One observation: ms after the start, step, metrics.
+    type Observed = (u64, Option<u64>, Vec<(String, f64)>);
+
+    /// The `progress` records written for `samples`; with `flush`, the one
+    /// held back by the sampling too.
+    fn written(samples: Vec<Observed>, flush: bool) -> Vec<serde_json::Value> {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut w = Writer::open(tmp.path(), "rank-0.jsonl", 1, Some(0), None);
+        let t0 = Instant::now();
+        let clock = Clock {
+            t0,
+            wall0: Utc::now(),
+        };
+        let mut log = ProgressLog::new(Duration::from_secs(3600));
+        for (ms, step, metrics) in samples {
+            let sample = ProgressSample {
+                at: t0 + Duration::from_millis(ms),
+                step,
+                source: crate::progress::Source::Stdout,
+                metrics,
+            };
+            log.observe(&mut w, &clock, sample);
+        }
+        if flush {
+            log.flush(&mut w, &clock);
+        }
+        drop(w);
+        std::fs::read_to_string(tmp.path().join("rank-0.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|v| v["kind"] == "progress")
+            .collect()
+    }
+
     /// The first step named is written whatever the sampling, even when
     /// the first progress named none (HF's figures before its first step):
     /// which checkpoint an attempt restored is read from it.
     #[test]
     fn the_first_step_named_is_always_written() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut w = Writer::open(tmp.path(), "rank-0.jsonl", 1, Some(0), None);
-        let t0 = Instant::now();
-        let clock = Clock {
-            t0,
-            wall0: Utc::now(),
-        };
-        let mut log = ProgressLog::new(Duration::from_secs(3600));
-        let sample = |ms: u64, step: Option<u64>| ProgressSample {
-            at: t0 + Duration::from_millis(ms),
-            step,
-            source: crate::progress::Source::Stdout,
-            metrics: Vec::new(),
-        };
-        for (ms, step) in [(0, None), (10, Some(16)), (20, Some(17)), (30, Some(18))] {
-            log.observe(&mut w, &clock, sample(ms, step));
-        }
-        drop(w);
-        let text = std::fs::read_to_string(tmp.path().join("rank-0.jsonl")).unwrap();
-        let steps: Vec<Option<u64>> = text
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .filter(|v| v["kind"] == "progress")
-            .map(|v| v["step"].as_u64())
-            .collect();
+        let samples = [(0, None), (10, Some(16)), (20, Some(17)), (30, Some(18))];
+        let steps: Vec<Option<u64>> = written(
+            samples
+                .into_iter()
+                .map(|(ms, step)| (ms, step, Vec::new()))
+                .collect(),
+            false,
+        )
+        .iter()
+        .map(|v| v["step"].as_u64())
+        .collect();
         assert_eq!(steps, [None, Some(16)]);
     }
 
     #[test]
     fn a_records_rates_are_the_rate_of_its_steps_whole_time() {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut w = Writer::open(tmp.path(), "rank-0.jsonl", 1, Some(0), None);
-        let t0 = Instant::now();
-        let clock = Clock {
-            t0,
-            wall0: Utc::now(),
-        };
-        let mut log = ProgressLog::new(Duration::from_secs(3600));
         // The same tokens a step at 100 tokens/s, then 50, then a bad 0:
         // 2 steps' tokens in 3 of the first one's time, 66.7 tokens/s.
-        for (ms, step, tps, loss) in [
+        let samples = [
             (0, 1, 100.0, 4.0),
             (10, 2, 100.0, 3.0),
             (20, 3, 50.0, 2.0),
             (30, 4, 0.0, 1.0),
-        ] {
-            log.observe(
-                &mut w,
-                &clock,
-                ProgressSample {
-                    at: t0 + Duration::from_millis(ms),
-                    step: Some(step),
-                    source: crate::progress::Source::Stdout,
-                    metrics: vec![("tokens_per_s_device".into(), tps), ("loss".into(), loss)],
-                },
-            );
-        }
-        log.flush(&mut w, &clock);
-        drop(w);
-        let text = std::fs::read_to_string(tmp.path().join("rank-0.jsonl")).unwrap();
-        let last: serde_json::Value = text
-            .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-            .rfind(|v| v["kind"] == "progress")
-            .unwrap();
+        ];
+        let records = written(
+            samples
+                .into_iter()
+                .map(|(ms, step, tps, loss)| {
+                    let m = vec![("tokens_per_s_device".into(), tps), ("loss".into(), loss)];
+                    (ms, Some(step), m)
+                })
+                .collect(),
+            true,
+        );
+        let last = records.last().unwrap();
         let m = &last["metrics"];
         assert!(
             (m["tokens_per_s_device"].as_f64().unwrap() - 200.0 / 3.0).abs() < 1e-9,

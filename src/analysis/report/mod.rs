@@ -469,25 +469,33 @@ mod tests {
                 ),
             ]
         };
-        let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
-        recs.extend(hang(
-            10.0,
-            "busy",
-            "9 python: running; matmul (t.py:16)",
-            "busy.txt",
-        ));
+        // A busy evaluation first: rank 1 found working, the stall withdrawn.
+        let busy_first = || {
+            let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
+            recs.extend(hang(
+                10.0,
+                "busy",
+                "9 python: running; matmul (t.py:16)",
+                "busy.txt",
+            ));
+            recs
+        };
+        let judged = || {
+            rec(
+                41.0,
+                "judgment",
+                0,
+                json!({"class": "hang", "primary_rank": 1, "primary_node": "n2"}),
+            )
+        };
+        let mut recs = busy_first();
         recs.extend(hang(
             40.0,
             "not_waiting",
             "9 python: sleeping (t.py:19)",
             "asleep.txt",
         ));
-        recs.push(rec(
-            41.0,
-            "judgment",
-            0,
-            json!({"class": "hang", "primary_rank": 1, "primary_node": "n2"}),
-        ));
+        recs.push(judged());
         let r = build("j", &recs, 0, None);
         assert_eq!(
             r.judgments[0].blamed_probe.as_deref(),
@@ -497,13 +505,7 @@ mod tests {
         // Rank 1 stalled itself in the judged stall (no probe asked of it,
         // no probe file): its stall's diagnostics, written after the
         // verdict, are the stacks, never the busy episode's probe file.
-        let mut recs = vec![rec(0.0, "rank_start", 0, json!({}))];
-        recs.extend(hang(
-            10.0,
-            "busy",
-            "9 python: running; matmul (t.py:16)",
-            "busy.txt",
-        ));
+        let mut recs = busy_first();
         recs.push(rec(
             40.0,
             "hang",
@@ -511,12 +513,7 @@ mod tests {
             json!({"verdict": {"rule": "not_waiting", "blamed_ranks": [1]},
                    "ranks": [{"rank": 1, "probe": "9 python: sleeping"}]}),
         ));
-        recs.push(rec(
-            41.0,
-            "judgment",
-            0,
-            json!({"class": "hang", "primary_rank": 1, "primary_node": "n2"}),
-        ));
+        recs.push(judged());
         let mut d = rec(41.1, "diagnostics", 0, json!({"file": "stall.txt"}));
         d.rank = Some(1);
         recs.push(d);
