@@ -82,9 +82,14 @@ pub struct Via {
 struct ViaState {
     url: Option<String>,
     next_look: Option<Instant>,
+    /// Looks in a row that found no announcement.
+    misses: u32,
 }
 
 impl Via {
+    /// The first look after a miss; the wait doubles up to `LOOK_EVERY`
+    /// (ranks start with their relay: most find it within a second).
+    pub const LOOK_FIRST: Duration = Duration::from_millis(250);
     pub const LOOK_EVERY: Duration = Duration::from_secs(5);
     pub const REST: Duration = Duration::from_secs(30);
 
@@ -103,7 +108,11 @@ impl Via {
         if s.url.is_none() && s.next_look.is_none_or(|t| now >= t) {
             s.url = super::relay::announce::announced(&self.job_dir, &self.node, self.attempt);
             if s.url.is_none() {
-                s.next_look = Some(now + Self::LOOK_EVERY);
+                let wait = Self::LOOK_FIRST.saturating_mul(1 << s.misses.min(8));
+                s.next_look = Some(now + wait.min(Self::LOOK_EVERY));
+                s.misses += 1;
+            } else {
+                s.misses = 0;
             }
         }
         s.url.clone()
@@ -113,6 +122,7 @@ impl Via {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.url = None;
         s.next_look = Some(Instant::now() + Self::REST);
+        s.misses = 0;
     }
 }
 

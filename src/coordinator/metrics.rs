@@ -19,6 +19,8 @@ pub struct Scrape {
     pub checkpoints: u64,
     pub reports: u64,
     pub batches: u64,
+    /// Live ranks whose latest report came through a node relay.
+    pub relayed_ranks: usize,
     pub rejected: u64,
     pub unauthorized: u64,
     /// Connections open now, and shed at the limit so far.
@@ -115,6 +117,11 @@ pub fn render_metrics(x: &Scrape) -> String {
             "connections",
             "Connections open now",
             Some(x.connections.0 as f64),
+        ),
+        (
+            "relayed_ranks",
+            "Live ranks whose latest report came through their node's relay",
+            Some(x.relayed_ranks as f64),
         ),
         (
             "tokens_per_second",

@@ -184,7 +184,7 @@ async fn report(State(s): State<Arc<Shared>>, body: axum::body::Bytes) -> Respon
         if let Err(e) = v.check_report(&r) {
             return (Err(e), Vec::new());
         }
-        let e = v.on_checked_report(r, now);
+        let e = v.on_checked_report(r, false, now);
         (
             Ok((
                 v.commands_for(rank, attempt, seen),
@@ -316,6 +316,7 @@ fn scrape(s: &Shared) -> super::metrics::Scrape {
                 checkpoints: v.checkpoints,
                 reports: v.reports,
                 batches: v.batches,
+                relayed_ranks: v.relayed_ranks(),
                 rejected: v.rejected,
                 unauthorized,
                 connections,

@@ -64,7 +64,7 @@ fn a_relayed_node_is_heard_in_batches_and_the_hang_is_still_blamed_on_the_hung_r
     let child = cmd.spawn().unwrap();
     // The coordinator hears the ranks through the relay, in batches.
     let batched = wait_for(Duration::from_secs(30), || {
-        counter(state, "relayhang", "resilio_relay_batches_total").is_some_and(|n| n >= 2.0)
+        counter(state, "relayhang", "resilio_relayed_ranks").is_some_and(|n| n >= 4.0)
             && counter(state, "relayhang", "resilio_ranks").is_some_and(|n| n == 4.0)
     });
     let out = child.wait_with_output().unwrap();
@@ -130,7 +130,7 @@ fn ranks_whose_relay_stops_answering_report_straight_to_the_coordinator_and_trai
     };
     assert!(wait_for(Duration::from_secs(30), || {
         announcement().is_some()
-            && counter(state, "relaystop", "resilio_relay_batches_total").is_some_and(|n| n >= 2.0)
+            && counter(state, "relaystop", "resilio_relayed_ranks").is_some_and(|n| n >= 4.0)
     }));
     // Freeze the agent that relays (rank 0's): its relay answers nobody.
     let pid = nix::unistd::Pid::from_raw(announcement().unwrap().pid as i32);
@@ -146,7 +146,14 @@ fn ranks_whose_relay_stops_answering_report_straight_to_the_coordinator_and_trai
         .collect();
     bypassed.sort();
     bypassed.dedup();
-    assert_eq!(bypassed, [1, 2, 3], "{recs:#?}");
+    // Rank 0's agent hosts the relay and was frozen with it: its own
+    // request may time out as both resume, and it may say so.
+    bypassed.retain(|r| *r != 0);
+    let summary: Vec<String> = recs
+        .iter()
+        .map(|r| format!("{} {} {:?}", r.ts, r.kind, r.rank))
+        .collect();
+    assert_eq!(bypassed, [1, 2, 3], "{summary:#?}");
     // They were heard directly meanwhile: nothing was judged, nobody restarted.
     assert!(kinds(&recs, "judgment").is_empty(), "{recs:#?}");
     assert!(kinds(&recs, "restart").is_empty());

@@ -361,4 +361,35 @@ mod range_tests {
         assert!(check_reason("\u{1b}[2J").is_err());
         assert!(check_reason(&"x".repeat(MAX_REASON + 1)).is_err());
     }
+    /// `resilio_relayed_ranks`: ranks last heard in a relay's batch, not
+    /// those that then reported straight (their relay frozen) or exited.
+    #[test]
+    fn relayed_ranks_count_the_ranks_last_heard_through_a_relay() {
+        let t = Instant::now();
+        let mut v = JobView::new("j", 3, 0, CoordinatorConfig::default(), t);
+        let batch = |ranks: &[u32], step| BatchReport {
+            v: VERSION,
+            node: "n0".into(),
+            reports: ranks.iter().map(|r| report(*r, step)).collect(),
+        };
+        v.on_batch(batch(&[0, 1, 2], 1), t);
+        assert_eq!(v.relayed_ranks(), 3);
+        v.on_batch(batch(&[0, 1, 2], 2), t);
+        assert_eq!(v.relayed_ranks(), 3);
+        v.on_report(report(1, 3), t);
+        assert_eq!(v.relayed_ranks(), 2);
+        let mut gone = report(2, 3);
+        gone.state = RankState::Exited;
+        v.on_batch(
+            BatchReport {
+                reports: vec![gone],
+                ..batch(&[], 0)
+            },
+            t,
+        );
+        assert_eq!(v.relayed_ranks(), 1);
+        v.on_batch(batch(&[1], 4), t);
+        assert_eq!(v.relayed_ranks(), 2);
+        assert_eq!(v.batches, 4);
+    }
 }

@@ -12,6 +12,8 @@ pub(super) struct Entry {
     /// its stall): evidence about the stall being judged. An older one
     /// (a busy evaluation's, a stall ago) is not.
     pub probe_fresh: bool,
+    /// Its latest report came through its node's relay.
+    pub relayed: bool,
 }
 
 /// What a rank's probe says, when it is fresh ([`Entry::probe_fresh`]);

@@ -286,6 +286,11 @@ impl JobView {
         self.attempt
     }
 
+    /// Live ranks whose latest report came through a node relay.
+    pub fn relayed_ranks(&self) -> usize {
+        self.tally.relayed
+    }
+
     /// Rank entries visited by walks over every rank since the view began:
     /// a report adds none (`tests/coordinator_work.rs` holds it), a tick,
     /// a judgment or a status walks them once.
@@ -357,7 +362,7 @@ impl JobView {
             ranks.push(r.rank);
             seen = seen.min(r.commands_seen);
             attempt = attempt.max(Some(r.attempt));
-            effects.extend(self.on_checked_report(r, now));
+            effects.extend(self.on_checked_report(r, true, now));
         }
         reply.job_progress_age_s = ranks
             .iter()

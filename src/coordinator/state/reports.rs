@@ -12,11 +12,12 @@ impl JobView {
             tracing::debug!("coordinator: report refused: {e}");
             return Vec::new();
         }
-        self.on_checked_report(r, now)
+        self.on_checked_report(r, false, now)
     }
 
-    /// One report that [`JobView::check_report`] passed.
-    pub fn on_checked_report(&mut self, r: Report, now: Instant) -> Vec<Effect> {
+    /// One report that [`JobView::check_report`] passed (`relayed`: in a
+    /// node relay's batch).
+    pub fn on_checked_report(&mut self, r: Report, relayed: bool, now: Instant) -> Vec<Effect> {
         let mut out = Vec::new();
         self.reports += 1;
         if r.attempt < self.attempt {
@@ -50,6 +51,7 @@ impl JobView {
                 last_step_at,
                 lost: false,
                 probe_fresh,
+                relayed,
             },
         );
         // Coordinated checkpoint confirmations.

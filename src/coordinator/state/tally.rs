@@ -21,6 +21,8 @@ pub(super) struct RankFacts {
     pub long_phase: bool,
     /// Live, and answered a probe (or showed whether it waits on a peer).
     pub answered: bool,
+    /// Live, and its latest report came through its node's relay.
+    pub relayed: bool,
 }
 
 impl RankFacts {
@@ -34,6 +36,7 @@ impl RankFacts {
                 let p = e.probe_says();
                 p.probed || p.waiting_on_peer.is_some()
             },
+            relayed: live && e.relayed,
         }
     }
 }
@@ -46,6 +49,7 @@ pub(super) struct Tally {
     pub live: usize,
     pub long_phase: usize,
     pub answered: usize,
+    pub relayed: usize,
 }
 
 impl Tally {
@@ -71,6 +75,7 @@ impl Tally {
         count(&mut self.live, b.live, a.live);
         count(&mut self.long_phase, b.long_phase, a.long_phase);
         count(&mut self.answered, b.answered, a.answered);
+        count(&mut self.relayed, b.relayed, a.relayed);
     }
 
     /// The newest progress of a live rank other than `but`.
