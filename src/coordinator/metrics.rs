@@ -57,59 +57,31 @@ pub fn render_metrics(x: &Scrape) -> String {
         f64::from(st.ranks_heard),
     );
     by_state(&mut reg, st);
-    if let Some(step) = st.step {
-        gauge_f(
-            &mut reg,
+    for (name, help, value) in [
+        (
             "job_step",
             "Lowest step of the ranks: where the job is",
-            step as f64,
-        );
-    }
-    gauge_f(&mut reg, "attempt", "Current attempt", st.attempt as f64);
-    gauge_f(&mut reg, "ettr_estimate", "Share of the coordinator's uptime with ranks progressing (the report computes the exact ETTR)", x.ettr);
-    gauge_f(
-        &mut reg,
-        "stragglers",
-        "Ranks currently flagged as stragglers",
-        st.straggler_ranks.len() as f64,
-    );
-    gauge_f(
-        &mut reg,
-        "straggler_nodes",
-        "Nodes currently flagged as stragglers",
-        st.straggler_nodes.len() as f64,
-    );
-    // The counters, one line each.
-    for (name, help, value) in [
-        ("stalls", "Stalls reported by agents", st.stalls),
-        ("restarts", "Relaunches of the step", u64::from(st.restarts)),
-        (
-            "checkpoints",
-            "Coordinated checkpoints confirmed by every rank",
-            x.checkpoints,
+            st.step.map(|s| s as f64),
         ),
-        ("reports", "Agent reports received", x.reports),
+        ("attempt", "Current attempt", Some(st.attempt as f64)),
+        ("ettr_estimate", "Share of the coordinator's uptime with ranks progressing (the report computes the exact ETTR)", Some(x.ettr)),
         (
-            "relay_batches",
-            "Batches of reports received from node relays",
-            x.batches,
+            "stragglers",
+            "Ranks currently flagged as stragglers",
+            Some(st.straggler_ranks.len() as f64),
         ),
         (
-            "unauthorized_requests",
-            "Requests refused for a missing or wrong token",
-            x.unauthorized,
-        ),
-        (
-            "rejected_requests",
-            "Requests refused (400) for a value out of range",
-            x.rejected,
-        ),
-        (
-            "connections_shed",
-            "Connections closed or refused at the connection limit",
-            x.connections.1,
+            "straggler_nodes",
+            "Nodes currently flagged as stragglers",
+            Some(st.straggler_nodes.len() as f64),
         ),
     ] {
+        if let Some(v) = value {
+            gauge_f(&mut reg, name, help, v);
+        }
+    }
+    // The counters, one line each.
+    for (name, help, value) in counters(x) {
         counter(&mut reg, name, help, value);
     }
     for (name, help, value) in [
@@ -145,6 +117,41 @@ pub fn render_metrics(x: &Scrape) -> String {
         out.clear();
     }
     out
+}
+
+/// The counters of `/metrics`: name, help, value.
+fn counters(x: &Scrape) -> [(&'static str, &'static str, u64); 8] {
+    let st = &x.status;
+    [
+        ("stalls", "Stalls reported by agents", st.stalls),
+        ("restarts", "Relaunches of the step", u64::from(st.restarts)),
+        (
+            "checkpoints",
+            "Coordinated checkpoints confirmed by every rank",
+            x.checkpoints,
+        ),
+        ("reports", "Agent reports received", x.reports),
+        (
+            "relay_batches",
+            "Batches of reports received from node relays",
+            x.batches,
+        ),
+        (
+            "unauthorized_requests",
+            "Requests refused for a missing or wrong token",
+            x.unauthorized,
+        ),
+        (
+            "rejected_requests",
+            "Requests refused (400) for a value out of range",
+            x.rejected,
+        ),
+        (
+            "connections_shed",
+            "Connections closed or refused at the connection limit",
+            x.connections.1,
+        ),
+    ]
 }
 
 /// `resilio_recovery_seconds`: a histogram per failure class and phase
