@@ -106,7 +106,7 @@ proptest! {
             let steps: Vec<u64> = marks.iter().filter_map(|m| match m {
                 Mark::Step(s) | Mark::Bar { count: s, .. } => Some(*s),
                 Mark::EpochBar { epoch, count, total } => Some(epoch * total + count),
-                Mark::Phase(_) | Mark::SyncSave(_) | Mark::Figures(_) | Mark::Activity(_) | Mark::Epoch(_) | Mark::CheckpointDone(_) => None,
+                Mark::Phase(_) | Mark::SyncSave(_) | Mark::Figures(_) | Mark::Activity(_) | Mark::Epoch(_) | Mark::CheckpointDone(_) | Mark::Loaded(_) => None,
             }).collect();
             let phases = marks.iter().filter(|m| matches!(m, Mark::Phase(_) | Mark::SyncSave(_))).count();
             prop_assert!(phases <= 1 && steps.len() <= 1 + phases, "{:?}", marks);

@@ -19,6 +19,7 @@ fuzz_target!(|data: &[u8]| {
             Kind::Step { step, .. } => *step,
             Kind::Phase { step, .. } => *step,
             Kind::CheckpointDone { step } => *step,
+            Kind::CheckpointLoaded { step, .. } => *step,
             _ => None,
         };
         assert!(step.is_none_or(|s| s <= MAX_STEP), "{k:?}");

@@ -38,6 +38,16 @@ fn parsers() -> &'static (Parser, Parser) {
 }
 
 fn check(marks: &[Mark]) {
+    // A line saying a checkpoint was loaded comes before all else, once.
+    let loads = marks
+        .iter()
+        .filter(|m| matches!(m, Mark::Loaded(_)))
+        .count();
+    assert!(loads <= 1, "{marks:?}");
+    if loads == 1 {
+        assert!(matches!(marks[0], Mark::Loaded(_)), "{marks:?}");
+    }
+    let marks = &marks[loads..];
     // Figures come first, at most once, and hold names of the table only.
     let figures = marks
         .iter()

@@ -10,8 +10,12 @@
 //! - **teardown**: to every rank of the attempt having exited;
 //! - **relaunch**: to every rank of the next attempt started (a requeue's
 //!   wait in the queue is here);
-//! - **start**: to its first step: the trainer's initialisation and its
-//!   checkpoint's load, which the journal does not tell apart;
+//! - **start**: to its first step, in three parts where the journal shows
+//!   them ([`START_PARTS`]): **init**, to the last rank's first output (the
+//!   interpreter and the imports); **restore**, to the last line (or
+//!   socket message) before the first step saying a checkpoint was loaded,
+//!   0 when the attempt started from scratch; **first_step**, to the first
+//!   step (the first batch's data, forward, backward);
 //! - **rework**: to the step the failed attempt had reached.
 //!
 //! A boundary the journal does not show leaves its two phases unknown
@@ -34,6 +38,23 @@ pub const PHASES: [&str; 6] = [
     "rework",
 ];
 
+/// The parts of `start`, in order.
+pub const START_PARTS: [&str; 3] = ["init", "restore", "first_step"];
+
+/// Every phase a recovery is timed in, in order: [`PHASES`], with the
+/// parts of `start` ([`START_PARTS`]) after it.
+pub const ALL_PHASES: [&str; 9] = [
+    "detection",
+    "diagnosis",
+    "teardown",
+    "relaunch",
+    "start",
+    "init",
+    "restore",
+    "first_step",
+    "rework",
+];
+
 /// One recovery.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Recovery {
@@ -47,6 +68,12 @@ pub struct Recovery {
     /// Seconds of each phase, in [`PHASES`]' order (`None`: not shown by
     /// the journal).
     pub phases_s: [Option<f64>; 6],
+    /// `start` in parts, in [`START_PARTS`]' order (`None`: not shown; they
+    /// add up to `start` when all are shown).
+    pub start_parts_s: [Option<f64>; 3],
+    /// The trainer's last word before its first step that it loaded a
+    /// checkpoint (where `restore` ends).
+    pub loaded: Option<String>,
     /// From the fault to the step reached before it again (or, when never
     /// reached, to the last boundary seen).
     pub total_s: f64,
@@ -59,6 +86,18 @@ pub struct Recovery {
 }
 
 impl Recovery {
+    /// Each phase of [`ALL_PHASES`] with its seconds (`None`: not shown).
+    pub fn all_phases(&self) -> impl Iterator<Item = (&'static str, Option<f64>)> + '_ {
+        let (before, after) = self.phases_s.split_at(5);
+        ALL_PHASES.iter().copied().zip(
+            before
+                .iter()
+                .chain(&self.start_parts_s)
+                .chain(after)
+                .copied(),
+        )
+    }
+
     /// Where it ended, in words: `back at step 6`, `attempt 2 not back at
     /// step 6` (the attempt after the failure; a later one may have got
     /// further), `no step before`.
@@ -110,13 +149,16 @@ fn of<'b, 'a: 'b>(
 
 /// The spread of each phase (nearest-rank percentiles).
 pub fn spread(recoveries: &[Recovery]) -> Vec<PhaseSpread> {
-    PHASES
+    ALL_PHASES
         .iter()
         .enumerate()
         .filter_map(|(i, &phase)| {
             spread_of(
                 phase,
-                recoveries.iter().filter_map(|r| r.phases_s[i]).collect(),
+                recoveries
+                    .iter()
+                    .filter_map(|r| r.all_phases().nth(i).and_then(|(_, v)| v))
+                    .collect(),
             )
         })
         .collect()
@@ -209,6 +251,7 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
         .filter_map(|(r, e)| matches!(e, Event::RankStart(_)).then_some(r.ts))
         .max();
     let (first, step_before, back) = steps_around(by, failed);
+    let (start_parts_s, loaded) = start_parts(by, failed + 1, relaunched, first);
     let bounds = [
         Some(fault),
         Some(detected),
@@ -237,11 +280,63 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
         action: action.map(|a| a.name().to_string()),
         fault,
         phases_s,
+        start_parts_s,
+        loaded,
         total_s: ((end - fault).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0),
         step_before,
         first_step: first.map(|(_, s)| s),
         caught_up: back.is_some(),
     })
+}
+
+/// `start` of attempt `a` in parts ([`START_PARTS`]), from its relaunch
+/// and its first step (when, which); the line that said a checkpoint was
+/// loaded. Only what came before the first step counts; the boundaries
+/// are kept in order (a rank that printed before the last one started).
+fn start_parts(
+    by: &Attempts<'_>,
+    a: u32,
+    relaunched: Option<DateTime<Utc>>,
+    first: Option<(DateTime<Utc>, u64)>,
+) -> ([Option<f64>; 3], Option<String>) {
+    let first_at = first.map(|(t, _)| t);
+    let before_first = |t: &DateTime<Utc>| first_at.is_none_or(|f| *t <= f);
+    let initialised = of(by, a)
+        .filter_map(|(r, e)| matches!(e, Event::FirstOutput(_)).then_some(r.ts))
+        .filter(before_first)
+        .max();
+    let load = of(by, a)
+        .filter_map(|(r, e)| match e {
+            Event::CheckpointLoaded(c) => Some((r.ts, c.line.clone())),
+            _ => None,
+        })
+        .filter(|(t, _)| before_first(t))
+        .max_by_key(|(t, _)| *t);
+    // No load said, and the first step is the first there is: nothing was
+    // loaded (a restart from scratch), the restore took no time.
+    let from_scratch = load.is_none() && first.is_some_and(|(_, s)| s <= 1);
+    let at_least = |t: Option<DateTime<Utc>>, low: Option<DateTime<Utc>>| match (t, low) {
+        (Some(t), Some(low)) => Some(t.max(low)),
+        (t, _) => t,
+    };
+    let initialised = at_least(initialised, relaunched);
+    let restored = match &load {
+        Some((t, _)) => at_least(Some(*t), initialised),
+        None => initialised.filter(|_| from_scratch),
+    };
+    let bounds = [relaunched, initialised, restored, first_at];
+    let mut parts = [None; 3];
+    for (i, p) in parts.iter_mut().enumerate() {
+        if let (Some(x), Some(y)) = (bounds[i], bounds[i + 1]) {
+            *p = Some(seconds(y - x));
+        }
+    }
+    (parts, load.and_then(|(_, line)| line))
+}
+
+/// A span in seconds, never below 0.
+fn seconds(d: chrono::TimeDelta) -> f64 {
+    (d.num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
 }
 
 /// When the attempt's fault happened and when resilio saw it: the primary
@@ -364,11 +459,11 @@ impl crate::coordinator::recoveries::RecoverySource for JournalRecoveries {
 impl Recovery {
     /// As `/metrics` shows it: the phases the journal shows, and the total.
     pub fn figures(&self) -> crate::coordinator::recoveries::RecoveryFigures {
-        let phases = PHASES.iter().zip(self.phases_s);
         crate::coordinator::recoveries::RecoveryFigures {
             class: self.class.clone().unwrap_or_else(|| "unknown".into()),
-            phases: phases
-                .filter_map(|(p, v)| v.map(|v| (*p, v)))
+            phases: self
+                .all_phases()
+                .filter_map(|(p, v)| v.map(|v| (p, v)))
                 .chain(std::iter::once(("total", self.total_s)))
                 .collect(),
             step_before: self.step_before,
@@ -390,6 +485,8 @@ mod tests {
             action: None,
             fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
             phases_s: [None; 6],
+            start_parts_s: [None; 3],
+            loaded: None,
             total_s: 1.0,
             step_before: Some(24),
             first_step: Some(21),
@@ -410,6 +507,8 @@ mod tests {
             action: None,
             fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
             phases_s: [Some(detection), None, Some(0.1), None, None, None],
+            start_parts_s: [None; 3],
+            loaded: None,
             total_s: total,
             step_before: None,
             first_step: None,
@@ -538,6 +637,108 @@ mod tests {
         assert_eq!(r.action.as_deref(), Some("restart_in_place"));
     }
 
+    /// The next attempt's start in parts: relaunched at 13.5 s, rank 0's
+    /// first output at 13.6 s and rank 1's at 13.8 s (init ends at the last
+    /// one), the checkpoint loaded at 14.1 s and 14.2 s (restore ends at the
+    /// last load before the first step; one after it is not the restore),
+    /// the first step at 14.5 s.
+    #[test]
+    fn start_is_split_at_the_first_output_and_the_checkpoints_load() {
+        let parts = |extra: Vec<Record>| {
+            let mut records = hang_and_back();
+            records.extend(extra);
+            records.sort_by_key(|r| r.ts);
+            let r = recoveries(&records).remove(0);
+            let rounded: Vec<Option<f64>> = r
+                .start_parts_s
+                .iter()
+                .map(|p| p.map(|s| (s * 1000.0).round() / 1000.0))
+                .collect();
+            (rounded, r.loaded, r.phases_s[4])
+        };
+        let out = |rank, ms| {
+            rec(
+                "first_output",
+                1,
+                Some(rank),
+                ms,
+                json!({ "source": "stdout" }),
+            )
+        };
+        let load = |rank, ms, line: &str| {
+            rec(
+                "checkpoint_loaded",
+                1,
+                Some(rank),
+                ms,
+                json!({ "source": "stdout", "line": line }),
+            )
+        };
+        let (got, loaded, start) = parts(vec![
+            out(0, 13_600),
+            out(1, 13_800),
+            load(1, 14_100, "loading checkpoint 10"),
+            load(
+                0,
+                14_200,
+                "Restored all states from the checkpoint at /ck/10",
+            ),
+            load(0, 15_500, "loaded checkpoint for evaluation"),
+        ]);
+        assert_eq!(got, [Some(0.3), Some(0.4), Some(0.3)]);
+        assert_eq!(
+            loaded.as_deref(),
+            Some("Restored all states from the checkpoint at /ck/10")
+        );
+        // The parts add up to start.
+        assert_eq!(start, Some(1.0));
+        // No load said: what follows the first output is not split.
+        let (got, loaded, _) = parts(vec![out(0, 13_600), out(1, 13_800)]);
+        assert_eq!((got, loaded), (vec![Some(0.3), None, None], None));
+        // A rank that printed before the last rank started: init is 0, not
+        // negative, and the parts still add up.
+        let (got, _, _) = parts(vec![
+            out(0, 13_450),
+            load(0, 14_000, "resumed from checkpoint"),
+        ]);
+        assert_eq!(got, [Some(0.0), Some(0.5), Some(0.5)]);
+        // An older journal: no first output, nothing split.
+        let (got, _, _) = parts(Vec::new());
+        assert_eq!(got, [None, None, None]);
+    }
+
+    /// An attempt that starts from scratch (its first step is 1) and says
+    /// no load: the restore took no time.
+    #[test]
+    fn a_restart_from_scratch_restores_nothing() {
+        let mut records: Vec<Record> = hang_and_back()
+            .into_iter()
+            .map(|mut r| {
+                if r.attempt == 1 && r.kind == "progress" {
+                    let step = r.data["step"].as_u64().unwrap() - 10;
+                    r.data.insert("step".into(), json!(step));
+                }
+                r
+            })
+            .collect();
+        records.push(rec(
+            "first_output",
+            1,
+            Some(0),
+            13_900,
+            json!({ "source": "stderr" }),
+        ));
+        records.sort_by_key(|r| r.ts);
+        let r = recoveries(&records).remove(0);
+        assert_eq!(r.first_step, Some(1));
+        let rounded: Vec<Option<f64>> = r
+            .start_parts_s
+            .iter()
+            .map(|p| p.map(|s| (s * 1000.0).round() / 1000.0))
+            .collect();
+        assert_eq!(rounded, [Some(0.4), Some(0.0), Some(0.6)]);
+    }
+
     /// Trial 19 pass 2: rank 1 prints nothing (the HF Trainer's other
     /// rank), so only rank 0 stalled; an earlier stall of rank 0 was
     /// withdrawn (rank 1 busy). Detection runs from the job's last progress
@@ -648,6 +849,8 @@ mod tests {
             action: None,
             fault: DateTime::from_timestamp(0, 0).unwrap(),
             phases_s: [Some(d), Some(0.0), Some(1.0), Some(2.0), Some(3.0), rework],
+            start_parts_s: [None; 3],
+            loaded: None,
             total_s: 0.0,
             step_before: None,
             first_step: None,

@@ -178,7 +178,14 @@ fn render_recoveries(s: &Storms) -> String {
         let phases: Vec<String> = c
             .phases
             .iter()
-            .map(|p| format!("{} {}/{}", p.phase, secs(p.p50_s), secs(p.p99_s)))
+            .map(|p| {
+                format!(
+                    "{} {}/{}",
+                    p.phase.replace('_', " "),
+                    secs(p.p50_s),
+                    secs(p.p99_s)
+                )
+            })
             .collect();
         out += &format!("  {} ({}): {}\n", c.class, c.n, phases.join(", "));
     }
@@ -192,8 +199,8 @@ fn recovery_histograms(s: &Storms, out: &mut String) {
     let mut groups: BTreeMap<(String, &str), Vec<f64>> = BTreeMap::new();
     for r in &s.recoveries {
         let class = r.class.clone().unwrap_or_else(|| "unknown".into());
-        for (i, phase) in crate::analysis::recovery::PHASES.iter().enumerate() {
-            if let Some(v) = r.phases_s[i] {
+        for (phase, v) in r.all_phases() {
+            if let Some(v) = v {
                 groups.entry((class.clone(), phase)).or_default().push(v);
             }
         }

@@ -146,6 +146,14 @@ events! {
         first: bool,
     }
 
+    /// The trainer's first output of the attempt (a recovery's `init` ends).
+    FirstOutput = "first_output" { source: ProgressVia }
+
+    /// Before its first step, the trainer said it loaded a checkpoint (a
+    /// line, at most 200 characters; `restored=20` on the socket names its
+    /// step): a recovery's `restore` ends at the last.
+    CheckpointLoaded = "checkpoint_loaded" { source: ProgressVia, line: String, step: u64 }
+
     /// Which source names the step from now on.
     ProgressSource = "progress_source" {
         steps_from: StepNamer,

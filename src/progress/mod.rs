@@ -88,6 +88,12 @@ pub enum Kind {
     /// Figures printed without a step (`{'loss': 0.09, ...}`): no progress,
     /// they go with the next step's record.
     Figures(Vec<(String, f64)>),
+    /// The stream's first output: the trainer's start-up is done, as far as
+    /// its output shows.
+    FirstOutput,
+    /// The trainer said it loaded a checkpoint (a line of its output, before
+    /// its first step; `restored` on the socket).
+    CheckpointLoaded { line: String, step: Option<u64> },
     /// A message that could not be understood, with the kind of fault.
     Malformed { fault: &'static str, sample: String },
     /// A source failed and stopped (fail open: supervision goes on without it).

@@ -38,6 +38,7 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
     let mut step = None;
     let mut phase = None;
     let mut checkpoint_done = None::<Option<u64>>;
+    let mut restored = None::<Option<u64>>;
     let mut metrics = Vec::new();
     let mut any = false;
     for token in text.split_ascii_whitespace() {
@@ -66,6 +67,11 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
                 Ok(n) if n <= super::MAX_STEP => checkpoint_done = Some(Some(n)),
                 _ => return malformed("bad_step"),
             },
+            ("restored", None) => restored = Some(None),
+            ("restored", Some(v)) => match v.parse::<u64>() {
+                Ok(n) if n <= super::MAX_STEP => restored = Some(Some(n)),
+                _ => return malformed("bad_step"),
+            },
             (_, None) => return malformed("bad_token"),
             (k, Some(v)) => {
                 if k.is_empty() {
@@ -87,7 +93,17 @@ pub fn parse(datagram: &[u8]) -> Vec<Kind> {
     // Order: the step first, then the phase it enters (`phase=checkpoint
     // step=120` is "at step 120, checkpointing"), then a checkpoint's end.
     let mut out = Vec::new();
-    if checkpoint_done.is_none() && step.is_some() {
+    if let Some(loaded) = restored {
+        // `restored=20` (or `restored step=20`): the trainer loaded the
+        // checkpoint of step 20 (before its first step; what it says later
+        // is not kept).
+        let line = text.trim().chars().take(200).collect();
+        out.push(Kind::CheckpointLoaded {
+            line,
+            step: loaded.or(step),
+        });
+    }
+    if checkpoint_done.is_none() && restored.is_none() && step.is_some() {
         out.push(Kind::Step {
             step,
             metrics,
@@ -207,6 +223,31 @@ mod tests {
         );
         // Metrics alone say nothing to the stall detector.
         assert!(parse(b"loss=2.0").is_empty());
+        // A checkpoint loaded: its step, never a step trained.
+        for m in [&b"restored=40"[..], b"restored step=40"] {
+            assert_eq!(
+                parse(m),
+                vec![Kind::CheckpointLoaded {
+                    line: String::from_utf8(m.to_vec()).unwrap(),
+                    step: Some(40)
+                }]
+            );
+        }
+        assert_eq!(
+            parse(b"restored"),
+            vec![Kind::CheckpointLoaded {
+                line: "restored".into(),
+                step: None
+            }]
+        );
+        assert_eq!(fault_of(b"restored=x"), "bad_step");
+    }
+
+    fn fault_of(m: &[u8]) -> &'static str {
+        match parse(m).as_slice() {
+            [Kind::Malformed { fault, .. }] => fault,
+            other => panic!("expected malformed, got {other:?}"),
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Progress events from the queue, carried into the stall policy, the
 //! sampled progress log, the journal and the coordinator's report.
 
-use super::progress_log::{Clock, ProgressLog, ProgressSample};
+use super::progress_log::{Clock, ProgressLog, ProgressSample, LOADS_WRITTEN};
 use crate::coordinator::client::Outbox;
 use crate::coordinator::protocol::RankState;
 use crate::event as ev;
@@ -72,6 +72,34 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
             }
             k.plog.note_nonfinite(&f);
             crate::progress::figures::merge_named(&mut k.plog.figures, f)
+        }
+        Kind::FirstOutput => {
+            if !k.plog.output_seen {
+                k.plog.output_seen = true;
+                k.journal.write_at(
+                    k.clock.wall(at),
+                    ev::FirstOutput {
+                        source: Some(source.into()),
+                    },
+                    false,
+                );
+            }
+        }
+        Kind::CheckpointLoaded { line, step } => {
+            // Before the attempt's first progress only: a load later on (an
+            // evaluation's model) is no restore.
+            if k.plog.first_at.is_none() && k.plog.loads_written < LOADS_WRITTEN {
+                k.plog.loads_written += 1;
+                k.journal.write_at(
+                    k.clock.wall(at),
+                    ev::CheckpointLoaded {
+                        source: Some(source.into()),
+                        line: Some(line),
+                        step,
+                    },
+                    false,
+                );
+            }
         }
         Kind::Malformed { fault, sample } => {
             let (journal, faults) = (&mut *k.journal, &mut *k.faults);

@@ -45,6 +45,10 @@ pub(crate) struct ProgressLog {
     /// trial 18: the first record named none, the first sampled step was
     /// 21 after a restore of 15, and 20 was taken for the restored one).
     pub step_written: bool,
+    /// The trainer's first output was journaled (`first_output`).
+    pub output_seen: bool,
+    /// `checkpoint_loaded` records written (at most [`LOADS_WRITTEN`]).
+    pub loads_written: u32,
     pub last_at: Option<Instant>,
     /// When the named step last advanced (step intervals for the coordinator).
     pub last_named_at: Option<Instant>,
@@ -83,6 +87,10 @@ pub(crate) struct ProgressLog {
 /// per-step rates is above it when step times vary (by about the square of
 /// their relative spread), and the goodput made from it with it.
 const RATES: &[&str] = &["tokens_per_s_device", "samples_per_s", "tflops", "mfu"];
+
+/// How many lines saying a checkpoint was loaded are journaled, before
+/// the first progress (a trainer loading shard by shard says it often).
+pub const LOADS_WRITTEN: u32 = 8;
 
 /// How many distinct unknown phase names are warned about and journaled;
 /// the rest are only counted (said once when the first is not listed).
@@ -215,6 +223,8 @@ impl ProgressLog {
             pending: None,
             first_at: None,
             step_written: false,
+            output_seen: false,
+            loads_written: 0,
             last_at: None,
             last_named_at: None,
             checkpoint_began: None,

@@ -161,6 +161,17 @@ def checkpoint_done(step):
         pass
 
 
+def restored(step=None):
+    """Say that this run loaded the checkpoint of ``step`` (before its first
+    step): a recovery's ``restore`` phase ends here in ``resilio report``."""
+    if _SOCKET_PATH is None:
+        return
+    try:
+        send("restored" if step is None else "restored=%d" % int(step))
+    except Exception:
+        pass
+
+
 def checkpoint_requested():
     """The step at which resilio asks every rank to save, or None.
 

@@ -3,7 +3,8 @@
     from resilio_client.hf import ResilioCallback
     trainer = Trainer(..., callbacks=[ResilioCallback()])
 
-Reports every step (with its loss when logged, and compute time), and when a
+Says when a resumed run has loaded its checkpoint, reports every step (with
+its loss when logged, and compute time), and when a
 coordinated checkpoint is requested sets ``control.should_save`` at that step,
 so the Trainer saves through its own checkpointing; ``on_save`` confirms it.
 """
@@ -24,6 +25,12 @@ class ResilioCallback(_Base):
         self._t0 = None
         self._loss = None
         self._saving = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Resumed: the Trainer has loaded the checkpoint's weights, optimizer
+        # and state by now.
+        if int(getattr(state, "global_step", 0) or 0) > 0:
+            rc.restored(int(state.global_step))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._t0 = time.perf_counter()

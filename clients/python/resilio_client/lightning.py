@@ -3,7 +3,8 @@
     from resilio_client.lightning import ResilioCallback
     trainer = L.Trainer(callbacks=[ResilioCallback()])
 
-Reports every optimizer step with its loss and the batch's compute time, and
+Says when a resumed run has restored its checkpoint, reports every optimizer
+step with its loss and the batch's compute time, and
 saves a checkpoint at the step a coordinated request names (through the
 trainer's own ``save_checkpoint``), announcing the phase so that a long save
 is not taken for a hang.
@@ -28,6 +29,11 @@ class ResilioCallback(_Base):
         super().__init__()
         self.dirpath = dirpath
         self._t0 = None
+
+    def on_train_start(self, trainer, pl_module):
+        # Resumed (``fit(ckpt_path=...)``): every state is restored by now.
+        if int(getattr(trainer, "global_step", 0) or 0) > 0:
+            rc.restored(int(trainer.global_step))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self._t0 = time.perf_counter()

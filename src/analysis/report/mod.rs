@@ -6,6 +6,7 @@
 
 mod build;
 mod fleet;
+mod recoveries;
 mod text;
 
 pub use build::build;

@@ -267,7 +267,7 @@ pub fn render_text(r: &JobReport) -> String {
     render_checkpoints(&mut s, r);
     render_failures(&mut s, r);
     render_judgments(&mut s, r);
-    render_recoveries(&mut s, r);
+    super::recoveries::render_recoveries(&mut s, r);
     render_observed(&mut s, r);
     render_journal_gaps(&mut s, r);
     render_supervisor_losses(&mut s, r);
@@ -498,46 +498,6 @@ fn render_failures(s: &mut String, r: &JobReport) {
 }
 
 /// Each failed attempt's judgment: who was blamed, what was decided.
-/// Each recovery's phases, then each phase's p50/p99 over them.
-fn render_recoveries(s: &mut String, r: &JobReport) {
-    use crate::analysis::recovery::PHASES;
-    if r.recoveries.is_empty() {
-        return;
-    }
-    let secs = |v: f64| crate::duration::format(std::time::Duration::from_secs_f64(v));
-    let _ = writeln!(
-        s,
-        "\nrecoveries (from the fault to the step reached before it; ? where the journal does not show it):"
-    );
-    for v in &r.recoveries {
-        let phases: Vec<String> = PHASES
-            .iter()
-            .zip(v.phases_s)
-            .map(|(name, p)| format!("{name} {}", p.map_or("?".into(), secs)))
-            .collect();
-        let back = v.back();
-        let _ = writeln!(
-            s,
-            "  attempt {} {} -> {}: {}; total {}, {back}",
-            v.failed_attempt,
-            v.class.as_deref().unwrap_or("?"),
-            v.action.as_deref().unwrap_or("?").replace('_', " "),
-            phases.join(", "),
-            secs(v.total_s),
-        );
-    }
-    let spread: Vec<String> = r
-        .recovery_phases
-        .iter()
-        .map(|p| format!("{} {}/{}", p.phase, secs(p.p50_s), secs(p.p99_s)))
-        .collect();
-    let _ = writeln!(s, "  p50/p99: {}", spread.join(", "));
-    let _ = writeln!(
-        s,
-        "  start is the trainer's initialisation and its checkpoint's load, which the journal does not tell apart"
-    );
-}
-
 fn render_judgments(s: &mut String, r: &JobReport) {
     if !r.judgments.is_empty() {
         let _ = writeln!(s, "\njudgments:");

@@ -80,6 +80,14 @@ fn describe_event(event: &Event) -> Option<String> {
         Event::LauncherLost(x) => launcher_lost(x),
         Event::StragglerExclusion(x) => straggler_exclusion(x),
         Event::CheckpointIntervalAdvised(x) => checkpoint_interval_advised(x),
+        Event::FirstOutput(x) => format!(
+            "first output of the trainer ({})",
+            x.source.map_or("?", |s| s.name())
+        ),
+        Event::CheckpointLoaded(x) => match x.step {
+            Some(step) => format!("checkpoint of step {step} loaded: {}", text(&x.line)),
+            None => format!("checkpoint loaded: {}", text(&x.line)),
+        },
         Event::CoordinatorAttempt(_) | Event::NodeHistoryChecked(_) => return None,
         other => other.kind().to_string(),
     })

@@ -15,6 +15,7 @@ use regex::bytes::Regex;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
+mod loads;
 mod not_steps;
 mod pump;
 mod scanner;
@@ -68,6 +69,9 @@ pub struct Parser {
     /// A synchronous save's banner that names its step (with the default
     /// regexes): HF's `Saving model checkpoint to out/checkpoint-25`.
     sync_save: Option<Regex>,
+    /// A line saying a checkpoint was loaded ([`loads`]), looked for until
+    /// the first step.
+    loads: Regex,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -114,6 +118,9 @@ pub enum Mark {
     /// checkpoint phase, and the save of step 25 is complete once a later
     /// step is printed (the Trainer trains on only after `save` returned).
     SyncSave(u64),
+    /// A line saying a checkpoint was loaded, before the first step
+    /// ([`loads`]).
+    Loaded(String),
 }
 
 /// Figures read from output ([`crate::progress::figures`]), compared bit
@@ -261,6 +268,7 @@ impl Parser {
             done: defaults
                 .then(|| Regex::new(CHECKPOINT_DONE_REGEX).expect("checkpoint done regex")),
             sync_save: defaults.then(|| Regex::new(SYNC_SAVE_REGEX).expect("sync save regex")),
+            loads: loads::regex(),
         }
     }
 

@@ -263,6 +263,7 @@ fn pump(
     let mut scanner = LineScanner::default();
     let mut out_ok = true;
     let send = |marks: Vec<Mark>| send_marks(tx, source, marks);
+    let mut first = first_output(tx, source);
     // Line-atomic mode (several ranks share one terminal, as in local
     // mode): write whole lines only, so that ranks' lines do not cut into
     // each other; a partial line waits at most 100 ms.
@@ -276,6 +277,7 @@ fn pump(
         .flatten()
     {
         let mut scan = |bytes: &[u8]| {
+            first(bytes);
             let marks = scanner.feed(parser, bytes);
             if !marks.is_empty() {
                 send(marks);
@@ -305,6 +307,7 @@ fn pump(
             Err(_) => break,
         };
         let chunk = &buf[..n];
+        first(chunk);
         // Progress first: a slow reader of resilio's own output (a stalled
         // filesystem, a paused terminal) must not delay it.
         let marks = scanner.feed(parser, chunk);
@@ -343,6 +346,22 @@ fn pump(
 
 /// The progress marks of one chunk as events; figures go with the step
 /// they come with, else on their own.
+/// Says [`Kind::FirstOutput`] at the stream's first bytes (the trainer's
+/// start-up done, as its output shows), then nothing.
+fn first_output(tx: &Sender, source: Source) -> impl FnMut(&[u8]) + '_ {
+    let mut fed = false;
+    move |bytes: &[u8]| {
+        if !fed && !bytes.is_empty() {
+            fed = true;
+            tx.send(ProgressEvent {
+                at: Instant::now(),
+                source,
+                kind: Kind::FirstOutput,
+            });
+        }
+    }
+}
+
 fn send_marks(tx: &Sender, source: Source, marks: Vec<Mark>) {
     let at = Instant::now();
     let mut figures: Option<Figures> = None;
@@ -367,6 +386,7 @@ fn send_marks(tx: &Sender, source: Source, marks: Vec<Mark>) {
                 with_phase: None,
             },
             Mark::Activity(count) | Mark::Epoch(count) => Kind::Activity { count },
+            Mark::Loaded(line) => Kind::CheckpointLoaded { line, step: None },
             Mark::CheckpointDone(step) => Kind::CheckpointDone { step: Some(step) },
             Mark::Phase(p) => Kind::Phase {
                 name: p.to_string(),

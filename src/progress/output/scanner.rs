@@ -2,6 +2,7 @@
 //! epochs and figures in them.
 
 use super::figures::{self, Figures};
+use super::loads;
 use super::*;
 use std::sync::atomic::Ordering;
 
@@ -67,7 +68,23 @@ impl LineScanner {
     /// A partial line left at the end is looked at too: a step it already
     /// names ([`Parser::partial_step`], a tqdm frame) is reported now, not
     /// when the next frame ends it.
+    ///
+    /// Before them, until the first step, a line saying a checkpoint was
+    /// loaded ([`Mark::Loaded`]; one split across two reads is missed).
     pub fn feed(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
+        let loaded = if parser.settled.load(Ordering::Relaxed) {
+            None
+        } else {
+            loads::last_load(&parser.loads, chunk)
+        };
+        let marks = self.feed_marks(parser, chunk);
+        match loaded {
+            None => marks,
+            Some(line) => std::iter::once(Mark::Loaded(line)).chain(marks).collect(),
+        }
+    }
+
+    fn feed_marks(&mut self, parser: &Parser, chunk: &[u8]) -> Vec<Mark> {
         let mut marks = self.feed_lines(parser, chunk);
         if !chunk.is_empty()
             && !self.overflow
@@ -150,10 +167,12 @@ impl LineScanner {
         // The announcement comes once, before the first step; until it has
         // come, one literal search of each read (a split line is missed:
         // the epochs stay activity).
-        if !parser.settled.load(Ordering::Relaxed) && parser.announced.load(Ordering::Relaxed) == 0
-        {
-            if let Some(n) = parser.per_epoch_in(chunk) {
-                parser.announced.store(n, Ordering::Relaxed);
+        // The same holds for the load lines ([`LineScanner::feed`]).
+        if !parser.settled.load(Ordering::Relaxed) {
+            if parser.announced.load(Ordering::Relaxed) == 0 {
+                if let Some(n) = parser.per_epoch_in(chunk) {
+                    parser.announced.store(n, Ordering::Relaxed);
+                }
             }
             // Nor past the start of the output.
             let read = parser

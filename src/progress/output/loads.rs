@@ -1,0 +1,105 @@
+//! A trainer's word that it loaded a checkpoint, before its first step:
+//! where a recovery's `restore` phase ends.
+
+use regex::bytes::Regex;
+
+/// A line that says a checkpoint (or its states) was loaded, restored or
+/// resumed from, in either order: Lightning's `Restored all states from the
+/// checkpoint at /ck/epoch=0-step=20.ckpt`, Megatron-LM's `successfully
+/// loaded checkpoint from /ck at iteration 20`, torchtitan's `Finished
+/// loading the checkpoint in 1.2 seconds`, the HF Trainer's `Continuing
+/// training from checkpoint` (at log level info), `checkpoint loaded`.
+pub(super) const LOAD_REGEX: &str = r"(?im)^[^\r\n]*?(?:\b(?:restor(?:e|ed|ing)|load(?:ed|ing)?|resum(?:e|ed|ing)|continuing training)\b[^\r\n]*?\b(?:checkpoint|ckpt|state_dict|states)|\b(?:checkpoint|ckpt)\b[^\r\n]*?\b(?:restored|loaded|resumed))[^\r\n]*";
+
+/// Words that make such a line no load done: a failure (`Could not load
+/// checkpoint`, `no checkpoint found`), a bar (`Loading checkpoint shards:
+/// 100%|...`: a pretrained model's weights, at every start), a save.
+const NOT_A_LOAD: [&[u8]; 10] = [
+    b"fail",
+    b"error",
+    b"could not",
+    b"cannot",
+    b"unable",
+    b"not found",
+    b"no checkpoint",
+    b"shards",
+    b"%|",
+    b"saving",
+];
+
+/// The longest line kept.
+const MAX_LINE: usize = 200;
+
+pub(super) fn regex() -> Regex {
+    Regex::new(LOAD_REGEX).expect("load regex")
+}
+
+/// The last line of `text` that says a checkpoint was loaded, trimmed and
+/// cut at [`MAX_LINE`] characters.
+pub(super) fn last_load(re: &Regex, text: &[u8]) -> Option<String> {
+    let line = re
+        .find_iter(text)
+        .map(|m| m.as_bytes())
+        .filter(|line| {
+            !NOT_A_LOAD
+                .iter()
+                .any(|w| line.windows(w.len()).any(|x| x.eq_ignore_ascii_case(w)))
+        })
+        .last()?;
+    let line = String::from_utf8_lossy(line);
+    Some(line.trim().chars().take(MAX_LINE).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Option<String> {
+        last_load(&regex(), text.as_bytes())
+    }
+
+    #[test]
+    fn the_frameworks_load_lines_are_loads() {
+        for line in [
+            "Restoring states from the checkpoint path at /ck/epoch=0-step=20.ckpt",
+            "Restored all states from the checkpoint at /ck/epoch=0-step=20.ckpt",
+            " successfully loaded checkpoint from /ck [ t 1/1, p 1/1 ] at iteration 20",
+            "[rank0]:[titan] 2026-11-28 05:00:00,000 - root - INFO - Finished loading the checkpoint in 1.23 seconds.",
+            "  Continuing training from checkpoint, will skip to saved global_step",
+            "resumed from checkpoint #19",
+            "Checkpoint loaded: step 40",
+            "loading checkpoint from ./out/checkpoint-40",
+            "Resuming from ckpt step_40.pt",
+        ] {
+            assert_eq!(load(line).as_deref(), Some(line.trim()), "{line}");
+        }
+    }
+
+    #[test]
+    fn failures_bars_saves_and_other_lines_are_not() {
+        for line in [
+            "Loading checkpoint shards: 100%|██████████| 2/2 [00:01<00:00,  1.5it/s]",
+            "Could not load checkpoint /ck/last.ckpt: file is truncated",
+            "No checkpoint found in /ck, starting from scratch",
+            "Saving checkpoint to /ck/step_40 (loaded 3 shards)",
+            "FileNotFoundError: checkpoint not found",
+            "step 20 loss 0.31",
+            "loading dataset from /data",
+            "downloading the tokenizer",
+            "Checkpointing every 100 steps",
+        ] {
+            assert_eq!(load(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn the_last_load_of_a_read_is_kept_whole_and_cut_at_200() {
+        let text = "loading checkpoint from /ck/40\nmodel ready\nRestored all states from the checkpoint at /ck/40\nstep 41\n";
+        assert_eq!(
+            load(text).as_deref(),
+            Some("Restored all states from the checkpoint at /ck/40")
+        );
+        let long = format!("loaded checkpoint {}", "x".repeat(500));
+        assert_eq!(load(&long).unwrap().chars().count(), 200);
+    }
+}
