@@ -9,7 +9,9 @@ use regex::bytes::Regex;
 /// loaded checkpoint from /ck at iteration 20`, torchtitan's `Finished
 /// loading the checkpoint in 1.2 seconds`, the HF Trainer's `Continuing
 /// training from checkpoint` (at log level info), `checkpoint loaded`.
-pub(super) const LOAD_REGEX: &str = r"(?im)^[^\r\n]*?(?:\b(?:restor(?:e|ed|ing)|load(?:ed|ing)?|resum(?:e|ed|ing)|continuing training)\b[^\r\n]*?\b(?:checkpoint|ckpt|state_dict|states)|\b(?:checkpoint|ckpt)\b[^\r\n]*?\b(?:restored|loaded|resumed))[^\r\n]*";
+/// ASCII only (`-u`): its word boundaries keep to the fast engines on any
+/// output (tqdm's bars are not ASCII).
+pub(super) const LOAD_REGEX: &str = r"(?im-u)^[^\r\n]*?(?:\b(?:restor(?:e|ed|ing)|load(?:ed|ing)?|resum(?:e|ed|ing)|continuing training)\b[^\r\n]*?\b(?:checkpoint|ckpt|state_dict|states)|\b(?:checkpoint|ckpt)\b[^\r\n]*?\b(?:restored|loaded|resumed))[^\r\n]*";
 
 /// Words that make such a line no load done: a failure (`Could not load
 /// checkpoint`, `no checkpoint found`), a bar (`Loading checkpoint shards:
