@@ -71,7 +71,7 @@ pub struct Parser {
     sync_save: Option<Regex>,
     /// A line saying a checkpoint was loaded ([`loads`]), looked for until
     /// the first step.
-    loads: Regex,
+    loads: loads::Loads,
 }
 
 /// What one piece of text said, in order of appearance.
@@ -268,7 +268,7 @@ impl Parser {
             done: defaults
                 .then(|| Regex::new(CHECKPOINT_DONE_REGEX).expect("checkpoint done regex")),
             sync_save: defaults.then(|| Regex::new(SYNC_SAVE_REGEX).expect("sync save regex")),
-            loads: loads::regex(),
+            loads: loads::Loads::new(),
         }
     }
 

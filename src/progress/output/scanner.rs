@@ -2,7 +2,6 @@
 //! epochs and figures in them.
 
 use super::figures::{self, Figures};
-use super::loads;
 use super::*;
 use std::sync::atomic::Ordering;
 
@@ -75,7 +74,7 @@ impl LineScanner {
         let loaded = if parser.settled.load(Ordering::Relaxed) {
             None
         } else {
-            loads::last_load(&parser.loads, chunk)
+            parser.loads.last(chunk)
         };
         let marks = self.feed_marks(parser, chunk);
         match loaded {
