@@ -172,6 +172,13 @@ pub fn trainer(a: TrainerArgs) -> i32 {
         }
     };
     std::thread::sleep(Duration::from_millis(600));
+    if resumed > 0 {
+        let _ = writeln!(
+            out,
+            "demo-trainer rank {rank}: checkpoint {resumed} restored"
+        );
+        let _ = out.flush();
+    }
     for step in resumed + 1..=a.steps {
         std::thread::sleep(Duration::from_millis(a.step_ms));
         if let Err(e) = peers.all_reduce(step) {

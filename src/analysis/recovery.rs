@@ -72,7 +72,8 @@ pub struct Recovery {
     /// add up to `start` when all are shown).
     pub start_parts_s: [Option<f64>; 3],
     /// The trainer's last word before its first step that it loaded a
-    /// checkpoint (where `restore` ends).
+    /// checkpoint (where `restore` ends), else that it began to (the
+    /// restore's end is then not shown).
     pub loaded: Option<String>,
     /// From the fault to the step reached before it again (or, when never
     /// reached, to the last boundary seen).
@@ -305,23 +306,27 @@ fn start_parts(
         .filter_map(|(r, e)| matches!(e, Event::FirstOutput(_)).then_some(r.ts))
         .filter(before_first)
         .max();
-    let load = of(by, a)
+    // The last load said before the first step: done (its end), else one
+    // begun (`Loading the checkpoint ...`), whose end is not shown.
+    let loads: Vec<(DateTime<Utc>, Option<String>, bool)> = of(by, a)
         .filter_map(|(r, e)| match e {
-            Event::CheckpointLoaded(c) => Some((r.ts, c.line.clone())),
+            Event::CheckpointLoaded(c) => Some((r.ts, c.line.clone(), c.done != Some(false))),
             _ => None,
         })
-        .filter(|(t, _)| before_first(t))
-        .max_by_key(|(t, _)| *t);
+        .filter(|(t, _, _)| before_first(t))
+        .collect();
+    let done = loads.iter().filter(|l| l.2).max_by_key(|l| l.0);
+    let begun = loads.iter().max_by_key(|l| l.0);
     // No load said, and the first step is the first there is: nothing was
     // loaded (a restart from scratch), the restore took no time.
-    let from_scratch = load.is_none() && first.is_some_and(|(_, s)| s <= 1);
+    let from_scratch = begun.is_none() && first.is_some_and(|(_, s)| s <= 1);
     let at_least = |t: Option<DateTime<Utc>>, low: Option<DateTime<Utc>>| match (t, low) {
         (Some(t), Some(low)) => Some(t.max(low)),
         (t, _) => t,
     };
     let initialised = at_least(initialised, relaunched);
-    let restored = match &load {
-        Some((t, _)) => at_least(Some(*t), initialised),
+    let restored = match done {
+        Some((t, _, _)) => at_least(Some(*t), initialised),
         None => initialised.filter(|_| from_scratch),
     };
     let bounds = [relaunched, initialised, restored, first_at];
@@ -331,7 +336,7 @@ fn start_parts(
             *p = Some(seconds(y - x));
         }
     }
-    (parts, load.and_then(|(_, line)| line))
+    (parts, done.or(begun).and_then(|(_, line, _)| line.clone()))
 }
 
 /// A span in seconds, never below 0.
@@ -705,6 +710,37 @@ mod tests {
         // An older journal: no first output, nothing split.
         let (got, _, _) = parts(Vec::new());
         assert_eq!(got, [None, None, None]);
+        // A load begun (`Loading the checkpoint ...`) and never said done:
+        // its end is not known, so neither is the restore.
+        let begun = |rank, ms, line: &str| {
+            rec(
+                "checkpoint_loaded",
+                1,
+                Some(rank),
+                ms,
+                json!({ "source": "stdout", "line": line, "done": false }),
+            )
+        };
+        let (got, loaded, _) = parts(vec![
+            out(0, 13_600),
+            begun(0, 13_700, "Loading the checkpoint at step 10."),
+        ]);
+        assert_eq!(got, [Some(0.1), None, None]);
+        assert_eq!(
+            loaded.as_deref(),
+            Some("Loading the checkpoint at step 10.")
+        );
+        // Begun, then done: the restore ends at the done one.
+        let (got, loaded, _) = parts(vec![
+            out(0, 13_600),
+            begun(0, 13_700, "Loading the checkpoint at step 10."),
+            load(0, 14_300, "Finished loading the checkpoint in 0.6 seconds."),
+        ]);
+        assert_eq!(got, [Some(0.1), Some(0.7), Some(0.2)]);
+        assert_eq!(
+            loaded.as_deref(),
+            Some("Finished loading the checkpoint in 0.6 seconds.")
+        );
     }
 
     /// An attempt that starts from scratch (its first step is 1) and says

@@ -151,8 +151,8 @@ events! {
 
     /// Before its first step, the trainer said it loaded a checkpoint (a
     /// line, at most 200 characters; `restored=20` on the socket names its
-    /// step): a recovery's `restore` ends at the last.
-    CheckpointLoaded = "checkpoint_loaded" { source: ProgressVia, line: String, step: u64 }
+    /// step), `done` or begun: a recovery's `restore` ends at the last done.
+    CheckpointLoaded = "checkpoint_loaded" { source: ProgressVia, line: String, step: u64, done: bool }
 
     /// Which source names the step from now on.
     ProgressSource = "progress_source" {

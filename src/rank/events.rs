@@ -94,6 +94,7 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
                     k.clock.wall(at),
                     ev::CheckpointLoaded {
                         source: Some(source.into()),
+                        done: Some(progress::output::says_done(&line)),
                         line: Some(line),
                         step,
                     },

@@ -71,9 +71,14 @@ fn start_in_parts(v: &crate::analysis::recovery::Recovery) -> String {
         (None, None, None) => " (not split: no first output in the journal)".into(),
         (Some(i), None, None) => match v.phases_s[4] {
             Some(start) => format!(
-                " (init {}, then {} to the first step: no checkpoint load shown)",
+                " (init {}, then {} to the first step: {})",
                 secs(i),
-                secs((start - i).max(0.0))
+                secs((start - i).max(0.0)),
+                if v.loaded.is_some() {
+                    "a checkpoint load began, its end not shown"
+                } else {
+                    "no checkpoint load shown"
+                }
             ),
             None => format!(" (init {}, no first step)", secs(i)),
         },

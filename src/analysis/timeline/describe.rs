@@ -84,9 +84,10 @@ fn describe_event(event: &Event) -> Option<String> {
             "first output of the trainer ({})",
             x.source.map_or("?", |s| s.name())
         ),
-        Event::CheckpointLoaded(x) => match x.step {
-            Some(step) => format!("checkpoint of step {step} loaded: {}", text(&x.line)),
-            None => format!("checkpoint loaded: {}", text(&x.line)),
+        Event::CheckpointLoaded(x) => match (x.step, x.done) {
+            (_, Some(false)) => format!("checkpoint load begun: {}", text(&x.line)),
+            (Some(step), _) => format!("checkpoint of step {step} loaded: {}", text(&x.line)),
+            (None, _) => format!("checkpoint loaded: {}", text(&x.line)),
         },
         Event::CoordinatorAttempt(_) | Event::NodeHistoryChecked(_) => return None,
         other => other.kind().to_string(),

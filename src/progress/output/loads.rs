@@ -76,6 +76,26 @@ impl Loads {
     }
 }
 
+/// Whether a load line (or the socket's `restored`) says the load is over
+/// (`Restored all states`, `successfully loaded`, `Finished loading`,
+/// `resumed from`, the HF Trainer's `Continuing training from checkpoint`,
+/// printed after its load) rather than begun (`Loading the checkpoint`,
+/// `Restoring states from`, `resuming after checkpoint 10`).
+pub fn says_done(line: &str) -> bool {
+    const DONE: [&str; 8] = [
+        "loaded",
+        "restored",
+        "resumed",
+        "continuing training",
+        "finished",
+        "successfully",
+        "complete",
+        "done",
+    ];
+    let lower = line.to_ascii_lowercase();
+    DONE.iter().any(|w| lower.contains(w))
+}
+
 fn last_load(re: &Regex, text: &[u8]) -> Option<String> {
     let line = re
         .find_iter(text)
@@ -129,6 +149,28 @@ mod tests {
             "Checkpointing every 100 steps",
         ] {
             assert_eq!(load(line), None, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_load_begun_is_told_from_a_load_done() {
+        for done in [
+            "Restored all states from the checkpoint at /ck/x.ckpt",
+            " successfully loaded checkpoint from /ck at iteration 20",
+            "Finished loading the checkpoint in 1.23 seconds.",
+            "resumed from checkpoint #19",
+            "  Continuing training from checkpoint, will skip to saved global_step",
+            "restored=40",
+        ] {
+            assert!(says_done(done), "{done}");
+        }
+        for begun in [
+            "Restoring states from the checkpoint path at /ck/x.ckpt",
+            " loading checkpoint from /ck at iteration 20",
+            "Loading the checkpoint at step 20.",
+            "demo-trainer rank 0: building model, loading data, resuming after checkpoint 10",
+        ] {
+            assert!(!says_done(begun), "{begun}");
         }
     }
 

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 
 mod loads;
+pub use loads::says_done;
 mod not_steps;
 mod pump;
 mod scanner;
