@@ -71,6 +71,9 @@ pub struct Recovery {
     /// `start` in parts, in [`START_PARTS`]' order (`None`: not shown; they
     /// add up to `start` when all are shown).
     pub start_parts_s: [Option<f64>; 3],
+    /// Why a part of start is not shown (`no checkpoint load shown`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_note: Option<&'static str>,
     /// The trainer's last word before its first step that it loaded a
     /// checkpoint (where `restore` ends), else that it began to (the
     /// restore's end is then not shown).
@@ -252,7 +255,7 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
         .filter_map(|(r, e)| matches!(e, Event::RankStart(_)).then_some(r.ts))
         .max();
     let (first, step_before, back) = steps_around(by, failed);
-    let (start_parts_s, loaded) = start_parts(by, failed + 1, relaunched, first);
+    let start = start_parts(by, failed + 1, relaunched, first);
     let bounds = [
         Some(fault),
         Some(detected),
@@ -268,12 +271,17 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
             *p = Some(((b - a).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0));
         }
     }
+    // The last boundary seen: a start's part too (an attempt that never
+    // stepped still took its init and restore).
     let end = bounds
         .iter()
         .rev()
         .flatten()
         .next()
         .copied()
+        .into_iter()
+        .chain(start.last)
+        .max()
         .unwrap_or(fault);
     Some(Recovery {
         failed_attempt: failed,
@@ -281,8 +289,9 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
         action: action.map(|a| a.name().to_string()),
         fault,
         phases_s,
-        start_parts_s,
-        loaded,
+        start_parts_s: start.parts,
+        start_note: start.note,
+        loaded: start.loaded,
         total_s: ((end - fault).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0),
         step_before,
         first_step: first.map(|(_, s)| s),
@@ -291,21 +300,29 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
 }
 
 /// `start` of attempt `a` in parts ([`START_PARTS`]), from its relaunch
-/// and its first step (when, which); the line that said a checkpoint was
-/// loaded. Only what came before the first step counts; the boundaries
-/// are kept in order (a rank that printed before the last one started).
+/// and its first step (when, which); where a part is not shown, why; the
+/// line that said a checkpoint was loaded; the last boundary seen. Only
+/// what came before the first step counts; the boundaries are kept in
+/// order (a rank that printed before the last one started).
 fn start_parts(
     by: &Attempts<'_>,
     a: u32,
     relaunched: Option<DateTime<Utc>>,
     first: Option<(DateTime<Utc>, u64)>,
-) -> ([Option<f64>; 3], Option<String>) {
+) -> StartParts {
     let first_at = first.map(|(t, _)| t);
     let before_first = |t: &DateTime<Utc>| first_at.is_none_or(|f| *t <= f);
-    let initialised = of(by, a)
-        .filter_map(|(r, e)| matches!(e, Event::FirstOutput(_)).then_some(r.ts))
-        .filter(before_first)
-        .max();
+    // The last rank's first output, of those that said something before
+    // their first step (a first output that held a step says nothing of
+    // the start-up).
+    let outputs: Vec<(DateTime<Utc>, bool)> = of(by, a)
+        .filter_map(|(r, e)| match e {
+            Event::FirstOutput(o) => Some((r.ts, o.with_step == Some(true))),
+            _ => None,
+        })
+        .filter(|(t, _)| before_first(t))
+        .collect();
+    let initialised = outputs.iter().filter(|o| !o.1).map(|o| o.0).max();
     // The last load said before the first step: done (its end), else one
     // begun (`Loading the checkpoint ...`), whose end is not shown.
     let loads: Vec<(DateTime<Utc>, Option<String>, bool)> = of(by, a)
@@ -317,18 +334,40 @@ fn start_parts(
         .collect();
     let done = loads.iter().filter(|l| l.2).max_by_key(|l| l.0);
     let begun = loads.iter().max_by_key(|l| l.0);
-    // No load said, and the first step is the first there is: nothing was
-    // loaded (a restart from scratch), the restore took no time.
-    let from_scratch = begun.is_none() && first.is_some_and(|(_, s)| s <= 1);
     let at_least = |t: Option<DateTime<Utc>>, low: Option<DateTime<Utc>>| match (t, low) {
         (Some(t), Some(low)) => Some(t.max(low)),
         (t, _) => t,
     };
-    let initialised = at_least(initialised, relaunched);
+    let mut initialised = at_least(initialised, relaunched);
+    let mut note = None;
     let restored = match done {
-        Some((t, _, _)) => at_least(Some(*t), initialised),
-        None => initialised.filter(|_| from_scratch),
+        // Said before the last rank's first output (a trainer quiet until
+        // its first step, or a rank that printed late): the load is inside
+        // what init would be, the two are not told apart.
+        Some((t, _, _)) if initialised.is_none_or(|i| *t < i) => {
+            initialised = None;
+            note = Some("init and restore not told apart: the load was said before the last rank's first output");
+            at_least(Some(*t), relaunched)
+        }
+        Some((t, _, _)) => Some(*t),
+        // Nothing said of a load, and the first step is the first there
+        // is: nothing was loaded (a restart from scratch).
+        None if begun.is_none() && initialised.is_some() && first.is_some_and(|(_, s)| s <= 1) => {
+            initialised
+        }
+        None => {
+            note = Some(match (begun, initialised) {
+                (_, None) if outputs.is_empty() => "not split: no first output in the journal",
+                (_, None) => "not split: nothing was said before the first step",
+                (Some(_), Some(_)) => "a checkpoint load began, its end not shown",
+                (None, Some(_)) => "no checkpoint load shown",
+            });
+            None
+        }
     };
+    if first_at.is_none() && note.is_none() {
+        note = Some("no first step");
+    }
     let bounds = [relaunched, initialised, restored, first_at];
     let mut parts = [None; 3];
     for (i, p) in parts.iter_mut().enumerate() {
@@ -336,7 +375,21 @@ fn start_parts(
             *p = Some(seconds(y - x));
         }
     }
-    (parts, done.or(begun).and_then(|(_, line, _)| line.clone()))
+    StartParts {
+        parts,
+        note,
+        loaded: done.or(begun).and_then(|(_, line, _)| line.clone()),
+        last: bounds.iter().rev().flatten().next().copied(),
+    }
+}
+
+/// What [`start_parts`] found.
+struct StartParts {
+    parts: [Option<f64>; 3],
+    note: Option<&'static str>,
+    loaded: Option<String>,
+    /// The latest boundary of start seen.
+    last: Option<DateTime<Utc>>,
 }
 
 /// A span in seconds, never below 0.
@@ -360,9 +413,29 @@ fn fault_and_detection(
     let judged = of()
         .filter_map(|(r, e)| matches!(e, Event::Hang(_)).then_some(r.ts))
         .last();
+    // A hang before the attempt's first step (a startup stall: a load
+    // that never returned) has no last progress: its fault is the hung
+    // rank's last sign of life the journal shows (its start, its first
+    // output, its word of a load), else the stall.
+    let life = |rank: Option<u32>, until: DateTime<Utc>| {
+        of().filter(|(r, _)| r.rank == rank && r.ts <= until)
+            .filter_map(|(r, e)| {
+                matches!(
+                    e,
+                    Event::RankStart(_) | Event::FirstOutput(_) | Event::CheckpointLoaded(_)
+                )
+                .then_some(r.ts)
+            })
+            .max()
+    };
     let stalls: Vec<(&Record, DateTime<Utc>)> = of()
         .filter_map(|(r, e)| match e {
-            Event::Stall(s) => Some((r, s.last_progress.unwrap_or(r.ts))),
+            Event::Stall(s) => Some((
+                r,
+                s.last_progress
+                    .or_else(|| life(primary.or(r.rank), r.ts))
+                    .unwrap_or(r.ts),
+            )),
             _ => None,
         })
         .filter(|(r, _)| judged.is_none_or(|t| r.ts <= t))
@@ -406,7 +479,11 @@ fn steps_around(
         })
     };
     let first = steps(failed + 1).min_by_key(|(t, _)| *t);
-    let step_before = of(failed)
+    // Where the job was: the furthest any attempt up to the failed one got
+    // (a failure before an attempt's first step leaves the job where the
+    // attempt before it was).
+    let step_before = (0..=failed)
+        .flat_map(of)
         .filter_map(|(_, e)| match e {
             Event::RankExit(x) => x.last_step,
             Event::Progress(p) => p.step,
@@ -491,6 +568,7 @@ mod tests {
             fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
             phases_s: [None; 6],
             start_parts_s: [None; 3],
+            start_note: None,
             loaded: None,
             total_s: 1.0,
             step_before: Some(24),
@@ -513,6 +591,7 @@ mod tests {
             fault: DateTime::from_timestamp(1_800_000_000, 0).unwrap(),
             phases_s: [Some(detection), None, Some(0.1), None, None, None],
             start_parts_s: [None; 3],
+            start_note: None,
             loaded: None,
             total_s: total,
             step_before: None,
@@ -743,6 +822,142 @@ mod tests {
         );
     }
 
+    /// Trial 20: a load said before the last rank's first output (a trainer
+    /// quiet until its first step that sends `restored=N`; a rank that
+    /// printed late) is not a 0 s restore: init and restore are one piece.
+    /// A trainer that says nothing before its first step is not split.
+    #[test]
+    fn a_load_before_the_last_first_output_is_not_told_apart_from_init() {
+        let with = |extra: Vec<Record>| {
+            let mut records = hang_and_back();
+            records.extend(extra);
+            records.sort_by_key(|r| r.ts);
+            recoveries(&records).remove(0)
+        };
+        let out = |rank, ms, with_step: bool| {
+            rec(
+                "first_output",
+                1,
+                Some(rank),
+                ms,
+                json!({ "source": "stdout", "with_step": with_step }),
+            )
+        };
+        let restored = |rank, ms| {
+            rec(
+                "checkpoint_loaded",
+                1,
+                Some(rank),
+                ms,
+                json!({ "source": "socket", "line": "restored=10", "step": 10, "done": true }),
+            )
+        };
+        // Quiet: the socket's word at 14.2 s, the first output is the first
+        // step's line.
+        let r = with(vec![restored(0, 14_200), out(0, 14_500, true)]);
+        assert_eq!(r.start_parts_s[..2], [None, None]);
+        assert!((r.start_parts_s[2].unwrap() - 0.3).abs() < 1e-9, "{r:?}");
+        assert!(r
+            .start_note
+            .unwrap()
+            .starts_with("init and restore not told apart"));
+        // Late: rank 0 printed and loaded, rank 1's first output after that.
+        let r = with(vec![
+            out(0, 13_600, false),
+            restored(0, 13_900),
+            out(1, 14_000, false),
+        ]);
+        assert_eq!(r.start_parts_s[..2], [None, None]);
+        assert!(r
+            .start_note
+            .unwrap()
+            .starts_with("init and restore not told apart"));
+        // Nothing said before the first step, no load: not split.
+        let r = with(vec![out(0, 14_500, true), out(1, 14_500, true)]);
+        assert_eq!(r.start_parts_s, [None, None, None]);
+        assert_eq!(
+            r.start_note,
+            Some("not split: nothing was said before the first step")
+        );
+    }
+
+    /// Trial 20 D0: a rank that hangs after its load, before the attempt's
+    /// first step: the fault is its last sign of life (its word of the
+    /// load), not the startup stall that caught it 15 s later; the job's
+    /// step before is the earlier attempt's; the total counts the init and
+    /// restore of an attempt that never stepped.
+    #[test]
+    fn a_hang_before_the_first_step_is_timed_from_the_hung_ranks_last_word() {
+        let mut records: Vec<Record> = hang_and_back()
+            .into_iter()
+            .filter(|r| !(r.attempt == 1 && r.kind == "progress"))
+            .collect();
+        records.extend([
+            rec(
+                "first_output",
+                1,
+                Some(1),
+                13_700,
+                json!({ "with_step": false }),
+            ),
+            rec(
+                "checkpoint_loaded",
+                1,
+                Some(1),
+                14_000,
+                json!({ "line": "loaded checkpoint 10", "done": true }),
+            ),
+            rec("stall", 1, Some(0), 29_000, json!({ "mode": "startup" })),
+            rec("hang", 1, None, 29_100, json!({})),
+            rec("attempt_end", 1, None, 29_300, json!({})),
+            rec(
+                "judgment",
+                1,
+                None,
+                29_310,
+                json!({ "class": "hang", "primary_rank": 1 }),
+            ),
+            rec(
+                "decision",
+                1,
+                None,
+                29_320,
+                json!({ "decision": { "action": "restart_in_place", "reason": "" } }),
+            ),
+            rec("rank_start", 2, Some(0), 29_500, json!({})),
+            rec("rank_start", 2, Some(1), 29_500, json!({})),
+            rec(
+                "progress",
+                2,
+                Some(0),
+                30_500,
+                json!({ "step": 11, "first": true }),
+            ),
+            rec("progress", 2, Some(0), 31_500, json!({ "step": 19 })),
+        ]);
+        records.sort_by_key(|r| r.ts);
+        let r = recoveries(&records);
+        assert_eq!(r.len(), 2);
+        // Attempt 0's recovery: attempt 1 never stepped; its init (13.5 to
+        // 13.7 s) and restore (to 14 s) are in the total.
+        assert_eq!(r[0].phases_s[4], None);
+        assert_eq!(r[0].start_note, Some("no first step"));
+        let end = r[0].fault + chrono::Duration::milliseconds(4_000);
+        assert_eq!(
+            r[0].fault + chrono::Duration::microseconds((r[0].total_s * 1e6) as i64),
+            end
+        );
+        // Attempt 1's: the fault at rank 1's word of its load (14 s), seen
+        // at the stall (29 s); the job had been at step 18.
+        assert!(
+            (r[1].phases_s[0].unwrap() - 15.0).abs() < 1e-9,
+            "{:?}",
+            r[1]
+        );
+        assert_eq!(r[1].step_before, Some(18));
+        assert!(r[1].caught_up);
+    }
+
     /// An attempt that starts from scratch (its first step is 1) and says
     /// no load: the restore took no time.
     #[test]
@@ -886,6 +1101,7 @@ mod tests {
             fault: DateTime::from_timestamp(0, 0).unwrap(),
             phases_s: [Some(d), Some(0.0), Some(1.0), Some(2.0), Some(3.0), rework],
             start_parts_s: [None; 3],
+            start_note: None,
             loaded: None,
             total_s: 0.0,
             step_before: None,

@@ -146,8 +146,9 @@ events! {
         first: bool,
     }
 
-    /// The trainer's first output of the attempt (a recovery's `init` ends).
-    FirstOutput = "first_output" { source: ProgressVia }
+    /// The trainer's first output of the attempt (a recovery's `init` ends);
+    /// `with_step`: a step was in it (nothing said before the first step).
+    FirstOutput = "first_output" { source: ProgressVia, with_step: bool }
 
     /// Before its first step, the trainer said it loaded a checkpoint (a
     /// line, at most 200 characters; `restored=20` on the socket names its

@@ -89,8 +89,9 @@ pub enum Kind {
     /// they go with the next step's record.
     Figures(Vec<(String, f64)>),
     /// The stream's first output: the trainer's start-up is done, as far as
-    /// its output shows.
-    FirstOutput,
+    /// its output shows (`with_step`: a step already in it, nothing said
+    /// before the first step).
+    FirstOutput { with_step: bool },
     /// The trainer said it loaded a checkpoint (a line of its output, before
     /// its first step; `restored` on the socket).
     CheckpointLoaded { line: String, step: Option<u64> },

@@ -73,13 +73,14 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
             k.plog.note_nonfinite(&f);
             crate::progress::figures::merge_named(&mut k.plog.figures, f)
         }
-        Kind::FirstOutput => {
+        Kind::FirstOutput { with_step } => {
             if !k.plog.output_seen {
                 k.plog.output_seen = true;
                 k.journal.write_at(
                     k.clock.wall(at),
                     ev::FirstOutput {
                         source: Some(source.into()),
+                        with_step: Some(with_step),
                     },
                     false,
                 );

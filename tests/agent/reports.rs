@@ -1072,7 +1072,7 @@ fn a_recovery_is_timed_phase_by_phase_in_the_report() {
         "relaunch",
         "init",
         "restore",
-        "first_step",
+        "first step",
         "rework",
     ];
     for phase in drawn {

@@ -19,24 +19,27 @@ const PHASE_COLOURS: [&str; 6] = [
     "#d62728", "#ff7f0e", "#8c564b", "#9467bd", "#1f77b4", "#bcbd22",
 ];
 
-/// The colours of `start`'s parts ([`START_PARTS`]): shades of its own.
-const PART_COLOURS: [&str; 3] = ["#aec7e8", "#1f77b4", "#17becf"];
+/// The colours of `start`'s parts ([`START_PARTS`]), none of them
+/// start's own (which draws parts not told apart).
+const PART_COLOURS: [&str; 3] = ["#98df8a", "#2ca02c", "#17becf"];
 
 /// A recovery's segments, left to right: name, colour, seconds (`None`:
-/// not shown). `start` is drawn in its parts when all three are shown.
+/// not shown). `start` is drawn in its parts where they are shown, parts
+/// not told apart as one piece in start's colour.
 fn segments(r: &Recovery) -> Vec<(&'static str, &'static str, Option<f64>)> {
     let mut out = Vec::new();
     for ((phase, colour), secs) in PHASES.iter().zip(PHASE_COLOURS).zip(r.phases_s) {
-        if *phase == "start" && r.start_parts_s.iter().all(Option::is_some) {
-            out.extend(
-                START_PARTS
-                    .iter()
-                    .zip(PART_COLOURS)
-                    .zip(r.start_parts_s)
-                    .map(|((p, c), v)| (*p, c, v)),
-            );
-        } else {
+        if *phase != "start" {
             out.push((*phase, colour, secs));
+            continue;
+        }
+        let part = |i: usize| (START_PARTS[i], PART_COLOURS[i], r.start_parts_s[i]);
+        let rest = |known: f64| secs.map(|s| (s - known).max(0.0));
+        match r.start_parts_s {
+            [Some(_), Some(_), _] => out.extend([part(0), part(1), part(2)]),
+            [Some(i), None, None] => out.extend([part(0), ("restore+first_step", colour, rest(i))]),
+            [None, None, Some(f)] => out.extend([("init+restore", colour, rest(f)), part(2)]),
+            _ => out.push((*phase, colour, secs)),
         }
     }
     out
@@ -57,7 +60,8 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
     {
         let _ = write!(
             h,
-            "<li><span class=\"sw\" style=\"background:{colour}\"></span>{phase}</li>"
+            "<li><span class=\"sw\" style=\"background:{colour}\"></span>{}</li>",
+            phase.replace('_', " ")
         );
     }
     h.push_str("</ul>\n");
@@ -77,23 +81,30 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
             esc(r.class.as_deref().unwrap_or("?"))
         );
         let mut x = LABEL_W + 40.0;
-        let mut unseen = Vec::new();
+        let mut unseen: Vec<String> = Vec::new();
         for (phase, colour, secs) in segments(r) {
+            let phase = phase.replace('_', " ");
             let Some(secs) = secs else {
                 unseen.push(phase);
                 continue;
             };
             let w = BAR_W * secs / longest;
+            // Milliseconds under a second, as the text report gives them.
             let _ = writeln!(
                 h,
                 "<rect x=\"{x:.2}\" y=\"{y:.1}\" width=\"{:.2}\" height=\"{BAR_H}\" fill=\"{colour}\"><title>attempt {} {}: {phase} {}</title></rect>",
                 w.max(0.5),
                 r.failed_attempt,
                 esc(r.class.as_deref().unwrap_or("?")),
-                human(secs)
+                crate::duration::format(std::time::Duration::from_secs_f64(secs))
             );
             x += w;
         }
+        let mut said = Vec::new();
+        if !unseen.is_empty() {
+            said.push(format!("{} not shown", unseen.join(", ")));
+        }
+        said.extend(r.start_note.map(str::to_string));
         let back = r.back();
         let _ = writeln!(
             h,
@@ -101,10 +112,10 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
             x + 6.0,
             y + BAR_H - 3.0,
             human(r.total_s),
-            if unseen.is_empty() {
+            if said.is_empty() {
                 String::new()
             } else {
-                format!(" ({} not shown)", unseen.join(", "))
+                format!(" ({})", esc(&said.join("; ")))
             }
         );
     }
@@ -123,7 +134,7 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
         .collect();
     let _ = writeln!(
         h,
-        "<p class=\"meta\">p50/p99 over {} recover{}: {}. Start = init (to the trainer's first output) + restore (to its word that it loaded a checkpoint; 0 from scratch) + first step.</p>",
+        "<p class=\"meta\">p50/p99 over {} recover{}: {}. Start = init (to the last rank's first output) + restore (to the trainer's last word before its first step that a checkpoint was loaded, pretrained weights too; 0 when it said none and started at step 1) + first step.</p>",
         recoveries.len(),
         if recoveries.len() == 1 { "y" } else { "ies" },
         esc(&spread.join(", "))

@@ -56,37 +56,35 @@ pub(super) fn render_recoveries(s: &mut String, r: &JobReport) {
     let _ = writeln!(s, "  p50/p99: {}", spread.join(", "));
     let _ = writeln!(
         s,
-        "  start = init (to the trainer's first output) + restore (to its word that it loaded a checkpoint; 0 from scratch) + first step"
+        "  start = init (to the last rank's first output) + restore (to the trainer's last word before its first step that a checkpoint was loaded, pretrained weights too; 0 when it said none and started at step 1) + first step"
     );
 }
 
-/// `start`'s parts, in parentheses, where the journal shows any: ` (init
-/// 3.1s, restore 2.2s, first step 1.7s)`; a load not shown leaves what
-/// follows the first output in one piece.
+/// `start`'s parts, in parentheses: ` (init 3.1s, restore 2.2s, first step
+/// 1.7s)`; parts not told apart in one piece, and why.
 fn start_in_parts(v: &crate::analysis::recovery::Recovery) -> String {
     let secs = |v: f64| crate::duration::format(std::time::Duration::from_secs_f64(v));
-    let [init, restore, first] = v.start_parts_s;
-    let part = |name: &str, p: Option<f64>| format!("{name} {}", p.map_or("?".into(), secs));
-    match (init, restore, first) {
-        (None, None, None) => " (not split: no first output in the journal)".into(),
-        (Some(i), None, None) => match v.phases_s[4] {
-            Some(start) => format!(
-                " (init {}, then {} to the first step: {})",
+    let rest = |known: f64| v.phases_s[4].map(|start| secs((start - known).max(0.0)));
+    let note = v.start_note.unwrap_or("");
+    let text = match v.start_parts_s {
+        [Some(i), Some(r), Some(f)] => {
+            format!(
+                "init {}, restore {}, first step {}",
                 secs(i),
-                secs((start - i).max(0.0)),
-                if v.loaded.is_some() {
-                    "a checkpoint load began, its end not shown"
-                } else {
-                    "no checkpoint load shown"
-                }
-            ),
-            None => format!(" (init {}, no first step)", secs(i)),
+                secs(r),
+                secs(f)
+            )
+        }
+        [Some(i), Some(r), None] => format!("init {}, restore {}; {note}", secs(i), secs(r)),
+        [Some(i), None, None] => match rest(i) {
+            Some(rest) => format!("init {}, then {rest} to the first step: {note}", secs(i)),
+            None => format!("init {}; {note}", secs(i)),
         },
-        _ => format!(
-            " ({}, {}, {})",
-            part("init", init),
-            part("restore", restore),
-            part("first step", first)
-        ),
-    }
+        [None, None, Some(f)] => match rest(f) {
+            Some(rest) => format!("init and restore {rest}, first step {}: {note}", secs(f)),
+            None => format!("first step {}: {note}", secs(f)),
+        },
+        _ => note.to_string(),
+    };
+    format!(" ({text})")
 }

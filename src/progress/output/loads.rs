@@ -15,8 +15,12 @@ pub(super) const LOAD_REGEX: &str = r"(?im-u)^[^\r\n]*?(?:\b(?:restor(?:e|ed|ing
 
 /// Words that make such a line no load done: a failure (`Could not load
 /// checkpoint`, `no checkpoint found`), a bar (`Loading checkpoint shards:
-/// 100%|...`: a pretrained model's weights, at every start), a save.
-const NOT_A_LOAD: [&[u8]; 10] = [
+/// 100%|...`: a pretrained model's weights, at every start), a save, a
+/// warning about a load (transformers' `There were missing keys in the
+/// checkpoint model loaded`, printed halfway through the HF Trainer's
+/// resume; Lightning's `.../training_epoch_loop.py:224: You're resuming from
+/// a checkpoint that ended before the epoch ended`: trial 20).
+const NOT_A_LOAD: [&[u8]; 14] = [
     b"fail",
     b"error",
     b"could not",
@@ -27,6 +31,10 @@ const NOT_A_LOAD: [&[u8]; 10] = [
     b"shards",
     b"%|",
     b"saving",
+    b"warn",
+    b"missing",
+    b"unexpected",
+    b".py:",
 ];
 
 /// The longest line kept.
@@ -107,7 +115,11 @@ fn last_load(re: &Regex, text: &[u8]) -> Option<String> {
         })
         .last()?;
     let line = String::from_utf8_lossy(line);
-    Some(line.trim().chars().take(MAX_LINE).collect())
+    let line = line.trim();
+    Some(match line.char_indices().nth(MAX_LINE - 1) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    })
 }
 
 #[cfg(test)]
@@ -147,6 +159,9 @@ mod tests {
             "loading dataset from /data",
             "downloading the tokenizer",
             "Checkpointing every 100 steps",
+            "[transformers] There were missing keys in the checkpoint model loaded: ['lm_head.weight'].",
+            "/site/lightning/pytorch/loops/training_epoch_loop.py:224: You're resuming from a checkpoint that ended before the epoch ended",
+            "UserWarning: loading a checkpoint with weights_only=False",
         ] {
             assert_eq!(load(line), None, "{line}");
         }
@@ -182,6 +197,8 @@ mod tests {
             Some("Restored all states from the checkpoint at /ck/40")
         );
         let long = format!("loaded checkpoint {}", "x".repeat(500));
-        assert_eq!(load(&long).unwrap().chars().count(), 200);
+        let cut = load(&long).unwrap();
+        assert_eq!(cut.chars().count(), 200);
+        assert!(cut.ends_with("x…"), "{cut}");
     }
 }

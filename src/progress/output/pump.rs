@@ -277,8 +277,8 @@ fn pump(
         .flatten()
     {
         let mut scan = |bytes: &[u8]| {
-            first(bytes);
             let marks = scanner.feed(parser, bytes);
+            first(bytes, &marks);
             if !marks.is_empty() {
                 send(marks);
             }
@@ -307,10 +307,10 @@ fn pump(
             Err(_) => break,
         };
         let chunk = &buf[..n];
-        first(chunk);
         // Progress first: a slow reader of resilio's own output (a stalled
         // filesystem, a paused terminal) must not delay it.
         let marks = scanner.feed(parser, chunk);
+        first(chunk, &marks);
         if !marks.is_empty() {
             send(marks);
         }
@@ -347,16 +347,20 @@ fn pump(
 /// The progress marks of one chunk as events; figures go with the step
 /// they come with, else on their own.
 /// Says [`Kind::FirstOutput`] at the stream's first bytes (the trainer's
-/// start-up done, as its output shows), then nothing.
-fn first_output(tx: &Sender, source: Source) -> impl FnMut(&[u8]) + '_ {
+/// start-up done, as its output shows; whether a step was in them), then
+/// nothing.
+fn first_output(tx: &Sender, source: Source) -> impl FnMut(&[u8], &[Mark]) + '_ {
     let mut fed = false;
-    move |bytes: &[u8]| {
+    move |bytes: &[u8], marks: &[Mark]| {
         if !fed && !bytes.is_empty() {
             fed = true;
+            let with_step = marks
+                .iter()
+                .any(|m| matches!(m, Mark::Step(_) | Mark::Bar { .. } | Mark::EpochBar { .. }));
             tx.send(ProgressEvent {
                 at: Instant::now(),
                 source,
-                kind: Kind::FirstOutput,
+                kind: Kind::FirstOutput { with_step },
             });
         }
     }
