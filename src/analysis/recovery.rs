@@ -168,6 +168,23 @@ pub fn spread(recoveries: &[Recovery]) -> Vec<PhaseSpread> {
         .collect()
 }
 
+/// Spreads in words, `detection 0ms/0ms, first step 201ms/1.2s`, each
+/// figure written by `secs`.
+pub fn spread_line(spreads: &[PhaseSpread], secs: impl Fn(f64) -> String) -> String {
+    let each: Vec<String> = spreads
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {}/{}",
+                p.phase.replace('_', " "),
+                secs(p.p50_s),
+                secs(p.p99_s)
+            )
+        })
+        .collect();
+    each.join(", ")
+}
+
 /// The recoveries of one failure class: how many, and each phase's spread
 /// (and the whole's, as `total`).
 #[derive(Clone, Debug, PartialEq, Serialize)]

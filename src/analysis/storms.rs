@@ -175,19 +175,8 @@ fn render_recoveries(s: &Storms) -> String {
     let secs = |v: f64| crate::duration::format(std::time::Duration::from_secs_f64(v));
     out += "recoveries within the window, by failure class (n; each phase's p50/p99):\n";
     for c in &s.recoveries_by_class {
-        let phases: Vec<String> = c
-            .phases
-            .iter()
-            .map(|p| {
-                format!(
-                    "{} {}/{}",
-                    p.phase.replace('_', " "),
-                    secs(p.p50_s),
-                    secs(p.p99_s)
-                )
-            })
-            .collect();
-        out += &format!("  {} ({}): {}\n", c.class, c.n, phases.join(", "));
+        let phases = crate::analysis::recovery::spread_line(&c.phases, secs);
+        out += &format!("  {} ({}): {phases}\n", c.class, c.n);
     }
     out
 }

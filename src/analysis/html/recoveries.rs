@@ -120,23 +120,12 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
         );
     }
     h.push_str("</svg>\n");
-    let spread: Vec<String> = report
-        .recovery_phases
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}/{}",
-                p.phase.replace('_', " "),
-                human(p.p50_s),
-                human(p.p99_s)
-            )
-        })
-        .collect();
+    let spread = crate::analysis::recovery::spread_line(&report.recovery_phases, human);
     let _ = writeln!(
         h,
         "<p class=\"meta\">p50/p99 over {} recover{}: {}. Start = init (to the last rank's first output) + restore (to the trainer's last word before its first step that a checkpoint was loaded, pretrained weights too; 0 when it said none and started at step 1) + first step.</p>",
         recoveries.len(),
         if recoveries.len() == 1 { "y" } else { "ies" },
-        esc(&spread.join(", "))
+        esc(&spread)
     );
 }

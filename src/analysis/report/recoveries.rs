@@ -41,19 +41,8 @@ pub(super) fn render_recoveries(s: &mut String, r: &JobReport) {
             let _ = writeln!(s, "    loaded: {line}");
         }
     }
-    let spread: Vec<String> = r
-        .recovery_phases
-        .iter()
-        .map(|p| {
-            format!(
-                "{} {}/{}",
-                p.phase.replace('_', " "),
-                secs(p.p50_s),
-                secs(p.p99_s)
-            )
-        })
-        .collect();
-    let _ = writeln!(s, "  p50/p99: {}", spread.join(", "));
+    let spread = crate::analysis::recovery::spread_line(&r.recovery_phases, secs);
+    let _ = writeln!(s, "  p50/p99: {spread}");
     let _ = writeln!(
         s,
         "  start = init (to the last rank's first output) + restore (to the trainer's last word before its first step that a checkpoint was loaded, pretrained weights too; 0 when it said none and started at step 1) + first step"
