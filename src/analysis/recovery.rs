@@ -102,6 +102,13 @@ impl Recovery {
         )
     }
 
+    /// The total is only a floor: the next attempt never got back to the
+    /// step before (or never stepped), so the recovery went on past the
+    /// last boundary seen.
+    pub fn total_is_floor(&self) -> bool {
+        !self.caught_up && (self.step_before.is_some() || self.first_step.is_none())
+    }
+
     /// Where it ended, in words: `back at step 6`, `attempt 2 not back at
     /// step 6` (the attempt after the failure; a later one may have got
     /// further), `no step before`.
@@ -959,6 +966,8 @@ mod tests {
         // 13.7 s) and restore (to 14 s) are in the total.
         assert_eq!(r[0].phases_s[4], None);
         assert_eq!(r[0].start_note, Some("no first step"));
+        assert!(r[0].total_is_floor());
+        assert!(!r[1].total_is_floor());
         let end = r[0].fault + chrono::Duration::milliseconds(4_000);
         assert_eq!(
             r[0].fault + chrono::Duration::microseconds((r[0].total_s * 1e6) as i64),

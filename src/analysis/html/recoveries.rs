@@ -108,9 +108,10 @@ pub(super) fn write_recoveries(h: &mut String, report: &JobReport) {
         let back = r.back();
         let _ = writeln!(
             h,
-            "<text x=\"{:.1}\" y=\"{:.1}\">{} total, {back}{}</text>",
+            "<text x=\"{:.1}\" y=\"{:.1}\">{}{} total, {back}{}</text>",
             x + 6.0,
             y + BAR_H - 3.0,
+            if r.total_is_floor() { "at least " } else { "" },
             human(r.total_s),
             if said.is_empty() {
                 String::new()

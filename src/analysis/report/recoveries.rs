@@ -30,11 +30,12 @@ pub(super) fn render_recoveries(s: &mut String, r: &JobReport) {
         let back = v.back();
         let _ = writeln!(
             s,
-            "  attempt {} {} -> {}: {}; total {}, {back}",
+            "  attempt {} {} -> {}: {}; total {}{}, {back}",
             v.failed_attempt,
             v.class.as_deref().unwrap_or("?"),
             v.action.as_deref().unwrap_or("?").replace('_', " "),
             phases.join(", "),
+            if v.total_is_floor() { "at least " } else { "" },
             secs(v.total_s),
         );
         if let Some(line) = &v.loaded {
