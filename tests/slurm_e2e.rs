@@ -569,7 +569,8 @@ fn a_straggling_node_confirmed_after_a_restart_is_left_out() {
 
 /// ETTR against an independent account on the real cluster: two failures
 /// (an unexplained exit, relaunched inside the allocation; then a SIGKILL
-/// on a full allocation, requeued excluding the node) and a queue wait.
+/// on a full allocation, requeued excluding the node) and a queue wait;
+/// and the two recoveries, phase by phase.
 /// The trainer's own step times (a side file resilio never reads) give the
 /// productive time; Slurm's own records give the wall time.
 #[test]
@@ -666,6 +667,35 @@ fn ettr_agrees_with_the_trainers_own_account_across_a_requeue() {
         r["lost_s"]
     );
     assert_eq!(r["failed_attempts"], 2);
+    // Each recovery phase by phase, on the real cluster: the relaunch
+    // inside the allocation takes a moment, the requeue's holds Slurm's
+    // queue; start in its parts (to the trainer's first line, to its
+    // `resumed from checkpoint #N`, to its first step), adding up to start.
+    let rec = r["recoveries"].as_array().expect("recoveries");
+    assert_eq!(rec.len(), 2, "{rec:#?}");
+    let relaunch = |v: &serde_json::Value| v["phases_s"][3].as_f64();
+    assert_eq!(rec[0]["action"], "restart_in_allocation", "{rec:#?}");
+    assert!(relaunch(&rec[0]).is_some_and(|s| s < 5.0), "{rec:#?}");
+    assert_eq!(rec[1]["action"], "requeue", "{rec:#?}");
+    assert!(relaunch(&rec[1]).is_some_and(|s| s > 5.0), "{rec:#?}");
+    for v in rec {
+        let parts: Vec<f64> = v["start_parts_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .collect();
+        assert_eq!(parts.len(), 3, "{v:#}");
+        let start = v["phases_s"][4].as_f64().unwrap();
+        assert!((parts.iter().sum::<f64>() - start).abs() < 1e-3, "{v:#}");
+        assert!(
+            v["loaded"]
+                .as_str()
+                .is_some_and(|l| l.contains("resumed from checkpoint")),
+            "{v:#}"
+        );
+        assert_eq!(v["caught_up"], true, "{v:#}");
+    }
     let lost = |k: &str| r["lost_s"][k].as_f64().unwrap();
     // The requeue waited in the queue (the testbed's hold-off is ~11 s).
     assert!(lost("queue_wait") > 5.0, "{}", r["lost_s"]);
