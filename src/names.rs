@@ -8,10 +8,12 @@ macro_rules! names {
     ($( $(#[$meta:meta])* $name:ident { $( $(#[$vmeta:meta])* $variant:ident = $text:literal ),* $(,)? } )*) => {
         $(
             $(#[$meta])*
-            #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+            #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
             pub enum $name {
                 $( $(#[$vmeta])* #[serde(rename = $text)] $variant, )*
-                /// A name this build does not know (a later build's).
+                /// A name this build does not know (a later build's); the
+                /// default of a record built field by field.
+                #[default]
                 #[serde(other, rename = "unknown")]
                 Unknown,
             }

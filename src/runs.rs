@@ -252,10 +252,7 @@ pub fn split(records: Vec<Record>) -> Vec<Run> {
                         _ => None,
                     })
             };
-            let exit_code = code("job_end")
-                .or_else(|| code("rank_exit"))
-                .flatten()
-                .map(i64::from);
+            let exit_code = code("job_end").or_else(|| code("rank_exit")).map(i64::from);
             Run {
                 info: RunInfo {
                     index: 0,

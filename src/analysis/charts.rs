@@ -199,7 +199,7 @@ fn marks_of(records: &[Record]) -> ChartMarks {
             Some(Event::CheckpointDone(_)) => m.checkpoints.push(r.ts),
             Some(Event::Numerical(_)) => m.numerical.push(r.ts),
             Some(Event::Slowdown(s))
-                if s.state == Some(crate::policy::slowdown::SlowdownState::Started) =>
+                if s.state == crate::policy::slowdown::SlowdownState::Started =>
             {
                 let back =
                     chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);

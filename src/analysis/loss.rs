@@ -58,8 +58,8 @@ pub fn health(records: &[Record]) -> Option<LossHealth> {
                     "attempt {} rank {}: {} {} ({})",
                     r.attempt,
                     r.rank.map_or("-".into(), |x| x.to_string()),
-                    crate::names::or_unknown(&n.finding),
-                    n.detail.as_deref().unwrap_or(""),
+                    n.finding.name(),
+                    n.detail.as_str(),
                     n.action.unwrap_or(crate::policy::numerical::Act::Record),
                 ));
             }

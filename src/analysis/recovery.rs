@@ -309,7 +309,7 @@ fn recovery_of(by: &Attempts<'_>, failed: u32) -> Option<Recovery> {
         .unwrap_or(fault);
     Some(Recovery {
         failed_attempt: failed,
-        class: judgment.and_then(|j| j.class).map(|c| c.name().to_string()),
+        class: judgment.map(|j| j.class).map(|c| c.name().to_string()),
         action: action.map(|a| a.name().to_string()),
         fault,
         phases_s,
@@ -351,7 +351,7 @@ fn start_parts(
     // begun (`Loading the checkpoint ...`), whose end is not shown.
     let loads: Vec<(DateTime<Utc>, Option<String>, bool)> = of(by, a)
         .filter_map(|(r, e)| match e {
-            Event::CheckpointLoaded(c) => Some((r.ts, c.line.clone(), c.done != Some(false))),
+            Event::CheckpointLoaded(c) => Some((r.ts, Some(c.line.clone()), c.done != Some(false))),
             _ => None,
         })
         .filter(|(t, _, _)| before_first(t))

@@ -86,7 +86,7 @@ pub fn restarts_of(
         }
         if let Some(Event::Decision(d)) = r.event() {
             let finished = matches!(d.decision, Some(crate::policy::restart::Action::Finish));
-            if let (Some(class), false) = (d.outcome.as_ref().and_then(|o| o.class), finished) {
+            if let (Some(class), false) = (d.outcome.class, finished) {
                 *out.failures.entry(class.name().to_string()).or_default() += 1;
             }
         }

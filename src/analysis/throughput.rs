@@ -341,12 +341,12 @@ pub fn slow_time(records: &[Record]) -> BTreeMap<u32, f64> {
             continue;
         };
         match s.state {
-            Some(crate::policy::slowdown::SlowdownState::Started) => {
+            crate::policy::slowdown::SlowdownState::Started => {
                 let back =
                     chrono::Duration::milliseconds((s.slow_for_s.unwrap_or(0.0) * 1000.0) as i64);
                 open.insert(r.attempt, (r.ts - back, s.ratio.unwrap_or(1.0)));
             }
-            Some(crate::policy::slowdown::SlowdownState::Ended) => {
+            crate::policy::slowdown::SlowdownState::Ended => {
                 if let Some((from, ratio)) = open.remove(&r.attempt) {
                     *out.entry(r.attempt).or_insert(0.0) += cost(from, r.ts, ratio);
                 }

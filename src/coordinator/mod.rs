@@ -189,8 +189,8 @@ impl Coordinator {
         shared.apply(vec![Effect::Journal {
             event: Box::new(
                 crate::event::CoordinatorStart {
-                    url: Some(url.clone()),
-                    pid: Some(std::process::id()),
+                    url: url.clone(),
+                    pid: std::process::id(),
                     took_over_from,
                 }
                 .into(),

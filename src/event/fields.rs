@@ -11,7 +11,7 @@ impl Event {
         match self {
             Event::Failure(x) => x.about_attempt,
             Event::Decision(x) => x.about_attempt,
-            Event::PreviousAttempt(x) => x.about_attempt,
+            Event::PreviousAttempt(x) => Some(x.about_attempt),
             _ => None,
         }
     }

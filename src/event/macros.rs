@@ -1,27 +1,50 @@
-//! `events!`: one struct per record kind, every field optional, and the
-//! [`super::Event`] enum tagged by `kind`.
+//! `events!`: one struct per record kind and the [`super::Event`] enum
+//! tagged by `kind`. A field marked `required` is written by every writer of
+//! its kind, in this build (the compiler holds each writer to it) and in
+//! every build whose journals are kept under `tests/fixtures/journals/` (a
+//! test reads them all): it is its plain type, and readers take it as it is.
+//! Only a record resilio did not write (made by hand, or cut by another
+//! tool) can lack one; it reads as its type's zero (`Unknown` for a name),
+//! so that such a record is still read as its kind rather than dropped.
+//! Every other field is an `Option`, absent when unknown.
+
+/// One kind's struct, its fields gathered one at a time (`required` ones as
+/// they are, the rest as `Option`s skipped when absent).
+macro_rules! event_struct {
+    (@fields [$(#[$meta:meta])*] $variant:ident [$($done:tt)*]) => {
+        $(#[$meta])*
+        #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+        pub struct $variant { $($done)* }
+    };
+    (@fields $meta:tt $variant:ident [$($done:tt)*]
+        $(#[$fmeta:meta])* required $field:ident : $ty:ty $(, $($rest:tt)*)?) => {
+        event_struct!(@fields $meta $variant [$($done)*
+            $(#[$fmeta])*
+            #[serde(default)]
+            pub $field: $ty,
+        ] $($($rest)*)?);
+    };
+    (@fields $meta:tt $variant:ident [$($done:tt)*]
+        $(#[$fmeta:meta])* $field:ident : $ty:ty $(, $($rest:tt)*)?) => {
+        event_struct!(@fields $meta $variant [$($done)*
+            $(#[$fmeta])*
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub $field: Option<$ty>,
+        ] $($($rest)*)?);
+    };
+}
 
 macro_rules! events {
     (
         $(
             $(#[$meta:meta])*
-            $variant:ident = $name:literal {
-                $( $(#[$fmeta:meta])* $field:ident : $ty:ty ),* $(,)?
-            }
+            $variant:ident = $name:literal { $($body:tt)* }
         )*
         ;
         $( $(#[$xmeta:meta])* $xvariant:ident = $xname:literal => $xty:ty ),* $(,)?
     ) => {
         $(
-            $(#[$meta])*
-            #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-            pub struct $variant {
-                $(
-                    $(#[$fmeta])*
-                    #[serde(default, skip_serializing_if = "Option::is_none")]
-                    pub $field: Option<$ty>,
-                )*
-            }
+            event_struct!(@fields [$(#[$meta])*] $variant [] $($body)*);
 
             impl From<$variant> for Event {
                 fn from(e: $variant) -> Event {

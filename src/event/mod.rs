@@ -40,8 +40,8 @@ events! {
 
     /// A job (or a single-rank job's only rank, or the batch level) started.
     JobStart = "job_start" {
-        world_size: u32,
-        mode: JobMode,
+        required world_size: u32,
+        required mode: JobMode,
         argv: Vec<String>,
         max_restarts: u32,
         /// The batch level: `SLURM_RESTART_COUNT` of this allocation.
@@ -52,7 +52,7 @@ events! {
 
     /// The job ended.
     JobEnd = "job_end" {
-        exit_code: i32,
+        required exit_code: i32,
         reason: String,
     }
 
@@ -60,19 +60,19 @@ events! {
 
     /// A rank's trainer was launched.
     RankStart = "rank_start" {
-        pid: i32,
-        argv: Vec<String>,
+        required pid: i32,
+        required argv: Vec<String>,
         cwd: String,
-        world_size: u32,
-        startup_timeout_s: f64,
+        required world_size: u32,
+        required startup_timeout_s: f64,
         stall_timeout_s: f64,
-        stall_mode: StallMode,
+        required stall_mode: StallMode,
         socket: String,
         progress_file: String,
         progress_file_watch: String,
         slurm_step: String,
         step_nodes: String,
-        torchrun_env: BTreeMap<String, String>,
+        required torchrun_env: BTreeMap<String, String>,
         /// `[throughput]`, for what the trainer does not print (rank 0).
         tokens_per_step: f64,
         flops_per_token: f64,
@@ -88,26 +88,26 @@ events! {
     /// A numerical failure: the loss (or grad norm) NaN/Inf for several
     /// reports, or a loss spike (`policy::numerical`).
     Numerical = "numerical" {
-        finding: FindingKind,
-        metric: Metric,
+        required finding: FindingKind,
+        required metric: Metric,
         /// The value, as text (`nan`, `inf`, `31.5`).
-        value: String,
+        required value: String,
         step: u64,
         since_step: u64,
-        consecutive: u32,
+        required consecutive: u32,
         /// A spike's running median.
         baseline: f64,
         action: Act,
-        detail: String,
+        required detail: String,
     }
 
     /// The job's step time rose above its own baseline for a while, or
     /// came back (`policy::slowdown`, judged by the coordinator).
     Slowdown = "slowdown" {
-        state: SlowdownState,
+        required state: SlowdownState,
         /// The job's step time in the last window, and its baseline.
-        step_s: f64,
-        baseline_s: f64,
+        required step_s: f64,
+        required baseline_s: f64,
         ratio: f64,
         /// How long it had been slow when it was called a slowdown.
         slow_for_s: f64,
@@ -125,11 +125,11 @@ events! {
     /// The next attempt restarts from the checkpoint before a numerical
     /// failure, skipping the steps whose data led to it.
     RollbackPlanned = "rollback" {
-        for_attempt: u32,
+        required for_attempt: u32,
         checkpoint_step: u64,
         /// `FROM-TO`, as `RESILIO_SKIP_STEPS` gives it to the trainer.
         skip_steps: String,
-        detail: String,
+        required detail: String,
         /// The checkpoints not to load (blamed for failures after their
         /// restore), when they are why.
         avoid: Vec<u64>,
@@ -140,7 +140,7 @@ events! {
         /// The step's number, from the source that names it.
         step: u64,
         /// The source that showed the progress.
-        source: ProgressVia,
+        required source: ProgressVia,
         /// The trainer's numbers (`loss`, ...); a number that is not finite is `null`.
         metrics: BTreeMap<String, Value>,
         first: bool,
@@ -148,38 +148,38 @@ events! {
 
     /// The trainer's first output of the attempt (a recovery's `init` ends);
     /// `with_step`: a step was in it (nothing said before the first step).
-    FirstOutput = "first_output" { source: ProgressVia, with_step: bool }
+    FirstOutput = "first_output" { required source: ProgressVia, with_step: bool }
 
     /// Before its first step, the trainer said it loaded a checkpoint (a
     /// line, at most 200 characters; `restored=20` on the socket names its
     /// step), `done` or begun: a recovery's `restore` ends at the last done.
-    CheckpointLoaded = "checkpoint_loaded" { source: ProgressVia, line: String, step: u64, done: bool }
+    CheckpointLoaded = "checkpoint_loaded" { required source: ProgressVia, required line: String, step: u64, done: bool }
 
     /// Which source names the step from now on.
     ProgressSource = "progress_source" {
-        steps_from: StepNamer,
+        required steps_from: StepNamer,
         before: StepNamer,
-        reason: String,
+        required reason: String,
     }
 
     /// A long phase began, or training resumed (`train`).
     Phase = "phase" {
-        phase: String,
-        source: ProgressVia,
+        required phase: String,
+        required source: ProgressVia,
         step: u64,
     }
 
     /// A phase name nobody declared (once per name).
     UnknownPhase = "unknown_phase" {
         phase: String,
-        judged_as: String,
+        required judged_as: String,
         config: Vec<String>,
     }
 
     /// A checkpoint was confirmed.
     CheckpointDone = "checkpoint_done" {
         step: u64,
-        source: ProgressVia,
+        required source: ProgressVia,
         duration_s: f64,
         blocked_training: bool,
         /// From the watched checkpoint directory: the checkpoint's
@@ -201,11 +201,11 @@ events! {
     /// No progress within the limit.
     Stall = "stall" {
         /// `startup`, `step_adaptive`, `step_fixed`, `phase_NAME`.
-        stall_kind: crate::policy::stall::StallKind,
-        phase: String,
-        timeout_s: f64,
-        idle_s: f64,
-        since: DateTime<Utc>,
+        required stall_kind: crate::policy::stall::StallKind,
+        required phase: String,
+        required timeout_s: f64,
+        required idle_s: f64,
+        required since: DateTime<Utc>,
         last_step: u64,
         last_progress: DateTime<Utc>,
         /// Which setting or announcement would have allowed more time, if
@@ -217,30 +217,30 @@ events! {
     /// CPU time moved, it waited on no peer): judged from now by the
     /// evaluation limit, not stopped as hung.
     BusySilent = "busy_silent" {
-        cpu_s: f64,
+        required cpu_s: f64,
         io_bytes: u64,
-        window_s: f64,
-        limit_s: f64,
-        probe: String,
+        required window_s: f64,
+        required limit_s: f64,
+        required probe: String,
     }
 
     /// A rank's stall withdrawn: the coordinator found a peer working
     /// without a word (busy and silent); watched on, clock restarted.
     StallWithdrawn = "stall_withdrawn" {
-        reason: String,
+        required reason: String,
     }
 
     /// Observe mode: what resilio would have done, and why; nothing was
     /// done.
     Observed = "observed" {
-        would: String,
-        reason: String,
+        required would: String,
+        required reason: String,
     }
 
     /// What a probe of a stalled or suspected rank found.
     Probe = "probe" {
-        reason: String,
-        probe: ProbeFinding,
+        required reason: String,
+        required probe: ProbeFinding,
         py_spy: Vec<StackDump>,
         /// The probe's diagnostics file (its stacks in full), when stacks
         /// were read.
@@ -249,8 +249,8 @@ events! {
 
     /// What was gathered on a stall.
     Diagnostics = "diagnostics" {
-        tail: Vec<String>,
-        py_spy: Vec<StackDump>,
+        required tail: Vec<String>,
+        required py_spy: Vec<StackDump>,
         py_spy_skipped: String,
         dump_signal: String,
         file: String,
@@ -258,8 +258,8 @@ events! {
 
     /// A signal resilio received.
     Signal = "signal" {
-        signal: String,
-        forwarded: bool,
+        required signal: String,
+        required forwarded: bool,
         deferred: String,
         action: String,
         delivered_by: String,
@@ -267,7 +267,7 @@ events! {
 
     /// resilio stopped the trainer.
     Stop = "stop" {
-        signal: String,
+        required signal: String,
         reason: String,
         detail: String,
         grace_s: f64,
@@ -278,9 +278,9 @@ events! {
 
     /// The rank ended.
     RankExit = "rank_exit" {
-        exit_code: i32,
+        required exit_code: i32,
         status: String,
-        cause: String,
+        required cause: String,
         error: String,
         argv: Vec<String>,
         failed_at: DateTime<Utc>,
@@ -314,18 +314,18 @@ events! {
 
     /// Part of resilio's monitoring failed; supervision goes on without it.
     MonitorError = "monitor_error" {
-        error: String,
+        required error: String,
     }
 
     /// A datagram that did not follow the protocol.
     MalformedMessage = "malformed_message" {
-        fault: String,
-        sample: String,
+        required fault: String,
+        required sample: String,
     }
 
     /// Records the journal could not write.
     JournalGap = "journal_gap" {
-        lost_records: u64,
+        required lost_records: u64,
         /// When the first lost record was to be written.
         from: DateTime<Utc>,
         /// When writing worked again (this record's time).
@@ -334,20 +334,20 @@ events! {
 
     /// The site's health check ran.
     HealthCheck = "health_check" {
-        when: HealthWhen,
-        result: HealthOutcome,
+        required when: HealthWhen,
+        required result: HealthOutcome,
     }
 
     /// Processes that outlived SIGKILL.
     Unkillable = "unkillable" {
-        pids: Vec<i32>,
-        note: String,
+        required pids: Vec<i32>,
+        required note: String,
     }
 
     /// The trainer ended on its own during the diagnostics.
     StallCancelled = "stall_cancelled" {
-        status: String,
-        note: String,
+        required status: String,
+        required note: String,
     }
 
     /// Woken late (suspended or starved): the stall clock restarted.
@@ -360,56 +360,56 @@ events! {
 
     /// The link to the coordinator failed (fail open).
     CoordinatorUnreachable = "coordinator_unreachable" {
-        error: String,
+        required error: String,
         note: String,
     }
 
     /// This agent relays its node's ranks' reports to the coordinator
     /// (`[coordinator] node_relay`).
     RelayStarted = "relay_started" {
-        url: String,
+        required url: String,
     }
 
     /// The node's relay did not answer: this rank reports straight to the
     /// coordinator for a while (fail open).
     RelayBypassed = "relay_bypassed" {
-        url: String,
-        error: String,
+        required url: String,
+        required error: String,
     }
 
     /// The link to the coordinator works again.
     CoordinatorReachable = "coordinator_reachable" {
-        gap_s: f64,
-        failed_requests: u64,
+        required gap_s: f64,
+        required failed_requests: u64,
     }
 
     /// The local launcher of several ranks (and the coordinator in it) is
     /// gone: the rank trains on without it.
     LauncherLost = "launcher_lost" {
-        launcher_pid: i32,
-        note: String,
+        required launcher_pid: i32,
+        required note: String,
     }
 
     /// Under Slurm, the job-level supervisor died (`kill -9`, the OOM
     /// killer); the batch script's guardian kept the job and its step.
     SupervisorLost = "supervisor_lost" {
-        supervisor_pid: i32,
-        status: String,
-        step_pid: i32,
-        step_running: bool,
-        note: String,
+        required supervisor_pid: i32,
+        required status: String,
+        required step_pid: i32,
+        required step_running: bool,
+        required note: String,
     }
 
     /// A stalled rank waits for the job-wide judgment.
     StopDeferred = "stop_deferred" {
-        reason: String,
-        until: String,
-        max_wait_s: f64,
+        required reason: String,
+        required until: String,
+        required max_wait_s: f64,
     }
 
     /// The coordinator judged; the rank stops.
     StopJudged = "stop_judged" {
-        detail: String,
+        required detail: String,
     }
 
     // ----- checkpoints -------------------------------------------------------
@@ -418,7 +418,7 @@ events! {
     CheckpointRequested = "checkpoint_requested" {
         id: u64,
         step: u64,
-        reason: String,
+        required reason: String,
         coordinated: bool,
         fastest_step: u64,
         control_file: String,
@@ -433,7 +433,7 @@ events! {
     CheckpointCoordinated = "checkpoint_coordinated" {
         id: u64,
         step: u64,
-        reason: String,
+        required reason: String,
         error: String,
     }
 
@@ -441,21 +441,21 @@ events! {
 
     /// An attempt's ranks started (local launcher).
     Launch = "launch" {
-        ranks: u32,
+        required ranks: u32,
         master_port: u16,
-        agent_pids: Vec<i32>,
+        required agent_pids: Vec<i32>,
     }
 
     /// Every rank of the attempt has exited (local launcher).
     AttemptEnd = "attempt_end" {
-        exit_codes: Vec<i32>,
-        runtime_s: f64,
+        required exit_codes: Vec<i32>,
+        required runtime_s: f64,
         teardown_s: f64,
     }
 
     /// The attempt is being stopped because of a failure.
     Teardown = "teardown" {
-        reason: String,
+        required reason: String,
         first_rank: u32,
         about_node: String,
         ranks_left: u32,
@@ -463,19 +463,19 @@ events! {
 
     /// Who failed first and why.
     Judgment = "judgment" {
-        class: Class,
+        required class: Class,
         primary_rank: u32,
         primary_node: String,
-        why: String,
-        evidence: String,
-        reason: String,
-        blamed_nodes: Vec<String>,
-        secondary: Vec<String>,
+        required why: String,
+        required evidence: String,
+        required reason: String,
+        required blamed_nodes: Vec<String>,
+        required secondary: Vec<String>,
     }
 
     /// What was decided after an attempt.
     Decision = "decision" {
-        outcome: Outcome,
+        required outcome: Outcome,
         decision: crate::policy::restart::Action,
         about_attempt: u32,
         source: ToldBy,
@@ -486,8 +486,8 @@ events! {
 
     /// A restart (in place, or inside the allocation).
     Restart = "restart" {
-        next_attempt: u32,
-        reason: String,
+        required next_attempt: u32,
+        required reason: String,
         in_place: bool,
         in_allocation: bool,
         exclude: Vec<String>,
@@ -506,72 +506,72 @@ events! {
 
     /// Slurm refused the requeue.
     RequeueFailed = "requeue_failed" {
-        error: String,
+        required error: String,
     }
 
     /// Slurm refused the exclusion.
     ExclusionFailed = "exclusion_failed" {
-        error: String,
+        required error: String,
     }
 
     /// The requeued job's ExcNodeList.
     ExclusionSet = "exclusion_set" {
-        exc_node_list: String,
+        required exc_node_list: String,
     }
 
     /// Fewer nodes left out than blamed (the job would not fit).
     ExclusionLimited = "exclusion_limited" {
-        wanted: Vec<String>,
-        kept: Vec<String>,
-        reason: String,
+        required wanted: Vec<String>,
+        required kept: Vec<String>,
+        required reason: String,
     }
 
     /// A node left out.
     NodeExcluded = "node_excluded" {
-        excluded_node: String,
+        required excluded_node: String,
         /// Absent: the requeued job.
         scope: ExcludedFrom,
-        reason: String,
-        evidence: String,
+        required reason: String,
+        required evidence: String,
     }
 
     /// The node history was read at the start of a batch job.
     NodeHistoryChecked = "node_history_checked" {
-        listed: Vec<String>,
-        in_allocation: Vec<String>,
+        required listed: Vec<String>,
+        required in_allocation: Vec<String>,
     }
 
     /// Listed nodes in the allocation that could not be left out.
     NodeHistoryWarning = "node_history_warning" {
-        nodes: Vec<String>,
-        reason: String,
+        required nodes: Vec<String>,
+        required reason: String,
     }
 
     /// An earlier attempt reconstructed from `sacct`.
     PreviousAttempt = "previous_attempt" {
-        about_attempt: u32,
-        about_allocation: u32,
-        state: String,
-        exit_code: String,
-        nodes: String,
-        failed_nodes: Vec<String>,
-        start: String,
-        end: String,
-        source: ToldBy,
+        required about_attempt: u32,
+        required about_allocation: u32,
+        required state: String,
+        required exit_code: String,
+        required nodes: String,
+        required failed_nodes: Vec<String>,
+        required start: String,
+        required end: String,
+        required source: ToldBy,
     }
 
     /// Earlier attempts `sacct` could not tell about.
     PreviousAttemptUnknown = "previous_attempt_unknown" {
-        attempts: Vec<u32>,
-        error: String,
+        required attempts: Vec<u32>,
+        required error: String,
     }
 
     // ----- the coordinator ---------------------------------------------------
 
     /// The coordinator listens.
     CoordinatorStart = "coordinator_start" {
-        url: String,
-        pid: u32,
+        required url: String,
+        required pid: u32,
         /// The pid of the dead coordinator this one took over from (same
         /// address, same token: the ranks find it again).
         took_over_from: i32,
@@ -579,37 +579,37 @@ events! {
 
     /// A new attempt's reports began.
     CoordinatorAttempt = "coordinator_attempt" {
-        restarts: u32,
+        required restarts: u32,
     }
 
     /// A rank reported a stall.
     StallReported = "stall_reported" {
-        about_rank: u32,
-        about_node: String,
+        required about_rank: u32,
+        required about_node: String,
     }
 
     /// No report from a rank for `lost_after`.
     RankLost = "rank_lost" {
-        about_rank: u32,
-        about_node: String,
-        silent_s: f64,
+        required about_rank: u32,
+        required about_node: String,
+        required silent_s: f64,
     }
 
     /// Something in the job's setup that will not work as it looks (spare
     /// nodes without `--no-kill`), said once at the allocation's start; a
     /// trainer that prints no step number, said once by rank 0's agent.
     SetupWarning = "setup_warning" {
-        warning: String,
+        required warning: String,
     }
 
     /// The job-level supervisor's step (srun) ended: how, as the job level
     /// saw it. Not a rank's end (each rank's agent writes its own
     /// `rank_exit`); the job level's judgment of the attempt follows.
     StepExit = "step_exit" {
-        exit_code: i32,
-        status: String,
-        cause: String,
-        runtime_s: f64,
+        required exit_code: i32,
+        required status: String,
+        required cause: String,
+        required runtime_s: f64,
     }
 
     /// The job-level supervisor stopped waiting for a torn-down step whose
@@ -617,10 +617,10 @@ events! {
     /// srun was killed rather than left waiting for Slurm to declare the
     /// nodes failed.
     StepAbandoned = "step_abandoned" {
-        ranks: Vec<u32>,
-        nodes: Vec<String>,
-        silent_s: f64,
-        note: String,
+        required ranks: Vec<u32>,
+        required nodes: Vec<String>,
+        required silent_s: f64,
+        required note: String,
     }
 
     /// The job-level supervisor's step started no rank before its startup
@@ -628,36 +628,36 @@ events! {
     /// attempt is launch trouble (infrastructure), never the trainer's
     /// error for the crash-loop guard.
     StepStartTimeout = "step_start_timeout" {
-        after_s: f64,
-        note: String,
+        required after_s: f64,
+        required note: String,
     }
 
     /// The job level lowered a requeued, pending job's node count: its
     /// spare nodes were spent on failed ones (`[run] shrink_after_node_failure`).
     NodeCountLowered = "node_count_lowered" {
-        from: u32,
-        to: u32,
-        reason: String,
+        required from: u32,
+        required to: u32,
+        required reason: String,
     }
 
     /// A lost rank reports again.
     RankHeardAgain = "rank_heard_again" {
-        about_rank: u32,
-        about_node: String,
+        required about_rank: u32,
+        required about_node: String,
         silent_s: f64,
     }
 
     /// From the failure to the new attempt's first step.
     Relaunched = "relaunched" {
-        failure_to_first_step_s: f64,
-        first_rank: u32,
+        required failure_to_first_step_s: f64,
+        required first_rank: u32,
     }
 
     /// The job-wide hang judgment.
     Hang = "hang" {
-        verdict: HangVerdictRecord,
-        first_reported_by: u32,
-        ranks: Vec<HangRank>,
+        required verdict: HangVerdictRecord,
+        required first_reported_by: u32,
+        required ranks: Vec<HangRank>,
         /// Ranks judged but not in `ranks`: past 256, only those worth a
         /// look are listed (blamed, stalled, exited, not waiting on a peer).
         ranks_omitted: u32,
@@ -665,24 +665,24 @@ events! {
 
     /// A rank or node slower than the others.
     Straggler = "straggler" {
-        scope: StragglerScope,
-        who: String,
-        straggler_node: String,
+        required scope: StragglerScope,
+        required who: String,
+        required straggler_node: String,
         about_rank: u32,
-        flagged: bool,
-        basis: Basis,
-        value_s: f64,
-        median_s: f64,
-        ratio: f64,
-        windows: u32,
-        confirmed_across_restart: bool,
+        required flagged: bool,
+        required basis: Basis,
+        required value_s: f64,
+        required median_s: f64,
+        required ratio: f64,
+        required windows: u32,
+        required confirmed_across_restart: bool,
     }
 
     /// A confirmed straggler's node is to be left out.
     StragglerExclusion = "straggler_exclusion" {
-        straggler_node: String,
+        required straggler_node: String,
         about_rank: u32,
-        evidence: String,
+        required evidence: String,
         checkpoint_step: u64,
     }
     ;
@@ -847,7 +847,7 @@ mod tests {
                 reason: "r".into()
             })
         );
-        let o = d.outcome.unwrap().of_attempt(3).unwrap();
+        let o = d.outcome.of_attempt(3).unwrap();
         assert_eq!(
             (o.attempt, o.class, o.detail.as_str()),
             (3, Class::Infrastructure, "s")
@@ -882,7 +882,7 @@ mod tests {
         let Event::JobStart(x) = Event::parse("job_start", f.as_object().unwrap()).unwrap() else {
             panic!()
         };
-        assert_eq!((x.mode, x.allocation), (Some(JobMode::Batch), Some(2)));
+        assert_eq!((x.mode, x.allocation), (JobMode::Batch, Some(2)));
         assert_eq!(RequeueBy::NodeHistory.to_string(), "node_history");
         assert_eq!(HealthWhen::AfterFailure.name(), "after_failure");
     }

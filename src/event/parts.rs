@@ -117,16 +117,16 @@ pub struct Outcome {
 /// The coordinator's hang verdict (`hang.verdict`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HangVerdictRecord {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rule: Option<crate::policy::hang::HangRule>,
+    #[serde(default)]
+    pub rule: crate::policy::hang::HangRule,
     #[serde(default)]
     pub blamed_ranks: Vec<u32>,
     #[serde(default)]
     pub blamed_nodes: Vec<String>,
     #[serde(default)]
     pub stalled_ranks: Vec<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    #[serde(default)]
+    pub reason: String,
     #[serde(flatten)]
     pub more: Map<String, Value>,
 }
@@ -134,18 +134,18 @@ pub struct HangVerdictRecord {
 /// A coordinated checkpoint settled (`checkpoint_complete`, `checkpoint_incomplete`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointSettled {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub id: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub confirmed_ranks: Option<Vec<u32>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub missing_ranks: Option<Vec<u32>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub request_to_last_confirmation_s: Option<f64>,
+    #[serde(default)]
+    pub id: u64,
+    #[serde(default)]
+    pub step: u64,
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub confirmed_ranks: Vec<u32>,
+    #[serde(default)]
+    pub missing_ranks: Vec<u32>,
+    #[serde(default)]
+    pub request_to_last_confirmation_s: f64,
 }
 
 /// What the coordinator knew of one rank when it judged a hang (`hang.ranks`).
@@ -271,11 +271,11 @@ impl Outcome {
 impl From<&crate::policy::hang::HangVerdict> for HangVerdictRecord {
     fn from(v: &crate::policy::hang::HangVerdict) -> HangVerdictRecord {
         HangVerdictRecord {
-            rule: Some(v.rule),
+            rule: v.rule,
             blamed_ranks: v.blamed_ranks.clone(),
             blamed_nodes: v.blamed_nodes.clone(),
             stalled_ranks: v.stalled_ranks.clone(),
-            reason: Some(v.reason.clone()),
+            reason: v.reason.clone(),
             more: Map::new(),
         }
     }

@@ -55,20 +55,20 @@ pub fn journal_decision(journal: &mut Writer, d: &Decision) {
     }
     journal.write(
         ev::Judgment {
-            class: Some(j.class),
+            class: j.class,
             primary_rank: (primary.rank != u32::MAX && j.culprit).then_some(primary.rank),
             primary_node: j.culprit.then(|| primary.node.clone()),
-            why: Some(j.why.clone()),
-            evidence: Some(d.evidence.clone()),
-            reason: Some(primary.verdict.reason.clone()),
-            blamed_nodes: Some(j.blamed_nodes.clone()),
-            secondary: Some(d.secondary.clone()),
+            why: j.why.clone(),
+            evidence: d.evidence.clone(),
+            reason: primary.verdict.reason.clone(),
+            blamed_nodes: j.blamed_nodes.clone(),
+            secondary: d.secondary.clone(),
         },
         true,
     );
     journal.write(
         ev::Decision {
-            outcome: Some((&d.outcome).into()),
+            outcome: (&d.outcome).into(),
             decision: Some(d.action.clone()),
             suspect_checkpoint: d.suspect,
             ..Default::default()
@@ -108,7 +108,7 @@ pub fn describe(a: &Action) -> String {
 pub fn job_end(journal: &mut Writer, exit_code: i32, reason: &str) {
     journal.write(
         ev::JobEnd {
-            exit_code: Some(exit_code),
+            exit_code,
             reason: Some(reason.to_string()),
         },
         true,
@@ -156,8 +156,8 @@ pub fn carry_out(
             };
             journal.write(
                 ev::Restart {
-                    next_attempt: Some(next.attempt),
-                    reason: Some(reason.clone()),
+                    next_attempt: next.attempt,
+                    reason: reason.clone(),
                     in_allocation: Some(true),
                     exclude: Some(next.exclude.clone()),
                     nodes: Some(nodes),
@@ -219,10 +219,10 @@ fn journal_excluded<'n>(
     for node in nodes {
         journal.write(
             ev::NodeExcluded {
-                excluded_node: Some(node.clone()),
+                excluded_node: node.clone(),
                 scope,
-                reason: Some(class.name().into()),
-                evidence: Some(evidence.to_string()),
+                reason: class.name().into(),
+                evidence: evidence.to_string(),
             },
             true,
         );
@@ -248,9 +248,9 @@ pub fn schedulable_exclusion(
     if kept.len() < exclude.len() {
         journal.write(
             ev::ExclusionLimited {
-                wanted: Some(exclude.clone()),
-                kept: Some(kept.clone()),
-                reason: Some(
+                wanted: exclude.clone(),
+                kept: kept.clone(),
+                reason:
                     if exclude.iter().any(|n| info.required.contains(n)) {
                         format!(
                             "the job requires {} (-w): excluding a required node would leave it pending forever",
@@ -262,7 +262,6 @@ pub fn schedulable_exclusion(
                             info.num_nodes
                         )
                     },
-                ),
             },
             true,
         );
@@ -307,7 +306,7 @@ fn requeue_with(
         tracing::warn!("requeue of job {job} failed: {e}");
         journal.write(
             ev::RequeueFailed {
-                error: Some(e.to_string()),
+                error: e.to_string(),
             },
             true,
         );
@@ -337,7 +336,7 @@ fn exclude_next(
     match Retry::EXCLUSION.run(|| slurm.exclude_more(job, exclude), sleep) {
         Ok(all) => journal.write(
             ev::ExclusionSet {
-                exc_node_list: Some(crate::slurm::hostlist::compress(&all)),
+                exc_node_list: crate::slurm::hostlist::compress(&all),
             },
             true,
         ),
@@ -348,7 +347,7 @@ fn exclude_next(
             );
             journal.write(
                 ev::ExclusionFailed {
-                    error: Some(e.to_string()),
+                    error: e.to_string(),
                 },
                 true,
             );
@@ -392,9 +391,9 @@ pub fn after_slurm_requeue(
         match Retry::EXCLUSION.run(|| slurm.set_size(job, n, tasks), std::thread::sleep) {
             Ok(()) => journal.write(
                 ev::NodeCountLowered {
-                    from: Some(plan.requested),
-                    to: Some(n),
-                    reason: Some("the spare nodes were spent on the failed ones: the job starts on what is left ([run] shrink_after_node_failure)".into()),
+                    from: plan.requested,
+                    to: n,
+                    reason: "the spare nodes were spent on the failed ones: the job starts on what is left ([run] shrink_after_node_failure)".into(),
                 },
                 true,
             ),
@@ -403,7 +402,7 @@ pub fn after_slurm_requeue(
                 tracing::warn!("could not lower job {job}'s node count to {n}: {e}");
                 journal.write(
                     ev::MonitorError {
-                        error: Some(format!("lowering the node count to {n}: {e}")),
+                        error: format!("lowering the node count to {n}: {e}"),
                     },
                     true,
                 );
@@ -420,8 +419,8 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
         StartPlan::Run { listed } => {
             journal.write(
                 ev::NodeHistoryChecked {
-                    listed: Some(listed),
-                    in_allocation: Some(Vec::new()),
+                    listed,
+                    in_allocation: Vec::new(),
                 },
                 false,
             );
@@ -431,10 +430,10 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
             for h in &here {
                 journal.write(
                     ev::NodeExcluded {
-                        excluded_node: Some(h.node.clone()),
+                        excluded_node: h.node.clone(),
                         scope: Some(ev::ExcludedFrom::Step),
-                        reason: Some("node_history".into()),
-                        evidence: Some(h.evidence.clone()),
+                        reason: "node_history".into(),
+                        evidence: h.evidence.clone(),
                     },
                     true,
                 );
@@ -447,8 +446,8 @@ pub fn start_plan(plan: StartPlan, job: &str, slurm: &dyn Slurm, journal: &mut W
         StartPlan::Warn { nodes, reason } => {
             journal.write(
                 ev::NodeHistoryWarning {
-                    nodes: Some(nodes.clone()),
-                    reason: Some(reason.to_string()),
+                    nodes: nodes.clone(),
+                    reason: reason.to_string(),
                 },
                 true,
             );
@@ -479,10 +478,10 @@ fn requeue_for_history(
     for h in here.iter().filter(|h| exclude.contains(&h.node)) {
         journal.write(
             ev::NodeExcluded {
-                excluded_node: Some(h.node.clone()),
+                excluded_node: h.node.clone(),
                 scope: None,
-                reason: Some("node_history".into()),
-                evidence: Some(h.evidence.clone()),
+                reason: "node_history".into(),
+                evidence: h.evidence.clone(),
             },
             true,
         );
@@ -493,12 +492,12 @@ fn requeue_for_history(
     );
     journal.write(
         ev::Decision {
-            outcome: Some(ev::Outcome {
+            outcome: ev::Outcome {
                 class: Some(crate::event::Class::Clean),
                 signature: Some("node history".into()),
                 blamed_nodes: exclude.clone(),
                 ..Default::default()
-            }),
+            },
             decision: Some(Action::Requeue {
                 exclude: exclude.clone(),
                 reason: reason.clone(),
@@ -535,15 +534,15 @@ pub fn journal_seen_by_slurm(
     let a = seen.attempt;
     journal.write(
         ev::PreviousAttempt {
-            about_attempt: Some(a),
-            about_allocation: Some(alloc),
-            state: Some(row.state.clone()),
-            exit_code: Some(row.exit_code.clone()),
-            nodes: Some(crate::slurm::hostlist::compress(&row.nodes)),
-            failed_nodes: Some(seen.failed_nodes.clone()),
-            start: Some(row.start.clone()),
-            end: Some(row.end.clone()),
-            source: Some(ev::ToldBy::Sacct),
+            about_attempt: a,
+            about_allocation: alloc,
+            state: row.state.clone(),
+            exit_code: row.exit_code.clone(),
+            nodes: crate::slurm::hostlist::compress(&row.nodes),
+            failed_nodes: seen.failed_nodes.clone(),
+            start: row.start.clone(),
+            end: row.end.clone(),
+            source: ev::ToldBy::Sacct,
         },
         true,
     );
@@ -572,7 +571,7 @@ pub fn journal_seen_by_slurm(
         journal.write(
             ev::Decision {
                 about_attempt: Some(a),
-                outcome: Some(outcome.into()),
+                outcome: outcome.into(),
                 decision: Some(Action::Requeue {
                     exclude: Vec::new(),
                     reason: format!("requeued by Slurm ({})", row.state),

@@ -65,7 +65,7 @@ fn last_attempt_in(records: &[Record], allocation: u32) -> u32 {
 fn unrecorded_allocations(records: &[Record], allocation: u32) -> Vec<u32> {
     let seen: Vec<u32> = journal::events(records)
         .filter_map(|(_, e)| match e {
-            Event::PreviousAttempt(p) => p.about_allocation,
+            Event::PreviousAttempt(p) => Some(p.about_allocation),
             _ => None,
         })
         .collect();
@@ -98,8 +98,8 @@ pub fn reconcile_previous(
         Err(e) => {
             journal.write(
                 crate::event::PreviousAttemptUnknown {
-                    attempts: Some(missing),
-                    error: Some(e.to_string()),
+                    attempts: missing,
+                    error: e.to_string(),
                 },
                 false,
             );
@@ -202,8 +202,8 @@ pub fn after_attempt(
         // its step did.
         journal.write(
             crate::event::Observed {
-                would: Some(act::describe(&d.action)),
-                reason: Some(d.evidence.clone()),
+                would: act::describe(&d.action),
+                reason: d.evidence.clone(),
             },
             true,
         );

@@ -109,7 +109,7 @@ pub fn job_exit_code(d: &Decision, records: &[Record], attempt: u32, srun_code: 
     let primary = journal::events(records)
         .filter(|(r, _)| r.attempt == attempt && r.rank == Some(d.primary.rank))
         .filter_map(|(_, e)| match e {
-            Event::RankExit(x) => x.exit_code,
+            Event::RankExit(x) => Some(x.exit_code),
             _ => None,
         })
         .filter(|c| *c != 0)
@@ -171,9 +171,7 @@ pub fn decide_local(
     remembered: &[AttemptOutcome],
 ) -> Option<Decision> {
     let unhealthy = journal::events(records).any(|(r, e)| match e {
-        Event::HealthCheck(h) if r.attempt == attempt => {
-            h.result.as_ref().and_then(|h| h.ok) == Some(false)
-        }
+        Event::HealthCheck(h) if r.attempt == attempt => h.result.ok == Some(false),
         _ => false,
     });
     decide_with(records, attempt, step, remembered, |outcome, earlier| {

@@ -41,7 +41,7 @@ pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
     if a.rank.owns_job {
         a.rank.journal.write(
             ev::JobEnd {
-                exit_code: Some(code),
+                exit_code: code,
                 reason: None,
             },
             true,
@@ -52,7 +52,7 @@ pub(crate) async fn after_rank(fin: Finished<'_>) -> i32 {
         // torchrun job's status follows.
         a.rank.journal.write(
             ev::JobEnd {
-                exit_code: Some(code),
+                exit_code: code,
                 reason: Some(format!(
                     "rank 0 ended (exit code {code}) after the launcher died"
                 )),

@@ -437,11 +437,11 @@ fn note_supervisor_lost(supervisor: i32, status: &Exit, h: &Handoff, running: bo
     };
     journal.write(
         ev::SupervisorLost {
-            supervisor_pid: Some(supervisor),
-            status: Some(status.describe()),
-            step_pid: Some(h.step_pid),
-            step_running: Some(running),
-            note: Some(note.into()),
+            supervisor_pid: supervisor,
+            status: status.describe(),
+            step_pid: h.step_pid,
+            step_running: running,
+            note: note.into(),
         },
         true,
     );

@@ -204,9 +204,7 @@ fn finished_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]
     let exit_crash = |rank: u32| {
         journal::events(records)
             .filter(|(r, _)| r.attempt == attempt && r.rank == Some(rank))
-            .any(|(_, e)| {
-                matches!(e, Event::RankExit(x) if matches!(x.exit_code, Some(134) | Some(139)))
-            })
+            .any(|(_, e)| matches!(e, Event::RankExit(x) if matches!(x.exit_code, 134 | 139)))
     };
     for f in failures.iter_mut() {
         let why = match (reported, completed) {
@@ -246,9 +244,9 @@ fn hung_first(records: &[Record], attempt: u32, failures: &mut [RankFailure]) {
     else {
         return;
     };
-    let v = h.verdict.clone().unwrap_or_default();
+    let v = h.verdict.clone();
     let blamed = v.blamed_ranks;
-    let why = v.reason.unwrap_or_default();
+    let why = v.reason;
     if blamed.is_empty() {
         // Nobody blamed stays nobody blamed: the ranks that stalled are
         // hung, none of them the culprit (the first to report a stall is
@@ -314,7 +312,7 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
     else {
         return;
     };
-    let node = x.straggler_node.clone().unwrap_or_default();
+    let node = x.straggler_node.clone();
     let rank = x.about_rank.unwrap_or(u32::MAX);
     failures.retain(|f| f.rank != rank);
     for f in failures.iter_mut() {
@@ -337,7 +335,7 @@ fn straggler_left_out(records: &[Record], attempt: u32, failures: &mut Vec<RankF
         verdict: Verdict {
             class: Class::Infrastructure,
             reason: "confirmed straggler node (the coordinator's judgment)".into(),
-            evidence: x.evidence.as_ref().map(|e| format!("straggler: {e}")),
+            evidence: Some(format!("straggler: {}", x.evidence)),
             ..Default::default()
         },
     });
@@ -493,8 +491,7 @@ pub fn earlier_outcomes(records: &[Record], attempt: u32) -> Vec<AttemptOutcome>
         .filter_map(|(r, e)| {
             let Event::Decision(d) = e else { return None };
             let about = d.about_attempt.unwrap_or(r.attempt);
-            d.outcome
-                .clone()
+            Some(d.outcome.clone())
                 .filter(|_| about < attempt)?
                 .of_attempt(about)
         })
@@ -576,9 +573,7 @@ pub fn restored_checkpoint(records: &[Record], attempt: u32) -> Option<(u64, u32
         Some(f) => saved.iter().map(|(s, _)| *s).filter(|c| *c < f).max(),
         None => journal::events(records)
             .find_map(|(_, e)| match e {
-                Event::RollbackPlanned(rb) if rb.for_attempt == Some(attempt) => {
-                    Some(rb.checkpoint_step)
-                }
+                Event::RollbackPlanned(rb) if rb.for_attempt == attempt => Some(rb.checkpoint_step),
                 _ => None,
             })
             .unwrap_or_else(|| saved.iter().map(|(s, _)| *s).max()),

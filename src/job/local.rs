@@ -66,8 +66,8 @@ async fn run_async(opts: LocalOptions) -> Result<i32> {
         .collect();
     log.write(
         ev::JobStart {
-            world_size: Some(local.n),
-            mode: Some(ev::JobMode::Local),
+            world_size: local.n,
+            mode: ev::JobMode::Local,
             argv: Some(argv_text),
             max_restarts: Some(local.cfg.max_restarts),
             ..Default::default()
@@ -300,7 +300,7 @@ impl Local {
                 tracing::warn!("coordinator: {e}; ranks supervise alone");
                 log.write(
                     ev::MonitorError {
-                        error: Some(format!("coordinator: {e}")),
+                        error: format!("coordinator: {e}"),
                     },
                     false,
                 );
@@ -344,9 +344,9 @@ impl Local {
         );
         run.log.write(
             ev::Launch {
-                ranks: Some(self.n),
+                ranks: self.n,
                 master_port: port,
-                agent_pids: Some(ranks.iter().map(|r| r.pid.as_raw()).collect()),
+                agent_pids: ranks.iter().map(|r| r.pid.as_raw()).collect(),
             },
             true,
         );
@@ -470,8 +470,8 @@ impl Local {
             if let Some(note) = &a.failure_note {
                 run.log.write(
                     ev::Observed {
-                        would: Some("stop every rank of the attempt".into()),
-                        reason: Some(note.clone()),
+                        would: "stop every rank of the attempt".into(),
+                        reason: note.clone(),
                     },
                     true,
                 );
@@ -485,7 +485,7 @@ impl Local {
         if let Some(note) = &a.failure_note {
             run.log.write(
                 ev::Teardown {
-                    reason: Some(note.clone()),
+                    reason: note.clone(),
                     ranks_left: Some(a.running().count() as u32),
                     ..Default::default()
                 },

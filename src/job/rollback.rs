@@ -22,10 +22,10 @@ pub fn leave_rollback(
     };
     journal.write(
         ev::RollbackPlanned {
-            for_attempt: Some(rb.for_attempt),
+            for_attempt: rb.for_attempt,
             checkpoint_step: rb.checkpoint_step,
             skip_steps: rb.skip_steps(),
-            detail: Some(rb.detail.clone()),
+            detail: rb.detail.clone(),
             avoid: (!rb.avoid.is_empty()).then(|| rb.avoid.clone()),
         },
         true,

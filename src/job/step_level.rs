@@ -105,7 +105,7 @@ pub fn step_exit_code(records: &[Record], attempt: u32) -> Option<i32> {
     journal::events(records)
         .filter(|(r, _)| r.attempt == attempt && r.rank.is_some())
         .find_map(|(_, e)| match e {
-            Event::RankExit(x) => x.exit_code.filter(|c| *c != 0),
+            Event::RankExit(x) => Some(x.exit_code).filter(|c| *c != 0),
             _ => None,
         })
 }

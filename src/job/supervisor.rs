@@ -206,8 +206,8 @@ fn setup(
 /// `job_start`, durable: it maps the allocation to its attempts.
 fn job_start(b: &mut Base, relaunched: Option<&NextAttempt>) {
     let start = ev::JobStart {
-        world_size: Some(b.id.world_size),
-        mode: Some(ev::JobMode::Batch),
+        world_size: b.id.world_size,
+        mode: ev::JobMode::Batch,
         allocation: Some(b.slurm.restart_count),
         relaunch_in_allocation: relaunched.map(|r| ev::RelaunchInAllocation {
             exclude: r.exclude.clone(),
@@ -295,7 +295,7 @@ fn warn_about_spares(cfg: &Config, b: &mut Base, argv: &[OsString], slurm_cli: &
         env_no_kill,
     ) {
         tracing::warn!("{w}");
-        b.journal.write(ev::SetupWarning { warning: Some(w) }, true);
+        b.journal.write(ev::SetupWarning { warning: w }, true);
     }
 }
 
@@ -310,9 +310,7 @@ fn step_argv(
             .unwrap_or_else(|| {
                 journal.write(
                     ev::MonitorError {
-                        error: Some(
-                            "the step command cannot leave nodes out; run as it was".into(),
-                        ),
+                        error: "the step command cannot leave nodes out; run as it was".into(),
                     },
                     false,
                 );
@@ -365,12 +363,11 @@ impl Level {
         );
         a.rank.journal.write(
             ev::StepAbandoned {
-                ranks: Some(ranks),
-                nodes: Some(nodes),
-                silent_s: Some(SILENT_STEP.as_secs_f64()),
-                note: Some(
+                ranks,
+                nodes,
+                silent_s: SILENT_STEP.as_secs_f64(),
+                note:
                     "srun was killed rather than left waiting for Slurm to declare their nodes failed".into(),
-                ),
             },
             true,
         );
@@ -404,10 +401,8 @@ impl Level {
         );
         a.rank.journal.write(
             ev::StepStartTimeout {
-                after_s: Some(limit.as_secs_f64()),
-                note: Some(
-                    "srun was killed: the step started no rank ([run] step_start_timeout)".into(),
-                ),
+                after_s: limit.as_secs_f64(),
+                note: "srun was killed: the step started no rank ([run] step_start_timeout)".into(),
             },
             true,
         );

@@ -374,7 +374,7 @@ mod tests {
         let Some(Event::JournalGap(g)) = j.records[0].event() else {
             panic!("{:?}", j.records[0]);
         };
-        assert_eq!(g.lost_records, Some(5));
+        assert_eq!(g.lost_records, 5);
         assert_eq!(g.from, Some(t0 + chrono::Duration::seconds(1)));
         assert_eq!(g.to, Some(back));
     }

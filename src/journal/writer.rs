@@ -221,7 +221,7 @@ impl Writer {
         if self.dropped > 0 {
             let lost = self.dropped;
             let gap = crate::event::JournalGap {
-                lost_records: Some(lost),
+                lost_records: lost,
                 from: self.lost_from,
                 to: Some(ts),
             };

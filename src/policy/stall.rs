@@ -195,6 +195,13 @@ pub enum StallKind {
     Unknown(String),
 }
 
+/// A record built field by field starts with a word nobody wrote.
+impl Default for StallKind {
+    fn default() -> StallKind {
+        StallKind::Unknown(String::new())
+    }
+}
+
 impl StallKind {
     /// Short name for the journal: `startup`, `step_adaptive`,
     /// `step_fixed`, `phase_NAME`.

@@ -119,7 +119,7 @@ impl Agent<'_> {
     fn checkpoint_signal(&mut self, received: Signal, forward: bool) {
         self.rank.journal.write(
             ev::CheckpointRequested {
-                reason: Some("signal".into()),
+                reason: "signal".into(),
                 received: Some(received.as_str().into()),
                 sent: forward.then(|| received.as_str().into()),
                 ..Default::default()
@@ -149,8 +149,8 @@ impl Agent<'_> {
             .collect();
         self.rank.journal.write(
             ev::Unkillable {
-                pids: Some(left.clone()),
-                note: Some("still alive 10 s after SIGKILL; not waited for".into()),
+                pids: left.clone(),
+                note: "still alive 10 s after SIGKILL; not waited for".into(),
             },
             true,
         );
@@ -167,7 +167,7 @@ impl Agent<'_> {
         }
         self.rank.journal.write(
             ev::CheckpointRequested {
-                reason: Some("pre_timeout".into()),
+                reason: "pre_timeout".into(),
                 received: Some(received.as_str().into()),
                 sent: cfg.checkpoint_signal.map(|s| s.as_str().into()),
                 via_srun: Some(self.child_is_srun),
@@ -319,7 +319,7 @@ impl Agent<'_> {
             ev::CheckpointRequested {
                 id: Some(ck),
                 step: Some(step),
-                reason: Some(reason.to_string()),
+                reason: reason.to_string(),
                 coordinated: Some(true),
                 control_file: written
                     .as_ref()
@@ -343,7 +343,7 @@ impl Agent<'_> {
                 ev::CheckpointCoordinated {
                     id: Some(ck),
                     step: Some(step),
-                    reason: Some("pre_timeout".into()),
+                    reason: "pre_timeout".into(),
                     error: None,
                 },
                 false,
@@ -351,7 +351,7 @@ impl Agent<'_> {
             Err(e) => self.rank.journal.write(
                 ev::CheckpointCoordinated {
                     error: Some(e.to_string()),
-                    reason: Some("pre_timeout".into()),
+                    reason: "pre_timeout".into(),
                     ..Default::default()
                 },
                 false,
@@ -363,7 +363,7 @@ impl Agent<'_> {
         self.rank.journal.write(
             ev::Stop {
                 reason: Some("pre_timeout".into()),
-                signal: Some("SIGTERM".into()),
+                signal: "SIGTERM".into(),
                 checkpoint_step: done.flatten(),
                 checkpoint_confirmed: Some(done.is_some()),
                 ..Default::default()

@@ -79,7 +79,7 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
                 k.journal.write_at(
                     k.clock.wall(at),
                     ev::FirstOutput {
-                        source: Some(source.into()),
+                        source: source.into(),
                         with_step: Some(with_step),
                     },
                     false,
@@ -94,9 +94,9 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
                 k.journal.write_at(
                     k.clock.wall(at),
                     ev::CheckpointLoaded {
-                        source: Some(source.into()),
+                        source: source.into(),
                         done: Some(progress::output::says_done(&line)),
-                        line: Some(line),
+                        line,
                         step,
                     },
                     false,
@@ -113,8 +113,8 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
                 );
                 journal.write(
                     ev::MalformedMessage {
-                        fault: Some(fault.to_string()),
-                        sample: Some(sample),
+                        fault: fault.to_string(),
+                        sample,
                     },
                     false,
                 );
@@ -124,12 +124,7 @@ fn handle_event(ev: ProgressEvent, k: &mut Sinks<'_>) {
             let (journal, faults) = (&mut *k.journal, &mut *k.faults);
             if !faults.reported.contains(&msg) {
                 tracing::warn!("{msg}; supervision continues without it");
-                journal.write(
-                    ev::MonitorError {
-                        error: Some(msg.clone()),
-                    },
-                    false,
-                );
+                journal.write(ev::MonitorError { error: msg.clone() }, false);
                 faults.reported.push(msg);
             }
         }
@@ -225,9 +220,9 @@ fn note_namer(journal: &mut Writer, clock: &Clock, at: Instant, from: Option<Nam
     journal.write_at(
         clock.wall(at),
         ev::ProgressSource {
-            steps_from: Some(to.into()),
+            steps_from: to.into(),
             before: from.map(Into::into),
-            reason: Some(reason.into()),
+            reason: reason.into(),
         },
         false,
     );
@@ -312,7 +307,7 @@ fn on_phase(
                         clock.wall(at),
                         ev::UnknownPhase {
                             phase: None,
-                            judged_as: Some("inside a step".into()),
+                            judged_as: "inside a step".into(),
                             config: None,
                         },
                         false,
@@ -326,7 +321,7 @@ fn on_phase(
                     clock.wall(at),
                     ev::UnknownPhase {
                         phase: Some(name.clone()),
-                        judged_as: Some("inside a step".into()),
+                        judged_as: "inside a step".into(),
                         config: Some(vec![
                             "stall.in_step_phases".into(),
                             "stall.phase_timeouts".into(),
@@ -365,8 +360,8 @@ fn on_phase(
         journal.write_at(
             clock.wall(at),
             ev::Phase {
-                phase: Some(policy.phase().name().to_string()),
-                source: Some(source.into()),
+                phase: policy.phase().name().to_string(),
+                source: source.into(),
                 step: step.max(policy.last_step()),
             },
             false,
@@ -387,7 +382,7 @@ fn on_checkpoint_done(k: &mut Sinks<'_>, at: Instant, source: progress::Source, 
         clock.wall(at),
         ev::CheckpointDone {
             step,
-            source: Some(source.into()),
+            source: source.into(),
             duration_s: began.map(|(t, _)| at.saturating_duration_since(t).as_secs_f64()),
             blocked_training: began.map(|(_, at_step)| policy.last_step() <= at_step),
             complete: files.as_ref().map(|f| f.complete()),

@@ -56,8 +56,8 @@ impl<'a> Agent<'a> {
         if ending.stall_cancelled {
             self.rank.journal.write(
                 ev::StallCancelled {
-                    status: Some(ending.exit.describe()),
-                    note: Some("the trainer exited on its own during stall diagnostics".into()),
+                    status: ending.exit.describe(),
+                    note: "the trainer exited on its own during stall diagnostics".into(),
                 },
                 true,
             );
@@ -82,8 +82,8 @@ impl<'a> Agent<'a> {
             if let Some(h) = &h {
                 r.journal.write(
                     ev::HealthCheck {
-                        when: Some(ev::HealthWhen::AfterFailure),
-                        result: Some(h.into()),
+                        when: ev::HealthWhen::AfterFailure,
+                        result: h.into(),
                     },
                     true,
                 );
@@ -121,10 +121,10 @@ impl<'a> Agent<'a> {
             r.journal.write_at(
                 r.clock.wall(ended),
                 ev::StepExit {
-                    exit_code: Some(code),
-                    status: Some(e.exit.describe()),
-                    cause: Some(cause),
-                    runtime_s: Some(runtime_s),
+                    exit_code: code,
+                    status: e.exit.describe(),
+                    cause,
+                    runtime_s,
                 },
                 true,
             );
@@ -136,9 +136,9 @@ impl<'a> Agent<'a> {
         r.journal.write_at(
             r.clock.wall(ended),
             ev::RankExit {
-                exit_code: Some(code),
+                exit_code: code,
                 status: Some(e.exit.describe()),
-                cause: Some(cause.clone()),
+                cause: cause.clone(),
                 failed_at: Some(r.clock.wall(e.failed_at.unwrap_or(ended))),
                 class: Some(verdict.class),
                 class_reason: Some(verdict.reason.clone()),
@@ -218,7 +218,7 @@ impl<'a> Agent<'a> {
             Err(err) => {
                 r.journal.write(
                     ev::CoordinatorUnreachable {
-                        error: Some(err.to_string()),
+                        error: err.to_string(),
                         note: Some("the exit was not reported".into()),
                     },
                     false,

@@ -131,7 +131,7 @@ impl ProgressLog {
         });
         let event = ev::Progress {
             step: p.step,
-            source: Some(p.source.into()),
+            source: p.source.into(),
             metrics,
             first: first.then_some(true),
         };

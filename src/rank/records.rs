@@ -31,11 +31,11 @@ pub(crate) fn on_stall(
     journal.write_at(
         clock.wall(now),
         ev::Stall {
-            stall_kind: Some(s.kind.clone()),
-            phase: Some(policy.phase().name().to_string()),
-            timeout_s: Some(s.timeout.as_secs_f64()),
-            idle_s: Some(idle.as_secs_f64()),
-            since: Some(clock.wall(s.since)),
+            stall_kind: s.kind.clone(),
+            phase: policy.phase().name().to_string(),
+            timeout_s: s.timeout.as_secs_f64(),
+            idle_s: idle.as_secs_f64(),
+            since: clock.wall(s.since),
             last_step: s.last_step,
             last_progress: plog.last_at.map(|t| clock.wall(t)),
             avoid: Some(s.kind.avoid()),
@@ -160,7 +160,7 @@ pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: 
     journal.write(
         ev::Stop {
             reason: Some("stall".into()),
-            signal: Some("SIGTERM".into()),
+            signal: "SIGTERM".into(),
             grace_s: Some(grace.as_secs_f64()),
             ..Default::default()
         },
@@ -172,14 +172,14 @@ pub(crate) fn stop_stalled(journal: &mut Writer, pid: Pid, skip: &[i32], grace: 
 /// (durable or not): one place that says what each action leaves behind.
 pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
     let signal = |s: &str| ev::Signal {
-        signal: Some(s.into()),
-        forwarded: Some(false),
+        signal: s.into(),
+        forwarded: false,
         ..Default::default()
     };
     Some(match a {
         Order::Forward(sig) => (
             ev::Signal {
-                forwarded: Some(true),
+                forwarded: true,
                 ..signal(sig.as_str())
             }
             .into(),
@@ -211,16 +211,16 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
         ),
         Order::StopJudged { detail } => (
             ev::StopJudged {
-                detail: Some(detail.clone()),
+                detail: detail.clone(),
             }
             .into(),
             false,
         ),
         Order::DeferStallStop { max_wait } => (
             ev::StopDeferred {
-                reason: Some("stall".into()),
-                until: Some("the coordinator's judgment".into()),
-                max_wait_s: Some(max_wait.as_secs_f64()),
+                reason: "stall".into(),
+                until: "the coordinator's judgment".into(),
+                max_wait_s: max_wait.as_secs_f64(),
             }
             .into(),
             false,
@@ -237,7 +237,7 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
                         .into(),
                     ),
                     detail: Some(detail.clone()),
-                    signal: Some("SIGTERM".into()),
+                    signal: "SIGTERM".into(),
                     grace_s: Some(grace.as_secs_f64()),
                     ..Default::default()
                 }
@@ -247,7 +247,7 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
         }
         Order::CoordinatorLost { error } => (
             ev::CoordinatorUnreachable {
-                error: Some(error.to_string()),
+                error: error.to_string(),
                 note: None,
             }
             .into(),
@@ -258,8 +258,8 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
             failed_requests,
         } => (
             ev::CoordinatorReachable {
-                gap_s: Some(*gap_s),
-                failed_requests: Some(*failed_requests),
+                gap_s: *gap_s,
+                failed_requests: *failed_requests,
             }
             .into(),
             false,
@@ -274,15 +274,15 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
         ),
         Order::CarryOn { reason } => (
             ev::StallWithdrawn {
-                reason: Some(reason.clone()),
+                reason: reason.clone(),
             }
             .into(),
             true,
         ),
         Order::Observed { would, reason } => (
             ev::Observed {
-                would: Some(would.clone()),
-                reason: Some(reason.clone()),
+                would: would.clone(),
+                reason: reason.clone(),
             }
             .into(),
             true,
@@ -295,11 +295,11 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
             probe,
         } => (
             ev::BusySilent {
-                cpu_s: Some(*cpu_s),
+                cpu_s: *cpu_s,
                 io_bytes: Some(*io_bytes),
-                window_s: Some(*window_s),
-                limit_s: Some(*limit_s),
-                probe: Some(probe.clone()),
+                window_s: *window_s,
+                limit_s: *limit_s,
+                probe: probe.clone(),
             }
             .into(),
             false,
@@ -316,7 +316,7 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
             record: Some(grace),
         } => (
             ev::Stop {
-                signal: Some("SIGKILL".into()),
+                signal: "SIGKILL".into(),
                 after_grace_s: Some(grace.as_secs_f64()),
                 ..Default::default()
             }
@@ -346,8 +346,8 @@ pub(crate) fn spawn_failed(
     let code = e.exit_code();
     journal.write(
         ev::RankExit {
-            exit_code: Some(code),
-            cause: Some("spawn_failed".into()),
+            exit_code: code,
+            cause: "spawn_failed".into(),
             error: Some(e.to_string()),
             argv: Some(argv_text.to_vec()),
             ..Default::default()
@@ -371,7 +371,7 @@ pub(crate) fn spawn_failed(
 /// A `job_end` with only its exit code (a single-rank job's own end).
 pub(crate) fn job_end(code: i32) -> ev::JobEnd {
     ev::JobEnd {
-        exit_code: Some(code),
+        exit_code: code,
         reason: None,
     }
 }

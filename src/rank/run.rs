@@ -281,12 +281,7 @@ impl<'a> Agent<'a> {
             "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: export TTY_COMPATIBLE=1 (Rich then draws it, and resilio reads it), or use TQDMProgressBar or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
         );
         tracing::warn!("{warning}");
-        self.rank.journal.write(
-            ev::SetupWarning {
-                warning: Some(warning),
-            },
-            false,
-        );
+        self.rank.journal.write(ev::SetupWarning { warning }, false);
     }
 
     /// The local launcher died when this process was re-parented (to a
@@ -306,8 +301,8 @@ impl<'a> Agent<'a> {
         );
         self.rank.journal.write(
             ev::LauncherLost {
-                launcher_pid: Some(pid.as_raw()),
-                note: Some("the rank trains on without the launcher and its coordinator".into()),
+                launcher_pid: pid.as_raw(),
+                note: "the rank trains on without the launcher and its coordinator".into(),
             },
             true,
         );
@@ -349,8 +344,8 @@ impl<'a> Agent<'a> {
                     .flatten();
                 self.rank.journal.write(
                     ev::Probe {
-                        reason: Some(reason.to_string()),
-                        probe: Some(p.clone()),
+                        reason: reason.to_string(),
+                        probe: p.clone(),
                         py_spy: Some(dumps.iter().map(dump_record).collect()),
                         file: file.map(|f| f.to_string_lossy().into_owned()),
                     },
@@ -399,13 +394,9 @@ impl<'a> Agent<'a> {
             }
             Note::Command(_) => Vec::new(),
             Note::RelayBypassed { url, error } => {
-                self.rank.journal.write(
-                    crate::event::RelayBypassed {
-                        url: Some(url),
-                        error: Some(error),
-                    },
-                    false,
-                );
+                self.rank
+                    .journal
+                    .write(crate::event::RelayBypassed { url, error }, false);
                 Vec::new()
             }
             Note::JobProgress { at } => {
@@ -449,8 +440,8 @@ impl<'a> Agent<'a> {
             let p = diagnostics::with_output(p, &tail_lines);
             self.rank.journal.write(
                 ev::Probe {
-                    reason: Some("stall".into()),
-                    probe: Some(p.clone()),
+                    reason: "stall".into(),
+                    probe: p.clone(),
                     py_spy: None,
                     file: None,
                 },
@@ -461,8 +452,8 @@ impl<'a> Agent<'a> {
         let file = write_diag_file(&self.scratch, "stall", &self.rank.id, &tail_lines, d);
         self.rank.journal.write(
             ev::Diagnostics {
-                tail: Some(truncate_lines(&tail_lines, 3000)),
-                py_spy: Some(d.py_spy.iter().map(dump_record).collect()),
+                tail: truncate_lines(&tail_lines, 3000),
+                py_spy: d.py_spy.iter().map(dump_record).collect(),
                 py_spy_skipped: d.py_spy_skipped.clone(),
                 dump_signal: d.dump_signal.clone(),
                 file: file.map(|f| f.to_string_lossy().into_owned()),
@@ -504,15 +495,15 @@ impl<'a> Agent<'a> {
         };
         self.rank.journal.write(
             ev::Numerical {
-                finding: Some(f.kind),
-                metric: Some(f.metric),
-                value: Some(value),
+                finding: f.kind,
+                metric: f.metric,
+                value,
                 step: f.step,
                 since_step: f.since_step,
-                consecutive: Some(f.consecutive),
+                consecutive: f.consecutive,
                 baseline: f.baseline,
                 action: Some(f.act),
-                detail: Some(detail.clone()),
+                detail: detail.clone(),
             },
             true,
         );

@@ -500,12 +500,8 @@ pub(crate) fn start(
     rank.rank_start(&argv_text, file_mode, &torchrun);
     rank.monitor_errors(&monitor_errors);
     if let Some(r) = &rank.relay {
-        rank.journal.write(
-            ev::RelayStarted {
-                url: Some(r.url.clone()),
-            },
-            false,
-        );
+        rank.journal
+            .write(ev::RelayStarted { url: r.url.clone() }, false);
     }
     Ok(Setup::Ready(Box::new(rank), inputs))
 }
@@ -530,8 +526,8 @@ pub(crate) fn setup(cfg: Config, argv: Vec<OsString>, job_id: Option<&str>) -> R
     let parts = prepare(&cfg, &b, host, true, |_| rollback)?;
     if b.owns_job {
         let start = ev::JobStart {
-            world_size: Some(b.id.world_size),
-            mode: Some(ev::JobMode::Single),
+            world_size: b.id.world_size,
+            mode: ev::JobMode::Single,
             ..Default::default()
         };
         b.journal.write(start, false);
@@ -566,8 +562,8 @@ fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     let h = crate::rank::health::run(&cfg.health)?;
     journal.write(
         ev::HealthCheck {
-            when: Some(ev::HealthWhen::BeforeStart),
-            result: Some((&h).into()),
+            when: ev::HealthWhen::BeforeStart,
+            result: (&h).into(),
         },
         true,
     );
@@ -583,8 +579,8 @@ fn health_before_start(cfg: &Config, b: &mut Base) -> Option<i32> {
     tracing::warn!("{evidence}; not starting the trainer on {}", id.node);
     journal.write(
         ev::RankExit {
-            exit_code: Some(code),
-            cause: Some("unhealthy node".into()),
+            exit_code: code,
+            cause: "unhealthy node".into(),
             class: Some(failure::Class::Infrastructure),
             class_reason: Some("the node's health check failed".into()),
             evidence: Some(evidence.clone()),
@@ -614,12 +610,8 @@ impl Rank {
     fn monitor_errors(&mut self, errors: &[String]) {
         for e in errors {
             tracing::warn!("{e}; supervision continues without it");
-            self.journal.write(
-                ev::MonitorError {
-                    error: Some(e.clone()),
-                },
-                false,
-            );
+            self.journal
+                .write(ev::MonitorError { error: e.clone() }, false);
         }
     }
 
@@ -633,25 +625,23 @@ impl Rank {
         let (cfg, slurm) = (&self.cfg, &self.slurm);
         let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
         let start = ev::RankStart {
-            pid: Some(self.pid.as_raw()),
-            argv: Some(argv_text.to_vec()),
+            pid: self.pid.as_raw(),
+            argv: argv_text.to_vec(),
             cwd: std::env::current_dir().ok().map(|d| path(&d)),
-            world_size: Some(self.id.world_size),
-            startup_timeout_s: Some(cfg.stall.startup_timeout.as_secs_f64()),
+            world_size: self.id.world_size,
+            startup_timeout_s: cfg.stall.startup_timeout.as_secs_f64(),
             stall_timeout_s: cfg.stall.fixed_timeout.map(|d| d.as_secs_f64()),
-            stall_mode: Some(cfg.stall.mode()),
+            stall_mode: cfg.stall.mode(),
             socket: self.socket_ok.then(|| path(&self.sock_path)),
             progress_file: cfg.progress.file.as_deref().map(path),
             progress_file_watch: file_mode,
             slurm_step: slurm.step_id.clone(),
             step_nodes: (!slurm.step_nodes.is_empty())
                 .then(|| crate::slurm::hostlist::compress(&slurm.step_nodes)),
-            torchrun_env: Some(
-                torchrun
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.clone()))
-                    .collect(),
-            ),
+            torchrun_env: torchrun
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
             ..Default::default()
         };
         let start = if self.id.rank == 0 {

@@ -88,7 +88,7 @@ pub(crate) fn exit_facts<'a>(
 ) -> Vec<(Option<i32>, Option<Class>, Option<&'a str>)> {
     exits
         .iter()
-        .map(|(_, x)| (x.exit_code, x.class, x.class_reason.as_deref()))
+        .map(|(_, x)| (Some(x.exit_code), x.class, x.class_reason.as_deref()))
         .collect()
 }
 
@@ -118,7 +118,7 @@ fn marks(attempt: u32, recs: &[&Record]) -> Marks {
     });
     let samples = samples(&events, &summaries);
     let checkpoints = checkpoints(&events);
-    let bad_exit = |x: &RankExit| x.exit_code.unwrap_or(0) != 0 && x.class != Some(Class::Clean);
+    let bad_exit = |x: &RankExit| x.exit_code != 0 && x.class != Some(Class::Clean);
     // A requeue that Slurm refused leaves the attempt running: its
     // decision did not end the attempt.
     let requeue_refused = recs.iter().any(|r| r.kind == "requeue_failed");

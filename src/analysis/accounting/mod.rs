@@ -167,7 +167,7 @@ pub fn journal_gaps(records: &[Record], segments: &[Segment]) -> Vec<JournalGap>
                     rank: r.rank,
                     node: r.node.clone(),
                     attempt: r.attempt,
-                    lost_records: g.lost_records.unwrap_or(0),
+                    lost_records: g.lost_records,
                     from,
                     to,
                     unexplained_s: segments

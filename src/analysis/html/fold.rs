@@ -34,8 +34,8 @@ fn worth_a_look(records: &[Record]) -> BTreeSet<String> {
             Some(Event::Failure(f)) if f.class != Some(Class::Secondary) => {
                 f.blamed_node.clone().or(r.node.clone())
             }
-            Some(Event::Straggler(s)) if s.flagged == Some(true) => s.straggler_node.clone(),
-            Some(Event::NodeExcluded(x)) => x.excluded_node.clone(),
+            Some(Event::Straggler(s)) if s.flagged => Some(s.straggler_node.clone()),
+            Some(Event::NodeExcluded(x)) => Some(x.excluded_node.clone()),
             Some(Event::Stall(_)) => r.node.clone(),
             _ => None,
         };

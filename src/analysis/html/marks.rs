@@ -87,17 +87,16 @@ pub(super) fn marks_of(records: &[Record], by_node: bool, rows: &[String]) -> Ve
                 ("failure", row)
             }
             Event::Stall(_) => ("stall", row_of(r, by_node)),
-            Event::Straggler(x) if x.flagged == Some(true) => {
-                let row =
-                    if by_node || x.scope == Some(crate::policy::straggler::StragglerScope::Node) {
-                        x.straggler_node.clone()
-                    } else {
-                        x.about_rank.map(|n| format!("rank {n}"))
-                    };
+            Event::Straggler(x) if x.flagged => {
+                let row = if by_node || x.scope == crate::policy::straggler::StragglerScope::Node {
+                    Some(x.straggler_node.clone())
+                } else {
+                    x.about_rank.map(|n| format!("rank {n}"))
+                };
                 ("straggler", row.filter(|row| rows.contains(row)))
             }
             Event::Judgment(j) => {
-                class = j.class;
+                class = Some(j.class);
                 let blamed = if by_node {
                     j.primary_node.clone()
                 } else {

@@ -38,10 +38,10 @@ pub fn events_of<'a>(
         let Some(event) = r.event() else { continue };
         match &event {
             Event::Failure(f) => failure_blame(r, f, &mut push),
-            Event::Judgment(j) if j.class == Some(Class::Hang) => {
-                let evidence = j.evidence.clone().unwrap_or_default();
+            Event::Judgment(j) if j.class == Class::Hang => {
+                let evidence = j.evidence.clone();
                 let view = views.get(&(r.run(), r.attempt));
-                for n in j.blamed_nodes.iter().flatten() {
+                for n in &j.blamed_nodes {
                     if let Some((class, reason)) = hang_blame(j, n, view) {
                         push(n, r, class, evidence.clone(), reason);
                     }
@@ -49,8 +49,8 @@ pub fn events_of<'a>(
             }
             Event::HealthCheck(h) => health_check_blame(r, h, &mut push),
             // A straggler record has no text of its own to give as evidence.
-            Event::Straggler(x) if x.flagged != Some(false) => {
-                if let Some(node) = x.straggler_node.as_deref().or(r.node.as_deref()) {
+            Event::Straggler(x) if x.flagged => {
+                if let Some(node) = Some(x.straggler_node.as_str()) {
                     push(
                         node,
                         r,
@@ -116,7 +116,7 @@ fn health_check_blame(
     h: &crate::event::HealthCheck,
     push: &mut impl FnMut(&str, &Record, &str, String, String),
 ) {
-    let result = h.result.as_ref();
+    let result = Some(&h.result);
     let failed = result.and_then(|v| v.ok) == Some(false);
     if failed {
         if let Some(node) = &r.node {

@@ -22,7 +22,7 @@ impl AttemptView {
     fn probe(&self, rank: u32) -> Option<&str> {
         self.hang
             .iter()
-            .flat_map(|(_, h)| h.ranks.iter().flatten())
+            .flat_map(|(_, h)| h.ranks.iter())
             .find(|x| x.rank == rank)
             .and_then(|x| x.probe.as_deref())
             .filter(|p| !p.is_empty())
@@ -49,8 +49,7 @@ pub(super) fn attempt_views<'a>(
                 }
             }
             Some(Event::Probe(p)) => {
-                let (Some(rank), Some(words)) = (r.rank, p.probe.as_ref().and_then(probe_words))
-                else {
+                let (Some(rank), Some(words)) = (r.rank, probe_words(&p.probe)) else {
                     continue;
                 };
                 let v = out.entry((r.run(), r.attempt)).or_default();
@@ -148,7 +147,7 @@ pub fn hang_is_software(records: &[Record], attempt: u32, rank: u32, node: &str)
         .into_values()
         .max_by_key(|v| v.hang.as_ref().map(|(t, _)| *t));
     let j = Judgment {
-        class: Some(Class::Hang),
+        class: Class::Hang,
         primary_rank: Some(rank),
         primary_node: Some(node.to_string()),
         ..Default::default()
@@ -170,12 +169,12 @@ pub(super) fn hang_blame(
     let empty = AttemptView::default();
     let view = view.unwrap_or(&empty);
     let hang = view.hang.as_ref().map(|(_, h)| h);
-    let verdict = hang.and_then(|h| h.verdict.as_ref());
-    let rule = verdict.and_then(|v| v.rule);
+    let verdict = hang.map(|h| &h.verdict);
+    let rule = verdict.map(|v| v.rule);
     // The ranks the job-wide verdict blamed on this node, else the judgment's own.
     let mut ranks: Vec<u32> = hang
         .iter()
-        .flat_map(|h| h.ranks.iter().flatten())
+        .flat_map(|h| h.ranks.iter())
         .filter(|x| x.node == node)
         .map(|x| x.rank)
         .filter(|r| verdict.is_some_and(|v| v.blamed_ranks.contains(r)))

@@ -20,14 +20,14 @@ fn supervisor_losses_of(events: &[(&Record, &Event)]) -> Vec<SupervisorLoss> {
                 ts: r.ts,
                 attempt: r.attempt,
                 part: "supervisor".into(),
-                pid: s.supervisor_pid,
-                status: s.status.clone(),
+                pid: Some(s.supervisor_pid),
+                status: Some(s.status.clone()),
                 ranks: Vec::new(),
-                note: s.note.clone(),
+                note: Some(s.note.clone()),
             }),
             Event::LauncherLost(l) => {
                 let same = out.iter_mut().find(|x| {
-                    x.part == "launcher" && x.pid == l.launcher_pid && x.attempt == r.attempt
+                    x.part == "launcher" && x.pid == Some(l.launcher_pid) && x.attempt == r.attempt
                 });
                 match same {
                     Some(x) => {
@@ -38,10 +38,10 @@ fn supervisor_losses_of(events: &[(&Record, &Event)]) -> Vec<SupervisorLoss> {
                         ts: r.ts,
                         attempt: r.attempt,
                         part: "launcher".into(),
-                        pid: l.launcher_pid,
+                        pid: Some(l.launcher_pid),
                         status: None,
                         ranks: r.rank.into_iter().collect(),
-                        note: l.note.clone(),
+                        note: Some(l.note.clone()),
                     }),
                 }
             }
@@ -77,7 +77,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
     };
     for (r, e) in crate::journal::events(records) {
         match e {
-            Event::Phase(p) if p.phase.as_deref() == Some("checkpoint") => {
+            Event::Phase(p) if p.phase == "checkpoint" => {
                 started.insert((r.rank, r.attempt), r.ts);
             }
             Event::CheckpointDone(c) => {
@@ -88,7 +88,7 @@ fn checkpoint_stats(records: &[Record]) -> Checkpoints {
                     attempt: r.attempt,
                     step: c.step,
                     ts: Some(r.ts),
-                    source: c.source,
+                    source: Some(c.source),
                     path: c.path.clone(),
                     size_bytes: c.size_bytes,
                     temp_names: c.temp_names.clone().unwrap_or_default(),
@@ -165,7 +165,7 @@ fn suspect_checkpoints(records: &[Record]) -> Vec<super::SuspectCheckpoint> {
             Event::Decision(d) => Some(super::SuspectCheckpoint {
                 step: d.suspect_checkpoint?,
                 attempt: d.about_attempt.unwrap_or(r.attempt),
-                why: d.outcome.as_ref().map_or(String::new(), |o| {
+                why: Some(&d.outcome).map_or(String::new(), |o| {
                     format!(
                         "{}: {}",
                         o.class.map_or("?", |c| c.name()),
@@ -240,7 +240,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
     let world = events
         .iter()
         .filter_map(|(_, e)| match e {
-            Event::RankStart(x) => x.world_size,
+            Event::RankStart(x) => Some(x.world_size),
             _ => None,
         })
         .max()
@@ -262,8 +262,8 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
             .map(|(r, x)| ExitRow {
                 rank: r.rank,
                 node: r.node.clone(),
-                exit_code: x.exit_code.map(i64::from),
-                cause: x.cause.clone(),
+                exit_code: Some(i64::from(x.exit_code)),
+                cause: Some(x.cause.clone()),
                 status: x.status.clone(),
             })
             .collect(),
@@ -395,7 +395,6 @@ fn exit_code_of(events: &[(&Record, &Event)]) -> Option<i64> {
             Event::RankExit(x) => Some(x.exit_code),
             _ => None,
         })
-        .flatten()
         .map(i64::from)
 }
 
@@ -461,8 +460,8 @@ fn observed_of(events: &[(&Record, &Event)]) -> Vec<WouldHave> {
                 attempt: r.attempt,
                 rank: r.rank,
                 node: r.node.clone(),
-                would: o.would.clone().unwrap_or_default(),
-                reason: o.reason.clone().unwrap_or_default(),
+                would: o.would.clone(),
+                reason: o.reason.clone(),
             }),
             _ => None,
         })
@@ -500,12 +499,12 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
             Event::Hang(h) => {
                 // A verdict that let the run carry on closes its episode:
                 // the files before it are not the judged stall's.
-                let rule = h.verdict.as_ref().and_then(|v| v.rule);
-                if rule.is_some_and(|r| r.carries_on()) {
+                let rule = h.verdict.rule;
+                if rule.carries_on() {
                     files.retain(|(a, _), _| *a != r.attempt);
                     probe_files.retain(|(a, _), _| *a != r.attempt);
                 }
-                for k in h.ranks.iter().flatten() {
+                for k in &h.ranks {
                     match &k.probe {
                         Some(p) => probes.insert((r.attempt, k.rank), p.clone()),
                         None => probes.remove(&(r.attempt, k.rank)),
@@ -532,10 +531,10 @@ fn judgments_of(events: &[(&Record, &Event)]) -> Vec<Judged> {
             Event::Judgment(j) => Some(Judged {
                 ts: r.ts,
                 attempt: r.attempt,
-                class: j.class.map(|c| c.name().to_string()),
+                class: Some(j.class.name().to_string()),
                 rank: j.primary_rank,
                 node: j.primary_node.clone(),
-                evidence: j.evidence.clone().or_else(|| j.reason.clone()),
+                evidence: Some(j.evidence.clone()),
                 decision: decision(r.attempt),
                 stop_reason: stop_reason(r.attempt),
                 blamed_probe: j

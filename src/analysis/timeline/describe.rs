@@ -17,13 +17,52 @@ pub(super) fn describe(r: &Record, event: Option<&Event>) -> Option<String> {
     }
 }
 
-/// A number or `-`.
-pub(super) fn num<T: std::fmt::Display>(v: Option<T>) -> String {
-    v.map_or("-".to_string(), |v| v.to_string())
+/// A number, or `-` for one a record does not give.
+pub(super) fn num(v: impl NumberText) -> String {
+    v.number_text().unwrap_or_else(|| "-".to_string())
 }
 
-fn text(v: &Option<String>) -> &str {
-    v.as_deref().unwrap_or("?")
+/// A field's number as text: a required field's always, an optional one's
+/// when the record gives it.
+pub(super) trait NumberText {
+    fn number_text(&self) -> Option<String>;
+}
+
+macro_rules! number_text {
+    ($($t:ty),*) => {$(
+        impl NumberText for $t {
+            fn number_text(&self) -> Option<String> {
+                Some(self.to_string())
+            }
+        }
+        impl NumberText for Option<$t> {
+            fn number_text(&self) -> Option<String> {
+                self.as_ref().map(ToString::to_string)
+            }
+        }
+    )*};
+}
+number_text!(u32, u64, i32, usize);
+
+/// A field's text, or `?` for one a record does not give.
+fn text(v: &impl Said) -> &str {
+    v.said().unwrap_or("?")
+}
+
+trait Said {
+    fn said(&self) -> Option<&str>;
+}
+
+impl Said for String {
+    fn said(&self) -> Option<&str> {
+        Some(self)
+    }
+}
+
+impl Said for Option<String> {
+    fn said(&self) -> Option<&str> {
+        self.as_deref()
+    }
 }
 
 /// The line of an event this build knows (`None`: not shown).
@@ -80,10 +119,7 @@ fn describe_event(event: &Event) -> Option<String> {
         Event::LauncherLost(x) => launcher_lost(x),
         Event::StragglerExclusion(x) => straggler_exclusion(x),
         Event::CheckpointIntervalAdvised(x) => checkpoint_interval_advised(x),
-        Event::FirstOutput(x) => format!(
-            "first output of the trainer ({})",
-            x.source.map_or("?", |s| s.name())
-        ),
+        Event::FirstOutput(x) => format!("first output of the trainer ({})", x.source.name()),
         Event::CheckpointLoaded(x) => match (x.step, x.done) {
             (_, Some(false)) => format!("checkpoint load begun: {}", text(&x.line)),
             (Some(step), _) => format!("checkpoint of step {step} loaded: {}", text(&x.line)),
@@ -114,9 +150,9 @@ fn job_start(x: &e::JobStart) -> String {
 fn rank_start(x: &e::RankStart) -> String {
     format!(
         "launched pid {} ({} stall timeout): {}",
-        x.pid.unwrap_or(0),
-        or_unknown(&x.stall_mode),
-        x.argv.as_deref().unwrap_or_default().join(" ")
+        x.pid,
+        x.stall_mode,
+        x.argv.join(" ")
     )
 }
 
@@ -131,11 +167,7 @@ fn first_step(x: &e::Progress) -> Option<String> {
     else {
         return None;
     };
-    Some(format!(
-        "first step {} (from {})",
-        num(*step),
-        crate::names::or_unknown(source)
-    ))
+    Some(format!("first step {} (from {})", num(*step), source))
 }
 
 fn phase(x: &e::Phase) -> String {
@@ -155,22 +187,22 @@ fn checkpoint_done(x: &e::CheckpointDone) -> String {
 fn stall(x: &e::Stall) -> String {
     format!(
         "STALL ({}): no progress for {:.1}s, limit {:.1}s, last step {}",
-        x.stall_kind.as_ref().map_or("?".into(), |k| k.name()),
-        x.idle_s.unwrap_or(0.0),
-        x.timeout_s.unwrap_or(0.0),
+        x.stall_kind.name(),
+        x.idle_s,
+        x.timeout_s,
         num(x.last_step)
     )
 }
 
 fn slowdown(x: &e::Slowdown) -> String {
-    if x.state == Some(crate::policy::slowdown::SlowdownState::Started) {
+    if x.state == crate::policy::slowdown::SlowdownState::Started {
         format!("SLOWDOWN: {} ({})", text(&x.detail), or_unknown(&x.action))
     } else {
         format!(
             "slowdown over after {:.0}s: {:.3}s per step, baseline {:.3}s",
             x.lasted_s.unwrap_or(0.0),
-            x.step_s.unwrap_or(0.0),
-            x.baseline_s.unwrap_or(0.0)
+            x.step_s,
+            x.baseline_s
         )
     }
 }
@@ -178,7 +210,7 @@ fn slowdown(x: &e::Slowdown) -> String {
 fn numerical(x: &e::Numerical) -> String {
     format!(
         "NUMERICAL {}: {} ({})",
-        or_unknown(&x.finding),
+        x.finding,
         text(&x.detail),
         match x.action {
             Some(crate::policy::numerical::Act::Stop) => "stopping the rank, not restarted",
@@ -192,8 +224,8 @@ fn numerical(x: &e::Numerical) -> String {
 fn diagnostics(x: &e::Diagnostics) -> String {
     format!(
         "diagnostics: {} output lines, {} py-spy dump(s){}{}",
-        x.tail.as_ref().map_or(0, Vec::len),
-        x.py_spy.as_ref().map_or(0, Vec::len),
+        x.tail.len(),
+        x.py_spy.len(),
         x.dump_signal
             .as_ref()
             .map_or(String::new(), |s| format!(", sent {s}")),
@@ -217,7 +249,7 @@ fn signal(x: &e::Signal) -> String {
     format!(
         "received {}{}",
         text(&x.signal),
-        if x.forwarded == Some(true) {
+        if x.forwarded {
             ", forwarded to the trainer"
         } else {
             ""
@@ -230,7 +262,7 @@ fn rank_exit(x: &e::RankExit) -> String {
         "rank exited: {} ({}), exit code {}, last step {}",
         text(&x.cause),
         text(&x.status),
-        x.exit_code.unwrap_or(-1),
+        x.exit_code,
         num(x.last_step)
     )
 }
@@ -240,7 +272,7 @@ fn step_exit(x: &e::StepExit) -> String {
         "the job level's command ended: {} ({}), exit code {}",
         text(&x.cause),
         text(&x.status),
-        x.exit_code.unwrap_or(-1)
+        x.exit_code
     )
 }
 
@@ -253,7 +285,7 @@ fn failure(x: &e::Failure) -> String {
 }
 
 fn job_end(x: &e::JobEnd) -> String {
-    format!("job ended, exit code {}", x.exit_code.unwrap_or(-1))
+    format!("job ended, exit code {}", x.exit_code)
 }
 
 fn monitor_error(x: &e::MonitorError) -> String {
@@ -268,16 +300,16 @@ fn journal_gap(x: &e::JournalGap) -> String {
     match (x.from, x.to) {
             (Some(from), Some(to)) => format!(
                 "journal gap: {} record(s) lost since {} ({:.1}s: the journal could not be written, a full disk or another write error; unexplained time)",
-                x.lost_records.unwrap_or(0),
+                x.lost_records,
                 from.format("%H:%M:%S%.3fZ"),
                 crate::analysis::report::secs(from, to)
             ),
-            _ => format!("journal gap: {} record(s) lost", x.lost_records.unwrap_or(0)),
+            _ => format!("journal gap: {} record(s) lost", x.lost_records),
         }
 }
 
 fn hang(x: &e::Hang) -> String {
-    let v = x.verdict.clone().unwrap_or_default();
+    let v = &x.verdict;
     let blamed = v
         .blamed_ranks
         .iter()
@@ -286,14 +318,14 @@ fn hang(x: &e::Hang) -> String {
         .join(",");
     // A verdict that nobody is hung (a peer busy, the rest finishing) is
     // a check that let the run carry on, not a hang.
-    let what = if v.rule.is_some_and(|r| r.carries_on()) {
+    let what = if v.rule.carries_on() {
         "hang check, carried on"
     } else {
         "HANG judged job-wide"
     };
     format!(
         "{what} ({}): {}{}",
-        or_unknown(&v.rule),
+        v.rule,
         text(&v.reason),
         if blamed.is_empty() {
             String::new()
@@ -317,17 +349,17 @@ fn teardown(x: &e::Teardown) -> String {
 fn busy_silent(x: &e::BusySilent) -> String {
     format!(
             "busy and silent at its step limit ({:.1}s of CPU, {:.1} MB of I/O in {:.1}s): judged by the evaluation limit ({:.0}s) from now",
-            x.cpu_s.unwrap_or(0.0),
+            x.cpu_s,
             x.io_bytes.unwrap_or(0) as f64 / 1e6,
-            x.window_s.unwrap_or(0.0),
-            x.limit_s.unwrap_or(0.0)
+            x.window_s,
+            x.limit_s
         )
 }
 
 fn progress_source(x: &e::ProgressSource) -> String {
     format!(
         "steps now named by the {}{}",
-        crate::names::or_unknown(&x.steps_from),
+        x.steps_from,
         x.before
             .as_ref()
             .map_or(String::new(), |b| format!(" (before: the {b})"))
@@ -335,14 +367,14 @@ fn progress_source(x: &e::ProgressSource) -> String {
 }
 
 fn stall_reported(x: &e::StallReported) -> String {
-    format!("coordinator: rank {} reported a stall", num(x.about_rank))
+    format!("coordinator: rank {} reported a stall", x.about_rank)
 }
 
 fn probe(x: &e::Probe) -> String {
     format!(
         "probe ({}): {}",
         text(&x.reason),
-        match x.probe.as_ref().and_then(|p| p.waiting_on_peer) {
+        match x.probe.waiting_on_peer {
             Some(true) => "blocked on a peer",
             Some(false) => "not waiting on a peer",
             None => "unknown",
@@ -353,8 +385,8 @@ fn probe(x: &e::Probe) -> String {
 fn launch(x: &e::Launch) -> String {
     // One rank has no rendezvous (no torchrun variables): no port to show.
     match x.master_port {
-        Some(port) => format!("launched {} rank(s), MASTER_PORT {port}", num(x.ranks)),
-        None => format!("launched {} rank(s)", num(x.ranks)),
+        Some(port) => format!("launched {} rank(s), MASTER_PORT {port}", x.ranks),
+        None => format!("launched {} rank(s)", x.ranks),
     }
 }
 
@@ -362,13 +394,13 @@ fn judgment(x: &e::Judgment) -> String {
     if x.primary_rank.is_none() && x.primary_node.is_none() {
         format!(
             "judgment: {}, nobody blamed: {}",
-            x.class.map_or("?", |c| c.name()),
+            x.class.name(),
             text(&x.evidence)
         )
     } else {
         format!(
             "judgment: {} on rank {} ({}): {}",
-            x.class.map_or("?", |c| c.name()),
+            x.class.name(),
             num(x.primary_rank),
             text(&x.primary_node),
             text(&x.evidence)
@@ -397,7 +429,7 @@ fn restart(x: &e::Restart) -> String {
         } else {
             "in place"
         },
-        num(x.next_attempt),
+        x.next_attempt,
         text(&x.reason)
     )
 }
@@ -405,23 +437,19 @@ fn restart(x: &e::Restart) -> String {
 fn relaunched(x: &e::Relaunched) -> String {
     format!(
         "first step {:.2}s after the failure",
-        x.failure_to_first_step_s.unwrap_or(0.0)
+        x.failure_to_first_step_s
     )
 }
 
 fn straggler(x: &e::Straggler) -> String {
     format!(
         "STRAGGLER {} {} {}: {:.3}s per step vs median {:.3}s ({})",
-        or_unknown(&x.scope),
+        x.scope,
         text(&x.who),
-        if x.flagged == Some(true) {
-            "flagged"
-        } else {
-            "recovered"
-        },
-        x.value_s.unwrap_or(0.0),
-        x.median_s.unwrap_or(0.0),
-        or_unknown(&x.basis)
+        if x.flagged { "flagged" } else { "recovered" },
+        x.value_s,
+        x.median_s,
+        x.basis
     )
 }
 
@@ -446,9 +474,7 @@ fn checkpoint_incomplete(x: &e::CheckpointSettled) -> String {
         "coordinated checkpoint #{} at step {}: ranks {} never confirmed",
         num(x.id),
         num(x.step),
-        x.missing_ranks.as_ref().map_or("?".into(), |m| {
-            serde_json::to_string(m).unwrap_or_else(|_| "?".into())
-        })
+        serde_json::to_string(&x.missing_ranks).unwrap_or_else(|_| "?".into())
     )
 }
 
@@ -457,10 +483,7 @@ fn coordinator_unreachable(x: &e::CoordinatorUnreachable) -> String {
 }
 
 fn coordinator_reachable(x: &e::CoordinatorReachable) -> String {
-    format!(
-        "coordinator reachable again after {:.1}s",
-        x.gap_s.unwrap_or(0.0)
-    )
+    format!("coordinator reachable again after {:.1}s", x.gap_s)
 }
 
 fn coordinator_start(x: &e::CoordinatorStart) -> String {
@@ -476,7 +499,7 @@ fn node_excluded(x: &e::NodeExcluded) -> String {
             _ => " from the job",
         },
         text(&x.reason),
-        x.evidence.as_deref().unwrap_or("")
+        x.evidence
     )
 }
 
@@ -503,7 +526,7 @@ fn exclusion_set(x: &e::ExclusionSet) -> String {
 fn launcher_lost(x: &e::LauncherLost) -> String {
     format!(
         "the launcher (pid {}) is gone: this rank trains on without it",
-        num(x.launcher_pid)
+        x.launcher_pid
     )
 }
 

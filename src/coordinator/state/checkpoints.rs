@@ -81,7 +81,7 @@ impl JobView {
             ev::CheckpointRequested {
                 id: Some(id),
                 step: Some(step),
-                reason: Some(reason.to_string()),
+                reason: reason.to_string(),
                 fastest_step: Some(fastest),
                 coordinated: Some(true),
                 ..Default::default()
@@ -120,12 +120,12 @@ impl JobView {
             .unwrap_or(now)
             .duration_since(p.asked);
         let settled = ev::CheckpointSettled {
-            id: Some(p.id),
-            step: Some(p.step),
-            reason: Some(p.reason.clone()),
-            confirmed_ranks: Some(confirmed.clone()),
-            missing_ranks: Some(missing.clone()),
-            request_to_last_confirmation_s: Some(last.as_secs_f64()),
+            id: p.id,
+            step: p.step,
+            reason: p.reason.clone(),
+            confirmed_ranks: confirmed.clone(),
+            missing_ranks: missing.clone(),
+            request_to_last_confirmation_s: last.as_secs_f64(),
         };
         out.push(journal(
             if complete {

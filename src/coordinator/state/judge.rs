@@ -129,9 +129,9 @@ impl JobView {
             .collect();
         journal(
             ev::Hang {
-                verdict: Some(v.into()),
-                first_reported_by: Some(first),
-                ranks: Some(ranks),
+                verdict: v.into(),
+                first_reported_by: first,
+                ranks,
                 ranks_omitted: (omitted > 0).then_some(omitted),
             },
             true,

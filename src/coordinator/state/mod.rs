@@ -430,7 +430,7 @@ impl JobView {
         self.next_window = now + self.cfg.straggler.window;
         vec![journal(
             ev::CoordinatorAttempt {
-                restarts: Some(self.restarts),
+                restarts: self.restarts,
             },
             false,
         )]
@@ -500,10 +500,8 @@ impl JobView {
         if self.cfg.observe {
             out.push(journal(
                 ev::Observed {
-                    would: Some(format!(
-                        "stop every rank of the attempt (rank {rank} on {node} first)"
-                    )),
-                    reason: Some(reason),
+                    would: format!("stop every rank of the attempt (rank {rank} on {node} first)"),
+                    reason,
                 },
                 true,
             ));
@@ -511,7 +509,7 @@ impl JobView {
         }
         out.push(journal(
             ev::Teardown {
-                reason: Some(reason.clone()),
+                reason: reason.clone(),
                 first_rank: Some(rank),
                 about_node: Some(node.to_string()),
                 ranks_left: None,
@@ -647,9 +645,9 @@ impl JobView {
                 change_entry(&mut self.tally, &mut self.pending, *r, e, |e| e.lost = true);
                 out.push(journal(
                     ev::RankLost {
-                        about_rank: Some(*r),
-                        about_node: Some(e.report.node.clone()),
-                        silent_s: Some(now.duration_since(e.heard).as_secs_f64()),
+                        about_rank: *r,
+                        about_node: e.report.node.clone(),
+                        silent_s: now.duration_since(e.heard).as_secs_f64(),
                     },
                     true,
                 ));

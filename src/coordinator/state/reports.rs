@@ -133,8 +133,8 @@ impl JobView {
         if let Some(silent) = was_lost {
             out.push(journal(
                 ev::RankHeardAgain {
-                    about_rank: Some(r.rank),
-                    about_node: Some(r.node.clone()),
+                    about_rank: r.rank,
+                    about_node: r.node.clone(),
                     silent_s: Some(silent.as_secs_f64()),
                 },
                 false,
@@ -146,8 +146,8 @@ impl JobView {
                 let took = last_step_at.unwrap_or(now).saturating_duration_since(f);
                 out.push(journal(
                     ev::Relaunched {
-                        failure_to_first_step_s: Some(took.as_secs_f64()),
-                        first_rank: Some(r.rank),
+                        failure_to_first_step_s: took.as_secs_f64(),
+                        first_rank: r.rank,
                     },
                     true,
                 ));
@@ -161,8 +161,8 @@ impl JobView {
         self.stalls += 1;
         out.push(journal(
             ev::StallReported {
-                about_rank: Some(rank),
-                about_node: Some(node.to_string()),
+                about_rank: rank,
+                about_node: node.to_string(),
             },
             false,
         ));

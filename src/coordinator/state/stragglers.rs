@@ -57,19 +57,19 @@ impl JobView {
             }
             out.push(journal(
                 ev::Straggler {
-                    scope: Some(c.scope),
-                    who: Some(c.who.clone()),
-                    straggler_node: Some(c.node.clone()),
+                    scope: c.scope,
+                    who: c.who.clone(),
+                    straggler_node: c.node.clone(),
                     about_rank: (c.scope == StragglerScope::Rank)
                         .then(|| c.who.parse::<u32>().ok())
                         .flatten(),
-                    flagged: Some(c.flagged),
-                    basis: Some(c.basis),
-                    value_s: Some(c.value_s),
-                    median_s: Some(c.median_s),
-                    ratio: Some(c.ratio),
-                    windows: Some(c.windows),
-                    confirmed_across_restart: Some(confirmed),
+                    flagged: c.flagged,
+                    basis: c.basis,
+                    value_s: c.value_s,
+                    median_s: c.median_s,
+                    ratio: c.ratio,
+                    windows: c.windows,
+                    confirmed_across_restart: confirmed,
                 },
                 true,
             ));
@@ -110,9 +110,9 @@ impl JobView {
                 );
                 out.push(journal(
                     ev::Slowdown {
-                        state: Some(SlowdownState::Started),
-                        step_s: Some(step_s),
-                        baseline_s: Some(baseline_s),
+                        state: SlowdownState::Started,
+                        step_s,
+                        baseline_s,
                         ratio: Some(step_s / baseline_s),
                         slow_for_s: Some(now.saturating_duration_since(since).as_secs_f64()),
                         attribution: Some(attribution.kind),
@@ -152,9 +152,9 @@ impl JobView {
                 lasted,
             } => out.push(journal(
                 ev::Slowdown {
-                    state: Some(SlowdownState::Ended),
-                    step_s: Some(step_s),
-                    baseline_s: Some(baseline_s),
+                    state: SlowdownState::Ended,
+                    step_s,
+                    baseline_s,
                     ratio: Some(step_s / baseline_s),
                     lasted_s: Some(lasted.as_secs_f64()),
                     ..Default::default()
@@ -171,8 +171,8 @@ impl JobView {
             let crate::event::Event::Straggler(s) = event else {
                 continue;
             };
-            let node_flagged = s.scope == Some(StragglerScope::Node) && s.flagged == Some(true);
-            let (true, Some(node)) = (
+            let node_flagged = s.scope == StragglerScope::Node && s.flagged;
+            let (true, node) = (
                 node_flagged && r.attempt < self.attempt,
                 s.straggler_node.clone(),
             ) else {
@@ -206,9 +206,9 @@ impl JobView {
             .map_or(u32::MAX, |(r, _)| *r);
         out.push(journal(
             ev::StragglerExclusion {
-                straggler_node: Some(node.clone()),
+                straggler_node: node.clone(),
                 about_rank: (rank != u32::MAX).then_some(rank),
-                evidence: Some(evidence.clone()),
+                evidence: evidence.clone(),
                 checkpoint_step: saved_step,
             },
             true,
@@ -269,10 +269,10 @@ mod straggler_exclusion_tests {
         let node = if flagged_before { "n1" } else { "n0" };
         w.write(
             ev::Straggler {
-                scope: Some(StragglerScope::Node),
-                who: Some(node.into()),
-                straggler_node: Some(node.into()),
-                flagged: Some(true),
+                scope: StragglerScope::Node,
+                who: node.into(),
+                straggler_node: node.into(),
+                flagged: true,
                 ..Default::default()
             },
             true,

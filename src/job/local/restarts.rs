@@ -34,8 +34,8 @@ impl Local {
         let teardown_s = a.failed_at.map(|f| ended.duration_since(f).as_secs_f64());
         run.log.write(
             ev::AttemptEnd {
-                exit_codes: Some(codes),
-                runtime_s: Some(ended.duration_since(a.started).as_secs_f64()),
+                exit_codes: codes,
+                runtime_s: ended.duration_since(a.started).as_secs_f64(),
                 teardown_s,
             },
             true,
@@ -128,13 +128,7 @@ impl Local {
                     reason: reason.clone(),
                 });
                 tracing::warn!("observe mode: would {would}; nothing done");
-                run.log.write(
-                    ev::Observed {
-                        would: Some(would),
-                        reason: Some(reason),
-                    },
-                    true,
-                );
+                run.log.write(ev::Observed { would, reason }, true);
                 Some((code, "observe mode: not restarted".into()))
             }
             Some(Action::RestartInPlace { reason }) => {
@@ -191,8 +185,8 @@ impl Local {
         }
         run.log.write(
             ev::Restart {
-                next_attempt: Some(attempt),
-                reason: Some(reason.to_string()),
+                next_attempt: attempt,
+                reason: reason.to_string(),
                 in_place: Some(true),
                 teardown_s,
                 ..Default::default()
