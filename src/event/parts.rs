@@ -394,7 +394,27 @@ impl super::CheckpointDone {
 
 #[cfg(test)]
 mod tests {
-    use super::ProbeFinding;
+    use super::{ProbeFinding, ProgressVia, StepNamer};
+
+    /// The progress module names its sources and step namers for the
+    /// journal; the schema reads them back by the same names.
+    #[test]
+    fn the_schemas_sources_are_named_as_the_progress_module_names_them() {
+        use crate::progress::{tracker::Namer, Source};
+        for s in [
+            Source::Stdout,
+            Source::Stderr,
+            Source::Socket,
+            Source::File,
+            Source::CheckpointDir,
+        ] {
+            assert_eq!(ProgressVia::from(s).name(), s.name());
+            assert_eq!(ProgressVia::parse(s.name()), Some(ProgressVia::from(s)));
+        }
+        for n in [Namer::Output, Namer::Socket, Namer::File] {
+            assert_eq!(StepNamer::from(n).name(), n.name());
+        }
+    }
 
     #[test]
     fn a_probe_is_busy_by_its_cpu_share_or_by_reaching_a_peer() {

@@ -65,12 +65,26 @@ impl Class {
     }
 
     /// Whether a restart may help (the failure was not in the user's code).
+    /// Every class is named here, so that a new one is decided, not
+    /// defaulted (a retryable class is what the restart budget counts).
     pub fn retryable(self) -> bool {
-        matches!(
-            self,
-            Class::Infrastructure | Class::Hang | Class::Preempted | Class::Unknown
-        )
+        match self {
+            Class::Infrastructure | Class::Hang | Class::Preempted | Class::Unknown => true,
+            Class::Clean | Class::UserError | Class::Secondary | Class::Numerical => false,
+        }
     }
+
+    /// Every class, for tables and tests over all of them.
+    pub const ALL: [Class; 8] = [
+        Class::Clean,
+        Class::UserError,
+        Class::Infrastructure,
+        Class::Hang,
+        Class::Secondary,
+        Class::Preempted,
+        Class::Numerical,
+        Class::Unknown,
+    ];
 }
 
 /// How a rank ended, as far as classification needs to know.
@@ -539,6 +553,25 @@ pub fn primary(failures: &[RankFailure]) -> Option<Judgment> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_class_is_named_as_the_journal_writes_it_and_decided_for_a_restart() {
+        let mut names: Vec<&str> = Class::ALL.iter().map(|c| c.name()).collect();
+        for c in Class::ALL {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.name(), "{c:?}");
+            let back: Class = serde_json::from_value(c.name().into()).unwrap();
+            assert_eq!(back, c);
+        }
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), Class::ALL.len());
+        let retried: Vec<&str> = Class::ALL
+            .into_iter()
+            .filter(|c| c.retryable())
+            .map(Class::name)
+            .collect();
+        assert_eq!(retried, ["infrastructure", "hang", "preempted", "unknown"]);
+    }
 
     fn end(code: i32, tail: &[&str]) -> RankEnd {
         RankEnd {
