@@ -52,3 +52,14 @@ impl Event {
         Event::deserialize(de).map_err(|e| format!("{kind}: {e}"))
     }
 }
+
+/// A required field as a record resilio did not write may hold it: absent
+/// (serde's `default`) or `null`, both read as the type's zero, as the
+/// schema's doc says (`events!`), rather than the record being dropped.
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}

@@ -4,8 +4,9 @@
 //! every build whose journals are kept under `tests/fixtures/journals/` (a
 //! test reads them all): it is its plain type, and readers take it as it is.
 //! Only a record resilio did not write (made by hand, or cut by another
-//! tool) can lack one; it reads as its type's zero (`Unknown` for a name),
-//! so that such a record is still read as its kind rather than dropped.
+//! tool) can lack one or hold `null` there; it reads as its type's zero
+//! (`Unknown` for a name), so that such a record is still read as its kind
+//! rather than dropped.
 //! Every other field is an `Option`, absent when unknown.
 
 /// One kind's struct, its fields gathered one at a time (`required` ones as
@@ -20,7 +21,7 @@ macro_rules! event_struct {
         $(#[$fmeta:meta])* required $field:ident : $ty:ty $(, $($rest:tt)*)?) => {
         event_struct!(@fields $meta $variant [$($done)*
             $(#[$fmeta])*
-            #[serde(default)]
+            #[serde(default, deserialize_with = "crate::event::fields::null_as_default")]
             pub $field: $ty,
         ] $($($rest)*)?);
     };

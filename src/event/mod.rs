@@ -766,6 +766,30 @@ mod tests {
     }
 
     #[test]
+    fn a_required_field_absent_or_null_reads_as_its_zero_and_the_record_as_its_kind() {
+        let read = |v: Value| {
+            let Value::Object(m) = v else { unreachable!() };
+            Event::parse("rank_exit", &m)
+        };
+        for v in [
+            serde_json::json!({ "cause": "exited" }),
+            serde_json::json!({ "exit_code": null, "cause": "exited" }),
+        ] {
+            let Ok(Event::RankExit(x)) = read(v.clone()) else {
+                panic!("{v} does not read as a rank_exit");
+            };
+            assert_eq!((x.exit_code, x.cause.as_str()), (0, "exited"));
+        }
+        let Ok(Event::RankExit(x)) = read(serde_json::json!({ "exit_code": 3, "cause": "c" }))
+        else {
+            panic!()
+        };
+        assert_eq!(x.exit_code, 3);
+        // A value of the wrong type is still no rank_exit.
+        assert!(read(serde_json::json!({ "exit_code": "three" })).is_err());
+    }
+
+    #[test]
     fn journals_of_earlier_builds_read_and_write_again_unchanged() {
         let root = std::env::var_os("RESILIO_CORPUS")
             .map(std::path::PathBuf::from)

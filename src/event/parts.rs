@@ -117,7 +117,7 @@ pub struct Outcome {
 /// The coordinator's hang verdict (`hang.verdict`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct HangVerdictRecord {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub rule: crate::policy::hang::HangRule,
     #[serde(default)]
     pub blamed_ranks: Vec<u32>,
@@ -125,7 +125,7 @@ pub struct HangVerdictRecord {
     pub blamed_nodes: Vec<String>,
     #[serde(default)]
     pub stalled_ranks: Vec<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub reason: String,
     #[serde(flatten)]
     pub more: Map<String, Value>,
@@ -134,17 +134,17 @@ pub struct HangVerdictRecord {
 /// A coordinated checkpoint settled (`checkpoint_complete`, `checkpoint_incomplete`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct CheckpointSettled {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub id: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub step: u64,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub reason: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub confirmed_ranks: Vec<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub missing_ranks: Vec<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::fields::null_as_default")]
     pub request_to_last_confirmation_s: f64,
 }
 
