@@ -8,7 +8,9 @@
 //! [`crate::journal::Record::event`] and match on it, instead of looking
 //! fields up by string.
 //!
-//! Compatibility: every field is optional (absent when unknown), fields this
+//! Compatibility: a field marked `required` is in every record of its kind
+//! that any kept build wrote (see `macros.rs`); every other field is optional
+//! (absent when unknown); fields this
 //! build does not know are ignored by the typed view (the record keeps them),
 //! and a kind this build does not know reads as `None` from
 //! [`crate::journal::Record::event`] while the record itself stays readable.
