@@ -286,15 +286,20 @@ fn a_loss_spike_is_recorded_and_the_run_goes_on() {
 
 #[test]
 fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
-    // Lockstep ranks: from step 30 rank 1 computes three times as long and
+    // Lockstep ranks: from step 120 rank 1 computes three times as long and
     // rank 0 waits for it at every step, so both step intervals rise; only
-    // the ranks' compute_s tells which one holds the other back.
+    // the ranks' compute_s tells which one holds the other back. A window
+    // holds two reports (one a second) so that each rank's compute time is
+    // measured in every window (3 steps at least): with windows of half a
+    // second, the window the slowdown was called in could hold no report
+    // of the slow rank's 0.3 s steps, and the blame read "waiting" (seen
+    // once under CI's load).
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = tmp.path().join("ckpt");
     std::fs::create_dir_all(&ckpt).unwrap();
     let cfg = write_config(
         tmp.path(),
-        "[straggler]\nwindow = \"500ms\"\ncheckpoint = false\n\
+        "[straggler]\nwindow = \"2s\"\ncheckpoint = false\n\
          [slowdown]\nthreshold = 0.3\nsustain = \"2s\"\nbaseline_windows = 6\nwarmup_windows = 1\n",
     );
     let mut c = run_local(
@@ -304,7 +309,7 @@ fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
         &["--max-restarts", "0", "--config", cfg.to_str().unwrap()],
         &[
             "--total",
-            "75",
+            "160",
             "--step-time",
             "0.1",
             "--ckpt-dir",
@@ -316,10 +321,10 @@ fn a_step_time_that_rises_halfway_is_a_slowdown_blamed_on_the_slow_rank() {
             "--slow-factor",
             "3",
             "--slow-from",
-            "30",
+            "120",
         ],
     );
-    let (out, _) = output_within(&mut c, Duration::from_secs(90));
+    let (out, _) = output_within(&mut c, Duration::from_secs(120));
     assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
     let recs = records(tmp.path(), "slow");
     let started: Vec<_> = kinds(&recs, "slowdown")
