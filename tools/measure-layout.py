@@ -60,6 +60,10 @@ for d, _, names in os.walk(root):
             name = rel[:-3].replace("/mod", "").replace("/", "::") + "::" + m.group(1)
             fns.append((body[m.start():j].count("\n") + 1, name))
         for m in re.finditer(r"^[ \t]*(?:pub(?:\([a-z]+\))? )?(?:struct|enum|type|trait) ([A-Z][A-Za-z0-9_]*)", body, re.M):
+            # An impl's associated type (`type Value = Record;` of a serde
+            # Visitor) names a trait's slot, not a type of ours.
+            if re.match(r"[ \t]+type ", m.group(0)) and not re.match(r"[ \t]*pub", m.group(0)):
+                continue
             types[m.group(1)].append(rel)
         # The enums a `names!` block declares (`    Name {` at its top level).
         for block in re.finditer(r"^names! \{\n(.*?)^\}", body, re.M | re.S):

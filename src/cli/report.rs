@@ -110,6 +110,13 @@ impl Shown {
         })
     }
 
+    /// Done with: the process is about to exit, and its memory goes back
+    /// at once; freeing a million records one by one first would take a
+    /// second.
+    fn leave(self) {
+        std::mem::forget(self);
+    }
+
     /// The lines printed under a timeline's heading.
     fn notes(&self) -> Vec<String> {
         let mut v: Vec<String> =
@@ -187,6 +194,7 @@ pub(super) fn report_cmd(a: &ReportArgs, timeline: bool) -> Result<i32> {
             print!("{}", crate::util::terminal_safe(&report::render_text(&r)));
         }
     }
+    shown.leave();
     Ok(0)
 }
 
@@ -197,6 +205,8 @@ pub(super) fn html_cmd(a: &ReportArgs, file: &std::path::Path) -> Result<i32> {
     let slurm = crate::analysis::accounting::slurm_times(job, &crate::slurm::SlurmCli::default());
     let r = shown.report(slurm.as_ref());
     let page = crate::analysis::html::render(job, &shown.records, &r);
+    let job = job.clone();
+    shown.leave();
     if file == std::path::Path::new("-") {
         print!("{page}");
         return Ok(0);

@@ -1,6 +1,6 @@
 //! An [`Event`] to and from a record's fields.
 
-use super::{Event, KINDS};
+use super::Event;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -35,21 +35,19 @@ impl Event {
 
     /// The same, saying what did not read.
     pub fn parse(kind: &str, fields: &Map<String, Value>) -> Result<Event, String> {
-        if !KINDS.contains(&kind) {
-            return Err(format!("unknown kind '{kind}'"));
-        }
-        // Read in place (no copy of the fields): the tag, then the fields
-        // but the run key, which is the envelope's (stamped on every record).
+        // Read in place (no copy of the fields), straight into the kind's
+        // struct: the fields but the run key, which is the envelope's
+        // (stamped on every record).
         use serde::de::value::MapDeserializer;
-        let tag = Value::String(kind.into());
-        let entries = std::iter::once(("kind", &tag)).chain(
-            fields
-                .iter()
-                .filter(|(k, _)| k.as_str() != "run")
-                .map(|(k, v)| (k.as_str(), v)),
-        );
+        let entries = fields
+            .iter()
+            .filter(|(k, _)| k.as_str() != "run")
+            .map(|(k, v)| (k.as_str(), v));
         let de = MapDeserializer::<_, serde_json::Error>::new(entries);
-        Event::deserialize(de).map_err(|e| format!("{kind}: {e}"))
+        match Event::deserialize_kind(kind, de) {
+            None => Err(format!("unknown kind '{kind}'")),
+            Some(e) => e.map_err(|e| format!("{kind}: {e}")),
+        }
     }
 }
 

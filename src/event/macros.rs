@@ -80,6 +80,23 @@ macro_rules! events {
             }
         }
 
+        impl Event {
+            /// Read `kind`'s fields (the tag left out) from `de` straight into
+            /// its struct, with no copy of them on the way (the derived reader
+            /// of a tagged enum buffers every field to find the tag); `None`
+            /// for a kind this build does not know.
+            pub(crate) fn deserialize_kind<'de, D: serde::Deserializer<'de>>(
+                kind: &str,
+                de: D,
+            ) -> Option<Result<Event, D::Error>> {
+                Some(match kind {
+                    $( $name => <$variant as Deserialize>::deserialize(de).map(Event::$variant), )*
+                    $( $xname => <$xty as Deserialize>::deserialize(de).map(Event::$xvariant), )*
+                    _ => return None,
+                })
+            }
+        }
+
         /// Every kind this build writes or reads.
         pub const KINDS: &[&str] = &[ $( $name, )* $( $xname, )* ];
     };

@@ -20,7 +20,7 @@
 //! typed by [`crate::event`].
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -28,6 +28,7 @@ use crate::event::Event;
 pub use crate::event::SCHEMA_VERSION;
 
 mod follow;
+mod parse;
 mod reader;
 mod rollback;
 mod writer;
@@ -38,7 +39,8 @@ pub use rollback::{forget_rollback, rollback_for, Rollback, ROLLBACK_FILE};
 pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+/// Read by hand (`parse.rs`): the envelope typed, the rest kept as it is.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Record {
     /// Schema version.
     pub v: u32,
@@ -64,9 +66,16 @@ pub struct Record {
 }
 
 /// A record's typed event, parsed once. Not part of what a record is: two
-/// records are equal whether or not either was parsed yet.
-#[derive(Clone, Debug, Default)]
+/// records are equal, and shown alike, whether or not either was parsed
+/// yet.
+#[derive(Clone, Default)]
 pub struct Parsed(std::sync::OnceLock<Option<Box<Event>>>);
+
+impl std::fmt::Debug for Parsed {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("Parsed")
+    }
+}
 
 impl PartialEq for Parsed {
     fn eq(&self, _: &Parsed) -> bool {
@@ -277,6 +286,87 @@ mod tests {
         let r3 = by_name("rank-3.jsonl");
         assert!(r3.error.is_some() && r3.describe().contains("rank-3.jsonl: unreadable ("));
         assert_eq!(j.skipped.len(), 4);
+    }
+
+    #[test]
+    fn a_job_of_many_files_is_read_on_every_core_as_it_is_file_by_file() {
+        // Enough files to be split between threads: each file's records
+        // and skipped lines as read alone, in name order, merged by time.
+        let dir = tempfile::tempdir().unwrap();
+        for rank in 0..300u32 {
+            let mut w = Writer::open(
+                dir.path(),
+                &format!("rank-{rank}.jsonl"),
+                0,
+                Some(rank),
+                None,
+            );
+            w.record("rank_start", json!({ "pid": rank }), false);
+            w.record("progress", json!({ "step": rank }), false);
+        }
+        let path = |n: &str| dir.path().join(n);
+        let text = |n: &str| std::fs::read_to_string(path(n)).unwrap();
+        let garbled = text("rank-7.jsonl").replace("\"kind\"", "garbled");
+        std::fs::write(path("rank-7.jsonl"), garbled).unwrap();
+        let torn = format!("{}{{\"v\":1,\"ts\"", text("rank-290.jsonl"));
+        std::fs::write(path("rank-290.jsonl"), torn).unwrap();
+        std::fs::write(path("rank-3-copy.jsonl"), text("rank-3.jsonl")).unwrap();
+        let future = text("rank-5.jsonl").replacen("2026-", "9999-", 1);
+        std::fs::write(path("rank-5.jsonl"), future).unwrap();
+        std::fs::create_dir(path("rank-300.jsonl")).unwrap();
+
+        let j = read_job(dir.path()).unwrap();
+        let mut alone = Vec::new();
+        for f in &j.files {
+            if let Ok(t) = std::fs::read(f) {
+                let (r, _) = parse_file(&t);
+                if !f.ends_with("rank-3-copy.jsonl") {
+                    alone.extend(
+                        r.into_iter()
+                            .filter(|r| r.ts.format("%Y").to_string() != "9999"),
+                    );
+                }
+            }
+        }
+        alone.sort_by_key(|r| r.ts);
+        assert_eq!(j.records, alone);
+        assert_eq!(j.records.len(), 600 - 2 - 1);
+        // Every record's event was parsed as it was read.
+        assert!(j.records.iter().all(|r| r.parsed.0.get().is_some()));
+        assert_eq!(j.files.len(), 302);
+        assert!(j.files[..301].iter().all(|f| is_own_name_for_test(f)));
+        assert!(j.files[301].ends_with("rank-3-copy.jsonl"));
+        let listed: Vec<String> = j
+            .skipped
+            .iter()
+            .map(|f| {
+                let name = f.file.file_name().unwrap().to_string_lossy();
+                format!(
+                    "{name} {} {} {} {} {}",
+                    f.lines,
+                    f.torn_last_line,
+                    f.duplicates,
+                    f.future,
+                    f.error.is_some()
+                )
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                "rank-290.jsonl 1 true 0 0 false",
+                "rank-300.jsonl 0 false 0 0 true",
+                "rank-5.jsonl 0 false 0 1 false",
+                "rank-7.jsonl 2 false 0 0 false",
+                "rank-3-copy.jsonl 0 false 2 0 false",
+            ]
+        );
+        assert_eq!(j.bad_lines, 3);
+    }
+
+    fn is_own_name_for_test(p: &Path) -> bool {
+        let n = p.file_name().unwrap().to_string_lossy();
+        n.starts_with("rank-") && !n.contains("copy")
     }
 
     #[test]

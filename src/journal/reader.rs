@@ -147,44 +147,36 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
     // The names resilio writes (`rank-3.jsonl`, `batch.jsonl`) first: of a
     // file and its copy (`rank-3-copy.jsonl`), the copy is the one left out.
     files.sort_by_cached_key(|p| (!is_own_name(p), p.clone()));
+    // Each file read and parsed (its records' events too) on every core,
+    // then merged in name order.
+    let read = read_all(&files, owner);
+    out.records
+        .reserve_exact(read.iter().map(|f| f.records.len()).sum());
     // Files read so far by length and ends: a copy is then compared whole.
     let mut by_shape: std::collections::HashMap<FileShape, usize> = Default::default();
-    for (index, path) in files.iter().enumerate() {
-        let mut skip = SkippedLines {
-            file: path.clone(),
-            ..SkippedLines::default()
-        };
-        // Not followed, not waited on, not read past its cap: a shared
-        // state dir's journals are anyone's to plant (a FIFO would hang the
-        // reader, `/dev/zero` behind a name would fill its memory).
-        match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
-            Ok(text) => {
-                let start = out.records.len();
-                read_lines(&text, &mut out.records, &mut skip);
-                let shape = FileShape::of(&text);
-                let copy = by_shape.get(&shape).is_some_and(|&e| {
-                    crate::util::files::read_owned(
-                        &files[e],
-                        crate::util::files::JOURNAL_CAP,
-                        owner,
-                    )
-                    .is_ok_and(|t| t == text)
-                });
-                if copy && out.records.len() > start {
-                    skip.duplicates = out.records.len() - start;
-                    out.records.truncate(start);
-                } else {
-                    by_shape.entry(shape).or_insert(index);
-                }
-                if out.records[start..].iter().any(|r| r.ts > latest) {
-                    let mut kept = out.records.split_off(start);
-                    let before = kept.len();
-                    kept.retain(|r| r.ts <= latest);
-                    skip.future = before - kept.len();
-                    out.records.append(&mut kept);
-                }
+    for (index, (path, got)) in files.iter().zip(read).enumerate() {
+        let mut skip = got.skip;
+        skip.file = path.clone();
+        if let Some(shape) = got.shape {
+            let mut records = got.records;
+            let copy = by_shape.get(&shape).is_some_and(|&e| {
+                let read = |p: &Path| {
+                    crate::util::files::read_owned(p, crate::util::files::JOURNAL_CAP, owner)
+                };
+                matches!((read(&files[e]), read(path)), (Ok(a), Ok(b)) if a == b)
+            });
+            if copy && !records.is_empty() {
+                skip.duplicates = records.len();
+                records.clear();
+            } else {
+                by_shape.entry(shape).or_insert(index);
             }
-            Err(e) => skip.error = Some(e.to_string()),
+            if records.iter().any(|r| r.ts > latest) {
+                let before = records.len();
+                records.retain(|r| r.ts <= latest);
+                skip.future = before - records.len();
+            }
+            out.records.append(&mut records);
         }
         out.bad_lines += skip.lines;
         if skip.lines > 0
@@ -199,6 +191,60 @@ pub fn read_job_at(dir: &Path, now: chrono::DateTime<chrono::Utc>) -> std::io::R
     out.records.sort_by_key(|r| r.ts);
     out.files = files;
     Ok(out)
+}
+
+/// One journal file as read: its records (their events parsed), what was
+/// skipped (`file` left empty), and its shape (`None`: not read).
+#[derive(Default)]
+struct FileRead {
+    records: Vec<Record>,
+    skip: SkippedLines,
+    shape: Option<FileShape>,
+}
+
+/// Read and parse `files`, in their order, on up to as many threads as the
+/// machine has cores (a job of 131,072 ranks has as many files).
+fn read_all(files: &[PathBuf], owner: u32) -> Vec<FileRead> {
+    let one = |path: &PathBuf| {
+        let mut got = FileRead::default();
+        // Not followed, not waited on, not read past its cap: a shared
+        // state dir's journals are anyone's to plant (a FIFO would hang the
+        // reader, `/dev/zero` behind a name would fill its memory).
+        match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
+            Ok(text) => {
+                read_lines(&text, &mut got.records, &mut got.skip);
+                for r in &got.records {
+                    r.event();
+                }
+                got.shape = Some(FileShape::of(&text));
+            }
+            Err(e) => got.skip.error = Some(e.to_string()),
+        }
+        got
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+        .min(files.len().div_ceil(64));
+    if threads <= 1 {
+        return files.iter().map(one).collect();
+    }
+    let mut out: Vec<FileRead> = Vec::with_capacity(files.len());
+    std::thread::scope(|s| {
+        let chunk = files.len().div_ceil(threads);
+        let parts: Vec<_> = files
+            .chunks(chunk)
+            .map(|part| s.spawn(move || part.iter().map(one).collect::<Vec<_>>()))
+            .collect();
+        for p in parts {
+            // A thread that panicked read nothing: its files read here.
+            match p.join() {
+                Ok(mut got) => out.append(&mut got),
+                Err(_) => out.extend(files[out.len()..].iter().take(chunk).map(one)),
+            }
+        }
+    });
+    out
 }
 
 /// A journal file name as resilio writes them: `rank-N`, `stepS-rank-N`,
