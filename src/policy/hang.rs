@@ -391,16 +391,80 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> RuleFinding<'_> {
     (HangRule::Undetermined, vec![], reason)
 }
 
+/// The ranks, as `1,3` (up to [`LISTED`] of them, in the given order);
+/// more as runs of consecutive ranks, at most [`LISTED`] runs and a count
+/// (`0-911,16800-16807,... (131,071 ranks)`): a verdict over 131,072 ranks
+/// would otherwise name every one of them in its reason, a record of a
+/// megabyte.
 fn list(rs: &[&RankView]) -> String {
-    rs.iter()
-        .map(|r| r.rank.to_string())
-        .collect::<Vec<_>>()
-        .join(",")
+    if rs.len() <= LISTED {
+        return rs
+            .iter()
+            .map(|r| r.rank.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+    }
+    let mut ranks: Vec<u32> = rs.iter().map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let mut runs: Vec<(u32, u32)> = Vec::new();
+    for r in &ranks {
+        match runs.last_mut() {
+            Some((_, end)) if *end + 1 == *r => *end = *r,
+            _ => runs.push((*r, *r)),
+        }
+    }
+    let mut text: Vec<String> = runs
+        .iter()
+        .take(LISTED)
+        .map(|(a, b)| {
+            if a == b {
+                a.to_string()
+            } else {
+                format!("{a}-{b}")
+            }
+        })
+        .collect();
+    if runs.len() > LISTED {
+        text.push("...".into());
+    }
+    format!("{} ({} ranks)", text.join(","), ranks.len())
 }
+
+/// How many ranks (or runs of ranks) a verdict's reason names.
+const LISTED: usize = 16;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reason_names_a_few_ranks_each_and_many_as_runs_with_a_count() {
+        let views = |ranks: &[u32]| -> Vec<RankView> {
+            ranks
+                .iter()
+                .map(|r| RankView {
+                    rank: *r,
+                    ..Default::default()
+                })
+                .collect()
+        };
+        let text = |ranks: &[u32]| list(&views(ranks).iter().collect::<Vec<_>>());
+        assert_eq!(text(&[3, 1]), "3,1");
+        assert_eq!(
+            text(&(0..16).collect::<Vec<_>>()),
+            (0..16).map(|r| r.to_string()).collect::<Vec<_>>().join(",")
+        );
+        assert_eq!(text(&(0..17).collect::<Vec<_>>()), "0-16 (17 ranks)");
+        let many: Vec<u32> = (0..131_072).filter(|r| *r != 65_536).collect();
+        assert_eq!(text(&many), "0-65535,65537-131071 (131071 ranks)");
+        let scattered: Vec<u32> = (0..100).map(|r| r * 2).collect();
+        let t = text(&scattered);
+        assert!(
+            t.starts_with("0,2,4,") && t.ends_with(",30,... (100 ranks)"),
+            "{t}"
+        );
+    }
 
     /// Trial 13: rank 0's agent froze at step 28 (marked lost) while its
     /// trainer trained on with the others to step 39; rank 2 then hung

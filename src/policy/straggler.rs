@@ -117,6 +117,38 @@ fn median(mut xs: Vec<f64>) -> Option<f64> {
     })
 }
 
+/// For each value, the median of all the others, in O(n log n) for all of
+/// them (a median of the others taken one value at a time is O(n^2 log n):
+/// at 131,072 ranks, a minute and a half of the coordinator's core at
+/// every window). The others of a value are the sorted values with its
+/// place left out; which of equal values is left out changes nothing.
+fn medians_of_the_others(values: &[f64]) -> Vec<Option<f64>> {
+    let n = values.len();
+    if n < 2 {
+        return vec![None; n];
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| values[a].total_cmp(&values[b]));
+    let sorted: Vec<f64> = order.iter().map(|&i| values[i]).collect();
+    let mut place = vec![0; n];
+    for (p, &i) in order.iter().enumerate() {
+        place[i] = p;
+    }
+    // The k-th of the others of the value at sorted place `p`.
+    let kth = |p: usize, k: usize| if k < p { sorted[k] } else { sorted[k + 1] };
+    let m = n - 1;
+    place
+        .into_iter()
+        .map(|p| {
+            Some(if m % 2 == 1 {
+                kth(p, m / 2)
+            } else {
+                (kth(p, m / 2 - 1) + kth(p, m / 2)) / 2.0
+            })
+        })
+        .collect()
+}
+
 impl StragglerPolicy {
     pub fn new(cfg: StragglerConfig) -> Self {
         StragglerPolicy {
@@ -226,14 +258,9 @@ impl StragglerPolicy {
         } else {
             &mut self.nodes
         };
-        for (i, (who, node, v)) in values.iter().enumerate() {
-            let others: Vec<f64> = values
-                .iter()
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .map(|(_, x)| x.2)
-                .collect();
-            let Some(m) = median(others) else { continue };
+        let medians = medians_of_the_others(&values.iter().map(|x| x.2).collect::<Vec<_>>());
+        for ((who, node, v), m) in values.iter().zip(medians) {
+            let Some(m) = m else { continue };
             let slow = m > 0.0 && *v > m * (1.0 + self.cfg.margin);
             let s = streaks.entry(who.clone()).or_default();
             if slow {
@@ -272,6 +299,34 @@ impl StragglerPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_of_the_others_is_each_values_median_of_all_but_it() {
+        // Against the median of the others taken one at a time, on lists
+        // of every length to 40 with ties (values from a few levels).
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % 9
+        };
+        for n in 0..40 {
+            let values: Vec<f64> = (0..n).map(|_| 0.1 * next() as f64).collect();
+            let one_at_a_time: Vec<Option<f64>> = (0..n)
+                .map(|i| {
+                    let others = values
+                        .iter()
+                        .enumerate()
+                        .filter(|(j, _)| *j != i)
+                        .map(|(_, v)| *v)
+                        .collect();
+                    median(others)
+                })
+                .collect();
+            assert_eq!(medians_of_the_others(&values), one_at_a_time, "{values:?}");
+        }
+    }
 
     /// Four ranks on two nodes; rank 3 on node b computes `slow`x longer.
     /// Steps are in lockstep: every rank's interval is the slowest's.
