@@ -18,9 +18,11 @@
 //! every rank's step stands still from then (the others wait on it in the
 //! collective), the hung rank's agent reports it stalled BENCH_STALL_S
 //! later (default 10, the stall limit), the others answer the probe the
-//! coordinator sends them (waiting on a peer) in their next report, and
-//! the bench prints the time from the stalled report to the teardown (the
-//! first stop in a reply) and the rank the coordinator's verdict blamed.
+//! coordinator sends them (waiting on a peer) as real agents do: half a
+//! second (a probe's least time) after the reply that asked, in a report
+//! of their own naming the ask's seq, and in every report after; the bench
+//! prints the time from the stalled report to the teardown (the first stop
+//! in a reply) and the rank the coordinator's verdict blamed.
 //!
 //! BENCH_PER_NODE=8 simulates node relays (`[coordinator] node_relay`):
 //! BENCH_AGENTS ranks on BENCH_AGENTS/8 nodes, each node sending one batch
@@ -52,12 +54,151 @@ fn cpu_ticks(pid: u32) -> u64 {
         + f.get(12).and_then(|x| x.parse::<u64>().ok()).unwrap_or(0)
 }
 
+/// One request on a keep-alive HTTP/1.1 connection: whether it was answered
+/// 200, and the reply's body.
+async fn post(
+    stream: &mut tokio::io::BufStream<tokio::net::TcpStream>,
+    req: &str,
+) -> std::io::Result<(bool, Vec<u8>)> {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    stream.write_all(req.as_bytes()).await?;
+    stream.flush().await?;
+    let mut line = String::new();
+    stream.read_line(&mut line).await?;
+    let ok = line.split_whitespace().nth(1) == Some("200");
+    let mut len = 0usize;
+    loop {
+        line.clear();
+        stream.read_line(&mut line).await?;
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+    }
+    let mut b = vec![0u8; len];
+    stream.read_exact(&mut b).await?;
+    Ok((ok, b))
+}
+
+/// The seq of the probe (`diagnose`) a reply asks for, if it asks for one.
+fn probe_asked(reply: &[u8]) -> Option<u64> {
+    let has = |w: &[u8]| reply.windows(w.len()).any(|x| x == w);
+    if !has(br#""kind":"diagnose""#) {
+        return None;
+    }
+    let v: serde_json::Value = serde_json::from_slice(reply).ok()?;
+    v["commands"]
+        .as_array()?
+        .iter()
+        .filter(|c| c["kind"] == "diagnose")
+        .filter_map(|c| c["seq"].as_u64())
+        .max()
+}
+
+fn has_stop(reply: &[u8]) -> bool {
+    let w = br#""kind":"stop""#;
+    reply.windows(w.len()).any(|x| x == w)
+}
+
 /// The injected hang (BENCH_HANG=1).
 #[derive(Clone, Copy)]
 struct Hang {
     rank: u32,
     at: Instant,
     stall: Duration,
+}
+
+/// What every simulated agent shares: the job, the injected hang, and
+/// where to note the stalled report and the teardown.
+struct Sim {
+    agents: u32,
+    per_node: u32,
+    start: Instant,
+    hang: Option<Hang>,
+    /// The request's headers but the connection's and the length.
+    header: String,
+    stalled_sent: Arc<std::sync::OnceLock<Instant>>,
+    stop_seen: Arc<std::sync::OnceLock<Instant>>,
+}
+
+impl Sim {
+    /// The request of `sender` (a rank, or a node's relay) due at `due`:
+    /// its ranks' reports, their probe answering the ask `answered`.
+    fn request(
+        &self,
+        sender: u32,
+        due: Instant,
+        round: u64,
+        answered: Option<u64>,
+        conn: &str,
+    ) -> String {
+        let per_node = self.per_node;
+        let mut bodies = Vec::with_capacity(per_node as usize);
+        let first = sender * per_node;
+        for rank in first..(first + per_node).min(self.agents) {
+            let mut step = 10 * (round + 1);
+            let mut age = 0.05;
+            let mut state = "running";
+            let mut probe = r#""waiting_on_peer":null,"probed":false"#.to_string();
+            if let Some(h) = self.hang.filter(|h| due >= h.at) {
+                // Every rank's step stands where the hang began.
+                step = 10 * (h.at.duration_since(self.start).as_secs() + 1);
+                age = due.duration_since(h.at).as_secs_f64();
+                if rank == h.rank && due >= h.at + h.stall {
+                    state = "stalled";
+                    probe =
+                        r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#.into();
+                    let _ = self.stalled_sent.set(Instant::now());
+                } else if let Some(seq) = answered {
+                    probe = format!(r#""waiting_on_peer":true,"probed":true,"probe_seq":{seq}"#);
+                }
+            }
+            bodies.push(format!(
+                r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"{state}","step":{step},"progress_age_s":{age},"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,{probe},"probe":null,"commands_seen":0}}"#,
+                rank / 8,
+                1000 + rank,
+                step as f64 * 0.1,
+                step as f64 * 0.08
+            ));
+        }
+        let (path, body) = if per_node == 1 {
+            ("/v1/report", bodies.pop().unwrap_or_default())
+        } else {
+            (
+                "/v1/reports",
+                format!(
+                    r#"{{"v":1,"node":"node{sender:04}","reports":[{}]}}"#,
+                    bodies.join(",")
+                ),
+            )
+        };
+        format!(
+            "POST {path} HTTP/1.1\r\n{}\r\nConnection: {conn}\r\nContent-Length: {}\r\n\r\n{body}",
+            self.header,
+            body.len()
+        )
+    }
+
+    /// Note a teardown in a reply.
+    fn heard(&self, reply: &[u8]) {
+        if self.hang.is_some() && has_stop(reply) {
+            let _ = self.stop_seen.set(Instant::now());
+        }
+    }
+
+    /// A sender's urgent report with its probe's answer, at `at`, on a
+    /// connection of its own.
+    async fn answer(self: Arc<Sim>, addr: String, sender: u32, round: u64, seq: u64, at: Instant) {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
+        let req = self.request(sender, at, round, Some(seq), "close");
+        if let Ok(s) = tokio::net::TcpStream::connect(&addr).await {
+            if let Ok((_, reply)) = post(&mut tokio::io::BufStream::new(s), &req).await {
+                self.heard(&reply);
+            }
+        }
+    }
 }
 
 fn main() {
@@ -114,27 +255,37 @@ fn main() {
     let addr = url.trim_start_matches("http://").to_string();
     rt.block_on(async {
         let mut tasks = Vec::new();
+        let sim = Arc::new(Sim {
+            agents,
+            per_node,
+            start,
+            hang,
+            header: format!(
+                "Host: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"
+            ),
+            stalled_sent: stalled_sent.clone(),
+            stop_seen: stop_seen.clone(),
+        });
         // One task per connection; its agents report in turn, each once a
         // second, spread over the second. A minimal HTTP/1.1 client (the
         // agents' reqwest would cost the generator more than the server).
         for c in 0..conns {
             let lat = lat.clone();
             let errors = errors.clone();
-            let token = token.clone();
             let addr = addr.clone();
-            let (stalled_sent, stop_seen) = (stalled_sent.clone(), stop_seen.clone());
+            let sim = sim.clone();
             let (registered, last_registered) = (registered.clone(), last_registered.clone());
             tasks.push(tokio::spawn(async move {
-                use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
                 let ranks: Vec<u32> = (c as u32..senders).step_by(conns).collect();
-                // Senders that were asked for a probe (their ranks answer it).
-                let mut asked = vec![false; ranks.len()];
+                // The probe each sender was asked for, and when its answer
+                // is out (its ranks say so in every report from then on).
+                let mut asked: Vec<Option<(u64, Instant)>> = vec![None; ranks.len()];
                 let mut stream: Option<tokio::io::BufStream<tokio::net::TcpStream>> = None;
                 let mut round = 0u64;
                 'outer: loop {
-                    for (k, rank) in ranks.iter().enumerate() {
+                    for (k, sender) in ranks.iter().enumerate() {
                         let spread = Duration::from_micros(
-                            (*rank as u64 * 1_000_000 / senders as u64 + k as u64) % 1_000_000,
+                            (*sender as u64 * 1_000_000 / senders as u64 + k as u64) % 1_000_000,
                         );
                         let due = if storm && round == 0 {
                             start
@@ -145,84 +296,30 @@ fn main() {
                             break 'outer;
                         }
                         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                        let mut bodies = Vec::with_capacity(per_node as usize);
-                        let first = *rank * per_node;
-                        for rank in first..(first + per_node).min(agents) {
-                            let mut step = 10 * (round + 1);
-                            let mut age = 0.05;
-                            let mut state = "running";
-                            let mut probe = r#""waiting_on_peer":null,"probed":false"#;
-                            if let Some(h) = hang.filter(|h| due >= h.at) {
-                                // Every rank's step stands where the hang began.
-                                step = 10 * (h.at.duration_since(start).as_secs() + 1);
-                                age = due.duration_since(h.at).as_secs_f64();
-                                if rank == h.rank && due >= h.at + h.stall {
-                                    state = "stalled";
-                                    probe = r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#;
-                                    let _ = stalled_sent.set(Instant::now());
-                                } else if asked[k] {
-                                    probe = r#""waiting_on_peer":true,"probed":true"#;
-                                }
-                            }
-                            bodies.push(format!(
-                                r#"{{"v":1,"rank":{rank},"node":"node{:04}","attempt":0,"pid":{},"state":"{state}","step":{step},"progress_age_s":{age},"intervals":[{step},{}],"compute":[{step},{}],"phase":"train","checkpoints":[],"exit":null,{probe},"probe":null,"commands_seen":0}}"#,
-                                rank / 8,
-                                1000 + rank,
-                                step as f64 * 0.1,
-                                step as f64 * 0.08
-                            ));
-                        }
-                        let (path, body) = if per_node == 1 {
-                            ("/v1/report", bodies.pop().unwrap_or_default())
-                        } else {
-                            (
-                                "/v1/reports",
-                                format!(r#"{{"v":1,"node":"node{:04}","reports":[{}]}}"#, rank, bodies.join(",")),
-                            )
-                        };
-                        let req = format!(
-                            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        );
+                        let answered = asked[k].filter(|(_, at)| *at <= due).map(|(seq, _)| seq);
+                        let req = sim.request(*sender, due, round, answered, "keep-alive");
                         let t = Instant::now();
-                        let ok: std::io::Result<bool> = async {
+                        let res: std::io::Result<(bool, Vec<u8>)> = async {
                             if stream.is_none() {
                                 stream = Some(tokio::io::BufStream::new(
                                     tokio::net::TcpStream::connect(&addr).await?,
                                 ));
                             }
-                            let s = stream.as_mut().unwrap();
-                            s.write_all(req.as_bytes()).await?;
-                            s.flush().await?;
-                            let mut line = String::new();
-                            s.read_line(&mut line).await?;
-                            let ok = line.split_whitespace().nth(1) == Some("200");
-                            let mut len = 0usize;
-                            loop {
-                                line.clear();
-                                s.read_line(&mut line).await?;
-                                if line == "\r\n" || line.is_empty() {
-                                    break;
-                                }
-                                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
-                                    len = v.trim().parse().unwrap_or(0);
-                                }
-                            }
-                            let mut b = vec![0u8; len];
-                            s.read_exact(&mut b).await?;
-                            let has = |w: &[u8]| b.windows(w.len()).any(|x| x == w);
-                            if hang.is_some() {
-                                if has(br#""kind":"diagnose""#) {
-                                    asked[k] = true;
-                                }
-                                if has(br#""kind":"stop""#) {
-                                    let _ = stop_seen.set(Instant::now());
-                                }
-                            }
-                            Ok(ok)
+                            post(stream.as_mut().unwrap(), &req).await
                         }
                         .await;
-                        let ok = matches!(ok, Ok(true));
+                        let ok = matches!(res, Ok((true, _)));
+                        if let Ok((_, reply)) = &res {
+                            sim.heard(reply);
+                            let seq = sim.hang.and_then(|_| probe_asked(reply));
+                            if let Some(seq) = seq.filter(|s| asked[k].is_none_or(|(a, _)| a < *s)) {
+                                // The probe takes half a second, then the
+                                // agent reports at once (an urgent report).
+                                let at = Instant::now() + Duration::from_millis(500);
+                                asked[k] = Some((seq, at));
+                                tokio::spawn(sim.clone().answer(addr.clone(), *sender, round, seq, at));
+                            }
+                        }
                         if !ok {
                             stream = None;
                         }
