@@ -278,7 +278,7 @@ impl<'a> Agent<'a> {
         let waited = crate::duration::format(now.saturating_duration_since(self.rank.launched));
         let limit = crate::duration::format(self.rank.cfg.stall.startup_timeout);
         let warning = format!(
-            "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: export TTY_COMPATIBLE=1 (Rich then draws it, and resilio reads it), or use TQDMProgressBar or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET"
+            "rank 0 has printed no step number in {waited}: a hang is caught only by the startup limit ({limit}), and the report counts no time as productive. Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe: export TTY_COMPATIBLE=1 (Rich then draws it, and resilio reads it), or use TQDMProgressBar or the resilio_client.lightning callback; the HF Trainer without its bar names its steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET; steps printed in a format of the trainer's own are read with `--progress-regex` (`[progress] regex`), e.g. `--progress-regex '^it (\\d+)/'` for `it 12/200 loss=...`"
         );
         tracing::warn!("{warning}");
         self.rank.journal.write(ev::SetupWarning { warning }, false);

@@ -397,6 +397,11 @@ fn a_trainer_printing_no_step_number_is_told_so_once() {
         warned.str("warning").unwrap().contains("no step number"),
         "{warned:?}"
     );
+    // And the one flag that reads a format of the trainer's own.
+    assert!(
+        warned.str("warning").unwrap().contains("--progress-regex"),
+        "{warned:?}"
+    );
     assert_eq!(err.matches("no step number").count(), 1, "{err}");
     let (err, recs) = run("steps", "step {} loss 1.0");
     assert!(kinds(&recs, "setup_warning").is_empty(), "{recs:?}");

@@ -358,6 +358,7 @@ mod tests {
             text.contains("note: no step number was read from the trainer, so no time counts as productive: Lightning's"),
             "{text}"
         );
+        assert!(text.contains("read with `--progress-regex`"), "{text}");
     }
 
     #[test]

@@ -35,7 +35,7 @@ pub fn summary_line(r: &JobReport) -> String {
 }
 
 /// Where step numbers come from, when a trainer's are not read.
-const STEPS_FROM: &str = "Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (export TTY_COMPATIBLE=1 so Rich draws it and resilio reads it, or use TQDMProgressBar or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET";
+const STEPS_FROM: &str = "Lightning's Rich bar (its default when `rich` is installed) prints nothing to a pipe (export TTY_COMPATIBLE=1 so Rich draws it and resilio reads it, or use TQDMProgressBar or the resilio_client.lightning callback); the HF Trainer without its bar names steps at log level info (`--log_level info`); any trainer can send `step=N` on RESILIO_SOCKET; steps printed in a format of the trainer's own are read with `--progress-regex` (`[progress] regex`), e.g. `--progress-regex '^it (\\d+)/'` for `it 12/200 loss=...`";
 
 /// The checkpoint that can be restored, checkpoints found incomplete, and
 /// saves that take too much of the time between them.
