@@ -334,7 +334,7 @@ mod tests {
         // Every record's event was parsed as it was read.
         assert!(j.records.iter().all(|r| r.parsed.0.get().is_some()));
         assert_eq!(j.files.len(), 302);
-        assert!(j.files[..301].iter().all(|f| is_own_name_for_test(f)));
+        assert!(j.files[..301].iter().all(|f| reader::is_own_name(f)));
         assert!(j.files[301].ends_with("rank-3-copy.jsonl"));
         let listed: Vec<String> = j
             .skipped
@@ -362,11 +362,6 @@ mod tests {
             ]
         );
         assert_eq!(j.bad_lines, 3);
-    }
-
-    fn is_own_name_for_test(p: &Path) -> bool {
-        let n = p.file_name().unwrap().to_string_lossy();
-        n.starts_with("rank-") && !n.contains("copy")
     }
 
     #[test]

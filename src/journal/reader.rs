@@ -249,7 +249,7 @@ fn read_all(files: &[PathBuf], owner: u32) -> Vec<FileRead> {
 
 /// A journal file name as resilio writes them: `rank-N`, `stepS-rank-N`,
 /// `batch`, `coordinator`, `decider`, `launcher` (`.jsonl`).
-fn is_own_name(path: &Path) -> bool {
+pub(super) fn is_own_name(path: &Path) -> bool {
     let Some(stem) = path.file_stem().and_then(|s| s.to_str()) else {
         return false;
     };
