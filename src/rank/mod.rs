@@ -113,6 +113,7 @@ pub(crate) async fn supervise(opts: RunOptions, slurm: &dyn Slurm) -> Result<End
         Setup::Done(code) => return Ok(Ended::Early(code)),
     };
     let (mut agent, mut done) = Agent::new(rank, slurm);
+    crate::util::release_free_memory();
     agent.run(&mut inputs, &mut done, &mut NoHooks).await;
     Ok(Ended::Finished(Box::new(agent.finish().await)))
 }
