@@ -523,7 +523,7 @@ fn a_straggling_node_confirmed_after_a_restart_is_left_out() {
                 "straggler" | "straggler_exclusion" | "decision"
             )
         })
-        .map(|r| format!("attempt {} {}: {:?}", r.attempt, r.kind, r.data))
+        .map(|r| format!("attempt {} {}: {:?}", r.attempt, r.kind, r.fields()))
         .collect();
     let said = said.join("\n");
     // n2 flagged in attempt 0 (a window short of samples may clear and
@@ -2537,9 +2537,10 @@ fn a_checkpoint_that_loads_into_nan_is_not_loaded_again() {
     let decisions = job.kinds("decision");
     assert_eq!(decisions.len(), 2, "{decisions:#?}");
     let d1 = &decisions[1];
-    assert_eq!(d1.data["suspect_checkpoint"], 40, "{d1:?}");
+    assert_eq!(d1.fields()["suspect_checkpoint"], 40, "{d1:?}");
     assert_eq!(
-        d1.data["decision"]["action"], "restart_in_allocation",
+        d1.fields()["decision"]["action"],
+        "restart_in_allocation",
         "{d1:?}"
     );
     let rb = job.kinds("rollback");

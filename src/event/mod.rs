@@ -745,14 +745,14 @@ mod tests {
                 unknown.push(r.kind.clone());
                 continue;
             }
-            let e = match Event::parse(&r.kind, &r.data) {
+            let e = match Event::parse(&r.kind, r.fields()) {
                 Ok(e) => e,
                 Err(e) => {
                     problems.push(format!("does not read: {e}"));
                     continue;
                 }
             };
-            let mut orig = r.data.clone();
+            let mut orig = r.fields().clone();
             orig.remove("run");
             let again = e.into_fields();
             if !same(&Value::Object(orig.clone()), &Value::Object(again.clone())) {

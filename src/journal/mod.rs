@@ -40,7 +40,12 @@ pub use writer::{create_private_dir_all, write_private, Writer};
 
 /// One journal record. Fields beyond the common ones depend on `kind`.
 /// Read by hand (`parse.rs`): the envelope typed, the rest kept as it is.
-#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+///
+/// A record read from a journal line whose kind this build knows keeps its
+/// typed event and the line's text, not a map of its fields (`data` is then
+/// empty): at a million records the maps were most of a report's memory and
+/// time. [`Record::fields`] gives the fields either way.
+#[derive(Clone, Debug, Default)]
 pub struct Record {
     /// Schema version.
     pub v: u32,
@@ -51,18 +56,17 @@ pub struct Record {
     /// Attempt number (0 for the first run, +1 per requeue or restart).
     pub attempt: u32,
     /// The rank it concerns, when it concerns one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rank: Option<u32>,
     /// The node it concerns, when it concerns one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// Kind-specific fields.
-    #[serde(flatten)]
+    /// Kind-specific fields of a record made in code or read whole; empty
+    /// for one read as its event and its line (see [`Record::fields`]).
     pub data: Map<String, Value>,
     /// The typed event, parsed from `data` the first time it is asked for
     /// (so `data` is not to be changed after that).
-    #[serde(skip)]
     pub parsed: Parsed,
+    /// The line a record was read from, when its fields are kept as text.
+    pub text: LineText,
 }
 
 /// A record's typed event, parsed once. Not part of what a record is: two
@@ -77,36 +81,100 @@ impl std::fmt::Debug for Parsed {
     }
 }
 
-impl PartialEq for Parsed {
-    fn eq(&self, _: &Parsed) -> bool {
-        true
+/// The text of the line a record was read from, with its run key, and its
+/// fields as a map once asked for (`None`: the record's fields are its
+/// `data`).
+#[derive(Clone, Default)]
+pub struct LineText(Option<Box<Line>>);
+
+#[derive(Clone)]
+struct Line {
+    text: Box<str>,
+    run: Option<Box<str>>,
+    fields: std::sync::OnceLock<Map<String, Value>>,
+}
+
+impl std::fmt::Debug for LineText {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        match &self.0 {
+            Some(l) => write!(f, "LineText({:?})", l.text),
+            None => f.write_str("LineText(None)"),
+        }
+    }
+}
+
+impl PartialEq for Record {
+    fn eq(&self, o: &Record) -> bool {
+        self.v == o.v
+            && self.ts == o.ts
+            && self.kind == o.kind
+            && self.attempt == o.attempt
+            && self.rank == o.rank
+            && self.node == o.node
+            && self.fields() == o.fields()
+    }
+}
+
+impl Serialize for Record {
+    /// The envelope, then the fields: the same line whichever way the
+    /// record is held.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let fields = self.fields();
+        let mut m = s.serialize_map(None)?;
+        m.serialize_entry("v", &self.v)?;
+        m.serialize_entry("ts", &self.ts)?;
+        m.serialize_entry("kind", &self.kind)?;
+        m.serialize_entry("attempt", &self.attempt)?;
+        if let Some(rank) = &self.rank {
+            m.serialize_entry("rank", rank)?;
+        }
+        if let Some(node) = &self.node {
+            m.serialize_entry("node", node)?;
+        }
+        for (k, v) in fields {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
     }
 }
 
 impl Record {
+    /// The kind-specific fields (those but the envelope's), whichever way
+    /// the record is held.
+    pub fn fields(&self) -> &Map<String, Value> {
+        match &self.text.0 {
+            None => &self.data,
+            Some(l) => l.fields.get_or_init(|| parse::fields_of(&l.text)),
+        }
+    }
+
     /// A field of the kind-specific data.
     pub fn get(&self, key: &str) -> Option<&Value> {
-        self.data.get(key)
+        self.fields().get(key)
     }
 
     /// A numeric field.
     pub fn f64(&self, key: &str) -> Option<f64> {
-        self.data.get(key).and_then(Value::as_f64)
+        self.get(key).and_then(Value::as_f64)
     }
 
     /// An integer field.
     pub fn u64(&self, key: &str) -> Option<u64> {
-        self.data.get(key).and_then(Value::as_u64)
+        self.get(key).and_then(Value::as_u64)
     }
 
     /// A string field.
     pub fn str(&self, key: &str) -> Option<&str> {
-        self.data.get(key).and_then(Value::as_str)
+        self.get(key).and_then(Value::as_str)
     }
 
     /// The run key stamped on the record (see [`crate::runs`]).
     pub fn run(&self) -> Option<&str> {
-        self.str("run")
+        match &self.text.0 {
+            Some(l) => l.run.as_deref(),
+            None => self.str("run"),
+        }
     }
 
     /// The record's kind and fields, typed (see [`crate::event`]), parsed

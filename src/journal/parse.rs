@@ -2,10 +2,249 @@
 //! come, every other field kept as it is, in one pass over the line (the
 //! derived reader of a flattened map buffers every field first, and costs
 //! twice the time and memory on a journal of a million records).
+//!
+//! A journal's own lines are read by [`Record::from_line`]: the envelope
+//! (and the run key) in one pass, the kind's typed event straight from the
+//! line in a second, the line's text kept for the other fields (no map of
+//! them made unless asked for).
 
-use super::Record;
-use serde::de::{Deserialize, Deserializer, Error, MapAccess, Visitor};
+use super::{Line, LineText, Record};
+use crate::event::Event;
+use serde::de::{
+    Deserialize, DeserializeSeed, Deserializer, Error, IgnoredAny, MapAccess, Visitor,
+};
 use serde_json::{Map, Value};
+
+/// The keys that are not a record's event's: the envelope's and the run
+/// key (stamped on every record).
+const NOT_THE_EVENTS: &[&str] = &["v", "ts", "kind", "attempt", "rank", "node", "run"];
+
+impl Record {
+    /// Read one journal line. A kind this build knows, whose fields read as
+    /// its event: the envelope, the event and the line's text; else (a kind
+    /// of a later build, a field of the wrong type) the record read whole,
+    /// its fields in `data`. An error for what is not a record.
+    pub fn from_line(line: &[u8]) -> serde_json::Result<Record> {
+        let head: Head = serde_json::from_slice(line)?;
+        let event = Event::deserialize_kind(
+            &head.kind,
+            EventFields(&mut serde_json::Deserializer::from_slice(line)),
+        );
+        match (event, std::str::from_utf8(line)) {
+            (Some(Ok(event)), Ok(text)) => Ok(Record {
+                v: head.v,
+                ts: head.ts,
+                kind: head.kind,
+                attempt: head.attempt,
+                rank: head.rank,
+                node: head.node,
+                data: Map::new(),
+                parsed: super::Parsed(std::sync::OnceLock::from(Some(Box::new(event)))),
+                text: LineText(Some(Box::new(Line {
+                    text: text.into(),
+                    run: head.run.map(String::into_boxed_str),
+                    fields: Default::default(),
+                }))),
+            }),
+            _ => serde_json::from_slice(line),
+        }
+    }
+}
+
+/// The fields of a record's line but the envelope's (the line was read
+/// once already: it reads again).
+pub(super) fn fields_of(text: &str) -> Map<String, Value> {
+    serde_json::from_str::<Record>(text)
+        .map(|r| r.data)
+        .unwrap_or_default()
+}
+
+/// A record's envelope and run key; its other fields passed over.
+struct Head {
+    v: u32,
+    ts: chrono::DateTime<chrono::Utc>,
+    kind: String,
+    attempt: u32,
+    rank: Option<u32>,
+    node: Option<String>,
+    run: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Head {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Head, D::Error> {
+        d.deserialize_map(HeadVisitor)
+    }
+}
+
+struct HeadVisitor;
+
+impl<'de> Visitor<'de> for HeadVisitor {
+    type Value = Head;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a journal record (an object with v, ts, kind and attempt)")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
+        let (mut v, mut ts, mut kind, mut attempt) = (None, None, None, None);
+        let (mut rank, mut node): (Option<Option<u32>>, Option<Option<String>>) = (None, None);
+        let mut run: Option<Value> = None;
+        while let Some(key) = map.next_key::<HeadKey>()? {
+            match key {
+                HeadKey::Envelope(Key::V) => once(&mut map, &mut v, "v")?,
+                HeadKey::Envelope(Key::Ts) => once(&mut map, &mut ts, "ts")?,
+                HeadKey::Envelope(Key::Kind) => once(&mut map, &mut kind, "kind")?,
+                HeadKey::Envelope(Key::Attempt) => once(&mut map, &mut attempt, "attempt")?,
+                HeadKey::Envelope(Key::Rank) => once(&mut map, &mut rank, "rank")?,
+                HeadKey::Envelope(Key::Node) => once(&mut map, &mut node, "node")?,
+                // A repeated run key: the last, as in a map of the fields.
+                HeadKey::Run => run = Some(map.next_value()?),
+                HeadKey::Envelope(Key::Other(_)) | HeadKey::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Head {
+            v: v.ok_or_else(|| A::Error::missing_field("v"))?,
+            ts: ts.ok_or_else(|| A::Error::missing_field("ts"))?,
+            kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
+            attempt: attempt.ok_or_else(|| A::Error::missing_field("attempt"))?,
+            rank: rank.flatten(),
+            node: node.flatten(),
+            // As `Record::run` reads it from a map: a string, or none.
+            run: match run {
+                Some(Value::String(s)) => Some(s),
+                _ => None,
+            },
+        })
+    }
+}
+
+/// A key of a record's line as its head reads it: the envelope's, the run
+/// key, or another (not kept).
+enum HeadKey {
+    Envelope(Key),
+    Run,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for HeadKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HeadKey, D::Error> {
+        d.deserialize_identifier(HeadKeyVisitor)
+    }
+}
+
+struct HeadKeyVisitor;
+
+impl Visitor<'_> for HeadKeyVisitor {
+    type Value = HeadKey;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a field name")
+    }
+
+    fn visit_str<E: Error>(self, k: &str) -> Result<HeadKey, E> {
+        Ok(match k {
+            "run" => HeadKey::Run,
+            "v" | "ts" | "kind" | "attempt" | "rank" | "node" => {
+                HeadKey::Envelope(KeyVisitor.visit_str(k)?)
+            }
+            _ => HeadKey::Other,
+        })
+    }
+}
+
+/// A record's line as its event's fields: every key but the envelope's
+/// and the run key (as [`Event::parse`] reads them from a map).
+struct EventFields<'a, 'de>(&'a mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>);
+
+impl<'de> Deserializer<'de> for EventFields<'_, 'de> {
+    type Error = serde_json::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        self.0.deserialize_map(SkipVisitor(visitor))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        bytes byte_buf option unit unit_struct newtype_struct seq tuple
+        tuple_struct map struct enum identifier ignored_any
+    }
+}
+
+/// Hands a map on with the keys that are not the event's passed over.
+struct SkipVisitor<V>(V);
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for SkipVisitor<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        self.0.expecting(f)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.0.visit_map(SkipKeys(map))
+    }
+}
+
+struct SkipKeys<A>(A);
+
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipKeys<A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
+        use serde::de::IntoDeserializer;
+        loop {
+            let Some(key) = self.0.next_key::<KeyText<'de>>()? else {
+                return Ok(None);
+            };
+            let name: &str = match &key {
+                KeyText::Borrowed(k) => k,
+                KeyText::Owned(k) => k,
+            };
+            if NOT_THE_EVENTS.contains(&name) {
+                self.0.next_value::<IgnoredAny>()?;
+                continue;
+            }
+            return match key {
+                KeyText::Borrowed(k) => seed.deserialize(k.into_deserializer()).map(Some),
+                KeyText::Owned(k) => seed.deserialize(k.into_deserializer()).map(Some),
+            };
+        }
+    }
+
+    fn next_value_seed<T: DeserializeSeed<'de>>(&mut self, seed: T) -> Result<T::Value, A::Error> {
+        self.0.next_value_seed(seed)
+    }
+}
+
+/// A key as the line has it: borrowed when it has no escape.
+enum KeyText<'de> {
+    Borrowed(&'de str),
+    Owned(String),
+}
+
+impl<'de> Deserialize<'de> for KeyText<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<KeyText<'de>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = KeyText<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E: Error>(self, k: &'de str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText::Borrowed(k))
+            }
+            fn visit_str<E: Error>(self, k: &str) -> Result<KeyText<'de>, E> {
+                Ok(KeyText::Owned(k.to_string()))
+            }
+        }
+        d.deserialize_str(V)
+    }
+}
 
 impl<'de> Deserialize<'de> for Record {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Record, D::Error> {
@@ -63,6 +302,7 @@ impl<'de> Visitor<'de> for RecordVisitor {
             node: node.flatten(),
             data,
             parsed: Default::default(),
+            text: Default::default(),
         })
     }
 }
@@ -164,6 +404,74 @@ mod tests {
             r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"x","attempt":0"#.to_string(),
         ] {
             assert!(read(&bad).is_err(), "{bad} read");
+        }
+    }
+
+    /// Read both ways: from its line as the journal reader does, and whole
+    /// (every field in a map).
+    fn both(line: &str) -> (Record, Record) {
+        (
+            Record::from_line(line.as_bytes()).unwrap(),
+            read(line).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_line_of_a_known_kind_keeps_its_event_and_text_and_reads_as_the_whole_record() {
+        let lines = [
+            // Fields in any order, the run key among them, an escape in a key.
+            r#"{"step":250,"v":1,"run":"slurm-7","ts":"2026-11-29T06:00:04.155749823Z","kind":"progress","attempt":2,"rank":5,"node":"gpu0000","source":"output","metr\u0069cs":{"loss":2.5}}"#,
+            // A field this build's event does not have.
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress","attempt":0,"rank":0,"step":3,"later_build":[1,{"a":null}]}"#,
+            // No run key; a run key that is not a string.
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"stall","attempt":1,"rank":1,"run":7,"last_step":9}"#,
+        ];
+        for line in lines {
+            let (held, whole) = both(line);
+            assert!(held.data.is_empty(), "{line}: held as text");
+            assert!(!whole.fields().is_empty());
+            assert_eq!(held, whole, "{line}");
+            assert_eq!(held.fields(), &whole.data, "{line}");
+            assert_eq!(held.run(), whole.run(), "{line}");
+            assert_eq!(held.event(), whole.event(), "{line}");
+            assert!(held.event().is_some(), "{line}");
+            // Written back, the same line as the whole record's.
+            assert_eq!(
+                serde_json::to_string(&held).unwrap(),
+                serde_json::to_string(&whole).unwrap()
+            );
+        }
+        let (held, _) = both(lines[0]);
+        assert_eq!(held.run(), Some("slurm-7"));
+        assert_eq!(held.u64("step"), Some(250));
+        assert_eq!(held.get("metrics"), Some(&serde_json::json!({"loss": 2.5})));
+        let (held, _) = both(lines[2]);
+        assert_eq!(held.run(), None);
+    }
+
+    #[test]
+    fn a_line_whose_fields_do_not_read_as_its_kind_is_read_whole() {
+        for line in [
+            // A kind of a later build.
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"from_the_future","attempt":0,"x":1}"#,
+            // A field of the wrong type.
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress","attempt":0,"rank":0,"step":"three"}"#,
+            // A field given twice (a map keeps the last).
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress","attempt":0,"rank":0,"step":3,"step":4}"#,
+        ] {
+            let (held, whole) = both(line);
+            assert!(!held.data.is_empty(), "{line}: read whole");
+            assert_eq!(held, whole, "{line}");
+            assert_eq!(held.event(), whole.event(), "{line}");
+        }
+        // Not a record: no more read one way than the other.
+        for bad in [
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress"}"#,
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress","attempt":0,"rank":0,"step":3} x"#,
+            r#"{"v":1,"ts":"2026-11-29T06:00:04Z","kind":"progress","attempt":0,"rank":0,"#,
+        ] {
+            assert!(Record::from_line(bad.as_bytes()).is_err(), "{bad}");
+            assert!(read(bad).is_err(), "{bad}");
         }
     }
 }

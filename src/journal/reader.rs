@@ -300,7 +300,7 @@ fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match serde_json::from_slice::<Record>(line) {
+        match Record::from_line(line) {
             Ok(r) => {
                 records.push(r);
                 skip.records += 1;

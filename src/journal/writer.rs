@@ -280,6 +280,7 @@ impl Writer {
             node: self.node.clone(),
             data,
             parsed: Default::default(),
+            text: Default::default(),
         };
         let mut line = match serde_json::to_vec(&rec) {
             Ok(l) => l,

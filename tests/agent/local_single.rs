@@ -166,11 +166,15 @@ fn restarts_that_bring_no_progress_stop_with_their_own_exit_code() {
     let recs = records(tmp.path(), "stuck");
     assert_eq!(kinds(&recs, "rank_start").len(), 4);
     let last = kinds(&recs, "decision").last().cloned().unwrap();
-    assert_eq!(last.data["decision"]["no_progress"], true, "{last:?}");
-    assert_eq!(last.data["outcome"]["new_checkpoint"], false, "{last:?}");
+    assert_eq!(last.fields()["decision"]["no_progress"], true, "{last:?}");
+    assert_eq!(
+        last.fields()["outcome"]["new_checkpoint"],
+        false,
+        "{last:?}"
+    );
     let end = one(&recs, "job_end");
     assert!(end.str("reason").unwrap().contains(why), "{end:?}");
-    assert_eq!(end.data["exit_code"], 93, "{end:?}");
+    assert_eq!(end.fields()["exit_code"], 93, "{end:?}");
 
     // A checkpoint saved in attempt 2 (confirmed by the step after it) is
     // progress: attempt 3 is the first restart without any since, and

@@ -108,7 +108,7 @@ impl Cell {
                 if !stalls.is_empty() {
                     bad.push(format!(
                         "a healthy run stalled: {:?}",
-                        stalls.iter().map(|s| &s.data).collect::<Vec<_>>()
+                        stalls.iter().map(|s| s.fields()).collect::<Vec<_>>()
                     ));
                 }
                 if !judgment.is_empty() {
@@ -181,7 +181,7 @@ impl Cell {
                     Some(j) if j.u64("primary_rank") == Some(CULPRIT) => {}
                     other => bad.push(format!(
                         "judgment {:?}, expected rank {CULPRIT}",
-                        other.map(|j| &j.data)
+                        other.map(|j| j.fields())
                     )),
                 }
             }

@@ -743,11 +743,15 @@ fn a_checkpoint_that_fails_soon_after_its_restore_is_not_loaded_again() {
     let decisions = kinds(&recs, "decision");
     assert_eq!(decisions.len(), 2, "{decisions:#?}");
     let d = &decisions[1];
-    assert_eq!(d.data["outcome"]["class"], "numerical", "{d:?}");
-    assert_eq!(d.data["outcome"]["restored"], 40, "{d:?}");
-    assert_eq!(d.data["suspect_checkpoint"], 40, "{d:?}");
-    assert_eq!(d.data["decision"]["action"], "restart_in_place", "{d:?}");
-    let reason = d.data["decision"]["reason"].as_str().unwrap();
+    assert_eq!(d.fields()["outcome"]["class"], "numerical", "{d:?}");
+    assert_eq!(d.fields()["outcome"]["restored"], 40, "{d:?}");
+    assert_eq!(d.fields()["suspect_checkpoint"], 40, "{d:?}");
+    assert_eq!(
+        d.fields()["decision"]["action"],
+        "restart_in_place",
+        "{d:?}"
+    );
+    let reason = d.fields()["decision"]["reason"].as_str().unwrap();
     assert!(
         reason.contains("restoring the checkpoint of step 40")
             && reason.contains(
@@ -756,10 +760,14 @@ fn a_checkpoint_that_fails_soon_after_its_restore_is_not_loaded_again() {
         "{reason}"
     );
     let rb = one(&recs, "rollback");
-    assert_eq!(rb.data["for_attempt"], 2, "{rb:?}");
-    assert_eq!(rb.data["checkpoint_step"], 30, "{rb:?}");
+    assert_eq!(rb.fields()["for_attempt"], 2, "{rb:?}");
+    assert_eq!(rb.fields()["checkpoint_step"], 30, "{rb:?}");
     // Nor the checkpoints attempt 1 saved from it, NaN weights and all.
-    assert_eq!(rb.data["avoid"], serde_json::json!([40, 50, 60]), "{rb:?}");
+    assert_eq!(
+        rb.fields()["avoid"],
+        serde_json::json!([40, 50, 60]),
+        "{rb:?}"
+    );
     let mine: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&record).unwrap()).unwrap();
     assert_eq!(mine["resumed_from"], 30, "{mine}");
