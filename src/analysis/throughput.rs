@@ -66,8 +66,14 @@ pub struct Goodput {
     pub effective_mfu: Option<f64>,
 }
 
-/// One progress record of a rank: seconds since the epoch, step, metrics.
-type Sample = (f64, u64, BTreeMap<String, f64>);
+/// One progress record of a rank: seconds since the epoch, step, metrics
+/// (the record's own, borrowed: a million progress records are not copied).
+type Sample<'a> = (f64, u64, Option<&'a BTreeMap<String, serde_json::Value>>);
+
+/// A numeric metric of a sample.
+fn metric(m: Option<&BTreeMap<String, serde_json::Value>>, name: &str) -> Option<f64> {
+    m?.get(name)?.as_f64()
+}
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
     v.retain(|x| x.is_finite());
@@ -117,7 +123,7 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     let by_rank = samples_by_rank(records);
     let has_figures = |recs: &[Sample]| {
         recs.iter()
-            .any(|(_, _, m)| THROUGHPUT_FIGURES.iter().any(|f| m.contains_key(*f)))
+            .any(|(_, _, m)| THROUGHPUT_FIGURES.iter().any(|f| metric(*m, f).is_some()))
     };
     let any_figures = by_rank.values().any(|v| has_figures(v));
     let any_settings = settings.tokens_per_step.is_some()
@@ -136,7 +142,7 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     let figure = |name: &str| {
         median(
             recs.iter()
-                .filter_map(|(_, _, m)| m.get(name).copied())
+                .filter_map(|(_, _, m)| metric(*m, name))
                 .collect(),
         )
     };
@@ -170,19 +176,14 @@ pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
 }
 
 /// Each rank's progress: (ts, step, metrics).
-fn samples_by_rank(records: &[&Record]) -> BTreeMap<u32, Vec<Sample>> {
-    let mut by_rank: BTreeMap<u32, Vec<Sample>> = BTreeMap::new();
+fn samples_by_rank<'a>(records: &[&'a Record]) -> BTreeMap<u32, Vec<Sample<'a>>> {
+    let mut by_rank: BTreeMap<u32, Vec<Sample<'a>>> = BTreeMap::new();
     for r in records {
         let Some(Event::Progress(p)) = r.event() else {
             continue;
         };
         let Some(step) = p.step else { continue };
-        let metrics = p
-            .metrics
-            .iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
-            .collect();
+        let metrics = p.metrics.as_ref();
         let t = r.ts.timestamp_micros() as f64 / 1e6;
         by_rank
             .entry(r.rank.unwrap_or(0))
@@ -193,7 +194,7 @@ fn samples_by_rank(records: &[&Record]) -> BTreeMap<u32, Vec<Sample>> {
 }
 
 /// Steps per second between successive samples, and over them all.
-fn step_rates(recs: &[Sample]) -> (Vec<f64>, Option<f64>) {
+fn step_rates(recs: &[Sample<'_>]) -> (Vec<f64>, Option<f64>) {
     let mut rates = Vec::new();
     for w in recs.windows(2) {
         let (dt, ds) = (w[1].0 - w[0].0, w[1].1 as f64 - w[0].1 as f64);
@@ -216,7 +217,7 @@ fn socket_tokens(by_rank: &BTreeMap<u32, Vec<Sample>>, world: u32) -> Option<f64
         .filter_map(|v| {
             median(
                 v.iter()
-                    .filter_map(|(_, _, m)| m.get("tokens").copied())
+                    .filter_map(|(_, _, m)| metric(*m, "tokens"))
                     .collect(),
             )
         })

@@ -236,7 +236,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         .max();
 
     let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
-    let nodes: BTreeSet<String> = records.iter().filter_map(|r| r.node.clone()).collect();
+    let nodes: BTreeSet<&str> = records.iter().filter_map(|r| r.node.as_deref()).collect();
     let world = events
         .iter()
         .filter_map(|(_, e)| match e {
@@ -252,7 +252,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         end,
         ended_cleanly: !exits.is_empty(),
         ranks: ranks.into_iter().collect(),
-        nodes: nodes.into_iter().collect(),
+        nodes: nodes.into_iter().map(str::to_string).collect(),
         first_step_at,
         last_progress_at,
         last_step,
