@@ -25,27 +25,21 @@ impl Record {
     /// of a later build, a field of the wrong type) the record read whole,
     /// its fields in `data`. An error for what is not a record.
     pub fn from_line(line: &[u8]) -> serde_json::Result<Record> {
-        let head: Head = serde_json::from_slice(line)?;
+        let mut head: Head = serde_json::from_slice(line)?;
         let event = Event::deserialize_kind(
             &head.kind,
             EventFields(&mut serde_json::Deserializer::from_slice(line)),
         );
         match (event, std::str::from_utf8(line)) {
-            (Some(Ok(event)), Ok(text)) => Ok(Record {
-                v: head.v,
-                ts: head.ts,
-                kind: head.kind,
-                attempt: head.attempt,
-                rank: head.rank,
-                node: head.node,
-                data: Map::new(),
-                parsed: super::Parsed(std::sync::OnceLock::from(Some(Box::new(event)))),
-                text: LineText(Some(Box::new(Line {
+            (Some(Ok(event)), Ok(text)) => {
+                let text = LineText(Some(Box::new(Line {
                     text: text.into(),
-                    run: head.run.map(String::into_boxed_str),
+                    run: head.run.take().map(String::into_boxed_str),
                     fields: Default::default(),
-                }))),
-            }),
+                })));
+                let parsed = super::Parsed(std::sync::OnceLock::from(Some(Box::new(event))));
+                Ok(head.into_record(Map::new(), parsed, text))
+            }
             _ => serde_json::from_slice(line),
         }
     }
@@ -70,41 +64,93 @@ struct Head {
     run: Option<String>,
 }
 
-impl<'de> Deserialize<'de> for Head {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Head, D::Error> {
-        d.deserialize_map(HeadVisitor)
+impl Head {
+    fn into_record(
+        self,
+        data: Map<String, Value>,
+        parsed: super::Parsed,
+        text: LineText,
+    ) -> Record {
+        Record {
+            v: self.v,
+            ts: self.ts,
+            kind: self.kind,
+            attempt: self.attempt,
+            rank: self.rank,
+            node: self.node,
+            data,
+            parsed,
+            text,
+        }
     }
 }
 
-struct HeadVisitor;
+impl<'de> Deserialize<'de> for Head {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Head, D::Error> {
+        d.deserialize_map(Envelope { keep: false })
+            .map(|(head, _)| head)
+    }
+}
 
-impl<'de> Visitor<'de> for HeadVisitor {
-    type Value = Head;
+impl<'de> Deserialize<'de> for Record {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Record, D::Error> {
+        let (head, data) = d.deserialize_map(Envelope { keep: true })?;
+        Ok(head.into_record(data, Default::default(), Default::default()))
+    }
+}
+
+/// Reads a record's envelope, typed, and its other fields: kept in a map
+/// (`keep`, the run key among them), or passed over but the run key.
+struct Envelope {
+    keep: bool,
+}
+
+/// Take `key`'s value once: a second one is an error, as in a derived
+/// reader.
+fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+    map: &mut A,
+    slot: &mut Option<T>,
+    key: &'static str,
+) -> Result<(), A::Error> {
+    if slot.is_some() {
+        return Err(A::Error::duplicate_field(key));
+    }
+    *slot = Some(map.next_value()?);
+    Ok(())
+}
+
+impl<'de> Visitor<'de> for Envelope {
+    type Value = (Head, Map<String, Value>);
 
     fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         f.write_str("a journal record (an object with v, ts, kind and attempt)")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Head, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let (mut v, mut ts, mut kind, mut attempt) = (None, None, None, None);
         let (mut rank, mut node): (Option<Option<u32>>, Option<Option<String>>) = (None, None);
         let mut run: Option<Value> = None;
-        while let Some(key) = map.next_key::<HeadKey>()? {
-            match key {
-                HeadKey::Envelope(Key::V) => once(&mut map, &mut v, "v")?,
-                HeadKey::Envelope(Key::Ts) => once(&mut map, &mut ts, "ts")?,
-                HeadKey::Envelope(Key::Kind) => once(&mut map, &mut kind, "kind")?,
-                HeadKey::Envelope(Key::Attempt) => once(&mut map, &mut attempt, "attempt")?,
-                HeadKey::Envelope(Key::Rank) => once(&mut map, &mut rank, "rank")?,
-                HeadKey::Envelope(Key::Node) => once(&mut map, &mut node, "node")?,
+        let mut data = Map::new();
+        while let Some(key) = map.next_key::<KeyText<'de>>()? {
+            match key.as_str() {
+                "v" => once(&mut map, &mut v, "v")?,
+                "ts" => once(&mut map, &mut ts, "ts")?,
+                "kind" => once(&mut map, &mut kind, "kind")?,
+                "attempt" => once(&mut map, &mut attempt, "attempt")?,
+                "rank" => once(&mut map, &mut rank, "rank")?,
+                "node" => once(&mut map, &mut node, "node")?,
+                _ if self.keep => {
+                    let value: Value = map.next_value()?;
+                    data.insert(key.into_string(), value);
+                }
                 // A repeated run key: the last, as in a map of the fields.
-                HeadKey::Run => run = Some(map.next_value()?),
-                HeadKey::Envelope(Key::Other(_)) | HeadKey::Other => {
+                "run" => run = Some(map.next_value()?),
+                _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
         }
-        Ok(Head {
+        let head = Head {
             v: v.ok_or_else(|| A::Error::missing_field("v"))?,
             ts: ts.ok_or_else(|| A::Error::missing_field("ts"))?,
             kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
@@ -116,41 +162,8 @@ impl<'de> Visitor<'de> for HeadVisitor {
                 Some(Value::String(s)) => Some(s),
                 _ => None,
             },
-        })
-    }
-}
-
-/// A key of a record's line as its head reads it: the envelope's, the run
-/// key, or another (not kept).
-enum HeadKey {
-    Envelope(Key),
-    Run,
-    Other,
-}
-
-impl<'de> Deserialize<'de> for HeadKey {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HeadKey, D::Error> {
-        d.deserialize_identifier(HeadKeyVisitor)
-    }
-}
-
-struct HeadKeyVisitor;
-
-impl Visitor<'_> for HeadKeyVisitor {
-    type Value = HeadKey;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a field name")
-    }
-
-    fn visit_str<E: Error>(self, k: &str) -> Result<HeadKey, E> {
-        Ok(match k {
-            "run" => HeadKey::Run,
-            "v" | "ts" | "kind" | "attempt" | "rank" | "node" => {
-                HeadKey::Envelope(KeyVisitor.visit_str(k)?)
-            }
-            _ => HeadKey::Other,
-        })
+        };
+        Ok((head, data))
     }
 }
 
@@ -201,11 +214,7 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipKeys<A> {
             let Some(key) = self.0.next_key::<KeyText<'de>>()? else {
                 return Ok(None);
             };
-            let name: &str = match &key {
-                KeyText::Borrowed(k) => k,
-                KeyText::Owned(k) => k,
-            };
-            if NOT_THE_EVENTS.contains(&name) {
+            if NOT_THE_EVENTS.contains(&key.as_str()) {
                 self.0.next_value::<IgnoredAny>()?;
                 continue;
             }
@@ -227,6 +236,22 @@ enum KeyText<'de> {
     Owned(String),
 }
 
+impl KeyText<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            KeyText::Borrowed(k) => k,
+            KeyText::Owned(k) => k,
+        }
+    }
+
+    fn into_string(self) -> String {
+        match self {
+            KeyText::Borrowed(k) => k.to_string(),
+            KeyText::Owned(k) => k,
+        }
+    }
+}
+
 impl<'de> Deserialize<'de> for KeyText<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<KeyText<'de>, D::Error> {
         struct V;
@@ -243,113 +268,6 @@ impl<'de> Deserialize<'de> for KeyText<'de> {
             }
         }
         d.deserialize_str(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for Record {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Record, D::Error> {
-        d.deserialize_map(RecordVisitor)
-    }
-}
-
-struct RecordVisitor;
-
-/// Take `key`'s value once: a second one is an error, as in a derived
-/// reader.
-fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
-    map: &mut A,
-    slot: &mut Option<T>,
-    key: &'static str,
-) -> Result<(), A::Error> {
-    if slot.is_some() {
-        return Err(A::Error::duplicate_field(key));
-    }
-    *slot = Some(map.next_value()?);
-    Ok(())
-}
-
-impl<'de> Visitor<'de> for RecordVisitor {
-    type Value = Record;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a journal record (an object with v, ts, kind and attempt)")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Record, A::Error> {
-        let (mut v, mut ts, mut kind, mut attempt) = (None, None, None, None);
-        let (mut rank, mut node): (Option<Option<u32>>, Option<Option<String>>) = (None, None);
-        let mut data = Map::new();
-        while let Some(key) = map.next_key::<Key>()? {
-            match key {
-                Key::V => once(&mut map, &mut v, "v")?,
-                Key::Ts => once(&mut map, &mut ts, "ts")?,
-                Key::Kind => once(&mut map, &mut kind, "kind")?,
-                Key::Attempt => once(&mut map, &mut attempt, "attempt")?,
-                Key::Rank => once(&mut map, &mut rank, "rank")?,
-                Key::Node => once(&mut map, &mut node, "node")?,
-                Key::Other(key) => {
-                    let value: Value = map.next_value()?;
-                    data.insert(key, value);
-                }
-            }
-        }
-        Ok(Record {
-            v: v.ok_or_else(|| A::Error::missing_field("v"))?,
-            ts: ts.ok_or_else(|| A::Error::missing_field("ts"))?,
-            kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
-            attempt: attempt.ok_or_else(|| A::Error::missing_field("attempt"))?,
-            rank: rank.flatten(),
-            node: node.flatten(),
-            data,
-            parsed: Default::default(),
-            text: Default::default(),
-        })
-    }
-}
-
-/// A record's key: one of the envelope's, or another kept by its name.
-enum Key {
-    V,
-    Ts,
-    Kind,
-    Attempt,
-    Rank,
-    Node,
-    Other(String),
-}
-
-impl<'de> Deserialize<'de> for Key {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Key, D::Error> {
-        d.deserialize_identifier(KeyVisitor)
-    }
-}
-
-struct KeyVisitor;
-
-impl Visitor<'_> for KeyVisitor {
-    type Value = Key;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-        f.write_str("a field name")
-    }
-
-    fn visit_str<E: Error>(self, k: &str) -> Result<Key, E> {
-        Ok(match k {
-            "v" => Key::V,
-            "ts" => Key::Ts,
-            "kind" => Key::Kind,
-            "attempt" => Key::Attempt,
-            "rank" => Key::Rank,
-            "node" => Key::Node,
-            other => Key::Other(other.to_string()),
-        })
-    }
-
-    fn visit_string<E: Error>(self, k: String) -> Result<Key, E> {
-        match self.visit_str::<E>(&k)? {
-            Key::Other(_) => Ok(Key::Other(k)),
-            known => Ok(known),
-        }
     }
 }
 
