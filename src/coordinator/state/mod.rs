@@ -463,7 +463,9 @@ impl JobView {
             return Some(0.0);
         }
         self.tally
-            .newest_progress(rank)
+            .newest_progress(rank, |r| {
+                self.ranks.get(&r).and_then(RankFacts::progress_of)
+            })
             .map(|t| now.saturating_duration_since(t).as_secs_f64())
     }
 
@@ -543,6 +545,9 @@ impl JobView {
             }
         }
         self.last_tick = Some((now, progressing));
+        let ranks = &self.ranks;
+        self.tally
+            .compact(|r| ranks.get(&r).and_then(RankFacts::progress_of));
 
         if self
             .failing

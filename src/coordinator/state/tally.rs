@@ -6,8 +6,8 @@
 
 use super::Entry;
 use crate::coordinator::protocol::RankState;
-use std::cell::Cell;
-use std::collections::BTreeSet;
+use std::cell::{Cell, RefCell};
+use std::collections::BinaryHeap;
 use std::time::Instant;
 
 /// What one rank's entry adds to the tally.
@@ -26,11 +26,17 @@ pub(super) struct RankFacts {
 }
 
 impl RankFacts {
+    /// A live rank's last progress (what [`RankFacts::of`] says of it).
+    pub fn progress_of(e: &Entry) -> Option<Instant> {
+        let live = e.report.state != RankState::Exited && !e.lost;
+        e.last_step_at.filter(|_| live)
+    }
+
     pub fn of(e: &Entry) -> RankFacts {
         let live = e.report.state != RankState::Exited && !e.lost;
         RankFacts {
             live,
-            progress: e.last_step_at.filter(|_| live),
+            progress: Self::progress_of(e),
             long_phase: live && e.report.long_phase && e.report.state == RankState::Running,
             answered: live && {
                 let p = e.probe_says();
@@ -44,8 +50,15 @@ impl RankFacts {
 /// The sums over every rank's [`RankFacts`].
 #[derive(Debug, Default)]
 pub(super) struct Tally {
-    /// Live ranks by their last progress, the newest last.
-    progress: BTreeSet<(Instant, u32)>,
+    /// Live ranks' last progress, newest first (a max-heap). A rank's
+    /// earlier progress is left in when it moves, and dropped when it
+    /// comes to the top ([`Tally::newest_progress`]) or at a compaction
+    /// ([`Tally::compact`]): a report pushes one entry into a vector and
+    /// never looks for the one it replaces. (An ordered set's removals and
+    /// the nodes it allocated and freed took a fifth of the coordinator's
+    /// time during a hang at 65,536 ranks, every rank's progress then
+    /// standing at nearly the same time.)
+    newest: RefCell<BinaryHeap<(Instant, u32)>>,
     pub live: usize,
     pub long_phase: usize,
     pub answered: usize,
@@ -60,11 +73,8 @@ impl Tally {
             return;
         }
         if b.progress != a.progress {
-            if let Some(t) = b.progress {
-                self.progress.remove(&(t, rank));
-            }
             if let Some(t) = a.progress {
-                self.progress.insert((t, rank));
+                self.newest.get_mut().push((t, rank));
             }
         }
         let count = |n: &mut usize, was: bool, is: bool| match (was, is) {
@@ -78,18 +88,67 @@ impl Tally {
         count(&mut self.relayed, b.relayed, a.relayed);
     }
 
-    /// The newest progress of a live rank other than `but`.
-    pub fn newest_progress(&self, but: Option<u32>) -> Option<Instant> {
-        self.progress
-            .iter()
-            .rev()
-            .find(|(_, r)| Some(*r) != but)
-            .map(|(t, _)| *t)
+    /// The newest progress of a live rank other than `but`, `progress`
+    /// saying what each rank's is now ([`RankFacts::progress_of`]).
+    /// Entries no longer a rank's progress are dropped as they come to the
+    /// top.
+    pub fn newest_progress(
+        &self,
+        but: Option<u32>,
+        progress: impl Fn(u32) -> Option<Instant>,
+    ) -> Option<Instant> {
+        let mut heap = self.newest.borrow_mut();
+        compact(&mut heap, self.live, &progress);
+        // `but`'s own entry, held out while the next is looked for (a
+        // copy of it, pushed twice, is dropped).
+        let mut own = None;
+        let found = loop {
+            let Some(&(t, r)) = heap.peek() else {
+                break None;
+            };
+            if progress(r) != Some(t) || own == Some((t, r)) {
+                heap.pop();
+            } else if Some(r) == but {
+                own = heap.pop();
+            } else {
+                break Some(t);
+            }
+        };
+        heap.extend(own);
+        found
+    }
+
+    /// Drop the entries no longer a rank's progress once there are more
+    /// than twice as many as live ranks (and a thousand): a walk over the
+    /// heap, never over the ranks, once in as many reports as there are
+    /// ranks (constant work per report, amortised). Done at each reply's
+    /// [`Tally::newest_progress`] and at each tick.
+    pub fn compact(&mut self, progress: impl Fn(u32) -> Option<Instant>) {
+        compact(self.newest.get_mut(), self.live, &progress);
     }
 
     pub fn clear(&mut self) {
         *self = Tally::default();
     }
+}
+
+/// [`Tally::compact`] of `heap`, for `live` live ranks.
+fn compact(
+    heap: &mut BinaryHeap<(Instant, u32)>,
+    live: usize,
+    progress: &impl Fn(u32) -> Option<Instant>,
+) {
+    if heap.len() <= 2 * live + 1024 {
+        return;
+    }
+    let mut now: Vec<(Instant, u32)> = std::mem::take(heap)
+        .into_vec()
+        .into_iter()
+        .filter(|&(t, r)| progress(r) == Some(t))
+        .collect();
+    now.sort_unstable();
+    now.dedup();
+    *heap = BinaryHeap::from(now);
 }
 
 /// Every rank's entry, and how many entries the walks over them visited:
@@ -275,6 +334,8 @@ mod tests {
                 _ => {}
             }
             step += next(2);
+            // Progress left behind is dropped, not kept for ever.
+            assert!(v.tally.newest.borrow().len() <= 2 * v.tally.live + 1025);
             for who in [None, Some(rank), Some(next(12) as u32)] {
                 assert_eq!(
                     counted(&v, who, now),
