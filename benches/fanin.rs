@@ -17,12 +17,24 @@
 //! BENCH_HANG=1 hangs one rank a third of the way into the measured window:
 //! every rank's step stands still from then (the others wait on it in the
 //! collective), the hung rank's agent reports it stalled BENCH_STALL_S
-//! later (default 10, the stall limit), the others answer the probe the
-//! coordinator sends them (waiting on a peer) as real agents do: half a
-//! second (a probe's least time) after the reply that asked, in a report
-//! of their own naming the ask's seq, and in every report after; the bench
-//! prints the time from the stalled report to the teardown (the first stop
-//! in a reply) and the rank the coordinator's verdict blamed.
+//! later (default 10, the stall limit), at once in a report of its own as
+//! real agents do, the others answer the probe the coordinator sends them
+//! (waiting on a peer) as real agents do: half a second (a probe's least
+//! time) after the reply that asked, in a report of their own naming the
+//! ask's seq, and in every report after (a sender's next regular report
+//! then comes a period after its urgent one, as a relay's next batch
+//! does); the bench prints the time from the hang and from the stalled
+//! report to the teardown (the first stop in a reply), when the probe's
+//! asks reached the senders and their answers were answered, and the rank
+//! the coordinator's verdict blamed.
+//!
+//! BENCH_POLL=1 (the default with BENCH_HANG=1) gives every sender the
+//! long poll real agents and relays hold (`GET /v1/commands`, one
+//! connection each), so that a probe or a stop reaches it at once rather
+//! than in its next report's reply; a probe's answer then goes on the
+//! poll's connection. The report connections default to 2,048 then, so
+//! that both fit under this machine's 20,000 file descriptors a process
+//! at 16,384 senders.
 //!
 //! BENCH_PER_NODE=8 simulates node relays (`[coordinator] node_relay`):
 //! BENCH_AGENTS ranks on BENCH_AGENTS/8 nodes, each node sending one batch
@@ -35,6 +47,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -121,6 +134,25 @@ struct Sim {
     header: String,
     stalled_sent: Arc<std::sync::OnceLock<Instant>>,
     stop_seen: Arc<std::sync::OnceLock<Instant>>,
+    /// Per sender: the newest probe it was asked for, and the newest whose
+    /// answer is out (its reports name it from then on); 0 for none.
+    asked: Vec<AtomicU64>,
+    answered: Vec<AtomicU64>,
+    /// Per sender: when it last sent an urgent report, in microseconds
+    /// from the start (0 for never). A relay's next batch is a period
+    /// after its last one, urgent or not: the report due within a second
+    /// after an urgent one is not sent.
+    urgent_at: Vec<AtomicU64>,
+    /// When the probe's asks reached the senders, and when their answers
+    /// were answered: (first, last) of each.
+    asks: std::sync::Mutex<Option<(Instant, Instant)>>,
+    answers: std::sync::Mutex<Option<(Instant, Instant)>>,
+}
+
+/// Note `t` in a (first, last) span.
+fn span(s: &std::sync::Mutex<Option<(Instant, Instant)>>, t: Instant) {
+    let mut s = s.lock().unwrap();
+    *s = Some(s.map_or((t, t), |(a, b)| (a.min(t), b.max(t))));
 }
 
 impl Sim {
@@ -145,7 +177,9 @@ impl Sim {
             if let Some(h) = self.hang.filter(|h| due >= h.at) {
                 // Every rank's step stands where the hang began.
                 step = 10 * (h.at.duration_since(self.start).as_secs() + 1);
-                age = due.duration_since(h.at).as_secs_f64();
+                // As an agent says it: its progress's age when it sends
+                // (a connection behind its schedule sends late).
+                age = Instant::now().saturating_duration_since(h.at).as_secs_f64();
                 if rank == h.rank && due >= h.at + h.stall {
                     state = "stalled";
                     probe =
@@ -188,17 +222,112 @@ impl Sim {
         }
     }
 
-    /// A sender's urgent report with its probe's answer, at `at`, on a
-    /// connection of its own.
-    async fn answer(self: Arc<Sim>, addr: String, sender: u32, round: u64, seq: u64, at: Instant) {
+    /// Whether `reply` asks `sender` for a probe it was not asked for
+    /// before: the ask's seq, now noted as asked.
+    fn new_ask(&self, sender: u32, reply: &[u8]) -> Option<u64> {
+        let seq = self.hang.and_then(|_| probe_asked(reply))?;
+        let new = self.asked[sender as usize].fetch_max(seq, Relaxed) < seq;
+        if new {
+            span(&self.asks, Instant::now());
+        }
+        new.then_some(seq)
+    }
+
+    /// A sender's urgent report with its probe's answer (`seq`; none for
+    /// the hung rank's stalled report), at `at`: on `stream` (the long
+    /// poll's connection), or on a connection of its own.
+    async fn urgent(
+        &self,
+        addr: &str,
+        stream: Option<&mut tokio::io::BufStream<tokio::net::TcpStream>>,
+        sender: u32,
+        seq: Option<u64>,
+        at: Instant,
+    ) {
         tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await;
-        let req = self.request(sender, at, round, Some(seq), "close");
-        if let Ok(s) = tokio::net::TcpStream::connect(&addr).await {
-            if let Ok((_, reply)) = post(&mut tokio::io::BufStream::new(s), &req).await {
-                self.heard(&reply);
+        if let Some(seq) = seq {
+            self.answered[sender as usize].fetch_max(seq, Relaxed);
+        }
+        let answered = Some(self.answered[sender as usize].load(Relaxed)).filter(|s| *s > 0);
+        let from_start = at.saturating_duration_since(self.start).as_micros() as u64;
+        self.urgent_at[sender as usize].store(from_start.max(1), Relaxed);
+        let conn = if stream.is_some() {
+            "keep-alive"
+        } else {
+            "close"
+        };
+        let req = self.request(sender, at, 0, answered, conn);
+        let reply = match stream {
+            Some(s) => post(s, &req).await,
+            None => match tokio::net::TcpStream::connect(addr).await {
+                Ok(s) => post(&mut tokio::io::BufStream::new(s), &req).await,
+                Err(e) => Err(e),
+            },
+        };
+        if let Ok((_, reply)) = reply {
+            if seq.is_some() {
+                span(&self.answers, Instant::now());
+            }
+            self.heard(&reply);
+        }
+    }
+
+    /// The long poll of `sender` (its ranks' commands), held until `end`;
+    /// a probe it brings is answered half a second later on its connection.
+    async fn hold_poll(self: Arc<Sim>, addr: String, sender: u32, from: Instant, end: Instant) {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(from)).await;
+        let first = sender * self.per_node;
+        let ranks: Vec<String> = (first..(first + self.per_node).min(self.agents))
+            .map(|r| r.to_string())
+            .collect();
+        let mut after = 0u64;
+        let mut stream: Option<tokio::io::BufStream<tokio::net::TcpStream>> = None;
+        while Instant::now() < end {
+            let req = format!(
+                "GET /v1/commands?rank={first}&attempt=0&after={after}&wait_s=30&ranks={} HTTP/1.1\r\n{}\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+                ranks.join(","),
+                self.header
+            );
+            let res = async {
+                if stream.is_none() {
+                    stream = Some(tokio::io::BufStream::new(
+                        tokio::net::TcpStream::connect(&addr).await?,
+                    ));
+                }
+                post(stream.as_mut().unwrap(), &req).await
+            }
+            .await;
+            let reply = match res {
+                Ok((true, reply)) => reply,
+                _ => {
+                    stream = None;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            };
+            self.heard(&reply);
+            after = after.max(newest_seq(&reply));
+            if let Some(seq) = self.new_ask(sender, &reply) {
+                // The probe takes half a second, then the agents report at
+                // once, and the relay sends their batch.
+                let at = Instant::now() + Duration::from_millis(500);
+                self.urgent(&addr, stream.as_mut(), sender, Some(seq), at)
+                    .await;
             }
         }
     }
+}
+
+/// The newest seq of the commands a reply carries (0 for none).
+fn newest_seq(reply: &[u8]) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(reply).unwrap_or_default();
+    v["commands"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["seq"].as_u64())
+        .max()
+        .unwrap_or(0)
 }
 
 fn main() {
@@ -207,7 +336,10 @@ fn main() {
     let per_node = env_num("BENCH_PER_NODE", 1).clamp(1, 64) as u32;
     // Who reports: each rank, or each node's relay for its ranks.
     let senders = agents.div_ceil(per_node);
-    let conns = env_num("BENCH_CONNS", 4096).clamp(1, senders as u64) as usize;
+    let hanging = env_num("BENCH_HANG", 0) == 1;
+    let polls = env_num("BENCH_POLL", u64::from(hanging)) == 1;
+    let conns =
+        env_num("BENCH_CONNS", if polls { 2048 } else { 4096 }).clamp(1, senders as u64) as usize;
     let state = tempfile::tempdir().unwrap();
     let mut coord = Command::new(env!("CARGO_BIN_EXE_resilio"))
         .args(["__coordinator", "--job-id", "fanin", "--world-size"])
@@ -242,7 +374,7 @@ fn main() {
     let measure_from = start + warmup;
     let end = measure_from + Duration::from_secs(secs);
     // The hang: which rank, when its progress stops, when its agent says so.
-    let hang = (env_num("BENCH_HANG", 0) == 1).then(|| Hang {
+    let hang = hanging.then(|| Hang {
         rank: agents / 2,
         at: measure_from + Duration::from_secs(secs) / 3,
         stall: Duration::from_secs(env_num("BENCH_STALL_S", 10)),
@@ -265,7 +397,27 @@ fn main() {
             ),
             stalled_sent: stalled_sent.clone(),
             stop_seen: stop_seen.clone(),
+            asked: (0..senders).map(|_| AtomicU64::new(0)).collect(),
+            answered: (0..senders).map(|_| AtomicU64::new(0)).collect(),
+            urgent_at: (0..senders).map(|_| AtomicU64::new(0)).collect(),
+            asks: Default::default(),
+            answers: Default::default(),
         });
+        // Each sender's long poll, opened over the first two seconds.
+        let mut poll_tasks = Vec::new();
+        if polls {
+            for sender in 0..senders {
+                let from = start + Duration::from_micros(sender as u64 * 2_000_000 / senders as u64);
+                poll_tasks.push(tokio::spawn(sim.clone().hold_poll(addr.clone(), sender, from, end)));
+            }
+        }
+        // The hung rank's agent reports its stall at once.
+        if let Some(h) = hang {
+            let (sim, addr) = (sim.clone(), addr.clone());
+            tokio::spawn(async move {
+                sim.urgent(&addr, None, h.rank / per_node, None, h.at + h.stall).await;
+            });
+        }
         // One task per connection; its agents report in turn, each once a
         // second, spread over the second. A minimal HTTP/1.1 client (the
         // agents' reqwest would cost the generator more than the server).
@@ -277,9 +429,6 @@ fn main() {
             let (registered, last_registered) = (registered.clone(), last_registered.clone());
             tasks.push(tokio::spawn(async move {
                 let ranks: Vec<u32> = (c as u32..senders).step_by(conns).collect();
-                // The probe each sender was asked for, and when its answer
-                // is out (its ranks say so in every report from then on).
-                let mut asked: Vec<Option<(u64, Instant)>> = vec![None; ranks.len()];
                 let mut stream: Option<tokio::io::BufStream<tokio::net::TcpStream>> = None;
                 let mut round = 0u64;
                 'outer: loop {
@@ -296,7 +445,11 @@ fn main() {
                             break 'outer;
                         }
                         tokio::time::sleep_until(tokio::time::Instant::from_std(due)).await;
-                        let answered = asked[k].filter(|(_, at)| *at <= due).map(|(seq, _)| seq);
+                        let urgent = sim.urgent_at[*sender as usize].load(Relaxed);
+                        if urgent > 0 && due < sim.start + Duration::from_micros(urgent) + Duration::from_secs(1) {
+                            continue;
+                        }
+                        let answered = Some(sim.answered[*sender as usize].load(Relaxed)).filter(|s| *s > 0);
                         let req = sim.request(*sender, due, round, answered, "keep-alive");
                         let t = Instant::now();
                         let res: std::io::Result<(bool, Vec<u8>)> = async {
@@ -311,13 +464,14 @@ fn main() {
                         let ok = matches!(res, Ok((true, _)));
                         if let Ok((_, reply)) = &res {
                             sim.heard(reply);
-                            let seq = sim.hang.and_then(|_| probe_asked(reply));
-                            if let Some(seq) = seq.filter(|s| asked[k].is_none_or(|(a, _)| a < *s)) {
+                            if let Some(seq) = sim.new_ask(*sender, reply) {
                                 // The probe takes half a second, then the
                                 // agent reports at once (an urgent report).
                                 let at = Instant::now() + Duration::from_millis(500);
-                                asked[k] = Some((seq, at));
-                                tokio::spawn(sim.clone().answer(addr.clone(), *sender, round, seq, at));
+                                let (sim, addr, sender) = (sim.clone(), addr.clone(), *sender);
+                                tokio::spawn(async move {
+                                    sim.urgent(&addr, None, sender, Some(seq), at).await
+                                });
                             }
                         }
                         if !ok {
@@ -350,6 +504,9 @@ fn main() {
         for t in tasks {
             let _ = t.await;
         }
+        for t in poll_tasks {
+            t.abort();
+        }
         let hz = 100.0; // USER_HZ on Linux
         let cpu = (c1 - c0) as f64 / hz / wall;
         let mut l = lat.lock().unwrap().clone();
@@ -367,6 +524,9 @@ fn main() {
         } else {
             println!("heartbeat fan-in: {agents} simulated ranks on {senders} nodes of {per_node}, each node's relay sending one batch a second, over {conns} keep-alive connections, {secs} s measured after {} s warm-up", warmup.as_secs());
         }
+        if polls {
+            println!("  and {senders} long polls for commands, one connection each");
+        }
         println!("  offered   {:>9.0} reports/s in {senders} requests/s", agents as f64);
         println!("  achieved  {:>9.0} reports/s  ({} errors or timeouts)", l.len() as f64 * per_node as f64 / wall, errs);
         println!("  latency   p50 {:.1} ms   p99 {:.1} ms   max {:.1} ms", pct(0.5), pct(0.99), pct(1.0));
@@ -381,7 +541,7 @@ fn main() {
         if let Some(h) = hang {
             match (stalled_sent.get(), stop_seen.get()) {
                 (Some(s), Some(t)) => println!(
-                    "  hang on rank {}: stalled report to teardown {:.2} s (hang to verdict {:.2} s with a stall limit of {} s)",
+                    "  hang on rank {}: stalled report to teardown {:.2} s (hang to teardown {:.2} s with a stall limit of {} s)",
                     h.rank,
                     t.saturating_duration_since(*s).as_secs_f64(),
                     t.saturating_duration_since(h.at).as_secs_f64(),
@@ -389,6 +549,13 @@ fn main() {
                 ),
                 (Some(_), None) => println!("  hang on rank {}: no teardown before the end", h.rank),
                 _ => println!("  hang on rank {}: the stall was never reported (window too short)", h.rank),
+            }
+            let since = |t: Instant| t.saturating_duration_since(*stalled_sent.get().unwrap_or(&t)).as_secs_f64();
+            if let (Some((a0, a1)), Some((b0, b1))) = (*sim.asks.lock().unwrap(), *sim.answers.lock().unwrap()) {
+                println!(
+                    "  after the stalled report: the probe's asks reached the senders {:.2}-{:.2} s, their answers were answered {:.2}-{:.2} s",
+                    since(a0), since(a1), since(b0), since(b1)
+                );
             }
             let journal = std::fs::read_to_string(dir.join("coordinator.jsonl")).unwrap_or_default();
             for line in journal.lines().filter(|l| l.contains(r#""kind":"hang""#)) {
