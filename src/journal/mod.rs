@@ -62,8 +62,9 @@ pub struct Record {
     /// Kind-specific fields of a record made in code or read whole; empty
     /// for one read as its event and its line (see [`Record::fields`]).
     pub data: Map<String, Value>,
-    /// The typed event, parsed from `data` the first time it is asked for
-    /// (so `data` is not to be changed after that).
+    /// The typed event: for a record read as its event and its line, set
+    /// when the line was read; otherwise parsed from `data` the first time
+    /// it is asked for (so `data` is not to be changed after that).
     pub parsed: Parsed,
     /// The line a record was read from, when its fields are kept as text.
     pub text: LineText,
