@@ -311,6 +311,30 @@ pub fn tree_cpu_ticks(root: i32) -> u64 {
         .sum()
 }
 
+/// Nanoseconds the threads of `root` and its descendants have spent ready
+/// to run but waiting for a CPU (the run delay of
+/// `/proc/PID/task/TID/schedstat`). On a node with more runnable threads
+/// than cores a working trainer gets only a share of one: its wait is work
+/// held back, not idleness. 0 where the kernel keeps no such account.
+pub fn tree_cpu_wait_ns(root: i32) -> u64 {
+    read_stat(root)
+        .into_iter()
+        .chain(descendants(root))
+        .map(|p| {
+            let tasks = std::fs::read_dir(format!("/proc/{}/task", p.pid));
+            tasks
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|t| {
+                    let text = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                    text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()
+                })
+                .sum::<u64>()
+        })
+        .sum()
+}
+
 /// Bytes moved by `root` and its descendants so far (`/proc/PID/io`: read
 /// and written through system calls, and to and from storage as pages are
 /// dirtied, so a long `write()` to a slow file system shows as it goes).
@@ -563,6 +587,53 @@ pub fn exe_name(pid: i32) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Three busy loops on one CPU: each runs a third of the time and waits
+    /// for the CPU the rest, and that wait is counted; a sleeping process
+    /// waits for none.
+    #[test]
+    fn time_ready_to_run_but_kept_off_the_cpu_is_counted() {
+        let spin = || {
+            std::process::Command::new("sh")
+                .args(["-c", "while :; do :; done"])
+                .spawn()
+                .unwrap()
+        };
+        let mut kids: Vec<std::process::Child> = (0..3).map(|_| spin()).collect();
+        for k in &kids {
+            // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET and
+            // sched_setaffinity are given a set of the right size.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(0, &mut set);
+                libc::sched_setaffinity(k.id() as i32, std::mem::size_of_val(&set), &set);
+            }
+        }
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let (w0, s0) = (
+            tree_cpu_wait_ns(kids[0].id() as i32),
+            tree_cpu_wait_ns(sleeper.id() as i32),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(900));
+        let waited = tree_cpu_wait_ns(kids[0].id() as i32).saturating_sub(w0) as f64 / 1e9;
+        let slept = tree_cpu_wait_ns(sleeper.id() as i32).saturating_sub(s0) as f64 / 1e9;
+        for k in kids.iter_mut().chain([&mut sleeper]) {
+            let _ = k.kill();
+            let _ = k.wait();
+        }
+        assert!(
+            waited > 0.3,
+            "a loop sharing one CPU with two others waited {waited:.2}s of 0.9s"
+        );
+        assert!(
+            slept < 0.05,
+            "a sleeping process waited {slept:.2}s for a CPU"
+        );
+    }
 
     #[test]
     fn exit_codes_follow_the_shell() {

@@ -220,6 +220,7 @@ events! {
     /// evaluation limit, not stopped as hung.
     BusySilent = "busy_silent" {
         required cpu_s: f64,
+        cpu_wait_s: f64,
         io_bytes: u64,
         required window_s: f64,
         required limit_s: f64,

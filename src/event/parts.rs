@@ -196,6 +196,11 @@ pub struct ProbeFinding {
     /// worked and seconds watched. Taken for the coordinator's probes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<(f64, f64)>,
+    /// Seconds its threads were ready to run but waited for a CPU over the
+    /// same time (more runnable threads than cores): work held back,
+    /// counted as work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_wait_s: Option<f64>,
     /// Not waiting at the probe's start, waiting on a peer at its end: it
     /// worked its way into a collective meanwhile (working, not hung).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -203,13 +208,14 @@ pub struct ProbeFinding {
 }
 
 impl ProbeFinding {
-    /// Working: at least `share` of a core over the probe, or into a
-    /// collective by its end.
+    /// Working: at least `share` of a core over the probe (on a CPU, or
+    /// ready to run and waiting for one), or into a collective by its end.
     pub fn busy(&self, share: f64) -> bool {
+        let wait = self.cpu_wait_s.unwrap_or(0.0);
         self.reached_peer
             || self
                 .cpu
-                .is_some_and(|(cpu, over)| over > 0.0 && cpu >= share * over)
+                .is_some_and(|(cpu, over)| over > 0.0 && cpu + wait >= share * over)
     }
 }
 
@@ -426,6 +432,13 @@ mod tests {
         assert!(!p.busy(0.2));
         p.cpu = Some((0.1, 0.5));
         assert!(p.busy(0.2));
+        // Ready to run but kept waiting for a CPU (an oversubscribed node):
+        // working all the same.
+        p.cpu = Some((0.05, 0.5));
+        p.cpu_wait_s = Some(0.4);
+        assert!(p.busy(0.2));
+        p.cpu_wait_s = Some(0.02);
+        assert!(!p.busy(0.2));
         p.cpu = Some((0.0, 0.5));
         p.reached_peer = true;
         assert!(p.busy(0.2));

@@ -14,6 +14,15 @@ pub(super) const BUSY_WINDOW: Duration = Duration::from_millis(500);
 /// The share of a core it must work meanwhile to be busy, not hung.
 pub(super) const BUSY_SHARE: f64 = 0.2;
 
+/// A look at the step limit that found the trainer not working: seconds
+/// on a CPU, seconds ready to run but waiting for one, over seconds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Idle {
+    pub cpu_s: f64,
+    pub wait_s: f64,
+    pub over_s: f64,
+}
+
 /// A look at the trainer's CPU time at its step limit.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BusyLook {
@@ -21,6 +30,9 @@ pub(crate) struct BusyLook {
     anchor: Instant,
     t0: Instant,
     cpu0: u64,
+    /// Nanoseconds its threads had waited for a CPU
+    /// ([`process::tree_cpu_wait_ns`]).
+    wait0: u64,
     /// Bytes the trainer had read and written ([`process::tree_io_bytes`]).
     io0: u64,
     /// Probes taken so far, and whether every one found it waiting on a
@@ -43,7 +55,7 @@ pub(crate) struct Busy {
     look: Option<BusyLook>,
     /// The last look found the trainer not working: its CPU time (seconds
     /// worked, seconds watched), for the stall's probe.
-    pub idle: Option<(f64, f64)>,
+    pub idle: Option<Idle>,
 }
 
 impl Busy {
@@ -85,15 +97,23 @@ impl Busy {
                 }
                 let ticks = process::tree_cpu_ticks(pid.as_raw());
                 let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
+                // Ready to run but waiting for a CPU (more runnable threads
+                // than cores) is work held back, not idleness.
+                let wait_s =
+                    process::tree_cpu_wait_ns(pid.as_raw()).saturating_sub(b.wait0) as f64 / 1e9;
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
                 // Writing a save to a slow file system works as surely as
                 // computing does, with little CPU time.
                 let io = process::tree_io_bytes(pid.as_raw()).saturating_sub(b.io0);
-                if cpu_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
-                    self.idle = Some((cpu_s, window_s));
+                if cpu_s + wait_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
+                    self.idle = Some(Idle {
+                        cpu_s,
+                        wait_s,
+                        over_s: window_s,
+                    });
                     return Vec::new();
                 }
-                lc.busy_silent(now, (cpu_s, io), window_s, p.evidence.join("; "))
+                lc.busy_silent(now, (cpu_s, wait_s, io), window_s, p.evidence.join("; "))
             }
             _ => {
                 self.idle = None;
@@ -101,6 +121,7 @@ impl Busy {
                     anchor,
                     t0: now,
                     cpu0: process::tree_cpu_ticks(pid.as_raw()),
+                    wait0: process::tree_cpu_wait_ns(pid.as_raw()),
                     io0: process::tree_io_bytes(pid.as_raw()),
                     looks: 0,
                     always_waiting: true,

@@ -86,12 +86,15 @@ impl Agent<'_> {
             }
             Order::BusySilent {
                 cpu_s,
+                cpu_wait_s,
                 io_bytes,
                 window_s,
                 ..
             } => {
                 let how = if cpu_s >= BUSY_SHARE * window_s {
-                    format!("{cpu_s:.1}s of CPU in {window_s:.1}s")
+                    format!("{cpu_s:.2}s of CPU in {window_s:.1}s")
+                } else if cpu_s + cpu_wait_s >= BUSY_SHARE * window_s {
+                    format!("{cpu_s:.2}s of CPU and {cpu_wait_s:.2}s ready to run but waiting for one, in {window_s:.1}s: the node's CPUs are oversubscribed")
                 } else {
                     format!(
                         "{:.1} MB read and written in {window_s:.1}s",
@@ -188,7 +191,8 @@ impl Agent<'_> {
         // the probe.
         let idle = self.busy.idle.take();
         let probe = r.link.is_some().then(|| ProbeFinding {
-            cpu: idle,
+            cpu: idle.map(|i| (i.cpu_s, i.over_s)),
+            cpu_wait_s: idle.map(|i| i.wait_s),
             ..diagnostics::probe(&self.helpers.with(|h| h.clone()))
         });
         on_stall(
@@ -254,25 +258,34 @@ impl Agent<'_> {
             .spawn(move || {
                 // The trainer's CPU time over the probe (half a second at least):
                 // a rank not waiting that works is busy, not hung.
-                let (t0, cpu0) = (Instant::now(), process::tree_cpu_ticks(trainer));
+                let work = || {
+                    (
+                        Instant::now(),
+                        process::tree_cpu_ticks(trainer),
+                        process::tree_cpu_wait_ns(trainer),
+                    )
+                };
+                let (t0, cpu0, wait0) = work();
                 let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
                 if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
                     std::thread::sleep(rest);
                 }
-                let worked = |t: Instant, ticks: u64| {
+                let worked = |p: &mut crate::event::ProbeFinding, t: Instant, ticks: u64, wait: u64| {
                     let cpu = process::tree_cpu_ticks(trainer).saturating_sub(ticks) as f64
                         / process::clock_ticks();
-                    (cpu, t.elapsed().as_secs_f64())
+                    let waited = process::tree_cpu_wait_ns(trainer).saturating_sub(wait) as f64 / 1e9;
+                    p.cpu = Some((cpu, t.elapsed().as_secs_f64()));
+                    p.cpu_wait_s = Some(waited);
                 };
                 let mut p = p;
-                p.cpu = Some(worked(t0, cpu0));
+                worked(&mut p, t0, cpu0, wait0);
                 if p.waiting_on_peer == Some(false) && !p.busy(BUSY_SHARE) {
                     // Evidence before a kill: a second look, clear of the
                     // stack read (which holds the trainer while it reads)
                     // and of a moment's want of a core.
-                    let (t1, cpu1) = (Instant::now(), process::tree_cpu_ticks(trainer));
+                    let (t1, cpu1, wait1) = work();
                     std::thread::sleep(BUSY_WINDOW);
-                    p.cpu = Some(worked(t1, cpu1));
+                    worked(&mut p, t1, cpu1, wait1);
                     // Waiting on a peer by now: it worked its way into a
                     // collective meanwhile (the end of a long evaluation).
                     let later = diagnostics::probe(&h.with(|x| x.clone()));

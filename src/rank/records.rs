@@ -24,7 +24,7 @@ pub(crate) fn on_stall(
     journal: &mut Writer,
     (clock, id): (&Clock, &Identity),
     now: Instant,
-    (linked, idle_look): (Option<Option<bool>>, Option<(f64, f64)>),
+    (linked, idle_look): (Option<Option<bool>>, Option<super::busy::Idle>),
 ) {
     plog.flush(journal, clock);
     let idle = now.duration_since(s.since);
@@ -50,9 +50,10 @@ pub(crate) fn on_stall(
     // found not working (no CPU time, no I/O, on a node where that means
     // something) needs no advice about evaluations.
     let avoid = match idle_look {
-        Some((cpu, over)) => {
-            format!("its trainer was not working ({cpu:.1}s of CPU in {over:.1}s, no I/O)")
-        }
+        Some(i) => format!(
+            "its trainer was not working ({:.2}s of CPU and {:.2}s waiting for one in {:.1}s, no I/O)",
+            i.cpu_s, i.wait_s, i.over_s
+        ),
         None => s.kind.avoid(),
     };
     let next = match linked {
@@ -289,6 +290,7 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
         ),
         Order::BusySilent {
             cpu_s,
+            cpu_wait_s,
             io_bytes,
             window_s,
             limit_s,
@@ -296,6 +298,7 @@ pub(crate) fn record_of(a: &Order) -> Option<(ev::Event, bool)> {
         } => (
             ev::BusySilent {
                 cpu_s: *cpu_s,
+                cpu_wait_s: Some(*cpu_wait_s),
                 io_bytes: Some(*io_bytes),
                 window_s: *window_s,
                 limit_s: *limit_s,

@@ -108,6 +108,8 @@ pub enum Order {
     /// Found working without a word at its step limit: busy and silent.
     BusySilent {
         cpu_s: f64,
+        /// Seconds it was ready to run but waited for a CPU.
+        cpu_wait_s: f64,
         /// Bytes it read and wrote meanwhile (a save to a slow file system
         /// works with little CPU).
         io_bytes: u64,

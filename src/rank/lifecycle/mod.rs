@@ -488,7 +488,7 @@ impl Lifecycle {
     pub fn busy_silent(
         &mut self,
         now: Instant,
-        (cpu_s, io_bytes): (f64, u64),
+        (cpu_s, cpu_wait_s, io_bytes): (f64, f64, u64),
         window_s: f64,
         probe: String,
     ) -> Vec<Order> {
@@ -497,6 +497,7 @@ impl Lifecycle {
         }
         vec![Order::BusySilent {
             cpu_s,
+            cpu_wait_s,
             io_bytes,
             window_s,
             limit_s: self.policy.current_limit().0.as_secs_f64(),
