@@ -42,6 +42,12 @@
 //! node without accelerators (a collective's wait blocks there) stands for
 //! one shown waiting. (Where nobody is shown waiting or idle, as on GPUs
 //! where NCCL spins and every rank burns CPU, it does not apply.)
+//!
+//! After *alone*, *working*: every live rank's probe read, none waiting on
+//! a peer, and some shown in their own code with their CPU time moving:
+//! the job is between collectives (a stall probed just as the evaluation
+//! it waited for ended), nobody is hung. Both carry on within the
+//! evaluation limit, and the next stall is judged afresh.
 
 use serde::Serialize;
 
@@ -86,6 +92,9 @@ names! {
     HangRule {
         /// A rank works without a word while the others wait: nobody is hung.
         Busy = "busy",
+        /// No rank waits on a peer and some work in their own code: the
+        /// stall is passing (a collective just left), nobody is hung.
+        Working = "working",
         /// Every other rank finished: the stalled ones are finishing the run.
         Finishing = "finishing",
         /// The only rank heard from.
@@ -104,10 +113,13 @@ names! {
 }
 
 impl HangRule {
-    /// A verdict that nobody is hung (a peer busy, the rest finishing):
-    /// the stalled ranks carry on.
+    /// A verdict that nobody is hung (a peer busy, ranks working with
+    /// nobody waiting, the rest finishing): the stalled ranks carry on.
     pub fn carries_on(self) -> bool {
-        matches!(self, HangRule::Busy | HangRule::Finishing)
+        matches!(
+            self,
+            HangRule::Busy | HangRule::Working | HangRule::Finishing
+        )
     }
 }
 
@@ -152,6 +164,8 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         (HangRule::Busy, vec![], reason)
     } else if let [only] = ranks {
         alone(only, unseen)
+    } else if let Some(found) = working_with_nobody_waiting(ranks) {
+        found
     } else {
         // Steps compare only the ranks that report them.
         let stepping: Vec<&RankView> = ranks
@@ -216,6 +230,35 @@ fn blamable(f: RuleFinding<'_>) -> Option<RuleFinding<'_>> {
         .filter(|r| r.waiting_on_peer != Some(true))
         .collect();
     (!kept.is_empty()).then_some((rule, kept, reason))
+}
+
+/// Every live rank's probe read, none waiting on a peer, and some shown in
+/// their own code with their CPU time moving: the job is between
+/// collectives, working. A stall's probe that lands as a long evaluation
+/// ends finds the waiting rank just released and the evaluating one just
+/// done, neither waiting (CI, s45). Nobody is hung: the stalled ranks carry
+/// on and the next stall is judged afresh (a rank hung asleep is found
+/// once the workers reach the collective it never joins). Running alone
+/// shows nothing (NCCL spins on a GPU without stacks): a stack or a state
+/// in the trainer's own code must show the work.
+fn working_with_nobody_waiting(ranks: &[RankView]) -> Option<RuleFinding<'_>> {
+    let live: Vec<&RankView> = ranks.iter().filter(|r| !r.exited).collect();
+    if live.is_empty() || live.iter().any(|r| r.waiting_on_peer != Some(false)) {
+        return None;
+    }
+    let working: Vec<&RankView> = live
+        .iter()
+        .copied()
+        .filter(|r| r.busy && r.not_waiting_shown)
+        .collect();
+    if working.is_empty() {
+        return None;
+    }
+    let reason = format!(
+        "no rank was waiting on a peer and rank(s) {} were working in their own code (their CPU time moves): between collectives, nobody is hung",
+        list(&working)
+    );
+    Some((HangRule::Working, vec![], reason))
 }
 
 /// One rank heard from: blamed if it is the job's only one.
@@ -370,7 +413,7 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> RuleFinding<'_> {
             list(&unknown)
         )
     } else if waiting == 0 {
-        "no rank was waiting on a peer (all busy or blocked elsewhere, as NCCL ranks spinning on a GPU look without stacks)".to_string()
+        no_rank_waiting(&live)
     } else {
         "every rank was waiting on a peer".to_string()
     };
@@ -389,6 +432,28 @@ fn by_probes(ranks: &[RankView], tolerance_s: f64) -> RuleFinding<'_> {
         )
     };
     (HangRule::Undetermined, vec![], reason)
+}
+
+/// Why nobody waiting on a peer tells nothing, by what the probes showed:
+/// ranks in their own code (not working), ranks merely running (no stack
+/// read: NCCL ranks spinning on a GPU look so).
+fn no_rank_waiting(live: &[&RankView]) -> String {
+    let (shown, running): (Vec<&RankView>, Vec<&RankView>) =
+        live.iter().copied().partition(|r| r.not_waiting_shown);
+    let mut parts = Vec::new();
+    if !shown.is_empty() {
+        parts.push(format!(
+            "rank(s) {} were shown outside any collective (in their own code, asleep or stopped) and not working",
+            list(&shown)
+        ));
+    }
+    if !running.is_empty() {
+        parts.push(format!(
+            "rank(s) {} were running with no stack to say where (as NCCL ranks spinning on a GPU look)",
+            list(&running)
+        ));
+    }
+    format!("no rank was waiting on a peer: {}", parts.join("; "))
 }
 
 /// The ranks, as `1,3` (up to [`LISTED`] of them, in the given order);
@@ -603,18 +668,74 @@ mod tests {
         );
         assert_eq!(v.rule, HangRule::Busy);
         assert!(v.blamed_ranks.is_empty(), "{}", v.reason);
-        // Nobody shown waiting (NCCL spinning: every rank burns CPU): no
-        // busy verdict.
-        let v = judge(
-            &[view(0, Some(30), 10.0, Some(false)), working.clone()],
-            0.5,
-            0,
-        );
-        assert_ne!(v.rule, HangRule::Busy);
+        // Nobody shown waiting (NCCL spinning: every rank burns CPU, no
+        // stack says where): no verdict that anybody works.
+        let mut spinning = view(0, Some(30), 10.0, Some(false));
+        (spinning.not_waiting_shown, spinning.busy) = (false, true);
+        let mut spinning_too = working.clone();
+        spinning_too.not_waiting_shown = false;
+        let v = judge(&[spinning, spinning_too], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Undetermined, "{}", v.reason);
         // Not working (asleep in its own code): the usual evidence.
         working.busy = false;
         let v = judge(&[view(0, Some(30), 10.0, Some(true)), working], 0.5, 0);
         assert_eq!((v.rule, v.blamed_ranks), (HangRule::NotWaiting, vec![1]));
+    }
+
+    /// CI, s45: rank 1 of an HF Trainer computed 12 s alone while rank 0
+    /// waited in the evaluation's collective; rank 0's third stall was
+    /// probed as that ended: rank 0 just released, rank 1 just done, both
+    /// in their own code, neither waiting. The healthy run was torn down
+    /// as a hang nobody could be blamed for.
+    #[test]
+    fn ranks_working_between_collectives_with_nobody_waiting_are_not_hung() {
+        let released = view(0, Some(25), 10.0, Some(false));
+        let mut done = view(1, None, 0.0, Some(false));
+        (done.silent, done.stalled, done.busy) = (true, false, true);
+        let v = judge(&[released.clone(), done.clone()], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Working, "{}", v.reason);
+        assert!(v.rule.carries_on());
+        assert!(v.blamed_ranks.is_empty());
+        assert!(v.reason.contains("rank(s) 1 were working"), "{}", v.reason);
+        // A rank asleep while another works, nobody waiting: the worker
+        // has not reached the collective yet; looked at again, not blamed.
+        let mut asleep = released.clone();
+        asleep.silent = true;
+        assert_eq!(
+            judge(&[asleep, done.clone()], 0.5, 0).rule,
+            HangRule::Working
+        );
+        // Running with no stack to show where (NCCL spinning on a GPU):
+        // no evidence of work, nobody blamed, and the reason says what the
+        // probes saw.
+        let mut spinning = done.clone();
+        spinning.not_waiting_shown = false;
+        let v = judge(&[released.clone(), spinning.clone()], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Undetermined, "{}", v.reason);
+        assert!(
+            v.reason
+                .contains("rank(s) 0 were shown outside any collective")
+                && v.reason.contains("rank(s) 1 were running with no stack"),
+            "{}",
+            v.reason
+        );
+        // A rank shown waiting: the busy rule's ground, not this one.
+        let waiting = view(0, Some(25), 10.0, Some(true));
+        assert_eq!(judge(&[waiting, done.clone()], 0.5, 0).rule, HangRule::Busy);
+        // A rank whose probe is missing may be the one waiting, or hung:
+        // this rule does not guess.
+        let unknown = view(2, Some(25), 10.0, None);
+        assert_ne!(
+            judge(&[released.clone(), done.clone(), unknown], 0.5, 0).rule,
+            HangRule::Working
+        );
+        // Nobody working, every rank shown in its own code: undetermined,
+        // and the reason no longer speaks of GPUs.
+        let mut still = done;
+        still.busy = false;
+        let v = judge(&[released, still], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Undetermined);
+        assert!(!v.reason.contains("GPU"), "{}", v.reason);
     }
 
     #[test]

@@ -140,14 +140,22 @@ impl JobView {
 
     /// Nobody is hung: the stalled ranks wait for a working one. They carry
     /// on, watched, and the next stall is judged afresh, until the busy
-    /// ranks have worked an evaluation's limit. False once that is spent.
+    /// ranks have worked an evaluation's limit: from the first such verdict
+    /// since the job last progressed (each evaluation of a long run has its
+    /// own). False once that is spent.
     fn carry_on_while_busy(
         &mut self,
         now: Instant,
         views: &[RankView],
         v: &hang::HangVerdict,
     ) -> bool {
-        let since = *self.busy_since.get_or_insert(now);
+        let progressed = self
+            .job_progress_age(now)
+            .map(|age| now.checked_sub(Duration::from_secs_f64(age)).unwrap_or(now));
+        let since = match self.busy_since {
+            Some(since) if progressed.is_none_or(|p| p <= since) => since,
+            _ => *self.busy_since.insert(now),
+        };
         if now.saturating_duration_since(since) >= self.cfg.busy_limit {
             return false;
         }

@@ -166,7 +166,8 @@ pub struct JobView {
     periodic_every: Option<Duration>,
     failing: Option<Failing>,
     failed_at: Option<Instant>,
-    /// When a rank was first found busy and silent while others stalled.
+    /// When a rank was first found busy and silent while others stalled,
+    /// since the job last progressed (an evaluation's limit counts from it).
     busy_since: Option<Instant>,
     /// A rank that aborted with no signature, given a moment before the
     /// step is torn down unless the others have finished.
@@ -419,6 +420,7 @@ impl JobView {
         self.ranks.clear();
         self.tally.clear();
         self.failing = None;
+        self.busy_since = None;
         self.pending = None;
         self.excluding = None;
         self.exit_crash = None;
@@ -1104,6 +1106,95 @@ mod tests {
         let hang = records_of(e, "hang");
         assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{hang:?}");
         assert_eq!(hang[0]["verdict"]["blamed_ranks"], serde_json::json!([1]));
+    }
+
+    /// An evaluation's limit counts from the first busy verdict since the
+    /// job last progressed: a run evaluating for a few minutes every hour
+    /// is never torn down for the evaluations of hours before (the limit
+    /// once counted from the first busy verdict of the job).
+    #[test]
+    fn each_evaluation_has_its_own_limit() {
+        let t = Instant::now();
+        let cfg = CoordinatorConfig {
+            busy_limit: Duration::from_secs(600),
+            ..Default::default()
+        };
+        let mut v = JobView::new("j1", 2, 0, cfg, t);
+        let at = |s: u64| t + Duration::from_secs(s);
+        // Rank 0 prints steps; rank 1 is silent.
+        let silent = |state| {
+            let mut x = report(1, 0, state);
+            (x.step, x.progress_age_s, x.silent) = (None, None, true);
+            x
+        };
+        v.on_report(report(0, 25, RankState::Running), t);
+        v.on_report(silent(RankState::Running), t);
+        let mut asked = 0;
+        // One stall of rank 0 while rank 1 evaluates, `since` seconds after
+        // rank 0's last step at `last`: what the coordinator did.
+        let mut stall = |v: &mut JobView, step: u64, last: Instant, now: Instant| {
+            // Carried on before: watched on, then stalled again.
+            let mut on = report(0, step, RankState::Running);
+            let before = now - Duration::from_secs(15);
+            on.progress_age_s = Some(before.duration_since(last).as_secs_f64());
+            v.on_report(on, before);
+            let mut s0 = report(0, step, RankState::Stalled);
+            (s0.waiting_on_peer, s0.probed) = (Some(true), true);
+            s0.progress_age_s = Some(now.duration_since(last).as_secs_f64());
+            assert_eq!(kinds(&v.on_report(s0, now)), vec!["stall_reported"]);
+            asked = v.commands_for(1, 0, asked)[0].seq;
+            let mut busy = silent(RankState::Running);
+            (busy.probed, busy.probe_seq, busy.busy) = (true, asked, true);
+            busy.waiting_on_peer = Some(false);
+            v.on_report(busy, now)
+        };
+        // An evaluation on rank 1 every hour: ten stalls of rank 0, every
+        // 30 s (five minutes), within the limit.
+        for hour in 0..4u64 {
+            let (h, step) = (hour * 3600, 25 + hour * 100);
+            for s in 0..10u64 {
+                let e = stall(&mut v, step, at(h), at(h + 30 + s * 30));
+                assert_eq!(kinds(&e), vec!["hang"], "hour {hour}, stall {s}");
+                assert_eq!(records_of(e, "hang")[0]["verdict"]["rule"], "busy");
+            }
+            // The evaluation ends: rank 0 steps on.
+            v.on_report(report(0, step + 100, RankState::Running), at(h + 3600));
+        }
+        // One evaluation past its limit is still stopped.
+        let last = at(4 * 3600);
+        let stopped = (0..25u64).find(|s| {
+            let e = stall(&mut v, 425, last, at(4 * 3600 + 30 + s * 30));
+            kinds(&e).contains(&"<failed>")
+        });
+        assert_eq!(stopped.map(|s| s * 30), Some(600));
+    }
+
+    /// The stall of a rank just released from the collective it waited
+    /// in, probed as the rank it waited for ends its evaluation: neither
+    /// waits, the one works in its own code. Carried on, not torn down.
+    #[test]
+    fn a_stall_probed_as_the_evaluation_ends_carries_on() {
+        let t = Instant::now();
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 25, RankState::Running), t);
+        }
+        let at = |s: u64| t + Duration::from_secs(s);
+        let mut s0 = report(0, 25, RankState::Stalled);
+        (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
+        s0.progress_age_s = Some(20.0);
+        assert_eq!(kinds(&v.on_report(s0, at(20))), vec!["stall_reported"]);
+        let ask = v.commands_for(1, 0, 0)[0].seq;
+        let mut done = report(1, 25, RankState::Running);
+        (done.probed, done.probe_seq, done.busy) = (true, ask, true);
+        (done.waiting_on_peer, done.not_waiting_shown) = (Some(false), true);
+        let e = v.on_report(done, at(21));
+        assert_eq!(kinds(&e), vec!["hang"]);
+        assert_eq!(records_of(e, "hang")[0]["verdict"]["rule"], "working");
+        assert!(v
+            .commands_for(0, 0, ask)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
     }
 
     #[test]
