@@ -293,44 +293,66 @@ pub fn read_stat(pid: i32) -> Option<ProcInfo> {
     })
 }
 
-/// The CPU time (user and system, in clock ticks) of `root` and its
-/// descendants, all their threads: what the trainer's tree has worked.
-pub fn tree_cpu_ticks(root: i32) -> u64 {
-    read_stat(root)
-        .into_iter()
-        .chain(descendants(root))
-        .filter_map(|p| {
-            let text = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok()?;
-            let rest = &text[text.rfind(')')? + 1..];
-            // After the name: state (3), ... utime (14), stime (15).
-            let mut f = rest.split_ascii_whitespace().skip(11);
-            let utime: u64 = f.next()?.parse().ok()?;
-            let stime: u64 = f.next()?.parse().ok()?;
-            Some(utime + stime)
-        })
-        .sum()
+/// What the trainer's tree has worked so far: its CPU time (user and
+/// system, every thread) and the time its threads were ready to run but
+/// waited for a CPU (the run delay of `/proc/PID/task/TID/schedstat`). On a
+/// node with more runnable threads than cores a working trainer gets only
+/// a share of one: its wait is work held back, not idleness.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Work {
+    /// Clock ticks on a CPU.
+    pub cpu_ticks: u64,
+    /// Nanoseconds ready to run, waiting for a CPU (0 where the kernel
+    /// keeps no such account).
+    pub wait_ns: u64,
 }
 
-/// Nanoseconds the threads of `root` and its descendants have spent ready
-/// to run but waiting for a CPU (the run delay of
-/// `/proc/PID/task/TID/schedstat`). On a node with more runnable threads
-/// than cores a working trainer gets only a share of one: its wait is work
-/// held back, not idleness. 0 where the kernel keeps no such account.
-pub fn tree_cpu_wait_ns(root: i32) -> u64 {
+impl Work {
+    /// Seconds on a CPU and seconds waiting for one, from `earlier` to this.
+    pub fn since(self, earlier: Work) -> (f64, f64) {
+        (
+            self.cpu_ticks.saturating_sub(earlier.cpu_ticks) as f64 / clock_ticks(),
+            self.wait_ns.saturating_sub(earlier.wait_ns) as f64 / 1e9,
+        )
+    }
+}
+
+/// [`Work`] of `root` and its descendants, in one walk of the tree.
+pub fn tree_work(root: i32) -> Work {
     read_stat(root)
         .into_iter()
         .chain(descendants(root))
-        .map(|p| {
-            let tasks = std::fs::read_dir(format!("/proc/{}/task", p.pid));
-            tasks
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter_map(|t| {
-                    let text = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
-                    text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()
-                })
-                .sum::<u64>()
+        .map(|p| Work {
+            cpu_ticks: cpu_ticks(p.pid).unwrap_or(0),
+            wait_ns: cpu_wait_ns(p.pid),
+        })
+        .fold(Work::default(), |a, b| Work {
+            cpu_ticks: a.cpu_ticks + b.cpu_ticks,
+            wait_ns: a.wait_ns + b.wait_ns,
+        })
+}
+
+/// A process's CPU time in clock ticks, all its threads.
+fn cpu_ticks(pid: i32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &text[text.rfind(')')? + 1..];
+    // After the name: state (3), ... utime (14), stime (15).
+    let mut f = rest.split_ascii_whitespace().skip(11);
+    let utime: u64 = f.next()?.parse().ok()?;
+    let stime: u64 = f.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// A process's threads' run delay in nanoseconds.
+fn cpu_wait_ns(pid: i32) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"));
+    tasks
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|t| {
+            let text = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+            text.split_ascii_whitespace().nth(1)?.parse::<u64>().ok()
         })
         .sum()
 }
@@ -615,12 +637,12 @@ mod tests {
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(200));
         let (w0, s0) = (
-            tree_cpu_wait_ns(kids[0].id() as i32),
-            tree_cpu_wait_ns(sleeper.id() as i32),
+            tree_work(kids[0].id() as i32),
+            tree_work(sleeper.id() as i32),
         );
         std::thread::sleep(std::time::Duration::from_millis(900));
-        let waited = tree_cpu_wait_ns(kids[0].id() as i32).saturating_sub(w0) as f64 / 1e9;
-        let slept = tree_cpu_wait_ns(sleeper.id() as i32).saturating_sub(s0) as f64 / 1e9;
+        let (_, waited) = tree_work(kids[0].id() as i32).since(w0);
+        let (_, slept) = tree_work(sleeper.id() as i32).since(s0);
         for k in kids.iter_mut().chain([&mut sleeper]) {
             let _ = k.kill();
             let _ = k.wait();

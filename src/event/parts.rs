@@ -215,7 +215,13 @@ impl ProbeFinding {
         self.reached_peer
             || self
                 .cpu
-                .is_some_and(|(cpu, over)| over > 0.0 && cpu + wait >= share * over)
+                .is_some_and(|(cpu, over)| Self::worked(cpu, wait, over, share))
+    }
+
+    /// `cpu_s` on a CPU and `wait_s` ready to run but waiting for one, over
+    /// `over_s`: at least `share` of a core.
+    pub fn worked(cpu_s: f64, wait_s: f64, over_s: f64, share: f64) -> bool {
+        over_s > 0.0 && cpu_s + wait_s >= share * over_s
     }
 }
 

@@ -14,6 +14,13 @@ pub(super) const BUSY_WINDOW: Duration = Duration::from_millis(500);
 /// The share of a core it must work meanwhile to be busy, not hung.
 pub(super) const BUSY_SHARE: f64 = 0.2;
 
+/// Working over a look of `window_s`: at least [`BUSY_SHARE`] of a core, on
+/// a CPU or ready to run and waiting for one. The one rule of the step
+/// limit's look, the coordinator's probe and their messages.
+pub(super) fn worked(cpu_s: f64, wait_s: f64, window_s: f64) -> bool {
+    crate::event::ProbeFinding::worked(cpu_s, wait_s, window_s, BUSY_SHARE)
+}
+
 /// A look at the step limit that found the trainer not working: seconds
 /// on a CPU, seconds ready to run but waiting for one, over seconds.
 #[derive(Clone, Copy, Debug)]
@@ -29,10 +36,8 @@ pub(crate) struct BusyLook {
     /// The wait it is about (the stall policy's anchor then).
     anchor: Instant,
     t0: Instant,
-    cpu0: u64,
-    /// Nanoseconds its threads had waited for a CPU
-    /// ([`process::tree_cpu_wait_ns`]).
-    wait0: u64,
+    /// What the trainer had worked ([`process::tree_work`]).
+    work0: process::Work,
     /// Bytes the trainer had read and written ([`process::tree_io_bytes`]).
     io0: u64,
     /// Probes taken so far, and whether every one found it waiting on a
@@ -95,17 +100,14 @@ impl Busy {
                 if b.always_waiting {
                     return Vec::new();
                 }
-                let ticks = process::tree_cpu_ticks(pid.as_raw());
-                let cpu_s = ticks.saturating_sub(b.cpu0) as f64 / process::clock_ticks();
                 // Ready to run but waiting for a CPU (more runnable threads
                 // than cores) is work held back, not idleness.
-                let wait_s =
-                    process::tree_cpu_wait_ns(pid.as_raw()).saturating_sub(b.wait0) as f64 / 1e9;
+                let (cpu_s, wait_s) = process::tree_work(pid.as_raw()).since(b.work0);
                 let window_s = now.saturating_duration_since(b.t0).as_secs_f64();
                 // Writing a save to a slow file system works as surely as
                 // computing does, with little CPU time.
                 let io = process::tree_io_bytes(pid.as_raw()).saturating_sub(b.io0);
-                if cpu_s + wait_s < BUSY_SHARE * window_s && io < BUSY_IO_BYTES {
+                if !worked(cpu_s, wait_s, window_s) && io < BUSY_IO_BYTES {
                     self.idle = Some(Idle {
                         cpu_s,
                         wait_s,
@@ -120,8 +122,7 @@ impl Busy {
                 self.look = Some(BusyLook {
                     anchor,
                     t0: now,
-                    cpu0: process::tree_cpu_ticks(pid.as_raw()),
-                    wait0: process::tree_cpu_wait_ns(pid.as_raw()),
+                    work0: process::tree_work(pid.as_raw()),
                     io0: process::tree_io_bytes(pid.as_raw()),
                     looks: 0,
                     always_waiting: true,

@@ -2,7 +2,7 @@
 //! trainer or through Slurm, journal records, diagnostics threads, probes,
 //! checkpoint requests, the coordinator's report.
 
-use super::busy::{BUSY_SHARE, BUSY_WINDOW};
+use super::busy::{worked, BUSY_SHARE, BUSY_WINDOW};
 use super::lifecycle::Order;
 use super::records::{on_stall, record_of, stop_stalled, write_control};
 use super::run::Agent;
@@ -91,9 +91,9 @@ impl Agent<'_> {
                 window_s,
                 ..
             } => {
-                let how = if cpu_s >= BUSY_SHARE * window_s {
+                let how = if worked(cpu_s, 0.0, window_s) {
                     format!("{cpu_s:.2}s of CPU in {window_s:.1}s")
-                } else if cpu_s + cpu_wait_s >= BUSY_SHARE * window_s {
+                } else if worked(cpu_s, cpu_wait_s, window_s) {
                     format!("{cpu_s:.2}s of CPU and {cpu_wait_s:.2}s ready to run but waiting for one, in {window_s:.1}s: the node's CPUs are oversubscribed")
                 } else {
                     format!(
@@ -258,34 +258,26 @@ impl Agent<'_> {
             .spawn(move || {
                 // The trainer's CPU time over the probe (half a second at least):
                 // a rank not waiting that works is busy, not hung.
-                let work = || {
-                    (
-                        Instant::now(),
-                        process::tree_cpu_ticks(trainer),
-                        process::tree_cpu_wait_ns(trainer),
-                    )
-                };
-                let (t0, cpu0, wait0) = work();
+                let work = || (Instant::now(), process::tree_work(trainer));
+                let (t0, work0) = work();
                 let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
                 if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
                     std::thread::sleep(rest);
                 }
-                let worked = |p: &mut crate::event::ProbeFinding, t: Instant, ticks: u64, wait: u64| {
-                    let cpu = process::tree_cpu_ticks(trainer).saturating_sub(ticks) as f64
-                        / process::clock_ticks();
-                    let waited = process::tree_cpu_wait_ns(trainer).saturating_sub(wait) as f64 / 1e9;
+                let measure = |p: &mut crate::event::ProbeFinding, t: Instant, before| {
+                    let (cpu, waited) = process::tree_work(trainer).since(before);
                     p.cpu = Some((cpu, t.elapsed().as_secs_f64()));
                     p.cpu_wait_s = Some(waited);
                 };
                 let mut p = p;
-                worked(&mut p, t0, cpu0, wait0);
+                measure(&mut p, t0, work0);
                 if p.waiting_on_peer == Some(false) && !p.busy(BUSY_SHARE) {
                     // Evidence before a kill: a second look, clear of the
                     // stack read (which holds the trainer while it reads)
                     // and of a moment's want of a core.
-                    let (t1, cpu1, wait1) = work();
+                    let (t1, work1) = work();
                     std::thread::sleep(BUSY_WINDOW);
-                    worked(&mut p, t1, cpu1, wait1);
+                    measure(&mut p, t1, work1);
                     // Waiting on a peer by now: it worked its way into a
                     // collective meanwhile (the end of a long evaluation).
                     let later = diagnostics::probe(&h.with(|x| x.clone()));
