@@ -95,6 +95,9 @@ names! {
         /// No rank waits on a peer and some work in their own code: the
         /// stall is passing (a collective just left), nobody is hung.
         Working = "working",
+        /// A stalled rank stepped again before the judgment: the wait that
+        /// stalled it is over.
+        Progressed = "progressed",
         /// Every other rank finished: the stalled ones are finishing the run.
         Finishing = "finishing",
         /// The only rank heard from.
@@ -118,7 +121,7 @@ impl HangRule {
     pub fn carries_on(self) -> bool {
         matches!(
             self,
-            HangRule::Busy | HangRule::Working | HangRule::Finishing
+            HangRule::Busy | HangRule::Working | HangRule::Progressed | HangRule::Finishing
         )
     }
 }
@@ -158,8 +161,9 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         // Evidence before a kill: a rank that works without a word while
         // the others wait is busy and silent, not hung.
         let reason = format!(
-            "rank(s) {} are working without a word (their CPU time moves, they wait on no peer): busy and silent, the others wait for them; nobody is hung",
-            list(&working)
+            "rank(s) {} are working without a word (their CPU time moves, they wait on no peer): busy and silent, the others wait for them; {}",
+            list(&working),
+            nobody_hung_unless_idle(ranks)
         );
         (HangRule::Busy, vec![], reason)
     } else if let [only] = ranks {
@@ -218,6 +222,21 @@ pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
     })
 }
 
+/// Rank `rank`, stalled, stepped again (to `step`) before the judgment:
+/// the collective it waited in let go (a peer's evaluation ended a moment
+/// after its limit). Nobody is hung; the stalled ranks carry on.
+pub fn progressed(ranks: &[RankView], rank: u32, step: u64) -> HangVerdict {
+    HangVerdict {
+        rule: HangRule::Progressed,
+        blamed_ranks: vec![],
+        blamed_nodes: vec![],
+        stalled_ranks: ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect(),
+        reason: format!(
+            "rank {rank} stepped again (step {step}) before the judgment: the wait that stalled it is over, nobody is hung"
+        ),
+    }
+}
+
 /// A rule's finding: its name, the ranks it blames, why.
 type RuleFinding<'a> = (HangRule, Vec<&'a RankView>, String);
 
@@ -255,10 +274,30 @@ fn working_with_nobody_waiting(ranks: &[RankView]) -> Option<RuleFinding<'_>> {
         return None;
     }
     let reason = format!(
-        "no rank was waiting on a peer and rank(s) {} were working in their own code (their CPU time moves): between collectives, nobody is hung",
-        list(&working)
+        "no rank was waiting on a peer and rank(s) {} were working in their own code (their CPU time moves): between collectives; {}",
+        list(&working),
+        nobody_hung_unless_idle(ranks)
     );
     Some((HangRule::Working, vec![], reason))
+}
+
+/// The end of a verdict that lets the run carry on: nobody is hung, unless
+/// some rank was shown neither waiting on a peer nor working (asleep in its
+/// own code, say): then it is looked at again once the work is done (the
+/// workers then wait for it, and the next stall blames it).
+fn nobody_hung_unless_idle(ranks: &[RankView]) -> String {
+    let idle: Vec<&RankView> = ranks
+        .iter()
+        .filter(|r| !r.exited && !r.busy && r.waiting_on_peer == Some(false) && r.not_waiting_shown)
+        .collect();
+    if idle.is_empty() {
+        "nobody is hung".to_string()
+    } else {
+        format!(
+            "rank(s) {} neither wait on a peer nor work: looked at again at the next stall, once the work is done",
+            list(&idle)
+        )
+    }
 }
 
 /// One rank heard from: blamed if it is the job's only one.
@@ -697,6 +736,14 @@ mod tests {
         assert!(v.rule.carries_on());
         assert!(v.blamed_ranks.is_empty());
         assert!(v.reason.contains("rank(s) 1 were working"), "{}", v.reason);
+        // Rank 0 was shown in its own code, not working: not said to be fine.
+        assert!(
+            v.reason
+                .contains("rank(s) 0 neither wait on a peer nor work")
+                && !v.reason.contains("nobody is hung"),
+            "{}",
+            v.reason
+        );
         // A rank asleep while another works, nobody waiting: the worker
         // has not reached the collective yet; looked at again, not blamed.
         let mut asleep = released.clone();

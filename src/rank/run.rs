@@ -223,6 +223,14 @@ impl<'a> Agent<'a> {
             self.watch_launcher();
             if !self.lifecycle.stalled() {
                 self.drain();
+            } else if self.lifecycle.judging() {
+                // Its stall still looked into: the trainer's progress is
+                // taken, and a step past the stall's withdraws it.
+                self.drain();
+                let acts = self.lifecycle.on_progress_while_stalled(Instant::now());
+                if !self.carry_out(acts) {
+                    break;
+                }
             }
             if let Some(c) = &self.rank.hosted {
                 // Effects for a host: this agent tears nothing down itself (the

@@ -21,12 +21,39 @@ impl JobView {
         let (crashed_done, views): (Vec<RankView>, Vec<RankView>) = views
             .into_iter()
             .partition(|w| w.exited && self.finishing.contains(&w.rank));
-        let v = hang::finishing(&views, finished + crashed_done.len())
+        let mut v = hang::finishing(&views, finished + crashed_done.len())
             .unwrap_or_else(|| hang::judge(&views, self.step_tolerance(), unseen));
-        out.push(self.hang_record(&views, &v, first));
-        if v.rule.carries_on() && self.carry_on_while_busy(now, &views, &v) {
-            return;
+        if v.rule.carries_on() {
+            if self.carry_on_while_busy(now, &views, &v) {
+                out.push(self.hang_record(&views, &v, first));
+                return;
+            }
+            // The evaluation limit is spent: the rules judge as if nobody
+            // worked, and the reason says why.
+            let worked: Vec<RankView> = views
+                .iter()
+                .cloned()
+                .map(|w| RankView { busy: false, ..w })
+                .collect();
+            let since = self
+                .busy_since
+                .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+            let busy: Vec<String> = views
+                .iter()
+                .filter(|w| w.busy && !w.exited)
+                .take(16)
+                .map(|w| w.rank.to_string())
+                .collect();
+            let mut past = hang::judge(&worked, self.step_tolerance(), unseen);
+            past.reason = format!(
+                "the evaluation limit ({}) ran out: rank(s) {} worked without a word while others stalled, {since:.0}s in all; {}",
+                crate::duration::format(self.cfg.busy_limit),
+                busy.join(","),
+                past.reason
+            );
+            v = past;
         }
+        out.push(self.hang_record(&views, &v, first));
         let rank = v.blamed_ranks.first().copied().unwrap_or(first);
         let node = self
             .ranks
@@ -35,6 +62,27 @@ impl JobView {
             .unwrap_or_default();
         let reason = format!("hang: {}", v.reason);
         self.fail(rank, &node, reason, Some(v), now, out);
+    }
+
+    /// Rank `rank`, stalled, stepped again (to `step`) before the hang was
+    /// judged: the judgment ends there (a `hang` record of rule
+    /// `progressed`), and the ranks still stalled carry on. A peer's
+    /// evaluation that ended a moment after the stall limit otherwise had
+    /// the healthy run torn down (trial 26).
+    pub(super) fn stall_passed(&mut self, rank: u32, step: u64, out: &mut Vec<Effect>) {
+        let Some(first) = self.failing.as_ref().filter(|f| !f.judged).map(|f| f.rank) else {
+            return;
+        };
+        let views = self.rank_views();
+        let v = hang::progressed(&views, rank, step);
+        out.push(self.hang_record(&views, &v, first));
+        self.failing = None;
+        if !v.stalled_ranks.is_empty() {
+            self.push(
+                v.stalled_ranks.clone(),
+                CommandKind::CarryOn { reason: v.reason },
+            );
+        }
     }
 
     /// What the hang policy sees of each rank still in the hang: every rank

@@ -1162,11 +1162,23 @@ mod tests {
         }
         // One evaluation past its limit is still stopped.
         let last = at(4 * 3600);
+        let mut end = Vec::new();
         let stopped = (0..25u64).find(|s| {
-            let e = stall(&mut v, 425, last, at(4 * 3600 + 30 + s * 30));
-            kinds(&e).contains(&"<failed>")
+            end = stall(&mut v, 425, last, at(4 * 3600 + 30 + s * 30));
+            kinds(&end).contains(&"<failed>")
         });
         assert_eq!(stopped.map(|s| s * 30), Some(600));
+        // Judged as if nobody worked, and said so: never "nobody is hung".
+        let hang = records_of(end, "hang");
+        let reason = hang[0]["verdict"]["reason"].as_str().unwrap().to_string();
+        assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{reason}");
+        assert!(
+            reason.starts_with(
+                "the evaluation limit (10m00s) ran out: rank(s) 1 worked without a word"
+            ),
+            "{reason}"
+        );
+        assert!(!reason.contains("nobody is hung"), "{reason}");
     }
 
     /// The stall of a rank just released from the collective it waited
@@ -1195,6 +1207,65 @@ mod tests {
             .commands_for(0, 0, ask)
             .iter()
             .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+    }
+
+    /// Trial 26: rank 1's evaluation ended a moment after rank 0's stall
+    /// limit; rank 0 stepped on while the others' probes were taken, and
+    /// the healthy run was torn down (undetermined, or rank 0 blamed). A
+    /// stalled rank's step ends the judgment.
+    #[test]
+    fn a_stalled_rank_stepping_again_ends_the_judgment() {
+        let t = Instant::now();
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 25, RankState::Running), t);
+        }
+        let at = |s: u64| t + Duration::from_secs(s);
+        let mut s0 = report(0, 25, RankState::Stalled);
+        (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
+        s0.progress_age_s = Some(10.0);
+        assert_eq!(
+            kinds(&v.on_report(s0.clone(), at(10))),
+            vec!["stall_reported"]
+        );
+        let ask = v.commands_for(1, 0, 0)[0].seq;
+        // Still stalled, at its step: nothing yet.
+        assert!(kinds(&v.on_report(s0.clone(), at(10))).is_empty());
+        // Its agent has not withdrawn the stall yet, but the step moved.
+        let mut on = s0;
+        (on.step, on.progress_age_s) = (Some(26), Some(0.1));
+        let e = v.on_report(on, at(11));
+        assert_eq!(kinds(&e), vec!["hang"]);
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "progressed", "{hang:?}");
+        assert!(v
+            .commands_for(0, 0, ask)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+        // Rank 1's answer comes later: nothing is judged on it.
+        let mut late = report(1, 25, RankState::Running);
+        (late.probed, late.probe_seq) = (true, ask);
+        late.waiting_on_peer = Some(false);
+        assert!(kinds(&v.on_report(late, at(12))).is_empty());
+        assert!(kinds(&v.tick(at(40))).is_empty());
+        // A judged hang is not undone by a late step.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 25, RankState::Running), t);
+        }
+        let mut s0 = report(0, 25, RankState::Stalled);
+        (s0.waiting_on_peer, s0.probed) = (Some(true), true);
+        v.on_report(s0.clone(), at(10));
+        let ask = v.commands_for(1, 0, 0)[0].seq;
+        let mut hung = report(1, 25, RankState::Running);
+        (hung.probed, hung.probe_seq) = (true, ask);
+        (hung.waiting_on_peer, hung.not_waiting_shown) = (Some(false), true);
+        assert_eq!(
+            kinds(&v.on_report(hung, at(11))),
+            vec!["hang", "teardown", "<failed>"]
+        );
+        s0.step = Some(26);
+        assert!(kinds(&v.on_report(s0, at(12))).is_empty());
     }
 
     #[test]

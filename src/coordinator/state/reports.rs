@@ -36,6 +36,13 @@ impl JobView {
         };
         let was_lost = prev.filter(|p| p.lost).map(|p| now.duration_since(p.heard));
         let prev_state = prev.map(|p| p.report.state);
+        // A stalled rank past the step it stalled at: its wait is over.
+        let stepped_on = match (prev.and_then(|p| p.report.step), r.step) {
+            (Some(before), Some(now)) if prev_state == Some(RankState::Stalled) => {
+                (now > before).then_some(now)
+            }
+            _ => None,
+        };
         self.heard(&r, was_lost, stepped, last_step_at, now, &mut out);
         let rank = r.rank;
         let node = r.node.clone();
@@ -70,6 +77,9 @@ impl JobView {
         }
         if let Some(e) = &exit {
             self.on_exit(rank, &node, e, now, &mut out);
+        }
+        if let Some(step) = stepped_on {
+            self.stall_passed(rank, step, &mut out);
         }
         if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
             self.judge_hang(now, &mut out);

@@ -819,3 +819,62 @@ fn a_rank_stalled_itself_takes_no_second_probe_for_the_coordinator() {
         }]
     );
 }
+
+/// Trial 26: a peer's evaluation ended a moment after this rank's limit; the
+/// trainer stepped on while its stall was judged, and the healthy run was
+/// torn down for a hang (a crash loop, when the next evaluation did the
+/// same). A step past the stall's withdraws it.
+#[test]
+fn a_step_while_the_stall_is_judged_withdraws_it() {
+    let (mut m, at) = stalled(linked());
+    // Nothing stepped yet: the stall stands.
+    assert!(m.on_progress_while_stalled(at).is_empty());
+    m.on_diagnostics_done(at);
+    assert!(m.judging());
+    m.policy.on_progress(at + secs(1), Some(1), true, "stdout");
+    let a = m.on_progress_while_stalled(at + secs(1));
+    assert!(
+        matches!(a.as_slice(), [Order::CarryOn { reason }] if reason.contains("step 1")),
+        "{a:?}"
+    );
+    assert!(m.monitoring() && !m.judging());
+    // The judgment's deadline no longer stops it.
+    assert!(tick(&mut m, at + JUDGMENT).is_empty());
+}
+
+#[test]
+fn a_step_during_the_diagnostics_withdraws_the_stall_once_they_are_done() {
+    let (mut m, at) = stalled(linked());
+    m.policy.on_progress(at + secs(1), Some(1), true, "stdout");
+    assert!(m.on_progress_while_stalled(at + secs(1)).is_empty());
+    let a = m.on_diagnostics_done(at + secs(2));
+    assert!(matches!(a.as_slice(), [Order::CarryOn { .. }]), "{a:?}");
+    assert!(m.monitoring());
+    // A teardown the coordinator asked for meanwhile still stands.
+    let (mut m, at) = stalled(linked());
+    m.policy.on_progress(at + secs(1), Some(1), true, "stdout");
+    m.on_progress_while_stalled(at + secs(1));
+    assert!(m
+        .on_command(stop("rank 3 hung first"), at + secs(1))
+        .is_empty());
+    assert_eq!(
+        m.on_diagnostics_done(at + secs(2)),
+        vec![Order::StopStalled { grace: STALL_GRACE }]
+    );
+}
+
+#[test]
+fn the_step_the_stall_was_at_does_not_withdraw_it() {
+    let (mut m, t0) = machine(linked());
+    m.policy.on_progress(t0 + secs(1), Some(5), true, "stdout");
+    let at = t0 + secs(3600);
+    let a = tick(&mut m, at);
+    let Some(Order::Stalled { .. }) = a.first() else {
+        panic!("{a:?}")
+    };
+    m.on_diagnostics_done(at);
+    // A bar redrawn at the same step (tqdm's monitor thread) is no step.
+    m.policy.on_progress(at + secs(1), Some(5), true, "stderr");
+    assert!(m.on_progress_while_stalled(at + secs(1)).is_empty());
+    assert!(m.judging());
+}
