@@ -95,6 +95,9 @@ names! {
         /// No rank waits on a peer and some work in their own code: the
         /// stall is passing (a collective just left), nobody is hung.
         Working = "working",
+        /// No rank waits on a peer, every one shown in its own code, none
+        /// working: the wait just ended, looked at again once.
+        Between = "between_collectives",
         /// A stalled rank stepped again before the judgment: the wait that
         /// stalled it is over.
         Progressed = "progressed",
@@ -121,7 +124,11 @@ impl HangRule {
     pub fn carries_on(self) -> bool {
         matches!(
             self,
-            HangRule::Busy | HangRule::Working | HangRule::Progressed | HangRule::Finishing
+            HangRule::Busy
+                | HangRule::Working
+                | HangRule::Between
+                | HangRule::Progressed
+                | HangRule::Finishing
         )
     }
 }
@@ -142,6 +149,18 @@ pub struct HangVerdict {
 /// `unseen`: ranks of the job neither in `ranks` nor finished cleanly (the
 /// coordinator never heard from them).
 pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
+    judge_with(ranks, tolerance_s, unseen, true)
+}
+
+/// [`judge`] without the verdicts that let the run carry on (*busy*,
+/// *working*, *between collectives*): once they are spent (the evaluation
+/// limit ran out; a second look between collectives with no progress
+/// since), the rules judge as if nobody worked.
+pub fn judge_again(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
+    judge_with(ranks, tolerance_s, unseen, false)
+}
+
+fn judge_with(ranks: &[RankView], tolerance_s: f64, unseen: u32, carry_on: bool) -> HangVerdict {
     let stalled_ranks: Vec<u32> = ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect();
     let working: Vec<&RankView> = ranks
         .iter()
@@ -153,7 +172,8 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
             vec![],
             "no ranks reported".to_string(),
         )
-    } else if !working.is_empty()
+    } else if carry_on
+        && !working.is_empty()
         && ranks.iter().any(|r| {
             r.waiting_on_peer == Some(true) || r.stalled && r.idle && r.waiting_on_peer.is_none()
         })
@@ -168,7 +188,7 @@ pub fn judge(ranks: &[RankView], tolerance_s: f64, unseen: u32) -> HangVerdict {
         (HangRule::Busy, vec![], reason)
     } else if let [only] = ranks {
         alone(only, unseen)
-    } else if let Some(found) = working_with_nobody_waiting(ranks) {
+    } else if let Some(found) = working_with_nobody_waiting(ranks).filter(|_| carry_on) {
         found
     } else {
         // Steps compare only the ranks that report them.
@@ -271,6 +291,19 @@ fn working_with_nobody_waiting(ranks: &[RankView]) -> Option<RuleFinding<'_>> {
         .filter(|r| r.busy && r.not_waiting_shown)
         .collect();
     if working.is_empty() {
+        // Every rank shown in its own code, none working, none waiting: the
+        // probes, taken a second apart, each caught a rank between two
+        // collectives (a sleep in its step, a data loader's wait), the wait
+        // that stalled them just over. Looked at again once: a job-wide
+        // hang in the ranks' own code (a lock every rank waits on) shows
+        // the same at the next stall, with no progress between.
+        if live.iter().all(|r| r.not_waiting_shown) {
+            let reason = format!(
+                "no rank was waiting on a peer and rank(s) {} were shown in their own code, none working: between collectives, the wait just over; looked at again at the next stall (twice with no progress between is a hang)",
+                list(&live)
+            );
+            return Some((HangRule::Between, vec![], reason));
+        }
         return None;
     }
     let reason = format!(
@@ -776,13 +809,24 @@ mod tests {
             judge(&[released.clone(), done.clone(), unknown], 0.5, 0).rule,
             HangRule::Working
         );
-        // Nobody working, every rank shown in its own code: undetermined,
-        // and the reason no longer speaks of GPUs.
+        // Nobody working, every rank shown in its own code: the wait just
+        // over, looked at again (once: the coordinator counts).
         let mut still = done;
         still.busy = false;
-        let v = judge(&[released, still], 0.5, 0);
+        let v = judge(&[released.clone(), still.clone()], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Between, "{}", v.reason);
+        assert!(v.rule.carries_on());
+        // Past that, judged without it: undetermined, and the reason says
+        // what the probes showed, not GPUs.
+        let v = judge_again(&[released, still], 0.5, 0);
         assert_eq!(v.rule, HangRule::Undetermined);
         assert!(!v.reason.contains("GPU"), "{}", v.reason);
+        assert!(
+            v.reason
+                .contains("rank(s) 0,1 were shown outside any collective"),
+            "{}",
+            v.reason
+        );
     }
 
     #[test]
@@ -921,9 +965,13 @@ mod tests {
 
     #[test]
     fn without_evidence_nobody_is_blamed() {
-        // GPUs: everyone spins in NCCL, nobody looks blocked.
+        // GPUs: everyone spins in NCCL, nobody looks blocked (nor is shown
+        // anywhere without stacks).
         let ranks: Vec<RankView> = (0..4)
-            .map(|r| view(r, Some(10), 100.0, Some(false)))
+            .map(|r| RankView {
+                not_waiting_shown: false,
+                ..view(r, Some(10), 100.0, Some(false))
+            })
             .collect();
         let v = judge(&ranks, 0.5, 0);
         assert_eq!(v.rule, HangRule::Undetermined);

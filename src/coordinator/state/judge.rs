@@ -28,13 +28,8 @@ impl JobView {
                 out.push(self.hang_record(&views, &v, first));
                 return;
             }
-            // The evaluation limit is spent: the rules judge as if nobody
-            // worked, and the reason says why.
-            let worked: Vec<RankView> = views
-                .iter()
-                .cloned()
-                .map(|w| RankView { busy: false, ..w })
-                .collect();
+            // Spent: the rules judge as if nobody worked, and the reason
+            // says why.
             let since = self
                 .busy_since
                 .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
@@ -44,13 +39,20 @@ impl JobView {
                 .take(16)
                 .map(|w| w.rank.to_string())
                 .collect();
-            let mut past = hang::judge(&worked, self.step_tolerance(), unseen);
-            past.reason = format!(
-                "the evaluation limit ({}) ran out: rank(s) {} worked without a word while others stalled, {since:.0}s in all; {}",
-                crate::duration::format(self.cfg.busy_limit),
-                busy.join(","),
-                past.reason
-            );
+            let mut past = hang::judge_again(&views, self.step_tolerance(), unseen);
+            past.reason = if v.rule == hang::HangRule::Between {
+                format!(
+                    "looked at again with no progress since: {}; {}",
+                    v.reason, past.reason
+                )
+            } else {
+                format!(
+                    "the evaluation limit ({}) ran out: rank(s) {} worked without a word while others stalled, {since:.0}s in all; {}",
+                    crate::duration::format(self.cfg.busy_limit),
+                    busy.join(","),
+                    past.reason
+                )
+            };
             v = past;
         }
         out.push(self.hang_record(&views, &v, first));
@@ -200,12 +202,24 @@ impl JobView {
         let progressed = self
             .job_progress_age(now)
             .map(|age| now.checked_sub(Duration::from_secs_f64(age)).unwrap_or(now));
-        let since = match self.busy_since {
-            Some(since) if progressed.is_none_or(|p| p <= since) => since,
-            _ => *self.busy_since.insert(now),
-        };
-        if now.saturating_duration_since(since) >= self.cfg.busy_limit {
-            return false;
+        if v.rule == hang::HangRule::Between {
+            // Once per progress: a second look between collectives with no
+            // progress since is a hang in the ranks' own code.
+            if self
+                .between_at
+                .is_some_and(|t| progressed.is_none_or(|p| p <= t))
+            {
+                return false;
+            }
+            self.between_at = Some(now);
+        } else {
+            let since = match self.busy_since {
+                Some(since) if progressed.is_none_or(|p| p <= since) => since,
+                _ => *self.busy_since.insert(now),
+            };
+            if now.saturating_duration_since(since) >= self.cfg.busy_limit {
+                return false;
+            }
         }
         let stalled: Vec<u32> = views.iter().filter(|w| w.stalled).map(|w| w.rank).collect();
         self.failing = None;

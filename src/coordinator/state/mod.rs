@@ -169,6 +169,9 @@ pub struct JobView {
     /// When a rank was first found busy and silent while others stalled,
     /// since the job last progressed (an evaluation's limit counts from it).
     busy_since: Option<Instant>,
+    /// When the ranks were last found between collectives (none waiting,
+    /// none working): looked at again once, until the job progresses.
+    between_at: Option<Instant>,
     /// A rank that aborted with no signature, given a moment before the
     /// step is torn down unless the others have finished.
     exit_crash: Option<ExitCrash>,
@@ -267,6 +270,7 @@ impl JobView {
             failing: None,
             failed_at: None,
             busy_since: None,
+            between_at: None,
             exit_crash: None,
             finishing: Vec::new(),
             relaunch_measured: true,
@@ -421,6 +425,7 @@ impl JobView {
         self.tally.clear();
         self.failing = None;
         self.busy_since = None;
+        self.between_at = None;
         self.pending = None;
         self.excluding = None;
         self.exit_crash = None;
@@ -1207,6 +1212,58 @@ mod tests {
             .commands_for(0, 0, ask)
             .iter()
             .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+    }
+
+    /// Trial 26: probes a second apart each caught a rank between two
+    /// collectives (a sleep in its step), neither waiting nor working: the
+    /// healthy run was torn down, twice, then stopped as a crash loop.
+    /// Looked at again once; twice with no progress between is a hang.
+    #[test]
+    fn ranks_between_collectives_are_looked_at_again_once_per_progress() {
+        let t = Instant::now();
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 5, RankState::Running), t);
+        }
+        let at = |s: u64| t + Duration::from_secs(s);
+        let mut asked = 0;
+        let mut check = |v: &mut JobView, step: u64, last: u64, now: u64| {
+            let mut on = report(0, step, RankState::Running);
+            on.progress_age_s = Some((now - 1 - last) as f64);
+            v.on_report(on, at(now - 1));
+            let mut s0 = report(0, step, RankState::Stalled);
+            (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
+            s0.progress_age_s = Some((now - last) as f64);
+            v.on_report(s0, at(now));
+            asked = v.commands_for(1, 0, asked)[0].seq;
+            let mut r1 = report(1, step, RankState::Running);
+            (r1.probed, r1.probe_seq) = (true, asked);
+            (r1.waiting_on_peer, r1.not_waiting_shown) = (Some(false), true);
+            r1.progress_age_s = Some((now - last) as f64);
+            v.on_report(r1, at(now))
+        };
+        let e = check(&mut v, 5, 0, 11);
+        assert_eq!(kinds(&e), vec!["hang"]);
+        assert_eq!(
+            records_of(e, "hang")[0]["verdict"]["rule"],
+            "between_collectives"
+        );
+        // The job stepped on; the next evaluation does the same: again.
+        for r in 0..2 {
+            v.on_report(report(r, 10, RankState::Running), at(20));
+        }
+        let e = check(&mut v, 10, 20, 31);
+        assert_eq!(kinds(&e), vec!["hang"]);
+        // The same again with no progress since: a hang, nobody blamed.
+        let e = check(&mut v, 10, 20, 42);
+        assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "undetermined", "{hang:?}");
+        let reason = hang[0]["verdict"]["reason"].as_str().unwrap();
+        assert!(
+            reason.starts_with("looked at again with no progress since"),
+            "{reason}"
+        );
     }
 
     /// Trial 26: rank 1's evaluation ended a moment after rank 0's stall

@@ -441,11 +441,16 @@ impl Lifecycle {
         // While monitoring, wake at the stall deadline (steps are drained
         // then) and often enough to keep the journal's progress current;
         // while stopping or draining, once a second to reap.
-        let step_wake = monitoring.then(|| {
-            p.deadline()
-                .checked_sub(p.min_future_limit())
-                .unwrap_or(now)
-        });
+        // While its stall is looked into, every step wakes it: one past the
+        // stall's withdraws it before the verdict.
+        let judging = self.judging();
+        let step_wake = monitoring
+            .then(|| {
+                p.deadline()
+                    .checked_sub(p.min_future_limit())
+                    .unwrap_or(now)
+            })
+            .or_else(|| judging.then(|| now + Duration::from_secs(3600)));
         let waiting_checkpoint =
             self.s.supervises_step && self.pre_timeout.is_some_and(|p| !p.done);
         let mut wake = if monitoring && !waiting_checkpoint {
