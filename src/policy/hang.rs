@@ -282,7 +282,23 @@ fn blamable(f: RuleFinding<'_>) -> Option<RuleFinding<'_>> {
 /// in the trainer's own code must show the work.
 fn working_with_nobody_waiting(ranks: &[RankView]) -> Option<RuleFinding<'_>> {
     let live: Vec<&RankView> = ranks.iter().filter(|r| !r.exited).collect();
-    if live.is_empty() || live.iter().any(|r| r.waiting_on_peer != Some(false)) {
+    if live.is_empty() {
+        return None;
+    }
+    // Every rank in a collective, some having worked their way into it
+    // during the probe (their CPU time moved; only reported so where a
+    // collective's wait blocks, without accelerators): the probes, a
+    // moment apart, caught the last rank joining a collective that then
+    // completes (HF's `store_flos` after a one-sided evaluation, trial 26).
+    let joined: Vec<&RankView> = live.iter().copied().filter(|r| r.busy).collect();
+    if live.iter().all(|r| r.waiting_on_peer == Some(true)) && !joined.is_empty() {
+        let reason = format!(
+            "every rank was waiting on a peer and rank(s) {} worked their way into the collective during the probe (their CPU time moved): it was just joined; looked at again at the next stall (twice with no progress between is a hang)",
+            list(&joined)
+        );
+        return Some((HangRule::Between, vec![], reason));
+    }
+    if live.iter().any(|r| r.waiting_on_peer != Some(false)) {
         return None;
     }
     let working: Vec<&RankView> = live
@@ -802,6 +818,25 @@ mod tests {
         // A rank shown waiting: the busy rule's ground, not this one.
         let waiting = view(0, Some(25), 10.0, Some(true));
         assert_eq!(judge(&[waiting, done.clone()], 0.5, 0).rule, HangRule::Busy);
+        // Every rank in a collective, one having worked its way into it
+        // during the probe: just joined, looked at again.
+        let mut joined = view(1, None, 0.0, Some(true));
+        (joined.silent, joined.stalled, joined.busy) = (true, false, true);
+        let v = judge(
+            &[view(0, Some(25), 10.0, Some(true)), joined.clone()],
+            0.5,
+            0,
+        );
+        assert_eq!(v.rule, HangRule::Between, "{}", v.reason);
+        assert!(
+            v.reason.contains("rank(s) 1 worked their way into"),
+            "{}",
+            v.reason
+        );
+        // Nobody moved (a communication hang: gloo blocks): undetermined.
+        joined.busy = false;
+        let v = judge(&[view(0, Some(25), 10.0, Some(true)), joined], 0.5, 0);
+        assert_eq!(v.rule, HangRule::Undetermined, "{}", v.reason);
         // A rank whose probe is missing may be the one waiting, or hung:
         // this rule does not guess.
         let unknown = view(2, Some(25), 10.0, None);

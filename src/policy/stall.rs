@@ -308,6 +308,11 @@ pub struct StallPolicy {
     /// No stall before this (a look at whether the rank is working, under
     /// way at the limit); any progress drops it.
     hold: Option<Instant>,
+    /// Busy and silent since a step limit: that limit, and when the trainer
+    /// is looked at again. Still working then, it goes on (its evaluation's
+    /// limit counted from the first look); found idle or waiting on a
+    /// peer, its stall goes ahead (a peer hung while it finished a save).
+    busy_look: Option<(Duration, Instant)>,
 }
 
 impl StallPolicy {
@@ -330,6 +335,7 @@ impl StallPolicy {
             phase_step: None,
             phase_from: "",
             hold: None,
+            busy_look: None,
         }
     }
 
@@ -355,13 +361,37 @@ impl StallPolicy {
             return false;
         }
         self.hold = None;
-        if matches!(&self.phase, Phase::Named(n, _) if n == BUSY) {
-            // Found working again, and nothing else to go by: a new window.
-            self.anchor = self.anchor.max(now);
+        if self.busy() {
+            if self.busy_look.is_some() && now >= self.anchor + self.current_limit().0 {
+                // The evaluation's limit itself: a stall.
+                return false;
+            }
+            match self.busy_look {
+                // Looked at again, still working: the next look a step
+                // limit on; the evaluation's limit keeps its start.
+                Some((every, _)) => self.busy_look = Some((every, now + every)),
+                // Found working again, and nothing else to go by: a new window.
+                None => self.anchor = self.anchor.max(now),
+            }
             return true;
         }
+        let every = match self.phase {
+            Phase::Train => Some(self.step_limit().0),
+            _ => None,
+        };
         self.on_phase(now, BUSY, None, "output");
+        self.busy_look = every.map(|e| (e, now + e));
         true
+    }
+
+    /// Busy and silent (found working at a limit, nothing announced).
+    pub fn busy(&self) -> bool {
+        matches!(&self.phase, Phase::Named(n, _) if n == BUSY)
+    }
+
+    /// When a busy trainer is looked at again, if it is.
+    fn busy_look_at(&self) -> Option<Instant> {
+        self.busy_look.filter(|_| self.busy()).map(|(_, at)| at)
     }
 
     /// Whether the trainer's work counts at this limit: stepping, or at the
@@ -372,7 +402,9 @@ impl StallPolicy {
     pub fn busy_lookable(&self) -> bool {
         match &self.phase {
             Phase::Train | Phase::Startup => true,
-            Phase::Named(n, _) => n == BUSY && self.steps_seen == 0,
+            Phase::Named(n, _) => {
+                n == BUSY && (self.steps_seen == 0 || self.busy_look_at().is_some())
+            }
         }
     }
 
@@ -629,6 +661,7 @@ impl StallPolicy {
     /// When a stall will be declared if nothing happens before.
     pub fn deadline(&self) -> Instant {
         let d = self.anchor + self.current_limit().0;
+        let d = self.busy_look_at().map_or(d, |at| d.min(at));
         self.hold.map_or(d, |h| d.max(h))
     }
 
@@ -637,7 +670,13 @@ impl StallPolicy {
         if now < self.deadline() {
             return None;
         }
-        let (timeout, kind) = self.current_limit();
+        let (limit, kind) = self.current_limit();
+        // A busy trainer looked at again and found neither working nor
+        // anything else: the limit broken is the step limit it was busy since.
+        let timeout = match self.busy_look {
+            Some((every, at)) if self.busy() && now >= at && now < self.anchor + limit => every,
+            _ => limit,
+        };
         Some(Stall {
             kind,
             timeout,
@@ -723,14 +762,31 @@ mod tests {
         // The agent looks for a second: no stall meanwhile.
         p.hold_until(limit + secs(1.0));
         assert!(p.check(limit + secs(0.5)).is_none());
-        // Working: an unannounced evaluation's limit from now.
+        // Working: an unannounced evaluation's limit from now, looked at
+        // again every step limit (5 s here).
         assert!(p.on_busy(limit + secs(1.0)));
         assert_eq!(p.phase().name(), BUSY);
-        assert!(p.check(limit + secs(100.0)).is_none());
+        assert!(p.check(limit + secs(5.9)).is_none());
+        assert!(p.busy_lookable());
+        let s = p.check(limit + secs(6.0)).expect("looked at again");
+        assert_eq!(
+            (s.kind, s.timeout),
+            (StallKind::Phase(BUSY.into()), secs(5.0))
+        );
+        // Still working at every look: the evaluation's limit holds, from
+        // the first.
+        let mut t = 6.0;
+        while t < 120.0 {
+            p.hold_until(limit + secs(t + 0.5));
+            assert!(p.check(limit + secs(t + 0.4)).is_none());
+            assert!(p.on_busy(limit + secs(t + 0.5)), "{t}");
+            t += 5.5;
+        }
         let s = p
             .check(limit + secs(121.0))
             .expect("the evaluation's limit holds");
         assert_eq!(s.kind, StallKind::Phase(BUSY.into()));
+        assert_eq!(s.timeout, secs(120.0));
         // Only from stepping: busy again at that limit is a stall.
         assert!(!p.on_busy(limit + secs(121.0)));
         // A later step ends it.

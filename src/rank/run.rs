@@ -425,8 +425,24 @@ impl<'a> Agent<'a> {
                 r.probe_seq = seq;
             }
             r.waiting_on_peer = p.waiting_on_peer;
-            r.not_waiting_shown = p.not_waiting_shown;
-            r.busy = p.busy(BUSY_SHARE) && p.waiting_on_peer != Some(true);
+            // Without accelerators a collective's wait blocks (gloo): CPU
+            // time over the probe is work in the trainer's own code, shown
+            // as surely as a stack there (py-spy reads no frames of an
+            // interpreter shutting down), and a rank found in a collective
+            // that worked its way into it (its CPU time moved) just joined.
+            let cpu_only = !crate::device::accelerators_here();
+            let worked = p.busy(BUSY_SHARE);
+            r.not_waiting_shown =
+                p.not_waiting_shown || (cpu_only && worked && p.waiting_on_peer == Some(false));
+            // (In a collective, CPU time alone: the time its threads waited
+            // for a CPU may be the stack read's doing.)
+            let worked_in = p.reached_peer
+                || p.cpu
+                    .is_some_and(|(cpu, over)| ProbeFinding::worked(cpu, 0.0, over, BUSY_SHARE));
+            r.busy = match p.waiting_on_peer {
+                Some(true) => cpu_only && worked_in,
+                _ => worked,
+            };
             r.idle = r.state == RankState::Stalled
                 && p.waiting_on_peer.is_none()
                 && p.cpu.is_some()

@@ -545,7 +545,9 @@ impl Lifecycle {
         window_s: f64,
         probe: String,
     ) -> Vec<Order> {
-        if !self.policy.on_busy(now) {
+        // Looked at again while busy, still working: said once already.
+        let again = self.policy.busy();
+        if !self.policy.on_busy(now) || again {
             return Vec::new();
         }
         vec![Order::BusySilent {
