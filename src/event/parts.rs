@@ -218,6 +218,16 @@ impl ProbeFinding {
                 .is_some_and(|(cpu, over)| Self::worked(cpu, wait, over, share))
     }
 
+    /// Working by CPU time alone (the time its threads waited for a CPU
+    /// left out: a stack read causes such waits), or into a collective by
+    /// the probe's end.
+    pub fn busy_on_cpu(&self, share: f64) -> bool {
+        self.reached_peer
+            || self
+                .cpu
+                .is_some_and(|(cpu, over)| Self::worked(cpu, 0.0, over, share))
+    }
+
     /// `cpu_s` on a CPU and `wait_s` ready to run but waiting for one, over
     /// `over_s`: at least `share` of a core.
     pub fn worked(cpu_s: f64, wait_s: f64, over_s: f64, share: f64) -> bool {

@@ -2,7 +2,7 @@
 //! trainer or through Slurm, journal records, diagnostics threads, probes,
 //! checkpoint requests, the coordinator's report.
 
-use super::busy::{worked, BUSY_WINDOW};
+use super::busy::{worked, BUSY_SHARE, BUSY_WINDOW};
 use super::lifecycle::Order;
 use super::records::{on_stall, record_of, stop_stalled, write_control};
 use super::run::Agent;
@@ -275,10 +275,7 @@ impl Agent<'_> {
                 // thread of the trainer and lets them go: on a loaded node
                 // they then wait for a CPU, a wait the read caused. Only CPU
                 // time settles it; else the second look decides.
-                let worked_alone = p
-                    .cpu
-                    .is_some_and(|(cpu, over)| worked(cpu, 0.0, over));
-                if p.waiting_on_peer == Some(false) && !worked_alone {
+                if p.waiting_on_peer == Some(false) && !p.busy_on_cpu(BUSY_SHARE) {
                     // Evidence before a kill: a second look, clear of the
                     // stack read (which holds the trainer while it reads)
                     // and of a moment's want of a core.

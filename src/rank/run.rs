@@ -436,11 +436,8 @@ impl<'a> Agent<'a> {
                 p.not_waiting_shown || (cpu_only && worked && p.waiting_on_peer == Some(false));
             // (In a collective, CPU time alone: the time its threads waited
             // for a CPU may be the stack read's doing.)
-            let worked_in = p.reached_peer
-                || p.cpu
-                    .is_some_and(|(cpu, over)| ProbeFinding::worked(cpu, 0.0, over, BUSY_SHARE));
             r.busy = match p.waiting_on_peer {
-                Some(true) => cpu_only && worked_in,
+                Some(true) => cpu_only && p.busy_on_cpu(BUSY_SHARE),
                 _ => worked,
             };
             r.idle = r.state == RankState::Stalled

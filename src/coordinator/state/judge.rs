@@ -30,15 +30,6 @@ impl JobView {
             }
             // Spent: the rules judge as if nobody worked, and the reason
             // says why.
-            let since = self
-                .busy_since
-                .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
-            let busy: Vec<String> = views
-                .iter()
-                .filter(|w| w.busy && !w.exited)
-                .take(16)
-                .map(|w| w.rank.to_string())
-                .collect();
             let mut past = hang::judge_again(&views, self.step_tolerance(), unseen);
             past.reason = if v.rule == hang::HangRule::Between {
                 format!(
@@ -46,6 +37,15 @@ impl JobView {
                     v.reason, past.reason
                 )
             } else {
+                let since = self
+                    .busy_since
+                    .map_or(0.0, |t| now.duration_since(t).as_secs_f64());
+                let busy: Vec<String> = views
+                    .iter()
+                    .filter(|w| w.busy && !w.exited)
+                    .take(16)
+                    .map(|w| w.rank.to_string())
+                    .collect();
                 format!(
                     "the evaluation limit ({}) ran out: rank(s) {} worked without a word while others stalled, {since:.0}s in all; {}",
                     crate::duration::format(self.cfg.busy_limit),
@@ -78,12 +78,15 @@ impl JobView {
         let views = self.rank_views();
         let v = hang::progressed(&views, rank, step);
         out.push(self.hang_record(&views, &v, first));
+        self.carry_on(v.stalled_ranks, v.reason);
+    }
+
+    /// Nobody is hung: the judgment ends, and the `stalled` ranks carry on,
+    /// watched, told `reason`.
+    fn carry_on(&mut self, stalled: Vec<u32>, reason: String) {
         self.failing = None;
-        if !v.stalled_ranks.is_empty() {
-            self.push(
-                v.stalled_ranks.clone(),
-                CommandKind::CarryOn { reason: v.reason },
-            );
+        if !stalled.is_empty() {
+            self.push(stalled, CommandKind::CarryOn { reason });
         }
     }
 
@@ -222,15 +225,7 @@ impl JobView {
             }
         }
         let stalled: Vec<u32> = views.iter().filter(|w| w.stalled).map(|w| w.rank).collect();
-        self.failing = None;
-        if !stalled.is_empty() {
-            self.push(
-                stalled,
-                CommandKind::CarryOn {
-                    reason: v.reason.clone(),
-                },
-            );
-        }
+        self.carry_on(stalled, v.reason.clone());
         true
     }
 }

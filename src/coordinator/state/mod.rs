@@ -721,6 +721,22 @@ mod tests {
             .collect()
     }
 
+    /// A job of two ranks, both running at `step` at `t`.
+    fn two_running(step: u64, t: Instant) -> JobView {
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, step, RankState::Running), t);
+        }
+        v
+    }
+
+    /// Rank `rank` was told to carry on by a command after seq `after`.
+    fn told_to_carry_on(v: &JobView, rank: u32, after: u64) -> bool {
+        v.commands_for(rank, 0, after)
+            .iter()
+            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. }))
+    }
+
     #[test]
     fn a_rank_not_heard_from_is_lost_once_and_heard_again_after_its_silence() {
         let t = Instant::now();
@@ -1052,10 +1068,7 @@ mod tests {
         assert_eq!(kinds(&e), vec!["stall_reported", "hang"], "{e:?}");
         let hang = records_of(e, "hang");
         assert_eq!(hang[0]["verdict"]["rule"], "finishing", "{hang:?}");
-        assert!(v
-            .commands_for(0, 0, 0)
-            .iter()
-            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+        assert!(told_to_carry_on(&v, 0, 0));
     }
 
     /// Trial 19: rank 1 was found busy in a long evaluation (the stall
@@ -1192,10 +1205,7 @@ mod tests {
     #[test]
     fn a_stall_probed_as_the_evaluation_ends_carries_on() {
         let t = Instant::now();
-        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
-        for r in 0..2 {
-            v.on_report(report(r, 25, RankState::Running), t);
-        }
+        let mut v = two_running(25, t);
         let at = |s: u64| t + Duration::from_secs(s);
         let mut s0 = report(0, 25, RankState::Stalled);
         (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
@@ -1208,10 +1218,7 @@ mod tests {
         let e = v.on_report(done, at(21));
         assert_eq!(kinds(&e), vec!["hang"]);
         assert_eq!(records_of(e, "hang")[0]["verdict"]["rule"], "working");
-        assert!(v
-            .commands_for(0, 0, ask)
-            .iter()
-            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+        assert!(told_to_carry_on(&v, 0, ask));
     }
 
     /// Trial 26: probes a second apart each caught a rank between two
@@ -1221,10 +1228,7 @@ mod tests {
     #[test]
     fn ranks_between_collectives_are_looked_at_again_once_per_progress() {
         let t = Instant::now();
-        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
-        for r in 0..2 {
-            v.on_report(report(r, 5, RankState::Running), t);
-        }
+        let mut v = two_running(5, t);
         let at = |s: u64| t + Duration::from_secs(s);
         let mut asked = 0;
         let mut check = |v: &mut JobView, step: u64, last: u64, now: u64| {
@@ -1273,10 +1277,7 @@ mod tests {
     #[test]
     fn a_stalled_rank_stepping_again_ends_the_judgment() {
         let t = Instant::now();
-        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
-        for r in 0..2 {
-            v.on_report(report(r, 25, RankState::Running), t);
-        }
+        let mut v = two_running(25, t);
         let at = |s: u64| t + Duration::from_secs(s);
         let mut s0 = report(0, 25, RankState::Stalled);
         (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
@@ -1295,10 +1296,7 @@ mod tests {
         assert_eq!(kinds(&e), vec!["hang"]);
         let hang = records_of(e, "hang");
         assert_eq!(hang[0]["verdict"]["rule"], "progressed", "{hang:?}");
-        assert!(v
-            .commands_for(0, 0, ask)
-            .iter()
-            .any(|c| matches!(c.kind, CommandKind::CarryOn { .. })));
+        assert!(told_to_carry_on(&v, 0, ask));
         // Rank 1's answer comes later: nothing is judged on it.
         let mut late = report(1, 25, RankState::Running);
         (late.probed, late.probe_seq) = (true, ask);
@@ -1306,10 +1304,7 @@ mod tests {
         assert!(kinds(&v.on_report(late, at(12))).is_empty());
         assert!(kinds(&v.tick(at(40))).is_empty());
         // A judged hang is not undone by a late step.
-        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
-        for r in 0..2 {
-            v.on_report(report(r, 25, RankState::Running), t);
-        }
+        let mut v = two_running(25, t);
         let mut s0 = report(0, 25, RankState::Stalled);
         (s0.waiting_on_peer, s0.probed) = (Some(true), true);
         v.on_report(s0.clone(), at(10));
