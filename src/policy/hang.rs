@@ -242,17 +242,17 @@ pub fn finishing(ranks: &[RankView], finished: usize) -> Option<HangVerdict> {
     })
 }
 
-/// Rank `rank`, stalled, stepped again (to `step`) before the judgment:
+/// Rank `rank`, stalled, stepped again or worked again (`what`) before the judgment:
 /// the collective it waited in let go (a peer's evaluation ended a moment
 /// after its limit). Nobody is hung; the stalled ranks carry on.
-pub fn progressed(ranks: &[RankView], rank: u32, step: u64) -> HangVerdict {
+pub fn progressed(ranks: &[RankView], rank: u32, what: &str) -> HangVerdict {
     HangVerdict {
         rule: HangRule::Progressed,
         blamed_ranks: vec![],
         blamed_nodes: vec![],
         stalled_ranks: ranks.iter().filter(|r| r.stalled).map(|r| r.rank).collect(),
         reason: format!(
-            "rank {rank} stepped again (step {step}) before the judgment: the wait that stalled it is over, nobody is hung"
+            "rank {rank} {what} before the judgment: the wait that stalled it is over, nobody is hung"
         ),
     }
 }

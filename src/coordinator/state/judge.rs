@@ -71,12 +71,12 @@ impl JobView {
     /// `progressed`), and the ranks still stalled carry on. A peer's
     /// evaluation that ended a moment after the stall limit otherwise had
     /// the healthy run torn down (trial 26).
-    pub(super) fn stall_passed(&mut self, rank: u32, step: u64, out: &mut Vec<Effect>) {
+    pub(super) fn stall_passed(&mut self, rank: u32, what: String, out: &mut Vec<Effect>) {
         let Some(first) = self.failing.as_ref().filter(|f| !f.judged).map(|f| f.rank) else {
             return;
         };
         let views = self.rank_views();
-        let v = hang::progressed(&views, rank, step);
+        let v = hang::progressed(&views, rank, &what);
         out.push(self.hang_record(&views, &v, first));
         self.carry_on(v.stalled_ranks, v.reason);
     }

@@ -1303,6 +1303,24 @@ mod tests {
         late.waiting_on_peer = Some(false);
         assert!(kinds(&v.on_report(late, at(12))).is_empty());
         assert!(kinds(&v.tick(at(40))).is_empty());
+        // Its agent withdrew the stall (its trainer works again, in a save
+        // that prints nothing): the same.
+        let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
+        for r in 0..2 {
+            v.on_report(report(r, 25, RankState::Running), t);
+        }
+        let mut s0 = report(0, 25, RankState::Stalled);
+        s0.progress_age_s = Some(10.0);
+        v.on_report(s0, at(10));
+        let mut back = report(0, 25, RankState::Running);
+        back.progress_age_s = Some(11.0);
+        let e = v.on_report(back, at(11));
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "progressed", "{hang:?}");
+        assert!(hang[0]["verdict"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("found its trainer working again"));
         // A judged hang is not undone by a late step.
         let mut v = two_running(25, t);
         let mut s0 = report(0, 25, RankState::Stalled);

@@ -78,8 +78,21 @@ impl JobView {
         if let Some(e) = &exit {
             self.on_exit(rank, &node, e, now, &mut out);
         }
-        if let Some(step) = stepped_on {
-            self.stall_passed(rank, step, &mut out);
+        // Or its agent withdrew the stall (it found the trainer stepping or
+        // working again; in observe mode every stall is let go, and judged).
+        let back = prev_state == Some(RankState::Stalled)
+            && state == RankState::Running
+            && !self.cfg.observe;
+        match (stepped_on, back) {
+            (Some(step), _) => {
+                let what = format!("stepped again (step {step})");
+                self.stall_passed(rank, what, &mut out);
+            }
+            (None, true) => {
+                let what = "carried on (its agent found its trainer working again)".to_string();
+                self.stall_passed(rank, what, &mut out);
+            }
+            _ => {}
         }
         if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
             self.judge_hang(now, &mut out);

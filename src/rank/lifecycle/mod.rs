@@ -17,6 +17,7 @@ pub use super::ending::{Ending, StopReason};
 pub use actions::{Checked, Order, Sig};
 
 mod actions;
+mod judging;
 mod signals;
 use crate::policy::stall::{Stall, StallPolicy};
 use crate::process::Exit;
@@ -234,47 +235,6 @@ impl Lifecycle {
         self.kill_at.get_or_insert(now + self.s.stall_grace);
     }
 
-    /// Stalled, its stall still looked into (its diagnostics taken, the
-    /// coordinator's judgment awaited), the trainer alive: a step now
-    /// still withdraws it ([`Self::on_progress_while_stalled`]).
-    pub fn judging(&self) -> bool {
-        self.main_exit.is_none()
-            && matches!(
-                self.state,
-                State::Stalled {
-                    step: StallStep::Diagnosing { .. } | StallStep::AwaitingJudgment { .. },
-                    ..
-                }
-            )
-    }
-
-    /// The trainer stepped past its stall's last step while the stall was
-    /// looked into (the collective it waited in let go a moment after its
-    /// limit: a peer's evaluation ended): the stall is withdrawn, at once or
-    /// once its diagnostics are done. A stop the coordinator asked for
-    /// meanwhile still stands.
-    pub fn on_progress_while_stalled(&mut self, now: Instant) -> Vec<Order> {
-        let Some(step) = self.policy.last_step() else {
-            return Vec::new();
-        };
-        let (before, at) = match &self.state {
-            State::Stalled { stall, step, .. } if self.judging() => (stall.last_step, *step),
-            _ => return Vec::new(),
-        };
-        if before.is_some_and(|b| step <= b) {
-            return Vec::new();
-        }
-        let reason =
-            format!("the trainer stepped again (step {step}) while its stall was looked into");
-        match at {
-            StallStep::Diagnosing { .. } => {
-                self.carry_on.get_or_insert(reason);
-                Vec::new()
-            }
-            _ => self.carry_on_now(reason, now),
-        }
-    }
-
     /// The coordinator cannot be reached.
     pub fn on_coordinator_lost(&mut self, error: String) -> Vec<Order> {
         self.coordinator_down = true;
@@ -465,6 +425,11 @@ impl Lifecycle {
             } => Some(until),
             _ => None,
         };
+        // Awaiting the verdict: the trainer is looked at twice a second
+        // (working again, its wait is over).
+        if stall_stop.is_some() {
+            wake = wake.min(now + Duration::from_millis(250));
+        }
         for t in [self.kill_at, self.drain_kill_at, stall_stop]
             .into_iter()
             .flatten()
