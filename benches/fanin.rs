@@ -18,8 +18,9 @@
 //! every rank's step stands still from then (the others wait on it in the
 //! collective), the hung rank's agent reports it stalled BENCH_STALL_S
 //! later (default 10, the stall limit), at once in a report of its own as
-//! real agents do, the others answer the probe the coordinator sends them
-//! (waiting on a peer) as real agents do: half a second (a probe's least
+//! real agents do, every rank (the hung one too, with the look it stalled
+//! on) answers the probe the coordinator sends it (the others waiting on a
+//! peer) as real agents do: half a second (a probe's least
 //! time) after the reply that asked, in a report of their own naming the
 //! ask's seq, and in every report after (a sender's next regular report
 //! then comes a period after its urgent one, as a relay's next batch
@@ -182,8 +183,11 @@ impl Sim {
                 age = Instant::now().saturating_duration_since(h.at).as_secs_f64();
                 if rank == h.rank && due >= h.at + h.stall {
                     state = "stalled";
-                    probe =
-                        r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true"#.into();
+                    // Asked too, it answers with the same look.
+                    let seq = answered.unwrap_or(0);
+                    probe = format!(
+                        r#""waiting_on_peer":false,"not_waiting_shown":true,"probed":true,"probe_seq":{seq}"#
+                    );
                     let _ = self.stalled_sent.set(Instant::now());
                 } else if let Some(seq) = answered {
                     probe = format!(r#""waiting_on_peer":true,"probed":true,"probe_seq":{seq}"#);

@@ -52,7 +52,7 @@ const BUSY_LOOKS: u32 = 5;
 
 /// Bytes read or written over a busy look that show the trainer at work
 /// (a save at 64 KiB a second does it; a rank asleep moves none).
-pub(super) const BUSY_IO_BYTES: u64 = 32 << 10;
+const BUSY_IO_BYTES: u64 = 32 << 10;
 
 /// The look under way, and what the last one found.
 #[derive(Debug, Default)]

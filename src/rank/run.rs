@@ -63,9 +63,6 @@ pub(crate) struct Agent<'a> {
     /// A look at whether the trainer is working, under way at its limit,
     /// and what the last one found.
     pub(super) busy: Busy,
-    /// While a verdict on its stall is awaited: when the trainer's work
-    /// was last taken, and what it was (CPU, I/O bytes).
-    pub(super) judged_look: Option<(Instant, process::Work, u64)>,
     pub(super) scratch: PathBuf,
     /// Reaping scans /proc, so it runs only when a child may have changed
     /// state (SIGCHLD, diagnostics done) and, while draining, once a second.
@@ -155,7 +152,6 @@ impl<'a> Agent<'a> {
             probe_tx,
             stall_probe: None,
             busy: Busy::default(),
-            judged_look: None,
             reap_due: true,
             children_left: true,
             commands_handled: 0,
@@ -227,9 +223,14 @@ impl<'a> Agent<'a> {
             self.watch_launcher();
             if !self.lifecycle.stalled() {
                 self.drain();
-                self.judged_look = None;
-            } else if !self.while_judged() {
-                break;
+            } else if self.lifecycle.judging() {
+                // Its stall still looked into: the trainer's progress is
+                // taken, and a step past the stall's withdraws it.
+                self.drain();
+                let acts = self.lifecycle.on_progress_while_stalled(Instant::now());
+                if !self.carry_out(acts) {
+                    break;
+                }
             }
             if let Some(c) = &self.rank.hosted {
                 // Effects for a host: this agent tears nothing down itself (the
@@ -359,7 +360,21 @@ impl<'a> Agent<'a> {
                     false,
                 );
                 self.report_probe(&p, Some(asked));
-                Vec::new()
+                // Its own stall's look of now, beside the others': found
+                // working in its own code, the wait that stalled it is over.
+                if p.waiting_on_peer == Some(false) && p.busy(BUSY_SHARE) {
+                    let how = match p.cpu {
+                        _ if p.reached_peer => "into a collective by the probe's end".to_string(),
+                        Some((cpu, over)) => format!(
+                            "in its own code, {cpu:.2}s of CPU and {:.2}s ready to run in {over:.1}s",
+                            p.cpu_wait_s.unwrap_or(0.0)
+                        ),
+                        None => "in its own code".to_string(),
+                    };
+                    self.lifecycle.on_work_while_stalled(Instant::now(), how)
+                } else {
+                    Vec::new()
+                }
             }
             Woke::Diagnostics(d) => {
                 self.reap_due = true;
@@ -535,61 +550,6 @@ impl<'a> Agent<'a> {
         };
         let actions = self.lifecycle.on_numerical(evidence, Instant::now());
         self.carry_out(actions);
-    }
-
-    /// Its stall still looked into: the trainer's progress is taken, and a
-    /// step past the stall's, or work after its wait, withdraws it. False
-    /// when the rank is to end.
-    fn while_judged(&mut self) -> bool {
-        if self.lifecycle.judging() {
-            self.drain();
-            let now = Instant::now();
-            let mut acts = self.lifecycle.on_progress_while_stalled(now);
-            if acts.is_empty() {
-                acts = self.work_while_judged(now);
-            }
-            if !self.carry_out(acts) {
-                return false;
-            }
-        }
-        if !self.lifecycle.awaiting_judgment() {
-            self.judged_look = None;
-        }
-        true
-    }
-
-    /// Awaiting the verdict on its stall: the trainer's CPU time and I/O
-    /// over each half second. Found working (it was not at its stall), its
-    /// wait is over and the stall is withdrawn.
-    fn work_while_judged(&mut self, now: Instant) -> Vec<Order> {
-        if !self.lifecycle.awaiting_judgment() {
-            return Vec::new();
-        }
-        let pid = self.rank.pid.as_raw();
-        let take = || (process::tree_work(pid), process::tree_io_bytes(pid));
-        match self.judged_look {
-            Some((t0, w0, io0)) if now.duration_since(t0) >= super::busy::BUSY_WINDOW => {
-                let (w, io) = take();
-                self.judged_look = Some((now, w, io));
-                let (cpu, wait) = w.since(w0);
-                let over = now.duration_since(t0).as_secs_f64();
-                let moved = io.saturating_sub(io0);
-                if super::busy::worked(cpu, wait, over) || moved >= super::busy::BUSY_IO_BYTES {
-                    let how = format!(
-                        "{cpu:.2}s of CPU, {wait:.2}s ready to run, {:.1} MB read and written in {over:.1}s",
-                        moved as f64 / 1e6
-                    );
-                    return self.lifecycle.on_work_while_stalled(now, how);
-                }
-                Vec::new()
-            }
-            Some(_) => Vec::new(),
-            None => {
-                let (w, io) = take();
-                self.judged_look = Some((now, w, io));
-                Vec::new()
-            }
-        }
     }
 
     /// Drain the last events (unless a stall stopped taking them).

@@ -12,6 +12,11 @@ pub(super) struct Entry {
     /// its stall): evidence about the stall being judged. An older one
     /// (a busy evaluation's, a stall ago) is not.
     pub probe_fresh: bool,
+    /// Its probe answers the coordinator's latest ask. A rank stalled
+    /// itself is asked too: its stall's probe is evidence until it
+    /// answers, and the judgment waits for the answer (its stall's probe
+    /// is older than the others').
+    pub probe_answered: bool,
     /// Its latest report came through its node's relay.
     pub relayed: bool,
 }
@@ -42,8 +47,10 @@ impl Entry {
         }
     }
 
-    /// Whether `report`'s probe answers the ask of seq `asked`.
-    pub fn fresh(report: &Report, asked: u64) -> bool {
-        report.state == RankState::Stalled || report.probe_seq >= asked
+    /// Whether `report`'s probe is evidence about the stall judged since
+    /// the ask of seq `asked`, and whether it answers that ask.
+    pub fn fresh(report: &Report, asked: u64) -> (bool, bool) {
+        let answered = report.probe_seq >= asked;
+        (report.state == RankState::Stalled || answered, answered)
     }
 }

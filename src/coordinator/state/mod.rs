@@ -388,10 +388,11 @@ impl JobView {
         let asked = self.seq;
         self.probes_asked = asked;
         for (r, e) in self.ranks.iter_mut() {
-            let fresh = Entry::fresh(&e.report, asked);
-            if fresh != e.probe_fresh {
+            let (fresh, answered) = Entry::fresh(&e.report, asked);
+            if (fresh, answered) != (e.probe_fresh, e.probe_answered) {
                 change_entry(&mut self.tally, &mut self.pending, *r, e, |e| {
-                    e.probe_fresh = fresh
+                    e.probe_fresh = fresh;
+                    e.probe_answered = answered;
                 });
             }
         }
@@ -722,6 +723,13 @@ mod tests {
     }
 
     /// A job of two ranks, both running at `step` at `t`.
+    /// A stalled rank's answer to the coordinator's latest ask: its look
+    /// taken then (here, what its stall's probe showed).
+    fn answer_stalled(v: &mut JobView, mut r: Report, now: Instant) -> Vec<Effect> {
+        r.probe_seq = v.probes_asked;
+        v.on_report(r, now)
+    }
+
     fn two_running(step: u64, t: Instant) -> JobView {
         let mut v = JobView::new("j1", 2, 0, CoordinatorConfig::default(), t);
         for r in 0..2 {
@@ -1064,8 +1072,10 @@ mod tests {
         v.on_report(done, t + Duration::from_secs(1));
         let mut saving = report(0, 60, RankState::Stalled);
         saving.waiting_on_peer = Some(true);
-        let e = v.on_report(saving, t + Duration::from_secs(21));
-        assert_eq!(kinds(&e), vec!["stall_reported", "hang"], "{e:?}");
+        let e = v.on_report(saving.clone(), t + Duration::from_secs(21));
+        assert_eq!(kinds(&e), vec!["stall_reported"], "{e:?}");
+        let e = answer_stalled(&mut v, saving, t + Duration::from_secs(22));
+        assert_eq!(kinds(&e), vec!["hang"], "{e:?}");
         let hang = records_of(e, "hang");
         assert_eq!(hang[0]["verdict"]["rule"], "finishing", "{hang:?}");
         assert!(told_to_carry_on(&v, 0, 0));
@@ -1104,6 +1114,7 @@ mod tests {
             vec!["stall_reported"]
         );
         let ask = v.commands_for(1, 0, 0)[0].seq;
+        assert!(kinds(&answer_stalled(&mut v, stall(20), at(20))).is_empty());
         let e = v.on_report(answer(ask, true), at(21));
         let hang = records_of(e, "hang");
         assert_eq!(hang[0]["verdict"]["rule"], "busy", "{hang:?}");
@@ -1116,6 +1127,7 @@ mod tests {
         );
         let again = v.commands_for(1, 0, ask)[0].seq;
         assert!(again > ask);
+        assert!(kinds(&answer_stalled(&mut v, stall(25), at(65))).is_empty());
         assert!(kinds(&v.on_report(answer(ask, true), at(65))).is_empty());
         assert!(kinds(&v.tick(at(66))).is_empty());
         // Its answer to this ask: asleep, not working. Blamed.
@@ -1159,8 +1171,9 @@ mod tests {
             let mut s0 = report(0, step, RankState::Stalled);
             (s0.waiting_on_peer, s0.probed) = (Some(true), true);
             s0.progress_age_s = Some(now.duration_since(last).as_secs_f64());
-            assert_eq!(kinds(&v.on_report(s0, now)), vec!["stall_reported"]);
+            assert_eq!(kinds(&v.on_report(s0.clone(), now)), vec!["stall_reported"]);
             asked = v.commands_for(1, 0, asked)[0].seq;
+            assert!(answer_stalled(v, s0, now).is_empty());
             let mut busy = silent(RankState::Running);
             (busy.probed, busy.probe_seq, busy.busy) = (true, asked, true);
             busy.waiting_on_peer = Some(false);
@@ -1210,8 +1223,12 @@ mod tests {
         let mut s0 = report(0, 25, RankState::Stalled);
         (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
         s0.progress_age_s = Some(20.0);
-        assert_eq!(kinds(&v.on_report(s0, at(20))), vec!["stall_reported"]);
+        assert_eq!(
+            kinds(&v.on_report(s0.clone(), at(20))),
+            vec!["stall_reported"]
+        );
         let ask = v.commands_for(1, 0, 0)[0].seq;
+        assert!(answer_stalled(&mut v, s0, at(20)).is_empty());
         let mut done = report(1, 25, RankState::Running);
         (done.probed, done.probe_seq, done.busy) = (true, ask, true);
         (done.waiting_on_peer, done.not_waiting_shown) = (Some(false), true);
@@ -1219,6 +1236,51 @@ mod tests {
         assert_eq!(kinds(&e), vec!["hang"]);
         assert_eq!(records_of(e, "hang")[0]["verdict"]["rule"], "working");
         assert!(told_to_carry_on(&v, 0, ask));
+    }
+
+    /// Trial 28: rank 0's stall was declared as the barrier it waited in
+    /// let go (its probe: not working, at the barrier), and it went into a
+    /// save that prints nothing. Rank 1, probed a second later, waited in
+    /// the next collective for it: rank 0 was blamed, a healthy run torn
+    /// down. The stalled rank is asked too, and the judgment waits for its
+    /// look of now: saving, working. Carried on.
+    #[test]
+    fn a_stalled_rank_is_judged_on_a_look_taken_beside_the_others() {
+        let t = Instant::now();
+        let at = |s: u64| t + Duration::from_secs(s);
+        let stall = || {
+            let mut s0 = report(0, 25, RankState::Stalled);
+            (s0.waiting_on_peer, s0.probed) = (Some(false), true);
+            s0.progress_age_s = Some(10.0);
+            s0
+        };
+        let waiting = |ask: u64| {
+            let mut r1 = report(1, 25, RankState::Running);
+            (r1.probed, r1.probe_seq, r1.waiting_on_peer) = (true, ask, Some(true));
+            r1.progress_age_s = Some(11.0);
+            r1
+        };
+        let mut v = two_running(25, t);
+        v.on_report(stall(), at(10));
+        let ask = v.commands_for(0, 0, 0)[0].seq;
+        // Rank 1's answer alone judges nothing: rank 0's is awaited.
+        assert!(kinds(&v.on_report(waiting(ask), at(11))).is_empty());
+        let mut saving = stall();
+        (saving.waiting_on_peer, saving.not_waiting_shown) = (Some(false), true);
+        saving.busy = true;
+        let e = answer_stalled(&mut v, saving, at(11));
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "busy", "{hang:?}");
+        assert!(told_to_carry_on(&v, 0, ask));
+        // Its answer never comes (its agent is stuck): judged at the wait's
+        // end on its stall's probe, the others' answers beside it.
+        let mut v = two_running(25, t);
+        v.on_report(stall(), at(10));
+        let ask = v.commands_for(0, 0, 0)[0].seq;
+        assert!(kinds(&v.on_report(waiting(ask), at(11))).is_empty());
+        let e = v.tick(at(10) + CoordinatorConfig::default().hang_wait);
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{hang:?}");
     }
 
     /// Trial 26: probes a second apart each caught a rank between two
@@ -1238,8 +1300,9 @@ mod tests {
             let mut s0 = report(0, step, RankState::Stalled);
             (s0.waiting_on_peer, s0.not_waiting_shown, s0.probed) = (Some(false), true, true);
             s0.progress_age_s = Some((now - last) as f64);
-            v.on_report(s0, at(now));
+            v.on_report(s0.clone(), at(now));
             asked = v.commands_for(1, 0, asked)[0].seq;
+            answer_stalled(v, s0, at(now));
             let mut r1 = report(1, step, RankState::Running);
             (r1.probed, r1.probe_seq) = (true, asked);
             (r1.waiting_on_peer, r1.not_waiting_shown) = (Some(false), true);
@@ -1327,6 +1390,7 @@ mod tests {
         (s0.waiting_on_peer, s0.probed) = (Some(true), true);
         v.on_report(s0.clone(), at(10));
         let ask = v.commands_for(1, 0, 0)[0].seq;
+        answer_stalled(&mut v, s0.clone(), at(10));
         let mut hung = report(1, 25, RankState::Running);
         (hung.probed, hung.probe_seq) = (true, ask);
         (hung.waiting_on_peer, hung.not_waiting_shown) = (Some(false), true);
@@ -1349,14 +1413,14 @@ mod tests {
         let mut s0 = report(0, 10, RankState::Stalled);
         s0.waiting_on_peer = Some(true);
         s0.progress_age_s = Some(30.0);
-        let e = v.on_report(s0, t + Duration::from_secs(30));
+        let e = v.on_report(s0.clone(), t + Duration::from_secs(30));
         assert_eq!(kinds(&e), vec!["stall_reported"]);
         let diag = v.commands_for(1, 0, 0);
         assert!(matches!(diag[0].kind, CommandKind::Diagnose { .. }));
-        assert!(
-            v.commands_for(0, 0, 0).is_empty(),
-            "not to the stalled rank"
-        );
+        // The stalled rank too: a look taken beside the others', its
+        // stall's probe being a moment older (trial 28).
+        assert_eq!(v.commands_for(0, 0, 0)[0].seq, diag[0].seq);
+        assert!(answer_stalled(&mut v, s0, t + Duration::from_secs(30)).is_empty());
         for (r, waiting) in [(1, false), (2, true)] {
             let mut x = report(r, 10, RankState::Running);
             x.waiting_on_peer = Some(waiting);

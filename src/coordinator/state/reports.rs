@@ -49,7 +49,7 @@ impl JobView {
         let state = r.state;
         let exit = r.exit.clone();
         let checkpoints = r.checkpoints.clone();
-        let probe_fresh = Entry::fresh(&r, self.probes_asked);
+        let (probe_fresh, probe_answered) = Entry::fresh(&r, self.probes_asked);
         let facts = self.set_entry(
             rank,
             Entry {
@@ -58,6 +58,7 @@ impl JobView {
                 last_step_at,
                 lost: false,
                 probe_fresh,
+                probe_answered,
                 relayed,
             },
         );
@@ -179,7 +180,7 @@ impl JobView {
     }
 
     /// A rank's agent says it stalled: the first one starts a hang judgment
-    /// and asks every other live rank for a probe.
+    /// and asks every live rank for a probe.
     fn stall_reported(&mut self, rank: u32, node: &str, now: Instant, out: &mut Vec<Effect>) {
         self.stalls += 1;
         out.push(journal(
@@ -197,14 +198,11 @@ impl JobView {
             judge_by: now + self.cfg.hang_wait,
             judged: false,
         });
-        let others: Vec<u32> = self
-            .live()
-            .map(|(r, _)| *r)
-            .filter(|r| *r != rank)
-            .collect();
-        if !others.is_empty() {
-            self.ask_probes(others, format!("rank {rank} stalled"));
-        }
+        // The stalled rank too: its stall's probe was taken a moment before
+        // the others' will be, and the wait may have ended meanwhile (a
+        // barrier let go into a save that prints nothing: trial 28).
+        let live: Vec<u32> = self.live().map(|(r, _)| *r).collect();
+        self.ask_probes(live, format!("rank {rank} stalled"));
     }
 
     /// The moment given to the others after an abort with no signature ran

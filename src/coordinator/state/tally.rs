@@ -19,7 +19,8 @@ pub(super) struct RankFacts {
     pub progress: Option<Instant>,
     /// Live, running, and in a long phase (an evaluation, a save).
     pub long_phase: bool,
-    /// Live, and answered a probe (or showed whether it waits on a peer).
+    /// Live, and answered the latest ask for a probe (or showed whether it
+    /// waits on a peer).
     pub answered: bool,
     /// Live, and its latest report came through its node's relay.
     pub relayed: bool,
@@ -38,7 +39,7 @@ impl RankFacts {
             live,
             progress: Self::progress_of(e),
             long_phase: live && e.report.long_phase && e.report.state == RankState::Running,
-            answered: live && {
+            answered: live && e.probe_answered && {
                 let p = e.probe_says();
                 p.probed || p.waiting_on_peer.is_some()
             },
@@ -251,7 +252,7 @@ mod tests {
             };
         let probed = live().all(|(_, e)| {
             let p = e.probe_says();
-            p.probed || p.waiting_on_peer.is_some()
+            e.report.probe_seq >= v.probes_asked && (p.probed || p.waiting_on_peer.is_some())
         });
         let missing = v
             .pending
@@ -298,6 +299,7 @@ mod tests {
                 _ => RankState::Running,
             };
             let ckpt = v.pending.as_ref().map(|p| p.step);
+            let asked = v.probes_asked;
             let r = Report {
                 v: VERSION,
                 rank,
@@ -310,6 +312,7 @@ mod tests {
                 long_phase: next(6) == 0,
                 probed: next(3) == 0,
                 waiting_on_peer: (next(4) == 0).then_some(true),
+                probe_seq: if next(3) == 0 { asked } else { 0 },
                 checkpoints: ckpt.filter(|_| next(2) == 0).into_iter().collect(),
                 exit: (state == RankState::Exited).then(|| ExitInfo {
                     code: 0,

@@ -2,6 +2,7 @@
 //! awaited) ends early when the trainer steps or works again.
 
 use super::*;
+use crate::policy::stall::StallKind;
 
 impl Lifecycle {
     /// Stalled, its stall still looked into (its diagnostics taken, the
@@ -58,12 +59,18 @@ impl Lifecycle {
             )
     }
 
-    /// The trainer, found not working at its stall, works again while the
-    /// verdict is awaited (`how`: what it did): the wait that stalled it is
-    /// over (the barrier let go, and it went into a save that prints
-    /// nothing). The stall is withdrawn.
+    /// The trainer, found not working at its step limit, is found working
+    /// in its own code while the verdict is awaited (`how`: the probe's
+    /// evidence): the wait that stalled it is over (the barrier let go, and
+    /// it went into a save that prints nothing). The stall is withdrawn.
+    /// Not a long phase's limit, nor startup's: there the trainer may work
+    /// and still be stuck (a loop that never ends).
     pub fn on_work_while_stalled(&mut self, now: Instant, how: String) -> Vec<Order> {
-        if !self.awaiting_judgment() {
+        let step_limit = matches!(
+            &self.state,
+            State::Stalled { stall, .. } if matches!(stall.kind, StallKind::Step { .. })
+        );
+        if !self.awaiting_judgment() || !step_limit {
             return Vec::new();
         }
         let reason = format!(

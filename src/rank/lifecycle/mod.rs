@@ -134,6 +134,9 @@ pub struct Lifecycle {
     trainer_was_stopped: bool,
     /// The coordinator said to carry on while diagnostics were taken.
     carry_on: Option<String>,
+    /// The coordinator asked for a probe while the stall's diagnostics
+    /// were taken: answered once they are done.
+    probe_after_diagnostics: Option<String>,
 }
 
 impl Lifecycle {
@@ -157,6 +160,7 @@ impl Lifecycle {
             planned: None,
             trainer_was_stopped: false,
             carry_on: None,
+            probe_after_diagnostics: None,
         }
     }
 
@@ -320,15 +324,24 @@ impl Lifecycle {
                     _ => {}
                 }
             }
-            CommandKind::Diagnose { reason } => {
-                // A rank stalled itself has taken its probe and reports it
-                // with its diagnostics: a second probe now could catch the
+            CommandKind::Diagnose { reason } if self.main_exit.is_none() => {
+                // A rank stalled itself answers too, with a look taken now
+                // beside the others' (its stall's probe is a moment older:
+                // the barrier it waited in may have let it go into a save).
+                // Not during its diagnostics: the probe could catch the
                 // trainer in its own dump signal's handler (writing, not
-                // waiting) and overwrite the first.
-                if self.main_exit.is_none() && !self.stalled() {
-                    out.push(Order::Probe { reason });
+                // waiting); once they are done.
+                match self.stall_step().map(|s| *s) {
+                    None | Some(StallStep::AwaitingJudgment { .. }) => {
+                        out.push(Order::Probe { reason })
+                    }
+                    Some(StallStep::Diagnosing { .. }) => {
+                        self.probe_after_diagnostics = Some(reason)
+                    }
+                    Some(StallStep::Stopped | StallStep::Diagnosed) => {}
                 }
             }
+            CommandKind::Diagnose { .. } => {}
         }
         out
     }
@@ -351,6 +364,11 @@ impl Lifecycle {
             self.stall_step(),
             Some(StallStep::Diagnosing { stop_asked: true })
         );
+        if let Some(reason) = self.probe_after_diagnostics.take() {
+            if self.main_exit.is_none() && !stop_asked {
+                out.push(Order::Probe { reason });
+            }
+        }
         // Told to carry on (or stepped again) while the diagnostics were
         // taken; a stop asked for meanwhile (the coordinator tore the
         // attempt down) wins.
@@ -359,7 +377,8 @@ impl Lifecycle {
             .take()
             .filter(|_| self.main_exit.is_none() && !stop_asked)
         {
-            return self.carry_on_now(reason, now);
+            out.extend(self.carry_on_now(reason, now));
+            return out;
         }
         if self.main_exit.is_none() {
             // Observe mode stops nothing, so waits for no judgment: the

@@ -803,21 +803,46 @@ fn observing_a_stalled_rank_is_journaled_as_a_stop_that_would_have_been_and_watc
     assert!(m.monitoring());
 }
 
+/// Trial 28: a stalled rank's own probe was taken as its barrier let go,
+/// and the verdict compared it with the others' a second later, by when it
+/// was saving. It answers the coordinator's ask with a look of now too:
+/// once its diagnostics are done (not during them: the probe could catch
+/// the trainer in its dump handler), at once when they are.
 #[test]
-fn a_rank_stalled_itself_takes_no_second_probe_for_the_coordinator() {
+fn a_stalled_rank_answers_the_coordinators_probe_once_its_diagnostics_are_done() {
     let (mut m, at) = stalled(linked());
     let diagnose = CommandKind::Diagnose {
-        reason: "rank 1 stalled".into(),
+        reason: "rank 0 stalled".into(),
+    };
+    let probe = || Order::Probe {
+        reason: "rank 0 stalled".into(),
     };
     assert!(m.on_command(diagnose.clone(), at).is_empty());
+    let out = m.on_diagnostics_done(at + secs(1));
+    assert!(out.contains(&probe()), "{out:?}");
+    assert!(m.awaiting_judgment());
+    // Asked again while awaiting the verdict: at once.
+    assert_eq!(m.on_command(diagnose.clone(), at + secs(2)), vec![probe()]);
+    // Told to carry on during the diagnostics: it still answers.
+    let (mut m, at) = stalled(linked());
+    m.on_command(diagnose.clone(), at);
+    m.on_command(
+        CommandKind::CarryOn {
+            reason: "busy".into(),
+        },
+        at,
+    );
+    let out = m.on_diagnostics_done(at + secs(1));
+    assert!(out.contains(&probe()) && m.monitoring(), "{out:?}");
+    // A stop asked during the diagnostics stands, with no probe.
+    let (mut m, at) = stalled(linked());
+    m.on_command(diagnose.clone(), at);
+    m.on_command(stop("teardown"), at);
+    let out = m.on_diagnostics_done(at + secs(1));
+    assert!(!out.contains(&probe()), "{out:?}");
     // Monitoring, it probes.
     let (mut m, at) = machine(linked());
-    assert_eq!(
-        m.on_command(diagnose, at),
-        vec![Order::Probe {
-            reason: "rank 1 stalled".into()
-        }]
-    );
+    assert_eq!(m.on_command(diagnose, at), vec![probe()]);
 }
 
 /// Trial 26: a peer's evaluation ended a moment after this rank's limit; the
@@ -840,6 +865,37 @@ fn a_step_while_the_stall_is_judged_withdraws_it() {
     assert!(m.monitoring() && !m.judging());
     // The judgment's deadline no longer stops it.
     assert!(tick(&mut m, at + JUDGMENT).is_empty());
+}
+
+/// Trial 28: the stall was declared as the barrier it waited in let go,
+/// and the trainer went into a save that prints nothing. Its look of now,
+/// taken for the coordinator, finds it working: the stall is withdrawn.
+/// Only a step limit's stall: past startup's limit or a long phase's, a
+/// trainer may work and still be stuck (a loop that never ends).
+#[test]
+fn work_found_while_a_step_stall_is_judged_withdraws_it() {
+    let how = || "in its own code, 0.40s of CPU".to_string();
+    let (mut m, t0) = machine(linked());
+    m.policy.on_progress(t0 + secs(1), Some(5), true, "stdout");
+    let at = t0 + secs(3600);
+    assert!(matches!(
+        tick(&mut m, at).first(),
+        Some(Order::Stalled { .. })
+    ));
+    // Not while its diagnostics are taken (nothing asked it yet).
+    assert!(m.on_work_while_stalled(at, how()).is_empty());
+    m.on_diagnostics_done(at);
+    let a = m.on_work_while_stalled(at + secs(1), how());
+    assert!(
+        matches!(a.as_slice(), [Order::CarryOn { reason }] if reason.contains("0.40s of CPU")),
+        "{a:?}"
+    );
+    assert!(m.monitoring());
+    // Startup's limit: the verdict stands.
+    let (mut m, at) = stalled(linked());
+    m.on_diagnostics_done(at);
+    assert!(m.on_work_while_stalled(at + secs(1), how()).is_empty());
+    assert!(m.awaiting_judgment());
 }
 
 #[test]
