@@ -444,11 +444,6 @@ impl Lifecycle {
             } => Some(until),
             _ => None,
         };
-        // Awaiting the verdict: the trainer is looked at twice a second
-        // (working again, its wait is over).
-        if stall_stop.is_some() {
-            wake = wake.min(now + Duration::from_millis(250));
-        }
         for t in [self.kill_at, self.drain_kill_at, stall_stop]
             .into_iter()
             .flatten()
