@@ -1243,7 +1243,7 @@ mod tests {
     /// save that prints nothing. Rank 1, probed a second later, waited in
     /// the next collective for it: rank 0 was blamed, a healthy run torn
     /// down. The stalled rank is asked too, and the judgment waits for its
-    /// look of now: saving, working. Carried on.
+    /// look of now (saving, working: its agent withdraws the stall).
     #[test]
     fn a_stalled_rank_is_judged_on_a_look_taken_beside_the_others() {
         let t = Instant::now();
@@ -1265,13 +1265,22 @@ mod tests {
         let ask = v.commands_for(0, 0, 0)[0].seq;
         // Rank 1's answer alone judges nothing: rank 0's is awaited.
         assert!(kinds(&v.on_report(waiting(ask), at(11))).is_empty());
-        let mut saving = stall();
+        // Its answer: working in its own code; its agent withdrew the stall.
+        let mut saving = report(0, 25, RankState::Running);
         (saving.waiting_on_peer, saving.not_waiting_shown) = (Some(false), true);
-        saving.busy = true;
+        (saving.probed, saving.busy) = (true, true);
         let e = answer_stalled(&mut v, saving, at(11));
         let hang = records_of(e, "hang");
-        assert_eq!(hang[0]["verdict"]["rule"], "busy", "{hang:?}");
-        assert!(told_to_carry_on(&v, 0, ask));
+        assert_eq!(hang[0]["verdict"]["rule"], "progressed", "{hang:?}");
+        assert!(v.failing.is_none());
+        // Its answer: still at the barrier, not working. Judged at once.
+        let mut v = two_running(25, t);
+        v.on_report(stall(), at(10));
+        let ask = v.commands_for(0, 0, 0)[0].seq;
+        assert!(kinds(&v.on_report(waiting(ask), at(11))).is_empty());
+        let e = answer_stalled(&mut v, stall(), at(10));
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{hang:?}");
         // Its answer never comes (its agent is stuck): judged at the wait's
         // end on its stall's probe, the others' answers beside it.
         let mut v = two_running(25, t);
