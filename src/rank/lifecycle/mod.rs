@@ -291,6 +291,7 @@ impl Lifecycle {
             }
             CommandKind::Stop { reason } => {
                 let (alive, monitoring) = (self.main_exit.is_none(), self.monitoring());
+                let on_signal = matches!(self.state, State::Stopping(StopReason::Signal(_)));
                 match self.stall_step() {
                     Some(StallStep::Diagnosing { stop_asked }) => *stop_asked = true,
                     Some(step) if alive && *step != StallStep::Stopped => {
@@ -309,6 +310,18 @@ impl Lifecycle {
                             self.grace_used = self.s.stall_grace;
                         }
                         self.kill_at.get_or_insert(now + self.s.stall_grace);
+                    }
+                    // Stopping on a SIGTERM already (the launcher's, tearing
+                    // the attempt down, came first): the teardown is
+                    // resilio's, and so is its grace (a trainer that ignores
+                    // SIGTERM, as Lightning does, held a restart for the
+                    // whole kill grace: trial 27).
+                    _ if alive && on_signal => {
+                        let by = now + self.s.stall_grace;
+                        if self.kill_at.is_none_or(|k| k > by) {
+                            self.kill_at = Some(by);
+                            self.grace_used = self.s.stall_grace;
+                        }
                     }
                     _ => {}
                 }

@@ -597,11 +597,20 @@ fn a_coordinator_stop_tears_a_running_rank_down() {
     );
 }
 
+/// A stop after a SIGTERM sends nothing more; but the teardown is
+/// resilio's, so the kill comes after its stall grace, not the whole kill
+/// grace (the launcher's SIGTERM came first; Lightning ignores SIGTERM, and
+/// a restart waited 30 s: trial 27).
 #[test]
 fn a_coordinator_stop_after_a_signal_or_the_exit_does_nothing() {
     let (mut m, t0) = machine(linked());
     m.on_signal(Sig::Term, t0, wall());
-    assert!(m.on_command(stop("x"), t0).is_empty());
+    assert!(m.on_command(stop("x"), t0 + secs(1)).is_empty());
+    assert!(!tick(&mut m, t0 + secs(1) + STALL_GRACE - secs(1))
+        .iter()
+        .any(|o| matches!(o, Order::Kill { .. })));
+    let a = tick(&mut m, t0 + secs(1) + STALL_GRACE);
+    assert!(a.iter().any(|o| matches!(o, Order::Kill { .. })), "{a:?}");
     let (mut m, t0) = machine(linked());
     m.on_main_exit(Exit::Code(1), t0, false);
     assert!(m.on_command(stop("x"), t0).is_empty());
