@@ -360,9 +360,11 @@ impl<'a> Agent<'a> {
                     false,
                 );
                 self.report_probe(&p, Some(asked));
-                // Its own stall's look of now, beside the others': found
+                // Its own stall's look of now, beside the others': shown
                 // working in its own code, the wait that stalled it is over.
-                if p.waiting_on_peer == Some(false) && p.busy(BUSY_SHARE) {
+                // (Running with no stack to say where is not enough: NCCL
+                // spins in its collectives.)
+                if p.waiting_on_peer == Some(false) && p.not_waiting_shown && p.busy(BUSY_SHARE) {
                     let how = match p.cpu {
                         _ if p.reached_peer => "into a collective by the probe's end".to_string(),
                         Some((cpu, over)) => format!(
