@@ -1292,6 +1292,49 @@ mod tests {
         assert_eq!(hang[0]["verdict"]["rule"], "not_waiting", "{hang:?}");
     }
 
+    /// A rank raised while its peer waited for it; the exception's
+    /// unwinding outlasted the peer's step limit (a loaded node), so the
+    /// peer stalled first. The crash, not a hang, is the failure: the
+    /// judgment ends there (it waited for the stalled rank's answer, and
+    /// came to "undetermined" after the teardown). A peer's echo (a lost
+    /// connection) does not end it.
+    #[test]
+    fn a_crash_while_a_stall_is_judged_is_the_failure() {
+        let t = Instant::now();
+        let at = |s: u64| t + Duration::from_secs(s);
+        let crash = |class| {
+            let mut x = report(1, 25, RankState::Exited);
+            x.exit = Some(ExitInfo {
+                code: 1,
+                class,
+                cause: "RuntimeError: injected".into(),
+                ..Default::default()
+            });
+            x
+        };
+        let mut v = two_running(25, t);
+        let mut s0 = report(0, 25, RankState::Stalled);
+        (s0.waiting_on_peer, s0.probed) = (Some(true), true);
+        v.on_report(s0.clone(), at(10));
+        let e = v.on_report(crash(crate::event::Class::Unknown), at(11));
+        assert_eq!(kinds(&e), vec!["teardown", "<failed>"], "{e:?}");
+        assert!(matches!(
+            e[1],
+            Effect::Failed {
+                rank: 1,
+                hang: None,
+                ..
+            }
+        ));
+        // A peer's echo: the judgment goes on, and follows the answers.
+        let mut v = two_running(25, t);
+        v.on_report(s0.clone(), at(10));
+        let e = v.on_report(crash(crate::event::Class::Secondary), at(11));
+        assert!(kinds(&e).is_empty(), "{e:?}");
+        let e = answer_stalled(&mut v, s0, at(10));
+        assert_eq!(kinds(&e)[0], "hang", "{e:?}");
+    }
+
     /// Trial 26: probes a second apart each caught a rank between two
     /// collectives (a sleep in its step), neither waiting nor working: the
     /// healthy run was torn down, twice, then stopped as a crash loop.

@@ -77,7 +77,8 @@ impl JobView {
             self.stall_reported(rank, &node, now, &mut out);
         }
         if let Some(e) = &exit {
-            self.on_exit(rank, &node, e, now, &mut out);
+            let was_stalled = prev_state == Some(RankState::Stalled);
+            self.on_exit(rank, &node, e, was_stalled, now, &mut out);
         }
         // Or its agent withdrew the stall (it found the trainer stepping or
         // working again; in observe mode every stall is let go, and judged).
@@ -101,7 +102,8 @@ impl JobView {
         out
     }
 
-    /// A rank's exit. A crash with no stall being judged tears the step
+    /// A rank's exit. A crash with no stall being judged (or of a rank not
+    /// stalled, with a failure of its own, while one is) tears the step
     /// down now, not after the collective timeout. An abort or a segfault
     /// with no signature of its own (torch's threads at interpreter exit,
     /// once training is done) gives the other ranks a moment to finish on
@@ -111,6 +113,7 @@ impl JobView {
         rank: u32,
         node: &str,
         e: &ExitInfo,
+        was_stalled: bool,
         now: Instant,
         out: &mut Vec<Effect>,
     ) {
@@ -122,12 +125,26 @@ impl JobView {
         if finished {
             self.exit_crash = None;
         }
-        if e.code != 0 && !e.stopped && !finished && self.failing.is_none() {
+        let crashed = e.code != 0 && !e.stopped && !finished;
+        let at_exit = matches!(e.code, 134 | 139) && e.class == crate::event::Class::Unknown;
+        // A rank not stalled crashed with a failure of its own while a stall
+        // is judged: the stall was its echo (the peer waited for the rank
+        // that was crashing: an exception's unwinding can take seconds), so
+        // the judgment ends and the crash is the failure. (Not a peer's
+        // echo itself, nor a crash at exit, which waits for the rest.)
+        if crashed
+            && !at_exit
+            && e.class != crate::event::Class::Secondary
+            && self.failing.as_ref().is_some_and(|f| !f.judged)
+            && !was_stalled
+        {
+            self.failing = None;
+        }
+        if crashed && self.failing.is_none() {
             let reason = format!(
                 "rank {rank} on {node} exited {} ({}: {})",
                 e.code, e.class, e.cause
             );
-            let at_exit = matches!(e.code, 134 | 139) && e.class == crate::event::Class::Unknown;
             if at_exit && self.exit_crash.is_none() {
                 self.exit_crash = Some(ExitCrash {
                     rank,
