@@ -205,17 +205,39 @@ pub struct ProbeFinding {
     /// worked its way into a collective meanwhile (working, not hung).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub reached_peer: bool,
+    /// Bytes the trainer read and wrote over the probe, and the seconds
+    /// watched (`/proc/PID/io`): a save to a slow file system works with
+    /// little CPU time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub io: Option<(u64, f64)>,
 }
+
+/// Bytes a second read or written that show a trainer at work (a save at
+/// 64 KiB a second does it; a rank asleep moves none). Socket traffic
+/// counts too (`rchar`, `wchar`), so it is evidence only for a rank not
+/// waiting on a peer (a collective moves bytes while it waits).
+pub const BUSY_IO_RATE: f64 = 65_536.0;
 
 impl ProbeFinding {
     /// Working: at least `share` of a core over the probe (on a CPU, or
-    /// ready to run and waiting for one), or into a collective by its end.
+    /// ready to run and waiting for one), into a collective by its end, or,
+    /// waiting on no peer, reading or writing at [`BUSY_IO_RATE`] (a save
+    /// to a slow file system).
     pub fn busy(&self, share: f64) -> bool {
         let wait = self.cpu_wait_s.unwrap_or(0.0);
         self.reached_peer
             || self
                 .cpu
                 .is_some_and(|(cpu, over)| Self::worked(cpu, wait, over, share))
+            || self.waiting_on_peer == Some(false)
+                && self
+                    .io
+                    .is_some_and(|(bytes, over)| Self::moved(bytes, over))
+    }
+
+    /// `bytes` read or written over `over_s`: at [`BUSY_IO_RATE`] or more.
+    pub fn moved(bytes: u64, over_s: f64) -> bool {
+        over_s > 0.0 && bytes as f64 >= BUSY_IO_RATE * over_s
     }
 
     /// Working by CPU time alone (the time its threads waited for a CPU
@@ -458,5 +480,18 @@ mod tests {
         p.cpu = Some((0.0, 0.5));
         p.reached_peer = true;
         assert!(p.busy(0.2));
+        // A save to a slow file system: little CPU time, bytes moving (trial
+        // 29: a throttled save on rank 0 was blamed for the stall of the
+        // rank waiting for it, twice, and the healthy run ended as a crash
+        // loop). Not in a collective, whose wait moves bytes too.
+        p.reached_peer = false;
+        p.io = Some((40_000, 1.0));
+        assert!(!p.busy(0.2));
+        p.io = Some((8_400_000, 1.0));
+        assert!(p.busy(0.2) && !p.busy_on_cpu(0.2));
+        p.waiting_on_peer = Some(true);
+        assert!(!p.busy(0.2));
+        p.waiting_on_peer = None;
+        assert!(!p.busy(0.2));
     }
 }

@@ -50,10 +50,6 @@ pub(crate) struct BusyLook {
 /// How many times the trainer is probed during a busy look.
 const BUSY_LOOKS: u32 = 5;
 
-/// Bytes read or written over a busy look that show the trainer at work
-/// (a save at 64 KiB a second does it; a rank asleep moves none).
-const BUSY_IO_BYTES: u64 = 32 << 10;
-
 /// The look under way, and what the last one found.
 #[derive(Debug, Default)]
 pub(crate) struct Busy {
@@ -107,7 +103,9 @@ impl Busy {
                 // Writing a save to a slow file system works as surely as
                 // computing does, with little CPU time.
                 let io = process::tree_io_bytes(pid.as_raw()).saturating_sub(b.io0);
-                if !worked(cpu_s, wait_s, window_s) && io < BUSY_IO_BYTES {
+                if !worked(cpu_s, wait_s, window_s)
+                    && !crate::event::ProbeFinding::moved(io, window_s)
+                {
                     self.idle = Some(Idle {
                         cpu_s,
                         wait_s,

@@ -260,6 +260,7 @@ impl Agent<'_> {
                 // a rank not waiting that works is busy, not hung.
                 let work = || (Instant::now(), process::tree_work(trainer));
                 let (t0, work0) = work();
+                let io0 = process::tree_io_bytes(trainer);
                 let (dumps, skipped) = diagnostics::dump_stacks(&dcfg, &h, &scratch);
                 if let Some(rest) = BUSY_WINDOW.checked_sub(t0.elapsed()) {
                     std::thread::sleep(rest);
@@ -292,6 +293,16 @@ impl Agent<'_> {
                             t0.elapsed().as_secs_f64()
                         ));
                     }
+                }
+                // Its I/O over the whole probe (the stack read moves none).
+                let moved = process::tree_io_bytes(trainer).saturating_sub(io0);
+                let over = t0.elapsed().as_secs_f64();
+                p.io = Some((moved, over));
+                if crate::event::ProbeFinding::moved(moved, over) {
+                    p.evidence.push(format!(
+                        "read and wrote {:.1} MB in {over:.1}s",
+                        moved as f64 / 1e6
+                    ));
                 }
                 let p = diagnostics::with_stacks(p, &dumps, skipped.as_deref());
                 let p = diagnostics::with_output(p, &lines);
