@@ -181,7 +181,7 @@ fn judge_with(ranks: &[RankView], tolerance_s: f64, unseen: u32, carry_on: bool)
         // Evidence before a kill: a rank that works without a word while
         // the others wait is busy and silent, not hung.
         let reason = format!(
-            "rank(s) {} are working without a word (their CPU time moves, they wait on no peer): busy and silent, the others wait for them; {}",
+            "rank(s) {} are working without a word (their CPU time or their reads and writes move, they wait on no peer): busy and silent, the others wait for them; {}",
             list(&working),
             nobody_hung_unless_idle(ranks)
         );
