@@ -96,7 +96,9 @@ names! {
         /// stall is passing (a collective just left), nobody is hung.
         Working = "working",
         /// No rank waits on a peer, every one shown in its own code, none
-        /// working: the wait just ended, looked at again once.
+        /// working: the wait just ended, looked at again once. (Also when
+        /// the probes cannot tell, and a rank was found working at a look
+        /// since the job last progressed: its work may have just ended.)
         Between = "between_collectives",
         /// A stalled rank stepped again before the judgment: the wait that
         /// stalled it is over.

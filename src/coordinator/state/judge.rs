@@ -23,6 +23,21 @@ impl JobView {
             .partition(|w| w.exited && self.finishing.contains(&w.rank));
         let mut v = hang::finishing(&views, finished + crashed_done.len())
             .unwrap_or_else(|| hang::judge(&views, self.step_tolerance(), unseen));
+        if v.rule == hang::HangRule::Undetermined && self.busy_before(now) {
+            // A rank was found working at a look since the job last
+            // progressed, and the probes cannot tell now (ptrace refused):
+            // its work may have ended at this very check (its evaluation
+            // done, the others not yet released). Looked at again once, as
+            // ranks between collectives are.
+            v = hang::HangVerdict {
+                rule: hang::HangRule::Between,
+                reason: format!(
+                    "a rank was found working at an earlier look with no progress since, and now {}: its work may have just ended; looked at again at the next stall",
+                    v.reason
+                ),
+                ..v
+            };
+        }
         if v.rule.carries_on() {
             if self.carry_on_while_busy(now, &views, &v) {
                 out.push(self.hang_record(&views, &v, first));
@@ -196,15 +211,26 @@ impl JobView {
     /// ranks have worked an evaluation's limit: from the first such verdict
     /// since the job last progressed (each evaluation of a long run has its
     /// own). False once that is spent.
+    /// When the job last progressed (`None`: never).
+    fn progressed_at(&self, now: Instant) -> Option<Instant> {
+        self.job_progress_age(now)
+            .map(|age| now.checked_sub(Duration::from_secs_f64(age)).unwrap_or(now))
+    }
+
+    /// A rank was found busy at a look since the job last progressed.
+    fn busy_before(&self, now: Instant) -> bool {
+        let progressed = self.progressed_at(now);
+        self.busy_since
+            .is_some_and(|since| progressed.is_none_or(|p| p <= since))
+    }
+
     fn carry_on_while_busy(
         &mut self,
         now: Instant,
         views: &[RankView],
         v: &hang::HangVerdict,
     ) -> bool {
-        let progressed = self
-            .job_progress_age(now)
-            .map(|age| now.checked_sub(Duration::from_secs_f64(age)).unwrap_or(now));
+        let progressed = self.progressed_at(now);
         if v.rule == hang::HangRule::Between {
             // Once per progress: a second look between collectives with no
             // progress since is a hang in the ranks' own code.

@@ -1335,6 +1335,48 @@ mod tests {
         assert_eq!(kinds(&e)[0], "hang", "{e:?}");
     }
 
+    /// CI, ptrace refused (no stacks, no system calls): rank 1 evaluated
+    /// alone and was found working at three checks; its evaluation ended at
+    /// the fourth, whose probes could tell nothing (rank 1 no longer
+    /// working, rank 0 idle): the healthy run was torn down, nobody blamed.
+    /// Looked at again once; the same again with no progress is a hang.
+    #[test]
+    fn probes_that_cannot_tell_after_a_busy_look_are_looked_at_again_once() {
+        let t = Instant::now();
+        let at = |s: u64| t + Duration::from_secs(s);
+        let mut v = two_running(50, t);
+        let check = |v: &mut JobView, now: u64, busy: bool| {
+            let mut s0 = report(0, 50, RankState::Stalled);
+            (s0.probed, s0.idle) = (true, true);
+            s0.progress_age_s = Some(now as f64);
+            v.on_report(s0.clone(), at(now));
+            let ask = v.commands_for(1, 0, 0).last().unwrap().seq;
+            answer_stalled(v, s0, at(now));
+            let mut r1 = report(1, 50, RankState::Running);
+            (r1.probed, r1.probe_seq, r1.busy) = (true, ask, busy);
+            r1.progress_age_s = Some(now as f64);
+            let e = v.on_report(r1, at(now));
+            let mut back = report(0, 50, RankState::Running);
+            back.progress_age_s = Some(now as f64 + 1.0);
+            v.on_report(back, at(now + 1));
+            e
+        };
+        let e = check(&mut v, 4, true);
+        assert_eq!(records_of(e, "hang")[0]["verdict"]["rule"], "busy");
+        let e = check(&mut v, 8, false);
+        let hang = records_of(e.clone(), "hang");
+        assert_eq!(kinds(&e), vec!["hang"], "{hang:?}");
+        assert_eq!(hang[0]["verdict"]["rule"], "between_collectives");
+        let e = check(&mut v, 12, false);
+        assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
+        let hang = records_of(e, "hang");
+        assert_eq!(hang[0]["verdict"]["rule"], "undetermined", "{hang:?}");
+        // Never found busy: a hang at once.
+        let mut v = two_running(50, t);
+        let e = check(&mut v, 4, false);
+        assert_eq!(kinds(&e), vec!["hang", "teardown", "<failed>"]);
+    }
+
     /// Trial 26: probes a second apart each caught a rank between two
     /// collectives (a sleep in its step), neither waiting nor working: the
     /// healthy run was torn down, twice, then stopped as a crash loop.
