@@ -8,10 +8,6 @@ pub(super) struct Entry {
     pub heard: Instant,
     pub last_step_at: Option<Instant>,
     pub lost: bool,
-    /// Its probe answers the coordinator's latest ask (or is its own, at
-    /// its stall): evidence about the stall being judged. An older one
-    /// (a busy evaluation's, a stall ago) is not.
-    pub probe_fresh: bool,
     /// Its probe answers the coordinator's latest ask. A rank stalled
     /// itself is asked too: its stall's probe is evidence until it
     /// answers, and the judgment waits for the answer (its stall's probe
@@ -34,7 +30,7 @@ pub(super) struct ProbeSays {
 
 impl Entry {
     pub fn probe_says(&self) -> ProbeSays {
-        if !self.probe_fresh {
+        if !self.probe_fresh() {
             return ProbeSays::default();
         }
         let r = &self.report;
@@ -47,10 +43,15 @@ impl Entry {
         }
     }
 
-    /// Whether `report`'s probe is evidence about the stall judged since
-    /// the ask of seq `asked`, and whether it answers that ask.
-    pub fn fresh(report: &Report, asked: u64) -> (bool, bool) {
-        let answered = report.probe_seq >= asked;
-        (report.state == RankState::Stalled || answered, answered)
+    /// Its probe answers the coordinator's latest ask (or is its own, at
+    /// its stall): evidence about the stall being judged. An older one
+    /// (a busy evaluation's, a stall ago) is not.
+    pub fn probe_fresh(&self) -> bool {
+        self.report.state == RankState::Stalled || self.probe_answered
+    }
+
+    /// Whether `report`'s probe answers the ask of seq `asked`.
+    pub fn answers(report: &Report, asked: u64) -> bool {
+        report.probe_seq >= asked
     }
 }

@@ -190,7 +190,7 @@ impl JobView {
                 probe: self
                     .ranks
                     .get(&w.rank)
-                    .filter(|e| e.probe_fresh)
+                    .filter(|e| e.probe_fresh())
                     .and_then(|e| e.report.probe.clone()),
                 ..Default::default()
             })

@@ -388,11 +388,10 @@ impl JobView {
         let asked = self.seq;
         self.probes_asked = asked;
         for (r, e) in self.ranks.iter_mut() {
-            let (fresh, answered) = Entry::fresh(&e.report, asked);
-            if (fresh, answered) != (e.probe_fresh, e.probe_answered) {
+            let answered = Entry::answers(&e.report, asked);
+            if answered != e.probe_answered {
                 change_entry(&mut self.tally, &mut self.pending, *r, e, |e| {
-                    e.probe_fresh = fresh;
-                    e.probe_answered = answered;
+                    e.probe_answered = answered
                 });
             }
         }

@@ -49,7 +49,7 @@ impl JobView {
         let state = r.state;
         let exit = r.exit.clone();
         let checkpoints = r.checkpoints.clone();
-        let (probe_fresh, probe_answered) = Entry::fresh(&r, self.probes_asked);
+        let probe_answered = Entry::answers(&r, self.probes_asked);
         let facts = self.set_entry(
             rank,
             Entry {
@@ -57,7 +57,6 @@ impl JobView {
                 heard: now,
                 last_step_at,
                 lost: false,
-                probe_fresh,
                 probe_answered,
                 relayed,
             },
@@ -85,16 +84,13 @@ impl JobView {
         let back = prev_state == Some(RankState::Stalled)
             && state == RankState::Running
             && !self.cfg.observe;
-        match (stepped_on, back) {
-            (Some(step), _) => {
-                let what = format!("stepped again (step {step})");
-                self.stall_passed(rank, what, &mut out);
-            }
-            (None, true) => {
-                let what = "carried on (its agent found its trainer working again)".to_string();
-                self.stall_passed(rank, what, &mut out);
-            }
-            _ => {}
+        let passed = match (stepped_on, back) {
+            (Some(step), _) => Some(format!("stepped again (step {step})")),
+            (None, true) => Some("carried on (its agent found its trainer working again)".into()),
+            _ => None,
+        };
+        if let Some(what) = passed {
+            self.stall_passed(rank, what, &mut out);
         }
         if self.failing.as_ref().is_some_and(|f| !f.judged) && self.probes_complete() {
             self.judge_hang(now, &mut out);
