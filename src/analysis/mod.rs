@@ -11,6 +11,7 @@ pub mod html;
 pub mod jobs;
 pub mod loss;
 pub mod node_history;
+pub mod notable;
 pub mod prometheus;
 pub mod recovery;
 pub mod report;

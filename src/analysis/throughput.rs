@@ -120,18 +120,25 @@ const THROUGHPUT_FIGURES: &[&str] = &[
 /// beyond its step numbers (no figure printed or sent, no settings).
 pub fn of_attempt(records: &[&Record], world: u32) -> Option<Throughput> {
     let settings = settings_of(records);
-    let by_rank = samples_by_rank(records);
-    let has_figures = |recs: &[Sample]| {
-        recs.iter()
-            .any(|(_, _, m)| THROUGHPUT_FIGURES.iter().any(|f| metric(*m, f).is_some()))
+    let has_figure = |m: Option<&BTreeMap<String, serde_json::Value>>| {
+        THROUGHPUT_FIGURES.iter().any(|f| metric(m, f).is_some())
     };
-    let any_figures = by_rank.values().any(|v| has_figures(v));
     let any_settings = settings.tokens_per_step.is_some()
         || settings.flops_per_token.is_some()
         || settings.seq_len.is_some();
-    if !any_figures && !any_settings {
+    // Asked of the records before they are sorted by rank: an attempt of
+    // 131,072 ranks with neither costs no per-rank list.
+    let any_figures = || {
+        records.iter().any(|r| match r.event() {
+            Some(Event::Progress(p)) => p.step.is_some() && has_figure(p.metrics.as_ref()),
+            _ => false,
+        })
+    };
+    if !any_settings && !any_figures() {
         return None;
     }
+    let by_rank = samples_by_rank(records);
+    let has_figures = |recs: &[Sample]| recs.iter().any(|(_, _, m)| has_figure(*m));
     // The rank that prints figures (often rank 0 only), else the lowest.
     let (_, recs) = by_rank
         .iter()

@@ -90,15 +90,25 @@ pub struct LineText(Option<Box<Line>>);
 
 #[derive(Clone)]
 struct Line {
-    text: Box<str>,
+    /// The whole file the line was read from, shared by its records (a
+    /// copy of each line cost a million allocations on a big job).
+    file: std::sync::Arc<Vec<u8>>,
+    span: std::ops::Range<usize>,
     run: Option<Box<str>>,
     fields: std::sync::OnceLock<Map<String, Value>>,
+}
+
+impl Line {
+    /// The line's text (checked to be UTF-8 when it was read).
+    fn text(&self) -> &str {
+        std::str::from_utf8(&self.file[self.span.clone()]).unwrap_or_default()
+    }
 }
 
 impl std::fmt::Debug for LineText {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
         match &self.0 {
-            Some(l) => write!(f, "LineText({:?})", l.text),
+            Some(l) => write!(f, "LineText({:?})", l.text()),
             None => f.write_str("LineText(None)"),
         }
     }
@@ -146,7 +156,7 @@ impl Record {
     pub fn fields(&self) -> &Map<String, Value> {
         match &self.text.0 {
             None => &self.data,
-            Some(l) => l.fields.get_or_init(|| parse::fields_of(&l.text)),
+            Some(l) => l.fields.get_or_init(|| parse::fields_of(l.text())),
         }
     }
 

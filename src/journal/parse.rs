@@ -25,15 +25,26 @@ impl Record {
     /// of a later build, a field of the wrong type) the record read whole,
     /// its fields in `data`. An error for what is not a record.
     pub fn from_line(line: &[u8]) -> serde_json::Result<Record> {
+        Record::from_line_of(&std::sync::Arc::new(line.to_vec()), 0..line.len())
+    }
+
+    /// [`Record::from_line`] of the line at `span` of a file's text, which
+    /// the record then shares rather than copies.
+    pub(super) fn from_line_of(
+        file: &std::sync::Arc<Vec<u8>>,
+        span: std::ops::Range<usize>,
+    ) -> serde_json::Result<Record> {
+        let line = &file[span.clone()];
         let mut head: Head = serde_json::from_slice(line)?;
         let event = Event::deserialize_kind(
             &head.kind,
             EventFields(&mut serde_json::Deserializer::from_slice(line)),
         );
         match (event, std::str::from_utf8(line)) {
-            (Some(Ok(event)), Ok(text)) => {
+            (Some(Ok(event)), Ok(_)) => {
                 let text = LineText(Some(Box::new(Line {
-                    text: text.into(),
+                    file: file.clone(),
+                    span,
                     run: head.run.take().map(String::into_boxed_str),
                     fields: Default::default(),
                 })));
@@ -127,7 +138,7 @@ impl<'de> Visitor<'de> for Envelope {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut v, mut ts, mut kind, mut attempt) = (None, None, None, None);
+        let (mut v, mut ts, mut kind, mut attempt) = (None, None::<Ts>, None, None);
         let (mut rank, mut node): (Option<Option<u32>>, Option<Option<String>>) = (None, None);
         let mut run: Option<Value> = None;
         let mut data = Map::new();
@@ -152,7 +163,7 @@ impl<'de> Visitor<'de> for Envelope {
         }
         let head = Head {
             v: v.ok_or_else(|| A::Error::missing_field("v"))?,
-            ts: ts.ok_or_else(|| A::Error::missing_field("ts"))?,
+            ts: ts.ok_or_else(|| A::Error::missing_field("ts"))?.0,
             kind: kind.ok_or_else(|| A::Error::missing_field("kind"))?,
             attempt: attempt.ok_or_else(|| A::Error::missing_field("attempt"))?,
             rank: rank.flatten(),
@@ -230,6 +241,62 @@ impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipKeys<A> {
     }
 }
 
+/// A record's time as resilio writes it (`2026-11-29T06:00:04.155749823Z`)
+/// read by hand; any other form chrono reads as a date and time with an
+/// offset (a million records spent a second in chrono's general reader).
+struct Ts(chrono::DateTime<chrono::Utc>);
+
+impl<'de> Deserialize<'de> for Ts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ts, D::Error> {
+        struct TsText;
+        impl Visitor<'_> for TsText {
+            type Value = Ts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a date and time (RFC 3339)")
+            }
+            fn visit_str<E: Error>(self, t: &str) -> Result<Ts, E> {
+                match utc_of(t) {
+                    Some(ts) => Ok(Ts(ts)),
+                    None => t
+                        .parse::<chrono::DateTime<chrono::FixedOffset>>()
+                        .map(|t| Ts(t.to_utc()))
+                        .map_err(E::custom),
+                }
+            }
+        }
+        d.deserialize_str(TsText)
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.f{1,9}]Z`, or `None` for any other form.
+fn utc_of(t: &str) -> Option<chrono::DateTime<chrono::Utc>> {
+    let b = t.as_bytes();
+    if b.len() < 20 || b[b.len() - 1] != b'Z' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u32> {
+        b[r].iter().try_fold(0u32, |n, &c| {
+            c.is_ascii_digit().then(|| n * 10 + u32::from(c - b'0'))
+        })
+    };
+    let seps = [(4, b'-'), (7, b'-'), (10, b'T'), (13, b':'), (16, b':')];
+    if seps.iter().any(|&(i, c)| b[i] != c) {
+        return None;
+    }
+    let nanos = match &b[19..b.len() - 1] {
+        [] => 0,
+        [b'.', digits @ ..] if (1..=9).contains(&digits.len()) => {
+            num(20..19 + 1 + digits.len())? * 10u32.pow(9 - digits.len() as u32)
+        }
+        _ => return None,
+    };
+    let date = chrono::NaiveDate::from_ymd_opt(num(0..4)? as i32, num(5..7)?, num(8..10)?)?;
+    // A leap second (`:60`) is left to chrono.
+    let time =
+        chrono::NaiveTime::from_hms_nano_opt(num(11..13)?, num(14..16)?, num(17..19)?, nanos)?;
+    Some(date.and_time(time).and_utc())
+}
+
 /// A key as the line has it: borrowed when it has no escape.
 enum KeyText<'de> {
     Borrowed(&'de str),
@@ -303,6 +370,43 @@ mod tests {
         .unwrap();
         assert_eq!((r.rank, r.node), (None, None));
         assert!(r.data.is_empty());
+    }
+
+    #[test]
+    fn a_time_reads_as_chrono_reads_it() {
+        let chrono_of = |t: &str| {
+            t.parse::<chrono::DateTime<chrono::FixedOffset>>()
+                .ok()
+                .map(|t| t.to_utc())
+        };
+        let ours = |t: &str| {
+            read(&format!(r#"{{"v":1,"ts":"{t}","kind":"x","attempt":0}}"#))
+                .ok()
+                .map(|r| r.ts)
+        };
+        for t in [
+            "2026-11-29T06:00:04.155749823Z",
+            "2026-11-29T06:00:04Z",
+            "2026-11-29T06:00:04.1Z",
+            "2026-11-29T06:00:04.123456Z",
+            "2024-02-29T23:59:59.999999999Z",
+            "2016-12-31T23:59:60Z",
+            "2026-11-29T06:00:04.1234567891Z",
+            "2026-11-29t06:00:04z",
+            "2026-11-29T06:00:04+02:00",
+            "2026-11-29 06:00:04Z",
+            "2025-02-29T06:00:04Z",
+            "2026-13-01T06:00:04Z",
+            "2026-11-29T24:00:04Z",
+            "2026-11-29T06:00:04.Z",
+            "2026-11-29T06:00:04.12a4Z",
+            "+2026-11-29T06:00:04Z",
+            "yesterday",
+        ] {
+            assert_eq!(ours(t), chrono_of(t), "{t}");
+        }
+        assert!(super::utc_of("2026-11-29T06:00:04.155749823Z").is_some());
+        assert!(super::utc_of("2026-11-29T06:00:04+00:00").is_none());
     }
 
     #[test]

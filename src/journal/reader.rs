@@ -212,6 +212,7 @@ fn read_all(files: &[PathBuf], owner: u32) -> Vec<FileRead> {
         // reader, `/dev/zero` behind a name would fill its memory).
         match crate::util::files::read_owned(path, crate::util::files::JOURNAL_CAP, owner) {
             Ok(text) => {
+                let text = std::sync::Arc::new(text);
                 read_lines(&text, &mut got.records, &mut got.skip);
                 for r in &got.records {
                     r.event();
@@ -287,20 +288,30 @@ impl FileShape {
 pub fn parse_file(text: &[u8]) -> (Vec<Record>, SkippedLines) {
     let mut records = Vec::new();
     let mut skip = SkippedLines::default();
-    read_lines(text, &mut records, &mut skip);
+    read_lines(&std::sync::Arc::new(text.to_vec()), &mut records, &mut skip);
     (records, skip)
 }
 
 /// Parse one file's lines into `records`, noting what was skipped.
-fn read_lines(text: &[u8], records: &mut Vec<Record>, skip: &mut SkippedLines) {
+fn read_lines(text: &std::sync::Arc<Vec<u8>>, records: &mut Vec<Record>, skip: &mut SkippedLines) {
     let ends_whole = text.last().is_none_or(|&b| b == b'\n');
-    let lines: Vec<&[u8]> = text.split(|&b| b == b'\n').collect();
-    let last = lines.len().saturating_sub(1);
-    for (i, line) in lines.iter().enumerate() {
+    // Each line's span in the file: its records share the file's text.
+    let mut spans = Vec::new();
+    let mut from = 0;
+    for (i, &b) in text.iter().enumerate() {
+        if b == b'\n' {
+            spans.push(from..i);
+            from = i + 1;
+        }
+    }
+    spans.push(from..text.len());
+    let last = spans.len().saturating_sub(1);
+    for (i, span) in spans.into_iter().enumerate() {
+        let line = &text[span.clone()];
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        match Record::from_line(line) {
+        match Record::from_line_of(text, span) {
             Ok(r) => {
                 records.push(r);
                 skip.records += 1;

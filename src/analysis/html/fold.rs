@@ -6,42 +6,16 @@
 
 use super::marks::TimelineMark;
 use super::rows::Span;
-use crate::event::{Class, Event};
 use crate::journal::Record;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Above this many node rows, the nodes not worth a look share one row.
-pub const MAX_NODE_ROWS: usize = 256;
+pub use crate::analysis::notable::MAX_NODES as MAX_NODE_ROWS;
 
 /// The nodes kept, and the row the others share.
 pub(super) struct Fold {
     shown: BTreeSet<String>,
     pub(super) label: String,
-}
-
-/// The nodes the journal singles out: judged the cause, blamed by a
-/// failure that is no echo, flagged as a straggler, excluded, or stalled.
-fn worth_a_look(records: &[Record]) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for r in records.iter().filter(|r| {
-        matches!(
-            r.kind.as_str(),
-            "judgment" | "failure" | "straggler" | "node_excluded" | "stall"
-        )
-    }) {
-        let node = match r.event() {
-            Some(Event::Judgment(j)) => j.primary_node.clone(),
-            Some(Event::Failure(f)) if f.class != Some(Class::Secondary) => {
-                f.blamed_node.clone().or(r.node.clone())
-            }
-            Some(Event::Straggler(s)) if s.flagged => Some(s.straggler_node.clone()),
-            Some(Event::NodeExcluded(x)) => Some(x.excluded_node.clone()),
-            Some(Event::Stall(_)) => r.node.clone(),
-            _ => None,
-        };
-        out.extend(node);
-    }
-    out
 }
 
 impl Fold {
@@ -50,7 +24,7 @@ impl Fold {
         if !by_node || rows.len() <= MAX_NODE_ROWS {
             return None;
         }
-        let worth = worth_a_look(records);
+        let worth = crate::analysis::notable::worth_a_look(records);
         let shown: BTreeSet<String> = rows
             .iter()
             .filter(|r| worth.contains(*r))

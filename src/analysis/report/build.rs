@@ -235,8 +235,20 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         })
         .max();
 
-    let ranks: BTreeSet<u32> = records.iter().filter_map(|r| r.rank).collect();
-    let nodes: BTreeSet<&str> = records.iter().filter_map(|r| r.node.as_deref()).collect();
+    // Gathered unsorted, then sorted once: a set built from every record's
+    // node compared strings a million times.
+    let ranks: BTreeSet<u32> = records
+        .iter()
+        .filter_map(|r| r.rank)
+        .collect::<std::collections::HashSet<u32>>()
+        .into_iter()
+        .collect();
+    let nodes: BTreeSet<&str> = records
+        .iter()
+        .filter_map(|r| r.node.as_deref())
+        .collect::<std::collections::HashSet<&str>>()
+        .into_iter()
+        .collect();
     let world = events
         .iter()
         .filter_map(|(_, e)| match e {

@@ -104,6 +104,114 @@ fn queued_of(
     queued
 }
 
+/// A record's line (`None`: not shown); a rank's last progress is its
+/// last recorded step.
+fn line_of(r: &Record, event: Option<&Event>, is_last: &dyn Fn(&Record) -> bool) -> Option<String> {
+    match event {
+        Some(Event::Progress(p)) if p.first.is_none() && is_last(r) => {
+            Some(format!("last recorded step {}", num(p.step)))
+        }
+        _ => describe(r, event),
+    }
+}
+
+/// `131072` as `131,072`.
+fn thousands(n: usize) -> String {
+    let d = n.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// An attempt of more than [`notable::MAX_NODES`] nodes: the records of
+/// the nodes not worth a look (see [`notable::worth_a_look`]) grouped by
+/// what they say (their kind; an exit's code and class; a first or last
+/// step), each group shown once, at its first record. 131,072 ranks made
+/// a timeline of 1.3 million lines.
+///
+/// [`notable::MAX_NODES`]: crate::analysis::notable::MAX_NODES
+/// [`notable::worth_a_look`]: crate::analysis::notable::worth_a_look
+struct Folded {
+    /// Each record's group (an index into `groups`), if folded.
+    group: Vec<Option<u32>>,
+    groups: Vec<FoldGroup>,
+}
+
+/// One group of folded records.
+struct FoldGroup {
+    first: usize,
+    last: usize,
+    records: usize,
+    ranks: usize,
+    nodes: usize,
+}
+
+impl Folded {
+    fn of(recs: &[&Record], is_last: &dyn Fn(&Record) -> bool) -> Option<Folded> {
+        use crate::analysis::notable;
+        use std::collections::{HashMap, HashSet};
+        let nodes: HashSet<&str> = recs.iter().filter_map(|r| r.node.as_deref()).collect();
+        if nodes.len() <= notable::MAX_NODES {
+            return None;
+        }
+        let shown = notable::worth_a_look(recs.iter().copied());
+        let mut keys: HashMap<String, u32> = HashMap::new();
+        let mut groups: Vec<FoldGroup> = Vec::new();
+        let mut members: Vec<(HashSet<u32>, HashSet<&str>)> = Vec::new();
+        let mut group = Vec::with_capacity(recs.len());
+        for (i, r) in recs.iter().enumerate() {
+            let key = match r.node.as_deref() {
+                Some(n) if !shown.contains(n) => match r.event() {
+                    Some(Event::Progress(p)) if p.first.is_some() => Some("first step".into()),
+                    Some(Event::Progress(_)) if is_last(r) => Some("last step".into()),
+                    // Neither: not shown at all.
+                    Some(Event::Progress(_)) => None,
+                    Some(Event::RankExit(x)) => {
+                        Some(format!("rank_exit {} {:?}", x.exit_code, x.class))
+                    }
+                    _ => Some(r.kind.clone()),
+                },
+                _ => None,
+            };
+            let Some(key) = key else {
+                group.push(None);
+                continue;
+            };
+            let next = groups.len() as u32;
+            let g = *keys.entry(key).or_insert(next);
+            if g == next {
+                groups.push(FoldGroup {
+                    first: i,
+                    last: i,
+                    records: 0,
+                    ranks: 0,
+                    nodes: 0,
+                });
+                members.push(Default::default());
+            }
+            let (gr, m) = (&mut groups[g as usize], &mut members[g as usize]);
+            gr.last = i;
+            gr.records += 1;
+            m.0.extend(r.rank);
+            m.1.extend(r.node.as_deref());
+            group.push(Some(g));
+        }
+        for (g, m) in groups.iter_mut().zip(members) {
+            (g.ranks, g.nodes) = (m.0.len(), m.1.len());
+        }
+        Some(Folded { group, groups })
+    }
+
+    fn group_of(&self, i: usize) -> Option<&FoldGroup> {
+        self.group[i].map(|g| &self.groups[g as usize])
+    }
+}
+
 /// One attempt's lines: Slurm's queue wait before it, then its records.
 fn write_attempt(
     s: &mut String,
@@ -124,31 +232,53 @@ fn write_attempt(
         );
     }
     // The last progress of each rank, shown once, just before what followed it.
-    let mut last_progress: BTreeMap<Option<u32>, &Record> = BTreeMap::new();
+    let mut last_progress: std::collections::HashMap<Option<u32>, &Record> = Default::default();
     for r in recs {
         if r.kind == "progress" {
             last_progress.insert(r.rank, r);
         }
     }
-    for r in recs {
+    let is_last = |r: &Record| {
+        last_progress
+            .get(&r.rank)
+            .is_some_and(|l| std::ptr::eq(*l, r))
+    };
+    let fold = Folded::of(recs, &is_last);
+    for (i, r) in recs.iter().enumerate() {
         let event = r.event();
-        let text = match event {
-            Some(Event::Progress(p))
-                if p.first.is_none()
-                    && last_progress
-                        .get(&r.rank)
-                        .is_some_and(|l| std::ptr::eq(*l, *r)) =>
-            {
-                Some(format!("last recorded step {}", num(p.step)))
+        let (who, text) = match fold.as_ref().and_then(|f| f.group_of(i)) {
+            // A node not worth a look, past a few hundred: the first
+            // record of its kind stands for all of them.
+            Some(g) if g.first != i => continue,
+            Some(g) => {
+                let Some(text) = line_of(r, event, &is_last) else {
+                    continue;
+                };
+                let last = recs[g.last].ts;
+                (
+                    format!("{} ranks", thousands(g.ranks)),
+                    format!(
+                        "{text} [{} records on {} nodes, the first r{}@{}, the last at {:+.3}s]",
+                        thousands(g.records),
+                        thousands(g.nodes),
+                        r.rank.map_or("-".to_string(), |v| v.to_string()),
+                        r.node.as_deref().unwrap_or("-"),
+                        secs(t0, last)
+                    ),
+                )
             }
-            _ => describe(r, event),
+            None => {
+                let Some(text) = line_of(r, event, &is_last) else {
+                    continue;
+                };
+                let who = format!(
+                    "{}{}",
+                    r.rank.map_or(String::new(), |v| format!("r{v}")),
+                    r.node.as_ref().map_or(String::new(), |n| format!("@{n}"))
+                );
+                (who, text)
+            }
         };
-        let Some(text) = text else { continue };
-        let who = format!(
-            "{}{}",
-            r.rank.map_or(String::new(), |v| format!("r{v}")),
-            r.node.as_ref().map_or(String::new(), |n| format!("@{n}"))
-        );
         let _ = writeln!(
             s,
             "  {:>+10.3}s  {}  {:<10} {}",
@@ -157,5 +287,106 @@ fn write_attempt(
             who,
             text
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    fn rec(t: f64, kind: &str, rank: Option<u32>, data: Value) -> Record {
+        let base: DateTime<Utc> = "2026-11-22T00:00:00Z".parse().unwrap();
+        Record {
+            v: 1,
+            ts: base + chrono::Duration::microseconds((t * 1e6) as i64),
+            kind: kind.into(),
+            attempt: 0,
+            rank,
+            node: rank.map(|r| format!("n{}", r + 1)),
+            data: data.as_object().cloned().unwrap_or_default(),
+            ..Default::default()
+        }
+    }
+
+    /// `nodes` nodes of one rank; rank 7 fails first and is judged the
+    /// cause, the others' exits echo it.
+    fn job(nodes: u32) -> Vec<Record> {
+        let mut r = Vec::new();
+        for rank in 0..nodes {
+            let t = f64::from(rank) * 1e-4;
+            r.push(rec(
+                t,
+                "rank_start",
+                Some(rank),
+                json!({ "pid": 100 + rank }),
+            ));
+            r.push(rec(
+                1.0 + t,
+                "progress",
+                Some(rank),
+                json!({ "step": 1, "first": true }),
+            ));
+            r.push(rec(2.0 + t, "progress", Some(rank), json!({ "step": 2 })));
+            r.push(rec(3.0 + t, "progress", Some(rank), json!({ "step": 3 })));
+            let (class, code) = if rank == 7 {
+                ("infrastructure", 137)
+            } else {
+                ("secondary", 1)
+            };
+            r.push(rec(
+                5.0 + t,
+                "failure",
+                Some(rank),
+                json!({ "cause": "x", "class": class }),
+            ));
+            r.push(rec(
+                5.0 + t,
+                "rank_exit",
+                Some(rank),
+                json!({ "exit_code": code, "class": class, "cause": "x" }),
+            ));
+        }
+        r.push(rec(
+            5.5,
+            "judgment",
+            None,
+            json!({ "class": "infrastructure", "primary_rank": 7, "primary_node": "n8" }),
+        ));
+        r.sort_by_key(|r| r.ts);
+        r
+    }
+
+    /// 600 nodes: the blamed node keeps its lines; every other node's
+    /// records are one line per thing they say, with how many said it.
+    #[test]
+    fn a_job_of_many_nodes_shows_the_others_once_per_thing_they_say() {
+        let t = render("9", &job(600), None);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(lines.len() < 20, "{t}");
+        for want in [
+            "r7@n8",
+            "599 ranks",
+            "launched pid 100",
+            "[599 records on 599 nodes, the first r0@n1, the last at +0.060s]",
+            "first step 1",
+            "last recorded step 3",
+        ] {
+            assert!(t.contains(want), "{want}: {t}");
+        }
+        // The blamed rank's own exit, and the others' as one line.
+        assert_eq!(t.matches("r7@n8").count(), 5, "{t}");
+        assert_eq!(t.matches("exit code 1,").count(), 1, "{t}");
+        assert!(!t.contains("r9@n10"), "{t}");
+        // A step between the first and the last is shown for no rank.
+        assert!(!t.contains("step 2"), "{t}");
+    }
+
+    #[test]
+    fn a_job_of_a_few_hundred_nodes_shows_every_rank() {
+        let t = render("9", &job(200), None);
+        assert!(t.contains("r199@n200"));
+        assert_eq!(t.matches("last recorded step 3").count(), 200);
+        assert!(!t.contains(" ranks "), "{t}");
     }
 }
