@@ -225,16 +225,23 @@ pub fn split(records: Vec<Record>) -> Vec<Run> {
         group_of.insert(k.to_string(), i);
     }
     let unkeyed = groups.len();
+    let bucket_of = |r: &Record| match key_of(r) {
+        Some(k) => group_of.get(k).copied().unwrap_or(unkeyed),
+        None => groups
+            .iter()
+            .position(|g| g.start <= r.ts && r.ts <= g.end)
+            .unwrap_or(unkeyed),
+    };
     let mut buckets: Vec<Vec<Record>> = (0..=unkeyed).map(|_| Vec::new()).collect();
-    for r in records {
-        let i = match key_of(&r) {
-            Some(k) => group_of.get(k).copied().unwrap_or(unkeyed),
-            None => groups
-                .iter()
-                .position(|g| g.start <= r.ts && r.ts <= g.end)
-                .unwrap_or(unkeyed),
-        };
-        buckets[i].push(r);
+    let first = records.first().map(&bucket_of);
+    if first.is_some_and(|f| records.iter().all(|r| bucket_of(r) == f)) {
+        // One run (the usual case): its records stay where they are (a
+        // million of them were moved one by one).
+        buckets[first.unwrap_or(unkeyed)] = records;
+    } else {
+        for r in records {
+            buckets[bucket_of(&r)].push(r);
+        }
     }
     let mut runs: Vec<Run> = buckets
         .into_iter()

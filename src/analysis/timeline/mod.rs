@@ -160,21 +160,24 @@ impl Folded {
             return None;
         }
         let shown = notable::worth_a_look(recs.iter().copied());
-        let mut keys: HashMap<String, u32> = HashMap::new();
+        // A group's key: what its records say (no text made per record).
+        let mut keys: HashMap<(&str, i64, u8), u32> = HashMap::new();
         let mut groups: Vec<FoldGroup> = Vec::new();
         let mut members: Vec<(HashSet<u32>, HashSet<&str>)> = Vec::new();
         let mut group = Vec::with_capacity(recs.len());
         for (i, r) in recs.iter().enumerate() {
             let key = match r.node.as_deref() {
                 Some(n) if !shown.contains(n) => match r.event() {
-                    Some(Event::Progress(p)) if p.first.is_some() => Some("first step".into()),
-                    Some(Event::Progress(_)) if is_last(r) => Some("last step".into()),
+                    Some(Event::Progress(p)) if p.first.is_some() => Some(("first step", 0, 0)),
+                    Some(Event::Progress(_)) if is_last(r) => Some(("last step", 0, 0)),
                     // Neither: not shown at all.
                     Some(Event::Progress(_)) => None,
-                    Some(Event::RankExit(x)) => {
-                        Some(format!("rank_exit {} {:?}", x.exit_code, x.class))
-                    }
-                    _ => Some(r.kind.clone()),
+                    Some(Event::RankExit(x)) => Some((
+                        "rank_exit",
+                        i64::from(x.exit_code),
+                        x.class.map_or(0, |c| c as u8 + 1),
+                    )),
+                    _ => Some((r.kind.as_str(), 0, 0)),
                 },
                 _ => None,
             };
