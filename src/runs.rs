@@ -232,17 +232,7 @@ pub fn split(records: Vec<Record>) -> Vec<Run> {
             .position(|g| g.start <= r.ts && r.ts <= g.end)
             .unwrap_or(unkeyed),
     };
-    let mut buckets: Vec<Vec<Record>> = (0..=unkeyed).map(|_| Vec::new()).collect();
-    let first = records.first().map(&bucket_of);
-    if first.is_some_and(|f| records.iter().all(|r| bucket_of(r) == f)) {
-        // One run (the usual case): its records stay where they are (a
-        // million of them were moved one by one).
-        buckets[first.unwrap_or(unkeyed)] = records;
-    } else {
-        for r in records {
-            buckets[bucket_of(&r)].push(r);
-        }
-    }
+    let buckets = bucketed(records, unkeyed + 1, bucket_of);
     let mut runs: Vec<Run> = buckets
         .into_iter()
         .enumerate()
@@ -279,6 +269,26 @@ pub fn split(records: Vec<Record>) -> Vec<Run> {
         r.info.index = i + 1;
     }
     runs
+}
+
+/// `records` in `n` buckets, each in `bucket_of` its own. All in one (the
+/// usual case): they stay where they are (a million records were moved
+/// one by one).
+fn bucketed(
+    records: Vec<Record>,
+    n: usize,
+    bucket_of: impl Fn(&Record) -> usize,
+) -> Vec<Vec<Record>> {
+    let mut buckets: Vec<Vec<Record>> = (0..n).map(|_| Vec::new()).collect();
+    match records.first().map(&bucket_of) {
+        Some(f) if records.iter().all(|r| bucket_of(r) == f) => buckets[f] = records,
+        _ => {
+            for r in records {
+                buckets[bucket_of(&r)].push(r);
+            }
+        }
+    }
+    buckets
 }
 
 /// The index in `runs` of the run `key` belongs to, or would join (a
