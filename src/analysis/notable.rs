@@ -33,3 +33,63 @@ pub fn worth_a_look<'a>(records: impl IntoIterator<Item = &'a Record>) -> BTreeS
     }
     out
 }
+
+/// The distinct nodes of `records`. Each rank's records name the same node
+/// (but for a journal that lies): a record whose node is its rank's last
+/// one is not hashed again (1.3 million hashed node names cost a report of
+/// 131,072 ranks a tenth of a second per look).
+pub fn distinct_nodes<'a>(
+    records: impl IntoIterator<Item = &'a Record>,
+) -> std::collections::HashSet<&'a str> {
+    /// Ranks above this are hashed every time (a journal can name any).
+    const MAX_RANK_CACHED: u32 = 1 << 20;
+    let mut out = std::collections::HashSet::new();
+    let mut last: Vec<Option<&'a str>> = Vec::new();
+    for r in records {
+        let Some(node) = r.node.as_deref() else {
+            continue;
+        };
+        let Some(rank) = r.rank.filter(|&k| k < MAX_RANK_CACHED) else {
+            out.insert(node);
+            continue;
+        };
+        let k = rank as usize;
+        if last.len() <= k {
+            last.resize(k + 1, None);
+        }
+        if last[k] != Some(node) {
+            last[k] = Some(node);
+            out.insert(node);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_distinct_nodes_are_every_node_named_whatever_the_ranks_say() {
+        let rec = |rank: Option<u32>, node: Option<&str>| Record {
+            rank,
+            node: node.map(str::to_string),
+            ..Default::default()
+        };
+        let records = [
+            rec(Some(0), Some("a")),
+            rec(Some(1), Some("a")),
+            rec(Some(0), Some("a")),
+            // A rank that moves, and back.
+            rec(Some(0), Some("b")),
+            rec(Some(0), Some("a")),
+            rec(None, Some("c")),
+            rec(Some(5), None),
+            rec(Some(u32::MAX), Some("d")),
+            rec(Some(3_000_000), Some("e")),
+        ];
+        let mut got: Vec<&str> = distinct_nodes(&records).into_iter().collect();
+        got.sort();
+        assert_eq!(got, ["a", "b", "c", "d", "e"]);
+    }
+}

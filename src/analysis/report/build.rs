@@ -237,16 +237,10 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
 
     // Gathered unsorted, then sorted once: a set built from every record's
     // node compared strings a million times.
-    let ranks: BTreeSet<u32> = records
-        .iter()
-        .filter_map(|r| r.rank)
-        .collect::<std::collections::HashSet<u32>>()
-        .into_iter()
-        .collect();
-    let nodes: BTreeSet<&str> = records
-        .iter()
-        .filter_map(|r| r.node.as_deref())
-        .collect::<std::collections::HashSet<&str>>()
+    let mut ranks: Vec<u32> = records.iter().filter_map(|r| r.rank).collect();
+    ranks.sort_unstable();
+    ranks.dedup();
+    let nodes: BTreeSet<&str> = crate::analysis::notable::distinct_nodes(records.iter().copied())
         .into_iter()
         .collect();
     let world = events
@@ -263,7 +257,7 @@ fn attempt_of(records: &[&Record], attempt: u32) -> Attempt {
         start,
         end,
         ended_cleanly: !exits.is_empty(),
-        ranks: ranks.into_iter().collect(),
+        ranks,
         nodes: nodes.into_iter().map(str::to_string).collect(),
         first_step_at,
         last_progress_at,

@@ -154,16 +154,15 @@ struct FoldGroup {
 impl Folded {
     fn of(recs: &[&Record], is_last: &dyn Fn(&Record) -> bool) -> Option<Folded> {
         use crate::analysis::notable;
-        use std::collections::{HashMap, HashSet};
-        let nodes: HashSet<&str> = recs.iter().filter_map(|r| r.node.as_deref()).collect();
-        if nodes.len() <= notable::MAX_NODES {
+        use std::collections::HashMap;
+        if notable::distinct_nodes(recs.iter().copied()).len() <= notable::MAX_NODES {
             return None;
         }
         let shown = notable::worth_a_look(recs.iter().copied());
         // A group's key: what its records say (no text made per record).
         let mut keys: HashMap<(&str, i64, u8), u32> = HashMap::new();
         let mut groups: Vec<FoldGroup> = Vec::new();
-        let mut members: Vec<(HashSet<u32>, HashSet<&str>)> = Vec::new();
+        let mut members: Vec<Vec<&Record>> = Vec::new();
         let mut group = Vec::with_capacity(recs.len());
         for (i, r) in recs.iter().enumerate() {
             let key = match r.node.as_deref() {
@@ -197,15 +196,18 @@ impl Folded {
                 });
                 members.push(Default::default());
             }
-            let (gr, m) = (&mut groups[g as usize], &mut members[g as usize]);
+            let gr = &mut groups[g as usize];
             gr.last = i;
             gr.records += 1;
-            m.0.extend(r.rank);
-            m.1.extend(r.node.as_deref());
+            members[g as usize].push(r);
             group.push(Some(g));
         }
         for (g, m) in groups.iter_mut().zip(members) {
-            (g.ranks, g.nodes) = (m.0.len(), m.1.len());
+            let mut ranks: Vec<u32> = m.iter().filter_map(|r| r.rank).collect();
+            ranks.sort_unstable();
+            ranks.dedup();
+            g.ranks = ranks.len();
+            g.nodes = notable::distinct_nodes(m).len();
         }
         Some(Folded { group, groups })
     }
